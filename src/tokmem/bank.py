@@ -1,0 +1,277 @@
+"""MemoryBank: the named memory rows, their trainable/frozen split, renormalisation, and the bank file.
+
+A coupled bank has one matrix used both as input embeddings (steering) and as LM-head rows (indexing).
+A decoupled (DC) bank keeps a separate ``steer`` matrix for the input side; ``index`` is always the
+LM-head side.  Rows are float32 on the CPU; the model moves them where they are needed.
+
+On disk a bank is ``<path>`` (safetensors, tensors only, never pickle) plus ``<path>.json``
+(format version, names, descriptions, dims, DC flag, backbone identity, norm statistics).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from tokmem.errors import BankError
+
+FORMAT_VERSION = 1
+
+
+class MemoryBank:
+    def __init__(self, hidden_size: int, decoupled: bool = False, backbone: dict | None = None):
+        self.hidden_size = hidden_size
+        self.names: list[str] = []
+        self.descriptions: list[str] = []
+        self.index = torch.empty(0, hidden_size)
+        self.steer = torch.empty(0, hidden_size) if decoupled else None
+        self.trainable = torch.empty(0, dtype=torch.bool)
+        self.backbone = backbone or {}
+
+    # ---- shape and lookup ---------------------------------------------------------------
+    @property
+    def decoupled(self) -> bool:
+        return self.steer is not None
+
+    @property
+    def steer_matrix(self) -> torch.Tensor:
+        """The input-side rows: ``steer`` for DC, else the shared matrix."""
+        return self.steer if self.decoupled else self.index
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.names
+
+    def row(self, name: str) -> int:
+        try:
+            return self.names.index(name)
+        except ValueError:
+            raise KeyError(f"no procedure '{name}' in the bank (it has: {', '.join(self.names) or 'none'})") from None
+
+    def trainable_rows(self) -> torch.Tensor:
+        return self.trainable.nonzero().flatten()
+
+    def frozen_rows(self) -> torch.Tensor:
+        return (~self.trainable).nonzero().flatten()
+
+    def trainable_parameter_count(self) -> int:
+        per_row = self.hidden_size * (2 if self.decoupled else 1)
+        return int(self.trainable.sum()) * per_row
+
+    # ---- editing --------------------------------------------------------------------------
+    def add(self, names, init: torch.Tensor, descriptions=None) -> list[int]:
+        """Append new trainable rows, each initialised to ``init`` (the backbone's mean embedding)."""
+        names = list(names)
+        descriptions = list(descriptions) if descriptions is not None else [""] * len(names)
+        for name in names:
+            _check_name(name)
+            if name in self.names or names.count(name) > 1:
+                raise BankError(f"procedure '{name}' is already in the bank")
+        if init.shape != (self.hidden_size,):
+            raise BankError(f"init vector has shape {tuple(init.shape)}, expected ({self.hidden_size},)")
+        rows = init.detach().float().cpu().expand(len(names), -1).clone()
+        start = len(self)
+        self.names += names
+        self.descriptions += descriptions
+        self.index = torch.cat([self.index, rows])
+        if self.decoupled:
+            self.steer = torch.cat([self.steer, rows.clone()])
+        self.trainable = torch.cat([self.trainable, torch.ones(len(names), dtype=torch.bool)])
+        return list(range(start, len(self)))
+
+    def freeze(self) -> None:
+        self.trainable[:] = False
+
+    def remove(self, name: str) -> None:
+        keep = torch.tensor([n != name for n in self.names])
+        row = self.row(name)
+        del self.names[row], self.descriptions[row]
+        self.index = self.index[keep]
+        if self.decoupled:
+            self.steer = self.steer[keep]
+        self.trainable = self.trainable[keep]
+
+    def rename(self, old: str, new: str) -> None:
+        _check_name(new)
+        if new in self.names:
+            raise BankError(f"cannot rename '{old}' to '{new}': '{new}' is already in the bank")
+        self.names[self.row(old)] = new
+
+    def merge(self, other: "MemoryBank") -> None:
+        """Append every row of ``other`` (same backbone and form); names must not clash."""
+        if other.decoupled != self.decoupled or other.hidden_size != self.hidden_size:
+            raise BankError("cannot merge a coupled bank with a decoupled one, or banks of different widths")
+        if other.backbone.get("fingerprint") != self.backbone.get("fingerprint"):
+            raise BankError(
+                f"cannot merge banks trained for different backbones "
+                f"({self.backbone.get('name')} vs {other.backbone.get('name')})"
+            )
+        clash = sorted(set(self.names) & set(other.names))
+        if clash:
+            raise BankError(f"cannot merge: both banks have {', '.join(clash)} (rename one first)")
+        self.names += other.names
+        self.descriptions += other.descriptions
+        self.index = torch.cat([self.index, other.index])
+        if self.decoupled:
+            self.steer = torch.cat([self.steer, other.steer])
+        self.trainable = torch.cat([self.trainable, other.trainable])
+
+    # ---- renormalisation ----------------------------------------------------------------
+    def norms(self) -> torch.Tensor:
+        return self.index.norm(dim=1)
+
+    def renormalize(self, new_rows, eps: float = 1e-8) -> float | None:
+        """Rescale ``new_rows`` of the index matrix to the mean L2 norm of every other row.
+
+        m_i <- m_i * n_I / (||m_i|| + eps), n_I the mean norm of the existing rows (the paper's Eq. 4).
+        DC banks renormalise the index matrix only.  Returns n_I, or None when there are no existing rows.
+        """
+        new_rows = torch.as_tensor(new_rows, dtype=torch.long)
+        existing = torch.ones(len(self), dtype=torch.bool)
+        existing[new_rows] = False
+        if not existing.any() or len(new_rows) == 0:
+            return None
+        target = self.index[existing].norm(dim=1).mean()
+        rows = self.index[new_rows]
+        self.index[new_rows] = rows * (target / (rows.norm(dim=1, keepdim=True) + eps))
+        return float(target)
+
+    # ---- files ------------------------------------------------------------------------------
+    def metadata(self) -> dict:
+        norms = self.norms()
+        return {
+            "format": "tokmem-bank",
+            "format_version": FORMAT_VERSION,
+            "hidden_size": self.hidden_size,
+            "num_rows": len(self),
+            "decoupled": self.decoupled,
+            "dtype": "float32",
+            "names": self.names,
+            "descriptions": self.descriptions,
+            "backbone": self.backbone,
+            "norms": {
+                "mean": float(norms.mean()) if len(self) else None,
+                "min": float(norms.min()) if len(self) else None,
+                "max": float(norms.max()) if len(self) else None,
+                "per_row": [round(float(n), 6) for n in norms],
+            },
+        }
+
+    def save(self, path) -> Path:
+        """Write ``path`` and ``path.json`` atomically: each is written to a temp file, then renamed."""
+        path = Path(path)
+        if not all(torch.isfinite(m).all() for m in (self.index, self.steer_matrix)):
+            raise BankError(f"refusing to save {path}: the bank has NaN/Inf rows (training diverged?)")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {"index": self.index.contiguous()}
+        if self.decoupled:
+            tensors["steer"] = self.steer.contiguous()
+        _atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "tokmem-bank"}))
+        text = json.dumps(self.metadata(), indent=2, ensure_ascii=False)
+        _atomic_write(metadata_path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+        return path
+
+    @classmethod
+    def load(cls, path, backbone=None) -> "MemoryBank":
+        """Load and validate a bank; with ``backbone`` given, refuse a bank trained for another one."""
+        path = Path(path)
+        meta = _read_metadata(path)
+        tensors = _read_tensors(path)
+        bank = cls(meta["hidden_size"], decoupled=meta["decoupled"], backbone=meta.get("backbone", {}))
+        bank.names = list(meta["names"])
+        bank.descriptions = list(meta.get("descriptions") or [""] * len(bank.names))
+        bank.index = _checked(tensors, "index", path, meta)
+        if bank.decoupled:
+            bank.steer = _checked(tensors, "steer", path, meta)
+        bank.trainable = torch.zeros(len(bank.names), dtype=torch.bool)
+        if backbone is not None:
+            check_backbone(bank, backbone, path)
+        return bank
+
+
+def metadata_path(path) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + ".json")
+
+
+def check_backbone(bank: MemoryBank, backbone, path="<bank>") -> None:
+    expected = bank.backbone.get("fingerprint")
+    actual = backbone.fingerprint()
+    if bank.hidden_size != backbone.hidden_size or (expected and expected != actual):
+        raise BankError(
+            f"{path}: this bank was trained for backbone '{bank.backbone.get('name')}' "
+            f"(width {bank.hidden_size}, fingerprint {expected}), not for '{backbone.name}' "
+            f"(width {backbone.hidden_size}, fingerprint {actual}). Load it with --backbone {bank.backbone.get('name')}."
+        )
+
+
+def _check_name(name) -> None:
+    if not isinstance(name, str) or not name.strip() or name != name.strip():
+        raise BankError(f"invalid procedure name {name!r}: use a non-empty name without surrounding spaces")
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_metadata(path: Path) -> dict:
+    meta_file = metadata_path(path)
+    if not path.is_file():
+        raise BankError(f"{path}: bank file not found")
+    if not meta_file.is_file():
+        raise BankError(f"{meta_file}: bank metadata not found (a bank is the .safetensors file plus its .json)")
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BankError(f"{meta_file}: corrupted metadata ({err})") from None
+    if not isinstance(meta, dict) or meta.get("format") != "tokmem-bank":
+        raise BankError(f"{meta_file}: not a tokmem bank metadata file")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise BankError(
+            f"{meta_file}: bank format version {meta.get('format_version')} is not supported "
+            f"(this tokmem reads version {FORMAT_VERSION})"
+        )
+    for key, kind in (("hidden_size", int), ("decoupled", bool), ("names", list)):
+        if not isinstance(meta.get(key), kind):
+            raise BankError(f"{meta_file}: field '{key}' is missing or not a {kind.__name__}")
+    if len(set(meta["names"])) != len(meta["names"]):
+        raise BankError(f"{meta_file}: field 'names' has duplicates")
+    return meta
+
+
+def _read_tensors(path: Path) -> dict:
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, ValueError) as err:
+        raise BankError(f"{path}: corrupted or truncated bank file ({err})") from None
+
+
+def _checked(tensors: dict, key: str, path: Path, meta: dict) -> torch.Tensor:
+    if key not in tensors:
+        raise BankError(f"{path}: tensor '{key}' is missing")
+    tensor = tensors[key]
+    expected = (len(meta["names"]), meta["hidden_size"])
+    if tuple(tensor.shape) != expected:
+        raise BankError(f"{path}: tensor '{key}' has shape {tuple(tensor.shape)}, the metadata says {expected}")
+    if tensor.dtype != torch.float32:
+        raise BankError(f"{path}: tensor '{key}' has dtype {tensor.dtype}, expected float32")
+    bad = (~torch.isfinite(tensor)).any(dim=1).nonzero().flatten().tolist()
+    if bad:
+        names = [meta["names"][i] for i in bad[:5]]
+        raise BankError(f"{path}: tensor '{key}' has NaN/Inf values in rows {bad[:5]} ({', '.join(names)})")
+    return tensor

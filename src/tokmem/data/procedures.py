@@ -1,0 +1,138 @@
+"""The procedure data contract: one JSON example a line.
+
+    {"query": "...", "steps": [{"procedure": "name", "response": "..."}, ...], "id": optional}
+
+One step is atomic recall; several steps are a chain.  A catalog file gives
+``{"name": ..., "description": ...}`` per line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tokmem.errors import DataError
+
+
+@dataclass(frozen=True)
+class Step:
+    procedure: str
+    response: str
+
+
+@dataclass(frozen=True)
+class Example:
+    query: str
+    steps: tuple[Step, ...]
+    id: str | None = field(default=None)
+
+    @property
+    def procedures(self) -> list[str]:
+        return [s.procedure for s in self.steps]
+
+    @property
+    def response(self) -> str:
+        """The whole answer as shown to a reader: one line per segment."""
+        return "\n".join(s.response for s in self.steps)
+
+    def to_json(self) -> dict:
+        out = {"query": self.query, "steps": [asdict(s) for s in self.steps]}
+        if self.id is not None:
+            out["id"] = self.id
+        return out
+
+
+def _where(path, line: int, field_name: str | None = None) -> str:
+    loc = f"{path}:{line}"
+    return f"{loc}: field '{field_name}'" if field_name else loc
+
+
+def parse_example(obj, path="<data>", line: int = 1) -> Example:
+    """Validate one decoded JSON object against the contract; errors name file, line and field."""
+    if not isinstance(obj, dict):
+        raise DataError(f"{_where(path, line)}: expected a JSON object, got {type(obj).__name__}")
+    query = obj.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise DataError(f"{_where(path, line, 'query')}: missing or empty (must be a non-empty string)")
+    steps = obj.get("steps")
+    if not isinstance(steps, list) or not steps:
+        raise DataError(f"{_where(path, line, 'steps')}: missing or empty (must be a non-empty list)")
+    parsed = []
+    for k, step in enumerate(steps):
+        where = f"steps[{k}]"
+        if not isinstance(step, dict):
+            raise DataError(f"{_where(path, line, where)}: expected an object with 'procedure' and 'response'")
+        name = step.get("procedure")
+        if not isinstance(name, str) or not name.strip():
+            raise DataError(f"{_where(path, line, where + '.procedure')}: missing or empty")
+        response = step.get("response")
+        if not isinstance(response, str) or not response.strip():
+            raise DataError(f"{_where(path, line, where + '.response')}: missing or empty")
+        parsed.append(Step(name.strip(), response))
+    ex_id = obj.get("id")
+    return Example(query=query, steps=tuple(parsed), id=None if ex_id is None else str(ex_id))
+
+
+def _json_lines(path: Path):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            yield number, json.loads(raw)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}:{number}: invalid JSON ({err.msg}, column {err.colno})") from None
+
+
+def load_examples(path, known_procedures=None) -> list[Example]:
+    """Read a procedures JSONL file.
+
+    ``known_procedures``: when given (e.g. at eval time), a step naming any other
+    procedure is an error that names its file and line.
+    """
+    path = Path(path)
+    known = None if known_procedures is None else set(known_procedures)
+    examples = []
+    for number, obj in _json_lines(path):
+        example = parse_example(obj, path, number)
+        if known is not None:
+            for k, name in enumerate(example.procedures):
+                if name not in known:
+                    raise DataError(
+                        f"{_where(path, number, f'steps[{k}].procedure')}: unknown procedure '{name}' "
+                        f"(the bank has {len(known)}: {', '.join(sorted(known)[:8])}{', …' if len(known) > 8 else ''})"
+                    )
+        examples.append(example)
+    if not examples:
+        raise DataError(f"{path}: no examples (the file is empty)")
+    return examples
+
+
+def save_examples(examples, path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for example in examples:
+            f.write(json.dumps(example.to_json(), ensure_ascii=False) + "\n")
+
+
+def load_catalog(path) -> dict[str, str]:
+    """Read ``{"name", "description"}`` lines into a name → description dict."""
+    path = Path(path)
+    catalog = {}
+    for number, obj in _json_lines(path):
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}:{number}: expected a JSON object")
+        name, description = obj.get("name"), obj.get("description", "")
+        if not isinstance(name, str) or not name.strip():
+            raise DataError(f"{_where(path, number, 'name')}: missing or empty")
+        if not isinstance(description, str):
+            raise DataError(f"{_where(path, number, 'description')}: must be a string")
+        catalog[name.strip()] = description
+    return catalog

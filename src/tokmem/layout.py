@@ -1,0 +1,82 @@
+"""The training sequence and its label mask.
+
+    chat(query)  m_i  r_i  m_j  r_j  …  EOS
+
+The query is formatted with the backbone's chat template (generation prompt included).  Labels
+cover the memory tokens, the response tokens and EOS; the query is never a target.
+
+Truncation policy (when the sequence exceeds ``max_length``): the targets are kept whole and the
+query is cut from the left (its oldest tokens go first, at least one token stays); if the targets
+alone are too long, they are cut at the end as well (the EOS is lost).  Both are counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tokmem.data.procedures import Example
+
+IGNORE = -100
+
+
+def chat_prefix(tokenizer, query: str) -> list[int]:
+    """Token ids of the query as a user turn, ending where the assistant's answer starts."""
+    if tokenizer.chat_template:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": query}], tokenize=False, add_generation_prompt=True)
+    else:
+        text = f"{query}\n"
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@dataclass
+class Encoded:
+    input_ids: list[int]
+    labels: list[int]
+
+
+@dataclass
+class TruncationCount:
+    queries: int = 0
+    responses: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.queries or self.responses)
+
+
+def encode(example: Example, tokenizer, memory_id, max_length: int, truncated: TruncationCount | None = None) -> Encoded:
+    """Lay out one example; ``memory_id(name)`` maps a procedure to its token id."""
+    prefix = chat_prefix(tokenizer, example.query)
+    target: list[int] = []
+    for step in example.steps:
+        target.append(memory_id(step.procedure))
+        target += tokenizer(step.response, add_special_tokens=False)["input_ids"]
+    target.append(tokenizer.eos_token_id)
+
+    cut_query = len(prefix) + len(target) > max_length
+    cut_response = len(target) > max_length - 1
+    if cut_response:
+        target = target[: max_length - 1]
+    if cut_query:
+        prefix = prefix[len(prefix) - (max_length - len(target)) :]
+    if truncated is not None and cut_query:
+        truncated.queries += 1
+        truncated.responses += int(cut_response)
+        truncated.examples.append(example.id or example.query[:40])
+    return Encoded(prefix + target, [IGNORE] * len(prefix) + target)
+
+
+def collate(encoded: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a batch into input_ids, attention_mask and labels."""
+    width = max(len(e.input_ids) for e in encoded)
+    ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(encoded), width), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    for i, e in enumerate(encoded):
+        n = len(e.input_ids)
+        ids[i, :n] = torch.tensor(e.input_ids)
+        labels[i, :n] = torch.tensor(e.labels)
+        mask[i, :n] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}

@@ -1,0 +1,112 @@
+"""TokMemModel: a frozen backbone plus a memory bank.
+
+Memory token ids are ``vocab_size + row``.  The vocabulary is never resized and the embedding
+matrix never unfrozen: memory ids are looked up in the bank, and the LM head's logits are
+extended with ``h · Mᵀ``.  During training, the bank's trainable rows are the only parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tokmem.backbones import Backbone
+from tokmem.bank import MemoryBank
+
+
+class TokMemModel(nn.Module):
+    def __init__(self, backbone: Backbone, bank: MemoryBank):
+        super().__init__()
+        self.backbone = backbone
+        self.bank = bank
+        self.lm = backbone.model
+        self.row_index: nn.Parameter | None = None
+        self.row_steer: nn.Parameter | None = None
+        self._rows: torch.Tensor | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backbone.vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.backbone.device
+
+    def memory_id(self, name: str) -> int:
+        return self.vocab_size + self.bank.row(name)
+
+    def is_memory(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids >= self.vocab_size
+
+    # ---- trainable rows ---------------------------------------------------------------------------
+    def unfreeze_rows(self) -> list[nn.Parameter]:
+        """Make the bank's trainable rows the model's only parameters; returns them for the optimiser."""
+        self._rows = self.bank.trainable_rows().to(self.device)
+        self.row_index = nn.Parameter(self.bank.index[self._rows.cpu()].to(self.device))
+        if self.bank.decoupled:
+            self.row_steer = nn.Parameter(self.bank.steer[self._rows.cpu()].to(self.device))
+        return [p for p in (self.row_index, self.row_steer) if p is not None]
+
+    def write_rows(self) -> None:
+        """Copy the live trainable rows into the bank (e.g. for a checkpoint); training goes on."""
+        rows = self._rows.cpu()
+        self.bank.index[rows] = self.row_index.detach().float().cpu()
+        if self.row_steer is not None:
+            self.bank.steer[rows] = self.row_steer.detach().float().cpu()
+
+    def commit_rows(self) -> None:
+        """Write the trained rows back into the bank and drop the parameters."""
+        self.write_rows()
+        self.row_index = self.row_steer = self._rows = None
+
+    def memory_matrices(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(index, steer) over all rows on the model's device, with trainable rows as live parameters."""
+        index = self._with_rows(self.bank.index, self.row_index)
+        steer = self._with_rows(self.bank.steer, self.row_steer) if self.bank.decoupled else index
+        return index, steer
+
+    def _with_rows(self, matrix: torch.Tensor, rows: nn.Parameter | None) -> torch.Tensor:
+        matrix = matrix.to(self.device)
+        return matrix if rows is None else matrix.index_copy(0, self._rows, rows)
+
+    # ---- the two places the bank enters the network ---------------------------------------------------
+    def embed(self, ids: torch.Tensor, steer: torch.Tensor | None = None) -> torch.Tensor:
+        """Input embeddings for ids over vocab ∪ bank."""
+        if steer is None:
+            steer = self.memory_matrices()[1]
+        memory = self.is_memory(ids)
+        words = self.lm.get_input_embeddings()(ids.masked_fill(memory, 0))
+        rows = steer[(ids - self.vocab_size).clamp(min=0)].to(words.dtype)
+        return torch.where(memory.unsqueeze(-1), rows, words)
+
+    def logits(self, hidden: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits over vocab ∪ bank: the LM head's, then ``h · indexᵀ``."""
+        if index is None:
+            index = self.memory_matrices()[0]
+        vocab = self.lm.get_output_embeddings()(hidden)
+        memory = hidden @ index.to(hidden.dtype).T
+        return torch.cat([vocab, memory], dim=-1)
+
+    def hidden(self, ids, attention_mask, position_ids=None, past_key_values=None, steer=None):
+        """Final hidden states (after the backbone's last norm) and the updated KV cache."""
+        out = self.lm.base_model(
+            inputs_embeds=self.embed(ids, steer),
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=past_key_values is not None,
+        )
+        return out.last_hidden_state, out.past_key_values
+
+    def loss(self, batch: dict) -> tuple[torch.Tensor, int]:
+        """Mean next-token loss over labelled positions only (memory, response and EOS tokens).
+
+        Vocabulary logits are computed only at positions that have a label.
+        """
+        index, steer = self.memory_matrices()
+        hidden, _ = self.hidden(batch["input_ids"], batch["attention_mask"], steer=steer)
+        labels = batch["labels"][:, 1:]
+        where = labels != -100
+        logits = self.logits(hidden[:, :-1][where], index)
+        loss = nn.functional.cross_entropy(logits.float(), labels[where])
+        return loss, int(where.sum())

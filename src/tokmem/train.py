@@ -1,0 +1,163 @@
+"""Training: only the bank's trainable rows get gradients; the backbone never does.
+
+``train`` fits the rows the bank marks trainable.  ``learn`` is one continual round: procedures the
+bank has not seen get new rows, every old row is frozen, the new rows train, then are renormalised
+to the old rows' mean norm (unless told not to) and frozen in turn.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from tokmem.data.procedures import Example
+from tokmem.layout import TruncationCount, collate, encode
+from tokmem.model import TokMemModel
+
+
+@dataclass
+class TrainConfig:
+    """Paper defaults: AdamW, lr 5e-3, weight decay 0, one epoch, batch 4, max length 1024."""
+
+    lr: float = 5e-3
+    weight_decay: float = 0.0
+    epochs: int = 1
+    batch_size: int = 4
+    grad_accum: int = 1
+    max_length: int = 1024
+    max_steps: int | None = None
+    seed: int = 0
+    renormalize: bool = True
+    eps: float = 1e-8
+    bf16: bool | None = None  # None: bf16 autocast on CUDA, full precision on CPU
+    progress: bool = True
+    checkpoint: str | None = None  # save the bank here every ``checkpoint_every`` optimiser steps
+    checkpoint_every: int = 0
+
+
+@dataclass
+class TrainReport:
+    steps: int = 0
+    examples: int = 0
+    tokens: int = 0
+    target_tokens: int = 0
+    seconds: float = 0.0
+    losses: list[float] = field(default_factory=list)
+    truncated: TruncationCount = field(default_factory=TruncationCount)
+    new_procedures: list[str] = field(default_factory=list)
+    renorm_target: float | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def summary(self) -> dict:
+        return {
+            "steps": self.steps,
+            "examples": self.examples,
+            "tokens": self.tokens,
+            "seconds": round(self.seconds, 2),
+            "tokens_per_s": round(self.tokens_per_s, 1),
+            "final_loss": self.losses[-1] if self.losses else None,
+            "truncated_queries": self.truncated.queries,
+            "truncated_responses": self.truncated.responses,
+            "new_procedures": self.new_procedures,
+            "renorm_target": self.renorm_target,
+        }
+
+
+def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | None = None, descriptions=None) -> TrainReport:
+    """One continual round: add the unseen procedures, train only them, renormalise, freeze."""
+    config = config or TrainConfig()
+    bank = model.bank
+    new = [name for name in dict.fromkeys(p for e in examples for p in e.procedures) if name not in bank]
+    bank.freeze()
+    rows = bank.add(new, model.backbone.mean_embedding(), [(descriptions or {}).get(n, "") for n in new])
+    report = train(model, examples, config)
+    report.new_procedures = new
+    if config.renormalize:
+        report.renorm_target = bank.renormalize(rows, config.eps)
+    bank.freeze()
+    return report
+
+
+def train(model: TokMemModel, examples: list[Example], config: TrainConfig | None = None) -> TrainReport:
+    config = config or TrainConfig()
+    if not model.bank.trainable.any():
+        raise ValueError("no trainable memory rows: add procedures first (or use learn())")
+    _seed(config.seed)
+    report = TrainReport()
+    encoded = [encode(e, model.backbone.tokenizer, model.memory_id, config.max_length, report.truncated) for e in examples]
+    order = _order(len(encoded), config)
+    step_size = config.batch_size * config.grad_accum
+    total = math.ceil(len(order) / step_size)
+    params = model.unfreeze_rows()
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    autocast = _autocast(model.device, config.bf16)
+    bar = tqdm(total=total, desc="training memory", unit="step", disable=not config.progress, dynamic_ncols=True)
+    start = time.perf_counter()
+    try:
+        for first in range(0, total * step_size, step_size):
+            chunk = [encoded[i] for i in order[first : first + step_size]]
+            loss = _step(model, optimizer, chunk, config, autocast, report)
+            report.steps += 1
+            report.losses.append(loss)
+            report.seconds = time.perf_counter() - start
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{report.tokens_per_s:.0f}")
+            bar.update()
+            if config.checkpoint and config.checkpoint_every and report.steps % config.checkpoint_every == 0:
+                model.write_rows()
+                model.bank.save(config.checkpoint)
+    finally:
+        bar.close()
+        model.commit_rows()
+    return report
+
+
+def _step(model, optimizer, chunk, config, autocast, report) -> float:
+    """One optimiser step over ``grad_accum`` micro-batches; the loss is averaged over all target tokens."""
+    pad = model.backbone.tokenizer.pad_token_id
+    micro = [chunk[i : i + config.batch_size] for i in range(0, len(chunk), config.batch_size)]
+    batches = [collate(m, pad) for m in micro]
+    targets = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for batch in batches:
+        batch = {k: v.to(model.device) for k, v in batch.items()}
+        with autocast:
+            loss, count = model.loss(batch)
+        (loss * count / targets).backward()
+        total += loss.item() * count / targets
+        report.tokens += int(batch["attention_mask"].sum())
+        report.examples += len(batch["input_ids"])
+    report.target_tokens += targets
+    optimizer.step()
+    return total
+
+
+def _order(n: int, config: TrainConfig) -> list[int]:
+    rng = random.Random(config.seed)
+    order = []
+    for _ in range(config.epochs):
+        epoch = list(range(n))
+        rng.shuffle(epoch)
+        order += epoch
+    if config.max_steps is not None:
+        order = order[: config.max_steps * config.batch_size * config.grad_accum]
+    return order
+
+
+def _seed(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _autocast(device: torch.device, bf16: bool | None):
+    use = device.type == "cuda" if bf16 is None else bf16
+    return torch.autocast(device.type, dtype=torch.bfloat16) if use else nullcontext()
