@@ -1,0 +1,19 @@
+"""tokmem: one-token procedural memory for frozen language models (TokMem)."""
+
+from importlib.metadata import version as _version
+
+from tokmem.backbones import Backbone, load_backbone
+from tokmem.bank import MemoryBank
+from tokmem.data import Example, Step, load_catalog, load_examples
+from tokmem.decode import DecodeConfig, Generation, Route, generate, route
+from tokmem.errors import BackboneError, BankError, DataError, TokMemError
+from tokmem.model import TokMemModel, create, load
+from tokmem.train import TrainConfig, TrainReport, learn, train
+
+__version__ = _version("tokmem")
+
+__all__ = [
+    "Backbone", "BackboneError", "BankError", "DataError", "DecodeConfig", "Example", "Generation",
+    "MemoryBank", "Route", "Step", "TokMemError", "TokMemModel", "TrainConfig", "TrainReport",
+    "create", "generate", "learn", "load", "load_backbone", "load_catalog", "load_examples", "route", "train",
+]

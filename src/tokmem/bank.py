@@ -202,6 +202,15 @@ def metadata_path(path) -> Path:
     return path.with_name(path.name + ".json")
 
 
+def read_backbone_name(path) -> str:
+    """The backbone spec a bank file was trained for (from its metadata)."""
+    meta = _read_metadata(Path(path))
+    name = (meta.get("backbone") or {}).get("name")
+    if not name:
+        raise BankError(f"{metadata_path(path)}: field 'backbone.name' is missing; pass the backbone explicitly")
+    return name
+
+
 def check_backbone(bank: MemoryBank, backbone, path="<bank>") -> None:
     expected = bank.backbone.get("fingerprint")
     actual = backbone.fingerprint()

@@ -110,3 +110,25 @@ class TokMemModel(nn.Module):
         logits = self.logits(hidden[:, :-1][where], index)
         loss = nn.functional.cross_entropy(logits.float(), labels[where])
         return loss, int(where.sum())
+
+
+def create(backbone: str | Backbone = "smollm2-135m", decoupled: bool = False, **load_options) -> TokMemModel:
+    """A model with an empty bank tied to ``backbone`` (a spec or a loaded Backbone)."""
+    from tokmem.backbones import load_backbone
+
+    if isinstance(backbone, str):
+        backbone = load_backbone(backbone, **load_options)
+    identity = {"name": backbone.name, "fingerprint": backbone.fingerprint()}
+    return TokMemModel(backbone, MemoryBank(backbone.hidden_size, decoupled=decoupled, backbone=identity))
+
+
+def load(bank_path, backbone: str | Backbone | None = None, **load_options) -> TokMemModel:
+    """Load a bank and the backbone it was trained for (or the one given, which must match)."""
+    from tokmem.backbones import load_backbone
+    from tokmem.bank import read_backbone_name
+
+    if backbone is None:
+        backbone = read_backbone_name(bank_path)
+    if isinstance(backbone, str):
+        backbone = load_backbone(backbone, **load_options)
+    return TokMemModel(backbone, MemoryBank.load(bank_path, backbone=backbone))
