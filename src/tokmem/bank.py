@@ -54,7 +54,7 @@ class MemoryBank:
         try:
             return self.names.index(name)
         except ValueError:
-            raise KeyError(f"no procedure '{name}' in the bank (it has: {', '.join(self.names) or 'none'})") from None
+            raise BankError(f"no procedure '{name}' in the bank (it has: {', '.join(self.names) or 'none'})") from None
 
     def trainable_rows(self) -> torch.Tensor:
         return self.trainable.nonzero().flatten()
@@ -62,9 +62,9 @@ class MemoryBank:
     def frozen_rows(self) -> torch.Tensor:
         return (~self.trainable).nonzero().flatten()
 
-    def trainable_parameter_count(self) -> int:
-        per_row = self.hidden_size * (2 if self.decoupled else 1)
-        return int(self.trainable.sum()) * per_row
+    def parameter_count(self, trainable_only: bool = False) -> int:
+        rows = int(self.trainable.sum()) if trainable_only else len(self)
+        return rows * self.hidden_size * (2 if self.decoupled else 1)
 
     # ---- editing --------------------------------------------------------------------------
     def add(self, names, init: torch.Tensor, descriptions=None) -> list[int]:

@@ -1,0 +1,67 @@
+"""Score a model on held-out examples: routing, chaining, exact match and ROUGE-L."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from tokmem import metrics
+from tokmem.data.procedures import Example
+from tokmem.decode import DecodeConfig, generate
+from tokmem.model import TokMemModel
+
+
+def evaluate(model: TokMemModel, examples: list[Example], config: DecodeConfig | None = None) -> dict:
+    """Generate an answer for every example and score it.
+
+    routing_accuracy: the first memory token chosen is the first gold procedure (all examples).
+    chain_accuracy:   the whole chosen sequence equals the gold sequence (examples with ≥ 2 steps).
+    exact_match / rougeL: the generated answer against the gold answer (segments one per line).
+    per_procedure:    the same scores for the single-step examples of each procedure.
+    """
+    generations = generate(model, [e.query for e in examples], config)
+    rows = [_score(e, g) for e, g in zip(examples, generations)]
+    chains = [r for r in rows if len(r["gold"]) > 1]
+    return {
+        "examples": len(rows),
+        "routing_accuracy": metrics.mean([r["routed_right"] for r in rows]),
+        "exact_match": metrics.mean([r["exact_match"] for r in rows]),
+        "rougeL": metrics.mean([r["rougeL"] for r in rows]),
+        "chain_examples": len(chains),
+        "chain_accuracy": metrics.mean([r["chain_right"] for r in chains]) if chains else None,
+        "open_set_fallbacks": sum(not r["routed"] for r in rows),
+        "per_procedure": _per_procedure([r for r in rows if len(r["gold"]) == 1]),
+        "predictions": rows,
+    }
+
+
+def _score(example: Example, generation) -> dict:
+    predicted, gold = generation.procedures, example.procedures
+    return {
+        "id": example.id,
+        "query": example.query,
+        "gold": gold,
+        "predicted": predicted,
+        "routed": generation.routed,
+        "answer": generation.text,
+        "trace": [[segment.procedure, segment.text] for segment in generation.trace],
+        "reference": example.response,
+        "routed_right": float(bool(predicted) and predicted[0] == gold[0]),
+        "chain_right": float(predicted == gold),
+        "exact_match": metrics.exact_match(generation.text, example.response),
+        "rougeL": metrics.rouge_l(generation.text, example.response),
+    }
+
+
+def _per_procedure(rows: list[dict]) -> dict:
+    groups = defaultdict(list)
+    for row in rows:
+        groups[row["gold"][0]].append(row)
+    return {
+        name: {
+            "examples": len(group),
+            "routing_accuracy": metrics.mean([r["routed_right"] for r in group]),
+            "exact_match": metrics.mean([r["exact_match"] for r in group]),
+            "rougeL": metrics.mean([r["rougeL"] for r in group]),
+        }
+        for name, group in sorted(groups.items())
+    }

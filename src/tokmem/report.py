@@ -1,0 +1,64 @@
+"""Human tables (rich) and JSON files for every command that reports numbers."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+console = Console(stderr=False)
+
+
+def machine() -> dict:
+    """Where a result was measured: written next to every result."""
+    import tokmem
+
+    return {
+        "tokmem": tokmem.__version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+def write_json(path, data: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    console.print(f"[dim]wrote {path}[/dim]")
+
+
+def percent(value) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
+def scores_table(title: str, result: dict) -> Table:
+    """Per-procedure routing / exact match / ROUGE-L, then the overall row."""
+    table = Table(title=title)
+    for column in ("procedure", "n", "routing", "exact match", "ROUGE-L"):
+        table.add_column(column, justify="left" if column == "procedure" else "right")
+    for name, row in result["per_procedure"].items():
+        table.add_row(name, str(row["examples"]), percent(row["routing_accuracy"]), percent(row["exact_match"]), f"{row['rougeL']:.1f}")
+    table.add_section()
+    table.add_row(
+        "[bold]all[/bold]", str(result["examples"]), percent(result["routing_accuracy"]),
+        percent(result["exact_match"]), f"{result['rougeL']:.1f}",
+    )
+    return table
+
+
+def trace_table(title: str, rows: list[dict], limit: int = 6) -> Table:
+    table = Table(title=title, show_lines=True)
+    for column in ("query", "trace (procedure → segment)", "reference"):
+        table.add_column(column, overflow="fold")
+    for row in rows[:limit]:
+        trace = "\n".join(f"[cyan]{p}[/cyan] → {s}" for p, s in row["trace"]) if row["trace"] else "(nothing)"
+        table.add_row(row["query"], trace, row["reference"])
+    return table

@@ -1,0 +1,108 @@
+"""The `tokmem` command end to end on the tiny-random backbone."""
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from tokmem.bank import MemoryBank, metadata_path
+from tokmem.cli import main
+from tokmem.data import Example, Step, save_examples
+
+WORDS = ["apple", "house", "table", "chair", "green", "water"]
+
+
+@pytest.fixture
+def data(tmp_path):
+    first = [Example(f"Reverse {w}.", (Step("reverse", w[::-1]),)) for w in WORDS]
+    first += [Example(f"Upper {w}.", (Step("upper", w.upper()),)) for w in WORDS]
+    second = [Example(f"Double {w}.", (Step("double", w + w),)) for w in WORDS]
+    save_examples(first, tmp_path / "first.jsonl")
+    save_examples(second, tmp_path / "second.jsonl")
+    (tmp_path / "catalog.jsonl").write_text('{"name": "reverse", "description": "Reverse a word."}\n')
+    return tmp_path
+
+
+def tokmem(*args) -> int:
+    return main([str(a) for a in args])
+
+
+def train_bank(data, name="bank.safetensors", file="first.jsonl"):
+    bank = data / name
+    assert tokmem("train", "--data", data / file, "--out", bank, "--backbone", "tiny-random", "--device", "cpu",
+                  "--catalog", data / "catalog.jsonl", "--quiet", "--json", data / "train.json") == 0
+    return bank
+
+
+def test_train_writes_a_bank_with_its_procedures_and_a_json_report(data):
+    bank = MemoryBank.load(train_bank(data))
+    assert bank.names == ["reverse", "upper"]
+    assert bank.descriptions[0] == "Reverse a word."
+    report = json.loads((data / "train.json").read_text())
+    assert report["procedures"] == ["reverse", "upper"] and report["train"]["steps"] == 3
+
+
+def test_add_grows_the_bank_and_keeps_old_rows(data):
+    path = train_bank(data)
+    before = MemoryBank.load(path)
+    assert tokmem("add", "--bank", path, "--data", data / "second.jsonl", "--device", "cpu", "--quiet") == 0
+    after = MemoryBank.load(path)
+    assert after.names == ["reverse", "upper", "double"]
+    assert (after.index[:2] == before.index).all()
+    assert after.norms()[2].item() == pytest.approx(before.norms().mean().item(), rel=1e-4)
+
+
+def test_run_and_eval_report_json(data):
+    path = train_bank(data)
+    assert tokmem("run", "--bank", path, "Reverse table.", "--max-new-tokens", 4, "--device", "cpu", "--json", data / "run.json") == 0
+    run = json.loads((data / "run.json").read_text())["results"][0]
+    assert run["query"] == "Reverse table." and 0.0 <= run["memory_mass"] <= 1.0
+    assert tokmem("eval", "--bank", path, "--data", data / "first.jsonl", "--max-new-tokens", 4, "--device", "cpu", "--json", data / "eval.json") == 0
+    result = json.loads((data / "eval.json").read_text())
+    assert result["examples"] == 12 and 0.0 <= result["routing_accuracy"] <= 1.0
+    assert set(result["per_procedure"]) == {"reverse", "upper"}
+
+
+def test_bank_show_rm_rename_merge(data, capsys):
+    path = train_bank(data)
+    assert tokmem("bank", "show", path, "--json", data / "show.json") == 0
+    assert json.loads((data / "show.json").read_text())["names"] == ["reverse", "upper"]
+    assert tokmem("bank", "rename", path, "upper", "shout") == 0
+    other = data / "other.safetensors"
+    shutil.copy(path, other)
+    shutil.copy(metadata_path(path), metadata_path(other))
+    assert tokmem("bank", "rm", other, "reverse") == 0
+    assert tokmem("bank", "rename", other, "shout", "yell") == 0
+    assert tokmem("bank", "merge", path, other, "--out", data / "merged.safetensors") == 0
+    assert MemoryBank.load(data / "merged.safetensors").names == ["reverse", "shout", "yell"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("bank", "show", "missing.safetensors"), "bank file not found"),
+        (("bank", "rm", "{bank}", "nope"), "no procedure 'nope'"),
+        (("bank", "rename", "{bank}", "reverse", "upper"), "already in the bank"),
+        (("eval", "--bank", "{bank}", "--data", "{second}", "--device", "cpu"), "unknown procedure 'double'"),
+    ],
+)
+def test_bad_input_is_a_one_line_error_not_a_traceback(data, capsys, args, message):
+    bank = train_bank(data)
+    args = [str(a).format(bank=bank, second=data / "second.jsonl") for a in args]
+    assert tokmem(*args) == 2
+    out = capsys.readouterr().out
+    assert "error:" in out and message in out and "Traceback" not in out
+
+
+def test_malformed_training_file_names_file_and_line(data, capsys):
+    (data / "bad.jsonl").write_text('{"query": "q", "steps": [{"procedure": "p", "response": "r"}]}\n{"query": "q"}\n')
+    assert tokmem("train", "--data", data / "bad.jsonl", "--out", data / "b.safetensors", "--backbone", "tiny-random", "--quiet") == 2
+    assert "bad.jsonl:2: field 'steps'" in capsys.readouterr().out
+    assert not (data / "b.safetensors").exists()
+
+
+def test_console_script_is_installed():
+    result = subprocess.run(["tokmem", "--help"], capture_output=True, text=True, check=True)
+    for command in ("demo", "train", "add", "run", "eval", "bank"):
+        assert command in result.stdout

@@ -1,0 +1,74 @@
+"""The procedures JSONL contract and its error messages."""
+
+import json
+
+import pytest
+
+from tokmem.data import Example, Step, load_catalog, load_examples, save_examples
+from tokmem.errors import DataError
+
+
+def write_lines(path, *lines):
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_examples_round_trip_through_jsonl(tmp_path):
+    examples = [
+        Example("Reverse abc.", (Step("reverse", "cba"),), id="a"),
+        Example("Reverse abc then upper it.", (Step("reverse", "cba"), Step("upper", "CBA"))),
+    ]
+    save_examples(examples, tmp_path / "x.jsonl")
+    assert load_examples(tmp_path / "x.jsonl") == examples
+
+
+def test_chain_response_is_one_line_per_segment():
+    example = Example("q", (Step("a", "1"), Step("b", "2")))
+    assert example.response == "1\n2"
+    assert example.procedures == ["a", "b"]
+
+
+def test_blank_lines_are_skipped(tmp_path):
+    path = write_lines(tmp_path / "x.jsonl", '{"query": "q", "steps": [{"procedure": "p", "response": "r"}]}', "", "  ")
+    assert len(load_examples(path)) == 1
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"query": "q", "steps": [', "x.jsonl:2: invalid JSON"),
+        ('{"steps": [{"procedure": "p", "response": "r"}]}', "x.jsonl:2: field 'query'"),
+        ('{"query": "q"}', "x.jsonl:2: field 'steps'"),
+        ('{"query": "q", "steps": []}', "x.jsonl:2: field 'steps'"),
+        ('{"query": "q", "steps": [{"procedure": "p", "response": ""}]}', "x.jsonl:2: field 'steps[0].response'"),
+        ('{"query": "q", "steps": [{"response": "r"}]}', "x.jsonl:2: field 'steps[0].procedure'"),
+        ('["not", "an", "object"]', "x.jsonl:2: expected a JSON object"),
+    ],
+)
+def test_malformed_line_is_named_by_file_line_and_field(tmp_path, line, message):
+    good = '{"query": "q", "steps": [{"procedure": "p", "response": "r"}]}'
+    path = write_lines(tmp_path / "x.jsonl", good, line)
+    with pytest.raises(DataError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_examples(path)
+
+
+def test_unknown_procedure_at_eval_names_the_line(tmp_path):
+    path = write_lines(tmp_path / "x.jsonl", json.dumps({"query": "q", "steps": [{"procedure": "nope", "response": "r"}]}))
+    with pytest.raises(DataError, match=r"x.jsonl:1: field 'steps\[0\].procedure': unknown procedure 'nope'"):
+        load_examples(path, known_procedures=["reverse"])
+
+
+def test_missing_and_empty_files_are_reported(tmp_path):
+    with pytest.raises(DataError, match="file not found"):
+        load_examples(tmp_path / "absent.jsonl")
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(DataError, match="no examples"):
+        load_examples(tmp_path / "empty.jsonl")
+
+
+def test_catalog_maps_names_to_descriptions_and_rejects_nameless_lines(tmp_path):
+    path = write_lines(tmp_path / "c.jsonl", '{"name": "reverse", "description": "Reverse a word."}')
+    assert load_catalog(path) == {"reverse": "Reverse a word."}
+    bad = write_lines(tmp_path / "bad.jsonl", '{"description": "x"}')
+    with pytest.raises(DataError, match="bad.jsonl:1: field 'name'"):
+        load_catalog(bad)
