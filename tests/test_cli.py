@@ -3,6 +3,8 @@
 import json
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -91,18 +93,19 @@ def test_bad_input_is_a_one_line_error_not_a_traceback(data, capsys, args, messa
     bank = train_bank(data)
     args = [str(a).format(bank=bank, second=data / "second.jsonl") for a in args]
     assert tokmem(*args) == 2
-    out = capsys.readouterr().out
-    assert "error:" in out and message in out and "Traceback" not in out
+    err = capsys.readouterr().err
+    assert "error:" in err and message in err and "Traceback" not in err
 
 
 def test_malformed_training_file_names_file_and_line(data, capsys):
     (data / "bad.jsonl").write_text('{"query": "q", "steps": [{"procedure": "p", "response": "r"}]}\n{"query": "q"}\n')
     assert tokmem("train", "--data", data / "bad.jsonl", "--out", data / "b.safetensors", "--backbone", "tiny-random", "--quiet") == 2
-    assert "bad.jsonl:2: field 'steps'" in capsys.readouterr().out
+    assert "bad.jsonl:2: field 'steps'" in capsys.readouterr().err
     assert not (data / "b.safetensors").exists()
 
 
 def test_console_script_is_installed():
-    result = subprocess.run(["tokmem", "--help"], capture_output=True, text=True, check=True)
+    script = Path(sys.executable).with_name("tokmem")
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True, check=True)
     for command in ("demo", "train", "add", "run", "eval", "bank"):
         assert command in result.stdout

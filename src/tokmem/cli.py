@@ -8,7 +8,7 @@ import sys
 from rich.table import Table
 
 from tokmem.errors import TokMemError
-from tokmem.report import console, machine, percent, scores_table, trace_table, write_json
+from tokmem.report import console, error_console, machine, percent, scores_table, trace_table, write_json
 
 
 def main(argv=None) -> int:
@@ -20,7 +20,7 @@ def main(argv=None) -> int:
     try:
         args.handler(args)
     except TokMemError as err:
-        console.print(f"[bold red]error:[/bold red] {err}", highlight=False)
+        error_console.print(f"[bold red]error:[/bold red] {err}", highlight=False)
         return 2
     return 0
 

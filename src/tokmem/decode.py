@@ -136,8 +136,10 @@ def _generate_batch(model, queries, config, forced, generator) -> list[Generatio
         plain = torch.zeros(len(queries), dtype=torch.bool, device=ids.device)
         token = torch.full_like(plain, forced, dtype=torch.long)
     else:
-        plain = mass < config.threshold
-        token = torch.where(plain, _pick(logits[:, :vocab], config, generator), _pick(logits[:, vocab:], config, generator) + vocab)
+        plain = (mass < config.threshold) | (len(model.bank) == 0)
+        token = _pick(logits[:, :vocab], config, generator)
+        if len(model.bank):
+            token = torch.where(plain, token, _pick(logits[:, vocab:], config, generator) + vocab)
 
     steps = model.is_memory(token).long()
     done = token == eos

@@ -76,6 +76,8 @@ class TokMemModel(nn.Module):
             steer = self.memory_matrices()[1]
         memory = self.is_memory(ids)
         words = self.lm.get_input_embeddings()(ids.masked_fill(memory, 0))
+        if len(steer) == 0:
+            return words
         rows = steer[(ids - self.vocab_size).clamp(min=0)].to(words.dtype)
         return torch.where(memory.unsqueeze(-1), rows, words)
 

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 console = Console(stderr=False)
+error_console = Console(stderr=True, soft_wrap=True)
 
 
 def machine() -> dict:

@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from tokmem.data.procedures import Example
+from tokmem.errors import TokMemError
 from tokmem.layout import TruncationCount, collate, encode
 from tokmem.model import TokMemModel
 
@@ -77,6 +78,8 @@ def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
     config = config or TrainConfig()
     bank = model.bank
     new = [name for name in dict.fromkeys(p for e in examples for p in e.procedures) if name not in bank]
+    if not new:
+        raise TokMemError("every procedure in these examples is already in the bank: nothing new to learn")
     bank.freeze()
     rows = bank.add(new, model.backbone.mean_embedding(), [(descriptions or {}).get(n, "") for n in new])
     report = train(model, examples, config)
@@ -90,7 +93,7 @@ def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
 def train(model: TokMemModel, examples: list[Example], config: TrainConfig | None = None) -> TrainReport:
     config = config or TrainConfig()
     if not model.bank.trainable.any():
-        raise ValueError("no trainable memory rows: add procedures first (or use learn())")
+        raise TokMemError("the bank has no trainable rows: add procedures first (or use learn())")
     _seed(config.seed)
     report = TrainReport()
     encoded = [encode(e, model.backbone.tokenizer, model.memory_id, config.max_length, report.truncated) for e in examples]

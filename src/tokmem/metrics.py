@@ -1,0 +1,193 @@
+"""Evaluation metrics: answer matching, ROUGE-L, routing, tool calls, GSM8K answers and perplexity.
+
+Plain Python over strings and floats, so importing this module stays cheap (no torch; ``rouge_score``
+is imported on the first ROUGE-L call).
+"""
+
+import ast
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from functools import cache
+
+
+def mean(values: Iterable[float]) -> float:
+    """Arithmetic mean; 0.0 for no values."""
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def normalize_answer(text: str) -> str:
+    """Strip the ends and collapse every run of internal whitespace to one space."""
+    return " ".join(text.split())
+
+
+def exact_match(prediction: str, reference: str) -> float:
+    """1.0 when the two answers are equal after `normalize_answer`, else 0.0."""
+    return float(normalize_answer(prediction) == normalize_answer(reference))
+
+
+def exact_match_any(prediction: str, references: Iterable[str]) -> float:
+    """1.0 when the prediction exactly matches at least one reference, else 0.0."""
+    return max((exact_match(prediction, reference) for reference in references), default=0.0)
+
+
+@cache
+def _rouge_scorer():
+    from rouge_score import rouge_scorer
+
+    # The configuration of Super-Natural Instructions' evaluation for English tasks.
+    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+
+
+def rouge_l(prediction: str, references: str | Sequence[str]) -> float:
+    """ROUGE-L F-measure on a 0-100 scale, the best over the references (as Super-Natural Instructions scores).
+
+    Uses the `rouge_score` default English tokenizer with Porter stemming; text without any
+    tokens (an empty prediction, say) scores 0.
+    """
+    if isinstance(references, str):
+        references = [references]
+    if not references:
+        raise ValueError("rouge_l needs at least one reference")
+    scorer = _rouge_scorer()
+    return 100.0 * max(scorer.score(reference, prediction)["rougeL"].fmeasure for reference in references)
+
+
+def _fraction_equal(predicted: Sequence, gold: Sequence) -> float:
+    if len(predicted) != len(gold):
+        raise ValueError(f"{len(predicted)} predictions for {len(gold)} gold items")
+    return mean([p == g for p, g in zip(predicted, gold)])
+
+
+def routing_accuracy(predicted: Sequence[str | None], gold: Sequence[str]) -> float:
+    """Fraction of routing decisions that picked the gold procedure (None, no pick, counts wrong)."""
+    return _fraction_equal(predicted, gold)
+
+
+def sequence_accuracy(predicted: Sequence[Sequence[str]], gold: Sequence[Sequence[str]]) -> float:
+    """Fraction of chains whose whole predicted procedure sequence equals the gold sequence."""
+    return _fraction_equal([list(p) for p in predicted], [list(g) for g in gold])
+
+
+def multiset_f1(predicted: Iterable, gold: Iterable) -> float:
+    """F1 of the multiset overlap of two collections, in [0, 1]; 1.0 when both are empty."""
+    predicted, gold = Counter(predicted), Counter(gold)
+    size = predicted.total() + gold.total()
+    if size == 0:
+        return 1.0
+    return 2 * (predicted & gold).total() / size
+
+
+@dataclass(frozen=True)
+class Boolean:
+    """A canonical boolean argument: unlike ``True``, it is not equal to the integer 1."""
+
+    value: bool
+
+
+def _canonical(value):
+    if isinstance(value, bool):
+        return Boolean(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return tuple(sorted(((_canonical(k), _canonical(v)) for k, v in value.items()), key=repr))
+    if isinstance(value, (list, tuple)):
+        return tuple(_canonical(item) for item in value)
+    if isinstance(value, (set, frozenset)):
+        return frozenset(_canonical(item) for item in value)
+    return value
+
+
+def _load_literal(text: str):
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def parse_call(text: str) -> tuple | None:
+    """Parse a tool call ``{"name": ..., "arguments": {...}}`` into a hashable ``(name, arguments)``.
+
+    Accepts strict JSON, then Python-literal style (single quotes, ``True``).  The arguments are
+    canonical: key order and spacing do not matter, integral floats become ints (1.0 == 1), lists
+    become tuples, and booleans are wrapped in `Boolean` so True never equals 1.  Returns None,
+    never raises, when the text is not such a call.
+    """
+    call = _load_literal(text.strip())
+    if not isinstance(call, dict):
+        return None
+    name, arguments = call.get("name"), call.get("arguments")
+    if not isinstance(name, str) or not isinstance(arguments, dict):
+        return None
+    return name, _canonical(arguments)
+
+
+def _parse_gold(calls: Iterable[str]) -> list[tuple]:
+    parsed = []
+    for text in calls:
+        call = parse_call(text)
+        if call is None:
+            raise ValueError(f"gold tool call does not parse: {text!r}")
+        parsed.append(call)
+    return parsed
+
+
+def tool_f1(predicted_calls: Iterable[str], gold_calls: Iterable[str]) -> float:
+    """Multiset F1 over the names of the called tools; an unparseable prediction contributes no name."""
+    predicted = [call for call in map(parse_call, predicted_calls) if call is not None]
+    return multiset_f1([name for name, _ in predicted], [name for name, _ in _parse_gold(gold_calls)])
+
+
+def argument_f1(predicted_calls: Iterable[str], gold_calls: Iterable[str]) -> float:
+    """Multiset F1 over whole canonical calls (name and arguments); an unparseable prediction counts as wrong."""
+    # An unparseable prediction parses to None: it still counts as predicted but matches no gold call.
+    return multiset_f1(map(parse_call, predicted_calls), _parse_gold(gold_calls))
+
+
+_NUMBER = r"(?P<sign>[-+]?)\$?(?P<digits>\d(?:[\d,]*\d)?(?:\.\d+)?|\.\d+)"
+_COMPLIANT = re.compile(r"####\s*" + _NUMBER + r"\s*\Z")
+
+
+def gsm8k_compliant(text: str) -> bool:
+    """Whether the text ends with ``#### <number>`` (commas, a sign, decimals, a leading $ allowed)."""
+    return _COMPLIANT.search(text) is not None
+
+
+def extract_final_number(text: str) -> str | None:
+    """The first number after the last ``####``, normalised; None when there is none.
+
+    Commas, ``$``, a ``+`` sign, units and trailing words are dropped, as are zeros after the
+    decimal point: ``"#### $1,000.50 dollars"`` gives ``"1000.5"``, ``"5.00"`` gives ``"5"``,
+    ``"-0"`` gives ``"0"``.
+    """
+    _, marker, tail = text.rpartition("####")
+    match = re.search(_NUMBER, tail) if marker else None
+    if match is None:
+        return None
+    value = Decimal(match["sign"] + match["digits"].replace(",", "")).normalize()
+    return format(value if value != 0 else Decimal(0), "f")
+
+
+def gsm8k_exact_match(prediction: str, reference: str) -> float:
+    """1.0 when the prediction's final number equals the reference's (a GSM8K answer ending ``#### n``)."""
+    gold = extract_final_number(reference)
+    if gold is None:
+        raise ValueError(f"GSM8K reference has no '#### <number>' answer: {reference!r}")
+    return float(extract_final_number(prediction) == gold)
+
+
+def perplexity(total_nll: float, num_tokens: int) -> float:
+    """exp of the mean negative log-likelihood per token (total_nll in nats)."""
+    if num_tokens <= 0:
+        raise ValueError(f"perplexity needs at least one token, got num_tokens={num_tokens}")
+    return math.exp(total_nll / num_tokens)

@@ -1,0 +1,48 @@
+"""Shared fixtures: the tiny-random backbone, a livelier copy of it, fresh models and small examples."""
+
+import copy
+
+import pytest
+import torch
+
+import tokmem
+from tokmem import Example, Step, load_backbone
+from tokmem.backbones import Backbone
+
+WORDS = ["sun", "apple", "window", "blueberry"]  # different lengths, so batches carry unequal target counts
+
+
+@pytest.fixture(scope="session")
+def backbone():
+    return load_backbone("tiny-random", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def lively_backbone(backbone):
+    """tiny-random with every weight matrix scaled by 20.
+
+    tiny-random's greedy output is degenerate (it repeats the last token: its tied embeddings dominate
+    the residual stream), so decoding comparisons on it would pass trivially.  Scaled up, attention and
+    MLPs matter and the output depends on the whole context.  It also has a different fingerprint.
+    """
+    model = copy.deepcopy(backbone.model)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.ndim == 2:
+                parameter.mul_(20)
+    return Backbone("tiny-random-x20", model, backbone.tokenizer)
+
+
+@pytest.fixture
+def model(backbone):
+    return tokmem.create(backbone)
+
+
+@pytest.fixture
+def examples():
+    """Two atomic procedures on four words each, plus one chain."""
+    reverse = [Example(f"Reverse {w}.", (Step("reverse", w[::-1]),), id=f"reverse-{w}") for w in WORDS]
+    upper = [Example(f"Write {w} in capitals.", (Step("upper", w.upper()),), id=f"upper-{w}") for w in WORDS]
+    chain = Example("Reverse water, then capitalise it.", (Step("reverse", "retaw"), Step("upper", "RETAW")), id="chain")
+    return reverse + upper + [chain]
+

@@ -1,0 +1,87 @@
+"""The training sequence chat(query) m_i r_i m_j r_j … EOS, its labels, truncation and collation."""
+
+import pytest
+import torch
+
+from tokmem import Example, Step
+from tokmem.layout import IGNORE, TruncationCount, chat_prefix, collate, encode
+
+CHAIN = Example("Reverse water, then capitalise it.", (Step("reverse", "retaw"), Step("upper", "RETAW")), id="chain")
+MEMORY = {"reverse": 1000, "upper": 1001}
+
+
+@pytest.fixture
+def tokenizer(backbone):
+    return backbone.tokenizer
+
+
+def tokens(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_chat_prefix_ends_where_the_assistant_answer_starts(tokenizer):
+    assert tokenizer.decode(chat_prefix(tokenizer, "hi")) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_sequence_is_prefix_then_memory_token_before_each_segment_then_eos(tokenizer):
+    encoded = encode(CHAIN, tokenizer, MEMORY.get, max_length=1024)
+    prefix = chat_prefix(tokenizer, CHAIN.query)
+    target = [1000, *tokens(tokenizer, "retaw"), 1001, *tokens(tokenizer, "RETAW"), tokenizer.eos_token_id]
+    assert encoded.input_ids == prefix + target
+    assert encoded.labels == [IGNORE] * len(prefix) + target
+
+
+def test_truncation_cuts_the_query_from_the_left_and_keeps_the_targets(tokenizer):
+    full = encode(CHAIN, tokenizer, MEMORY.get, max_length=1024)
+    prefix = chat_prefix(tokenizer, CHAIN.query)
+    target = full.input_ids[len(prefix) :]
+    count = TruncationCount()
+    encoded = encode(CHAIN, tokenizer, MEMORY.get, max_length=len(target) + 3, truncated=count)
+    assert encoded.input_ids == prefix[-3:] + target
+    assert encoded.labels == [IGNORE] * 3 + target
+    assert (count.queries, count.responses, count.examples) == (1, 0, ["chain"])
+
+
+@pytest.mark.parametrize("spare", [0, 1, 5])
+def test_targets_too_long_alone_are_cut_at_the_end_and_one_query_token_stays(tokenizer, spare):
+    full = encode(CHAIN, tokenizer, MEMORY.get, max_length=1024)
+    prefix = chat_prefix(tokenizer, CHAIN.query)
+    target = full.input_ids[len(prefix) :]
+    max_length = len(target) - spare
+    count = TruncationCount()
+    encoded = encode(CHAIN, tokenizer, MEMORY.get, max_length=max_length, truncated=count)
+    assert len(encoded.input_ids) == max_length
+    assert encoded.input_ids == prefix[-1:] + target[: max_length - 1]
+    assert encoded.labels == [IGNORE] + target[: max_length - 1]
+    assert tokenizer.eos_token_id not in encoded.input_ids
+    assert (count.queries, count.responses) == (1, 1)
+
+
+def test_a_sequence_that_fits_is_not_counted_as_truncated(tokenizer):
+    count = TruncationCount()
+    full = encode(CHAIN, tokenizer, MEMORY.get, max_length=1024, truncated=count)
+    exact = encode(CHAIN, tokenizer, MEMORY.get, max_length=len(full.input_ids), truncated=count)
+    assert exact == full
+    assert not count and count.examples == []
+
+
+def test_truncation_counts_accumulate_over_examples(tokenizer):
+    count = TruncationCount()
+    short = Example("q", (Step("reverse", "x"),))
+    for example in (CHAIN, short, CHAIN):
+        encode(example, tokenizer, MEMORY.get, max_length=30, truncated=count)
+    assert (count.queries, count.responses, count.examples) == (2, 0, ["chain", "chain"])
+
+
+def test_collate_right_pads_with_mask_zero_and_ignored_labels(tokenizer):
+    short = encode(Example("q", (Step("reverse", "x"),)), tokenizer, MEMORY.get, max_length=1024)
+    long = encode(CHAIN, tokenizer, MEMORY.get, max_length=1024)
+    batch = collate([short, long], pad_id=tokenizer.pad_token_id)
+    n, width = len(short.input_ids), len(long.input_ids)
+    assert batch["input_ids"].shape == batch["labels"].shape == batch["attention_mask"].shape == (2, width)
+    assert batch["input_ids"][0].tolist() == short.input_ids + [tokenizer.pad_token_id] * (width - n)
+    assert batch["labels"][0].tolist() == short.labels + [IGNORE] * (width - n)
+    assert batch["attention_mask"][0].tolist() == [1] * n + [0] * (width - n)
+    assert batch["input_ids"][1].tolist() == long.input_ids
+    assert batch["labels"][1].tolist() == long.labels
+    assert torch.all(batch["attention_mask"][1] == 1)

@@ -1,0 +1,86 @@
+"""TokMemModel: memory ids, the two places the bank enters the frozen network, and what stays frozen."""
+
+import pytest
+import torch
+from helpers import random_rows
+
+import tokmem
+from tokmem import TrainConfig
+from tokmem.errors import BankError
+
+
+@pytest.fixture(params=[False, True], ids=["coupled", "decoupled"])
+def filled(request, backbone):
+    """A model whose bank has three rows with random (and, for DC, different steer and index) values."""
+    model = tokmem.create(backbone, decoupled=request.param)
+    model.bank.add(["a", "b", "c"], backbone.mean_embedding())
+    random_rows(model.bank)
+    return model
+
+
+def vocabulary_shapes(backbone) -> tuple:
+    return (
+        tuple(backbone.model.get_input_embeddings().weight.shape),
+        tuple(backbone.model.get_output_embeddings().weight.shape),
+        backbone.model.config.vocab_size,
+        len(backbone.tokenizer),
+    )
+
+
+def test_memory_ids_are_vocab_size_plus_row(model, backbone):
+    model.bank.add(["a", "b", "c"], backbone.mean_embedding())
+    assert model.vocab_size == len(backbone.tokenizer) == 259
+    assert [model.memory_id(n) for n in "abc"] == [259, 260, 261]
+    assert model.is_memory(torch.tensor([0, 258, 259, 261])).tolist() == [False, False, True, True]
+    with pytest.raises(BankError, match="no procedure 'z'"):
+        model.memory_id("z")
+
+
+def test_embed_uses_steer_rows_for_memory_ids_and_the_backbone_for_words(filled, backbone):
+    ids = torch.tensor([[5, filled.memory_id("c"), 100], [filled.memory_id("a"), 258, filled.memory_id("a")]])
+    embedded = filled.embed(ids)
+    table = backbone.model.get_input_embeddings().weight
+    steer = filled.bank.steer_matrix  # for DC the steer matrix, which random_rows made differ from index
+    assert torch.equal(embedded[0, [0, 2]], table[[5, 100]])
+    assert torch.equal(embedded[1, 1], table[258])
+    assert torch.equal(embedded[0, 1], steer[2])
+    assert torch.equal(embedded[1, [0, 2]], steer[[0, 0]])
+    assert torch.equal(filled.embed(torch.tensor([7, 258])), table[[7, 258]])
+
+
+def test_logits_extend_the_lm_head_with_hidden_times_index(filled, backbone):
+    hidden = torch.randn(2, 5, backbone.hidden_size, generator=torch.Generator().manual_seed(1))
+    logits = filled.logits(hidden)
+    assert logits.shape == (2, 5, filled.vocab_size + 3)
+    torch.testing.assert_close(logits[..., : filled.vocab_size], backbone.model.lm_head(hidden))
+    torch.testing.assert_close(logits[..., filled.vocab_size :], hidden @ filled.bank.index.T)
+
+
+def test_vocabulary_is_never_resized(backbone, examples):
+    before = vocabulary_shapes(backbone)
+    model = tokmem.create(backbone)
+    model.bank.add(["x"], backbone.mean_embedding())
+    tokmem.learn(model, examples, TrainConfig(max_steps=2, progress=False))
+    assert len(model.bank) == 3
+    assert vocabulary_shapes(backbone) == before
+
+
+def test_no_backbone_parameter_ever_requires_grad(backbone, examples):
+    model = tokmem.create(backbone)
+    assert not any(p.requires_grad for p in backbone.model.parameters())
+    model.bank.add(["reverse", "upper"], backbone.mean_embedding())
+    model.unfreeze_rows()
+    assert [name for name, p in model.named_parameters() if p.requires_grad] == ["row_index"]
+    model.commit_rows()
+    tokmem.train(model, examples, TrainConfig(max_steps=2, progress=False))
+    assert not any(p.requires_grad for p in model.parameters())
+
+
+def test_load_resolves_the_backbone_named_in_the_bank(tmp_path, backbone):
+    model = tokmem.create(backbone)
+    model.bank.add(["a"], backbone.mean_embedding())
+    path = model.bank.save(tmp_path / "bank.safetensors")
+    loaded = tokmem.load(path, device="cpu")
+    assert loaded.backbone is not backbone and loaded.backbone.name == "tiny-random"
+    assert loaded.bank.names == ["a"]
+    assert torch.equal(loaded.bank.index, model.bank.index)

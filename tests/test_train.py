@@ -1,0 +1,149 @@
+"""Training: only the bank's trainable rows move; the backbone never does; continual rounds; reproducibility."""
+
+import pytest
+import torch
+
+import tokmem
+from tokmem import Example, Step, TrainConfig
+from tokmem.bank import MemoryBank
+from tokmem.errors import TokMemError
+from tokmem.layout import collate, encode
+
+
+def config(**options) -> TrainConfig:
+    return TrainConfig(**{"progress": False, **options})
+
+
+@pytest.fixture
+def second_round():
+    """Examples for a new procedure, one of them chained after a procedure the bank already has."""
+    double = [Example(f"Double {w}.", (Step("double", w + w),)) for w in ("sun", "moon", "star")]
+    return double + [Example("Reverse tree, then double it.", (Step("reverse", "eert"), Step("double", "eerteert")))]
+
+
+@pytest.fixture
+def learned(model, examples):
+    """A model after a first continual round (reverse, upper)."""
+    tokmem.learn(model, examples, config(epochs=3))
+    return model
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_training_leaves_the_backbone_bit_identical(backbone, examples, second_round, decoupled):
+    before = {k: v.clone() for k, v in backbone.model.state_dict().items()}
+    model = tokmem.create(backbone, decoupled=decoupled)
+    tokmem.learn(model, examples, config(epochs=2, lr=0.1))
+    tokmem.learn(model, second_round, config(epochs=2, lr=0.1))
+    after = backbone.model.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[k], before[k]) for k in before)
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_gradients_reach_only_the_trainable_rows(backbone, examples, decoupled):
+    model = tokmem.create(backbone, decoupled=decoupled)
+    model.bank.add(["reverse"], backbone.mean_embedding())
+    model.bank.freeze()
+    model.bank.add(["upper"], backbone.mean_embedding())
+    params = model.unfreeze_rows()
+    assert len(params) == (2 if decoupled else 1)
+    assert all(p.shape == (1, backbone.hidden_size) for p in params)  # the trainable row only
+    batch = collate([encode(e, backbone.tokenizer, model.memory_id, 1024) for e in examples], backbone.tokenizer.pad_token_id)
+    loss, count = model.loss(batch)
+    loss.backward()
+    assert count == int((batch["labels"][:, 1:] != -100).sum())
+    assert all(p.grad is None for p in backbone.model.parameters())
+    assert all(p.grad.abs().sum() > 0 for p in params)
+
+
+def test_a_second_round_leaves_the_frozen_rows_bit_identical(learned, second_round):
+    old = learned.bank.index.clone()
+    tokmem.learn(learned, second_round, config(epochs=3, lr=0.1))
+    assert torch.equal(learned.bank.index[:2], old)
+    assert not torch.equal(learned.bank.index[2], learned.backbone.mean_embedding())
+
+
+def test_loss_decreases_on_a_small_memorisation_task(lively_backbone, examples):
+    model = tokmem.create(lively_backbone)  # tiny-random itself can hardly be steered: its loss barely moves
+    losses = tokmem.learn(model, examples, config(epochs=100, batch_size=3, lr=2e-2)).losses
+    assert len(losses) == 300
+    first, last = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
+    assert last < 0.8 * first
+
+
+def test_learn_adds_only_unseen_procedures_and_freezes_every_other_row(learned, second_round, backbone):
+    learned.bank.add(["manual"], backbone.mean_embedding())  # trainable until learn freezes it
+    before = learned.bank.index.clone()
+    report = tokmem.learn(learned, second_round, config(epochs=1))
+    assert report.new_procedures == ["double"]
+    assert learned.bank.names == ["reverse", "upper", "manual", "double"]
+    assert torch.equal(learned.bank.index[:3], before)
+    assert not learned.bank.trainable.any()
+
+
+def test_learn_renormalises_new_rows_to_the_old_rows_mean_norm(learned, second_round, tmp_path):
+    learned.bank.save(tmp_path / "first.safetensors")
+    old_norms = learned.bank.norms()
+    report = tokmem.learn(learned, second_round, config(epochs=3))
+    raw = tokmem.load(tmp_path / "first.safetensors", backbone=learned.backbone)
+    tokmem.learn(raw, second_round, config(epochs=3, renormalize=False))
+
+    target = old_norms.mean()
+    assert report.renorm_target == pytest.approx(float(target))
+    assert float(learned.bank.norms()[2]) == pytest.approx(float(target), rel=1e-5)
+    new, unnormalised = learned.bank.index[2], raw.bank.index[2]
+    assert float(unnormalised.norm()) != pytest.approx(float(target), rel=0.01)
+    torch.testing.assert_close(new, unnormalised * target / unnormalised.norm())
+
+
+def test_first_round_is_not_renormalised(model, examples):
+    assert tokmem.learn(model, examples, config(epochs=1)).renorm_target is None
+
+
+def trained_index(backbone, examples, **options) -> torch.Tensor:
+    model = tokmem.create(backbone)
+    model.bank.add(["reverse", "upper"], backbone.mean_embedding())
+    tokmem.train(model, examples, config(epochs=2, **options))
+    return model.bank.index
+
+
+def test_training_is_reproducible_for_a_seed(backbone, examples):
+    first = trained_index(backbone, examples, seed=3)
+    assert torch.equal(first, trained_index(backbone, examples, seed=3))
+    assert not torch.equal(first, trained_index(backbone, examples, seed=4))
+
+
+def test_gradient_accumulation_matches_a_larger_batch(backbone, examples):
+    examples = examples[:8]  # two full steps of four
+    large = trained_index(backbone, examples, batch_size=4, grad_accum=1)
+    accumulated = trained_index(backbone, examples, batch_size=2, grad_accum=2)
+    small = trained_index(backbone, examples, batch_size=2, grad_accum=1)
+    torch.testing.assert_close(accumulated, large, rtol=0, atol=1e-6)
+    assert not torch.allclose(small, large, rtol=0, atol=1e-3)
+
+
+def test_checkpoint_writes_a_loadable_bank_of_the_live_rows(model, examples, tmp_path, backbone):
+    path = tmp_path / "ckpt" / "bank.safetensors"
+    model.bank.add(["reverse", "upper"], backbone.mean_embedding())
+    report = tokmem.train(model, examples[:8], config(batch_size=2, checkpoint=str(path), checkpoint_every=2))
+    assert report.steps == 4
+    checkpoint = MemoryBank.load(path, backbone=backbone)
+    assert checkpoint.names == ["reverse", "upper"]
+    assert torch.equal(checkpoint.index, model.bank.index)  # written after the last step
+    assert not torch.equal(checkpoint.index[0], backbone.mean_embedding())
+
+
+@pytest.mark.parametrize("frozen_rows", [0, 2])
+def test_training_without_trainable_rows_is_refused(model, examples, backbone, frozen_rows):
+    model.bank.add(["reverse", "upper"][:frozen_rows], backbone.mean_embedding())
+    model.bank.freeze()
+    with pytest.raises(TokMemError, match="no trainable rows"):
+        tokmem.train(model, examples, config())
+
+
+def test_a_round_with_no_new_procedure_is_refused_and_leaves_the_bank_alone(learned, examples):
+    before = learned.bank.index.clone()
+    with pytest.raises(TokMemError, match="nothing new to learn"):
+        tokmem.learn(learned, examples, config())
+    assert learned.bank.names == ["reverse", "upper"]
+    assert torch.equal(learned.bank.index, before)
