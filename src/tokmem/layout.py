@@ -47,11 +47,16 @@ class TruncationCount:
 
 
 def encode(example: Example, tokenizer, memory_id, max_length: int, truncated: TruncationCount | None = None) -> Encoded:
-    """Lay out one example; ``memory_id(name)`` maps a procedure to its token id."""
+    """Lay out one example; ``memory_id(name)`` maps a procedure to its token id.
+
+    ``memory_id=None`` lays out the plain query → response sequence (no memory tokens) that the
+    fine-tuning baselines train on.
+    """
     prefix = chat_prefix(tokenizer, example.query)
     target: list[int] = []
     for step in example.steps:
-        target.append(memory_id(step.procedure))
+        if memory_id is not None:
+            target.append(memory_id(step.procedure))
         target += tokenizer(step.response, add_special_tokens=False)["input_ids"]
     target.append(tokenizer.eos_token_id)
 

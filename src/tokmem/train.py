@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from tokmem.data.procedures import Example
 from tokmem.errors import TokMemError
-from tokmem.layout import TruncationCount, collate, encode
+from tokmem.layout import Encoded, TruncationCount, collate, encode
 from tokmem.model import TokMemModel
 
 
@@ -90,18 +90,33 @@ def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
     return report
 
 
-def train(model: TokMemModel, examples: list[Example], config: TrainConfig | None = None) -> TrainReport:
+def train(model: TokMemModel, examples: list[Example], config: TrainConfig | None = None, param_groups=()) -> TrainReport:
     config = config or TrainConfig()
-    if not model.bank.trainable.any():
-        raise TokMemError("the bank has no trainable rows: add procedures first (or use learn())")
-    _seed(config.seed)
+    _require_trainable_rows(model)  # before laying out: an empty bank cannot encode the procedures
     report = TrainReport()
     encoded = [encode(e, model.backbone.tokenizer, model.memory_id, config.max_length, report.truncated) for e in examples]
+    return fit(model, encoded, config, report, param_groups=param_groups)
+
+
+def fit(model: TokMemModel, encoded: list[Encoded], config: TrainConfig | None = None, report: TrainReport | None = None, on_step=None,
+        param_groups=()) -> TrainReport:
+    """The training loop over sequences already laid out: ``train`` lays them out the TokMem way,
+    baselines and studies that place the rows elsewhere bring their own.
+
+    ``on_step(step)`` runs after every optimiser step while the trained rows are live (the model's
+    ``loss`` and ``memory_matrices`` see them), e.g. to record an evaluation curve.
+    ``param_groups``: more optimiser parameter groups that train alongside the rows (the LoRA weights
+    of the adaptation phase, with their own lr); the rows' group takes the config's lr and weight decay.
+    """
+    config = config or TrainConfig()
+    _require_trainable_rows(model)
+    _seed(config.seed)
+    report = TrainReport() if report is None else report
     order = _order(len(encoded), config)
     step_size = config.batch_size * config.grad_accum
     total = math.ceil(len(order) / step_size)
     params = model.unfreeze_rows()
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW([{"params": params}, *param_groups], lr=config.lr, weight_decay=config.weight_decay)
     autocast = _autocast(model.device, config.bf16)
     bar = tqdm(total=total, desc="training memory", unit="step", disable=not config.progress, dynamic_ncols=True)
     start = time.perf_counter()
@@ -114,6 +129,8 @@ def train(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
             report.seconds = time.perf_counter() - start
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{report.tokens_per_s:.0f}")
             bar.update()
+            if on_step is not None:
+                on_step(report.steps)
             if config.checkpoint and config.checkpoint_every and report.steps % config.checkpoint_every == 0:
                 model.write_rows()
                 model.bank.save(config.checkpoint)
@@ -121,6 +138,11 @@ def train(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
         bar.close()
         model.commit_rows()
     return report
+
+
+def _require_trainable_rows(model: TokMemModel) -> None:
+    if not model.bank.trainable.any():
+        raise TokMemError("the bank has no trainable rows: add procedures first (or use learn())")
 
 
 def _step(model, optimizer, chunk, config, autocast, report) -> float:
