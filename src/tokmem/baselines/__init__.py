@@ -1,0 +1,1 @@
+"""Baselines TokMem is compared with, each training and answering like TokMem does."""

@@ -1,0 +1,54 @@
+"""The interface every method of a study implements, and the plain-backbone decoding they share.
+
+A method learns procedures in rounds (``learn``: one task, or a mixture of tasks, a round) and
+answers queries.  The studies drive TokMem and every baseline through this interface alone.
+
+Baselines that answer with the backbone itself decode with TokMem's own decoder on an empty bank,
+which is the plain backbone (no memory token can be chosen): every method then shares the same
+chat prompt, the same batched, left-padded, cached greedy decoding and the same stopping rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokmem.data.procedures import Example
+from tokmem.decode import DecodeConfig, generate
+from tokmem.model import TokMemModel
+
+
+@dataclass
+class Answer:
+    text: str
+    choice: str | None = None  # the procedure the method picked (TokMem's memory token, RAG's top demonstration)
+
+
+class Method:
+    name = ""
+    label = ""  # as tables print it
+    choice_metric: str | None = None  # what the accuracy of ``Answer.choice`` is called, if the method makes one
+    learns = True  # False: the answers never change, so a study may reuse a task's earlier scores
+
+    def trainable_params(self) -> int:
+        return 0
+
+    def learn(self, examples: list[Example]) -> None:
+        """One round on the examples of one or more procedures (``Example.procedures`` names them)."""
+
+    def answer(self, queries: list[str]) -> list[Answer]:
+        raise NotImplementedError
+
+    def save(self, directory: Path) -> bool:
+        """Write the learned state under ``directory``; False when the method keeps none (rebuilt by learning again)."""
+        return False
+
+    def load(self, directory: Path) -> bool:
+        """Restore what ``save`` wrote; False when there is nothing to restore."""
+        return False
+
+
+def plain_answers(model: TokMemModel, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[str]:
+    """Greedy answers of ``model``'s backbone (its bank must be empty) to chat-formatted prompts."""
+    config = DecodeConfig(max_new_tokens=max_new_tokens, batch_size=batch_size)
+    return [g.text for g in generate(model, prompts, config)]

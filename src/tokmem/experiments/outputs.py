@@ -1,0 +1,98 @@
+"""Outputs every study writes: its JSON (atomically, so a crash never leaves half a file), markdown
+tables in the paper's layout (methods × settings) and line plots (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def write_text_atomic(path, text: str) -> Path:
+    """Write to a temporary file beside ``path``, then rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path, data: dict) -> Path:
+    return write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def read_json(path) -> dict:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A GitHub markdown table; the first column left-aligned, the others right-aligned."""
+    align = [":--"] + ["--:"] * (len(header) - 1)
+    lines = [header, align, *rows]
+    return "\n".join("| " + " | ".join(str(cell) for cell in line) + " |" for line in lines) + "\n"
+
+
+def pivot_table(
+    series: dict[str, dict], columns: list, corner: str = "Method", fmt: str = "{:.1f}",
+    average: bool = False, extra: dict[str, dict[str, str]] | None = None,
+) -> str:
+    """Rows = series (label → {column: value}), columns in the given order, an optional average column
+    (over the columns the row has) and extra columns ({column title: {row label: text}}).  Missing values print as –."""
+    extra = extra or {}
+    header = [corner, *map(str, columns)] + (["Avg."] if average else []) + list(extra)
+    rows = []
+    for label, values in series.items():
+        present = [values[c] for c in columns if values.get(c) is not None]
+        row = [label, *(fmt.format(values[c]) if values.get(c) is not None else "–" for c in columns)]
+        if average:
+            row.append(fmt.format(sum(present) / len(present)) if present else "–")
+        rows.append(row + [texts.get(label, "–") for texts in extra.values()])
+    return markdown_table(header, rows)
+
+
+@dataclass
+class Panel:
+    title: str
+    xlabel: str
+    ylabel: str
+    series: dict[str, tuple[list, list]] = field(default_factory=dict)  # label → (xs, ys)
+    logx: bool = False
+    ylim: tuple[float, float] | None = None
+
+
+def line_plot(path, panels: list[Panel]) -> Path:
+    """One row of line charts (one per panel), a marker and an x tick on every point, saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        for label, (xs, ys) in panel.series.items():
+            ax.plot(xs, ys, marker="o", label=label)
+        if panel.logx:
+            ax.set_xscale("log")
+        xs = sorted({x for xs, _ in panel.series.values() for x in xs})
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xticks([], minor=True)
+        if panel.ylim:
+            ax.set_ylim(*panel.ylim)
+        ax.set(title=panel.title, xlabel=panel.xlabel, ylabel=panel.ylabel)
+        ax.grid(alpha=0.3)
+        if panel.series:
+            ax.legend()
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
