@@ -2,6 +2,7 @@
 
 from importlib.metadata import version as _version
 
+from tokmem.adapt import AdaptConfig, adapt
 from tokmem.backbones import Backbone, load_backbone
 from tokmem.bank import MemoryBank
 from tokmem.data import Example, Step, load_catalog, load_examples
@@ -13,7 +14,7 @@ from tokmem.train import TrainConfig, TrainReport, learn, train
 __version__ = _version("tokmem")
 
 __all__ = [
-    "Backbone", "BackboneError", "BankError", "DataError", "DecodeConfig", "Example", "Generation",
+    "AdaptConfig", "Backbone", "BackboneError", "BankError", "DataError", "DecodeConfig", "Example", "Generation",
     "MemoryBank", "Route", "Step", "TokMemError", "TokMemModel", "TrainConfig", "TrainReport",
-    "create", "generate", "learn", "load", "load_backbone", "load_catalog", "load_examples", "route", "train",
+    "adapt", "create", "generate", "learn", "load", "load_backbone", "load_catalog", "load_examples", "route", "train",
 ]

@@ -24,6 +24,7 @@ import torch
 from tokmem.errors import BackboneError
 
 DEFAULT_BACKBONE = "smollm2-135m"
+ADAPTATION_KEY = "tokmem_adaptation"  # the config field where tokmem.adapt records an adaptation
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -58,10 +59,17 @@ class Backbone:
         return self.tokenizer.eos_token_id
 
     def fingerprint(self) -> str:
-        """Hash of the input embedding matrix (rounded to bf16, so fp32 and bf16 loads agree)."""
+        """Hash of the input embedding matrix (rounded to bf16, so fp32 and bf16 loads agree).
+
+        An adapted backbone (tokmem.adapt) keeps its base model's embeddings, so the adaptation digest
+        in its config (which ``save_pretrained`` keeps) is hashed in as well; other models have none.
+        """
         weight = self.model.get_input_embeddings().weight.detach().to("cpu", torch.bfloat16)
         digest = hashlib.sha256(weight.view(torch.int16).numpy().tobytes())
         digest.update(str(tuple(weight.shape)).encode())
+        adaptation = getattr(getattr(self.model, "config", None), ADAPTATION_KEY, None)
+        if adaptation:
+            digest.update(adaptation.encode())
         return digest.hexdigest()[:16]
 
     def mean_embedding(self) -> torch.Tensor:

@@ -1,0 +1,125 @@
+"""The adaptation phase for compositional use (the paper's Algorithm 1).
+
+LoRA adapters on the backbone train jointly with *temporary* memory rows on held-out procedures
+(e.g. the built-in adaptation tools), so that the backbone learns to read and chain memory tokens.
+Then the LoRA weights are merged into the backbone, the temporary rows are discarded and every
+weight is frozen again: the adapted backbone is a plain frozen model, and banks are trained on it
+as on any other.
+
+The merge leaves the embedding matrix as it was, so the adapted model's config records an
+adaptation digest that ``Backbone.fingerprint`` hashes in: a bank trained on the adapted backbone
+refuses the base model.  ``save_pretrained`` keeps the digest, so a saved adapted backbone
+(``adapt(..., save_to=dir)`` or ``save_backbone``) reloads with ``load_backbone(dir)`` under the
+same fingerprint, and ``tokmem.load(bank)`` finds it by the directory the bank records.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tokmem.backbones import ADAPTATION_KEY, Backbone, freeze, load_backbone
+from tokmem.bank import MemoryBank
+from tokmem.data.procedures import Example
+from tokmem.errors import BackboneError
+from tokmem.model import TokMemModel
+from tokmem.train import TrainConfig, train
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AdaptConfig:
+    """LoRA settings; the defaults are the paper's fine-tuning setup (rank 8 on the query and value
+    projections, AdamW with lr 5e-5 and weight decay 1e-2).  The temporary rows train as TokMem's rows
+    do, with the TrainConfig given to ``adapt`` (lr 5e-3, no weight decay, one epoch, batch 4)."""
+
+    rank: int = 8
+    alpha: int = 16
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+    lr: float = 5e-5
+    weight_decay: float = 1e-2
+
+
+def adapt(
+    backbone: str | Backbone,
+    examples: list[Example],
+    config: AdaptConfig | None = None,
+    train_config: TrainConfig | None = None,
+    save_to=None,
+    inplace: bool = False,
+) -> Backbone:
+    """The backbone adapted on ``examples`` of held-out procedures, merged and frozen.
+
+    ``inplace=False`` adapts a copy and leaves ``backbone`` as it was (at the cost of a second copy
+    in memory); ``inplace=True`` merges into ``backbone``'s own model.  ``save_to``: a new directory to
+    save the adapted model and tokenizer in, which then names the returned backbone.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    config = config or AdaptConfig()
+    train_config = train_config or TrainConfig()
+    if isinstance(backbone, str):
+        backbone = load_backbone(backbone)
+    base_fingerprint = backbone.fingerprint()
+    torch.manual_seed(train_config.seed)  # the LoRA initialisation
+    lora_config = LoraConfig(r=config.rank, lora_alpha=config.alpha, target_modules=list(config.target_modules),
+                             lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    try:
+        wrapped = get_peft_model(backbone.model if inplace else copy.deepcopy(backbone.model), lora_config)
+    except ValueError as err:
+        raise BackboneError(f"cannot put LoRA on backbone '{backbone.name}': {err}") from None
+    lora = [p for p in wrapped.parameters() if p.requires_grad]
+    _train_with_temporary_rows(backbone, wrapped.get_base_model(), examples, train_config,
+                               {"params": lora, "lr": config.lr, "weight_decay": config.weight_decay})
+    digest = _digest(base_fingerprint, lora)
+    merged = wrapped.merge_and_unload()
+    freeze(merged)
+    setattr(merged.config, ADAPTATION_KEY, digest)
+    adapted = Backbone(f"{backbone.name}+adapted-{digest[:8]}", merged, backbone.tokenizer)
+    return adapted if save_to is None else save_backbone(adapted, save_to)
+
+
+def _train_with_temporary_rows(backbone, lora_model, examples, train_config, lora_group) -> None:
+    """Train a fresh bank of every procedure in ``examples`` together with the LoRA weights; the bank is dropped.
+
+    The TokMemModel wraps the transformers model inside the PEFT wrapper (whose ``base_model`` is
+    the decoder stack, with the LoRA layers injected), not the wrapper (whose ``base_model`` is PEFT's).
+    """
+    model = TokMemModel(Backbone(backbone.name, lora_model, backbone.tokenizer), MemoryBank(backbone.hidden_size))
+    model.bank.add(list(dict.fromkeys(p for e in examples for p in e.procedures)), backbone.mean_embedding())
+    report = train(model, examples, train_config, param_groups=[lora_group])
+    log.info("adaptation on %d procedures: %s", len(model.bank), report.summary())
+
+
+def _digest(base_fingerprint: str, lora: list[torch.nn.Parameter]) -> str:
+    """The adaptation's identity: the base model's fingerprint and the trained LoRA weights."""
+    digest = hashlib.sha256(base_fingerprint.encode())
+    for parameter in lora:
+        digest.update(parameter.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def save_backbone(backbone: Backbone, directory) -> Backbone:
+    """Save the model and tokenizer to a new ``directory`` (written aside, then renamed into place);
+    returns the backbone named by the directory's absolute path, which ``load_backbone`` takes."""
+    target = Path(directory).resolve()
+    if target.exists():
+        raise BackboneError(f"{target} already exists: save the backbone to a new directory")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        backbone.model.save_pretrained(staging)
+        backbone.tokenizer.save_pretrained(staging)
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return Backbone(str(target), backbone.model, backbone.tokenizer)

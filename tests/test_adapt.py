@@ -1,0 +1,138 @@
+"""The adaptation phase: LoRA merged into a copy of the backbone, temporary rows dropped, identity recorded."""
+
+import copy
+
+import pytest
+import torch
+from peft import PeftModel
+from peft.tuners.tuners_utils import BaseTunerLayer
+
+import tokmem
+from tokmem import TrainConfig, load_backbone
+from tokmem.adapt import AdaptConfig, adapt, save_backbone
+from tokmem.backbones import Backbone
+from tokmem.bank import MemoryBank
+from tokmem.data.tools import split_tools, tool_examples
+from tokmem.errors import BackboneError, BankError
+
+QV = ("q_proj", "v_proj")
+FAST = AdaptConfig(lr=1e-2)
+
+
+def options(**extra) -> TrainConfig:
+    return TrainConfig(**{"progress": False, **extra})
+
+
+@pytest.fixture(scope="module")
+def adaptation_examples():
+    return tool_examples(split_tools()[0][:3], n_single=1, n_multi=3, seed=0)
+
+
+@pytest.fixture(scope="module")
+def base_state(backbone):
+    return {k: v.clone() for k, v in backbone.model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def callers_model(backbone, adaptation_examples):
+    """A model the caller trained on the base backbone before adapting it, and a snapshot of its bank."""
+    model = tokmem.create(backbone)
+    tokmem.learn(model, adaptation_examples, options())
+    return model, (list(model.bank.names), model.bank.index.clone(), dict(model.bank.backbone))
+
+
+@pytest.fixture(scope="module")
+def adapted(backbone, base_state, callers_model, adaptation_examples, tmp_path_factory):
+    """The tiny backbone adapted and saved to a directory (after ``base_state`` and ``callers_model``)."""
+    return adapt(backbone, adaptation_examples, FAST, options(), save_to=tmp_path_factory.mktemp("adapted") / "model")
+
+
+def changed_weights(model, reference) -> set[str]:
+    state = model.state_dict()
+    assert state.keys() == reference.keys()
+    return {name for name in state if not torch.equal(state[name], reference[name])}
+
+
+def projection_weights(model, modules) -> set[str]:
+    return {name for name in model.state_dict() if name.rsplit(".", 2)[-2] in modules}
+
+
+def test_adaptation_merges_lora_into_the_query_and_value_weights_only(adapted, base_state):
+    changed = changed_weights(adapted.model, base_state)
+    assert changed == projection_weights(adapted.model, QV)
+    assert len(changed) == 2 * adapted.model.config.num_hidden_layers
+
+
+def test_the_adapted_backbone_is_a_frozen_plain_transformers_model(adapted, backbone):
+    model = adapted.model
+    assert type(model) is type(backbone.model) and not isinstance(model, PeftModel)
+    assert not any(p.requires_grad for p in model.parameters())
+    assert not any(isinstance(m, BaseTunerLayer) or "lora" in name for name, m in model.named_modules())
+    assert not hasattr(model, "peft_config") and not model.training
+
+
+def test_adaptation_leaves_the_given_backbone_and_its_banks_untouched(adapted, backbone, base_state, callers_model):
+    model, (names, index, identity) = callers_model
+    assert not changed_weights(backbone.model, base_state)
+    assert backbone.fingerprint() == identity["fingerprint"] != adapted.fingerprint()
+    assert not any(p.requires_grad for p in backbone.model.parameters())
+    assert (model.bank.names, model.bank.backbone) == (names, identity)
+    assert torch.equal(model.bank.index, index)
+
+
+def test_the_temporary_rows_are_discarded(adapted, backbone):
+    assert len(tokmem.create(adapted).bank) == 0
+    assert adapted.vocab_size == backbone.vocab_size
+    assert adapted.model.get_input_embeddings().weight.shape == backbone.model.get_input_embeddings().weight.shape
+
+
+def test_a_bank_trained_on_the_adapted_backbone_records_its_identity(adapted, backbone, adaptation_examples, tmp_path):
+    assert adapted.fingerprint() != backbone.fingerprint()
+    model = tokmem.create(adapted)
+    tokmem.learn(model, adaptation_examples[:4], options())
+    assert model.bank.backbone == {"name": adapted.name, "fingerprint": adapted.fingerprint()}
+    path = model.bank.save(tmp_path / "bank.safetensors")
+    with pytest.raises(BankError, match="not for 'tiny-random'"):
+        MemoryBank.load(path, backbone=backbone)
+    reloaded = tokmem.load(path)  # finds the adapted backbone by the directory the bank names
+    assert reloaded.backbone.fingerprint() == adapted.fingerprint()
+    assert torch.equal(reloaded.bank.index, model.bank.index)
+
+
+def test_the_saved_adapted_backbone_reloads_with_the_same_fingerprint_and_weights(adapted):
+    reloaded = load_backbone(adapted.name, device="cpu")
+    assert reloaded.fingerprint() == adapted.fingerprint()
+    assert not changed_weights(reloaded.model, adapted.model.state_dict())
+
+
+def test_saving_refuses_an_existing_directory(adapted, tmp_path):
+    with pytest.raises(BackboneError, match="already exists"):
+        save_backbone(adapted, tmp_path)
+
+
+def test_adaptation_is_seeded(backbone, adaptation_examples, adapted, base_state):
+    """The same seed gives the same weights (up to CPU float noise, which the exact identity still tells apart)."""
+    again = adapt(backbone, adaptation_examples, FAST, options())
+    state, reference = again.model.state_dict(), adapted.model.state_dict()
+    for name in projection_weights(again.model, QV):
+        delta = (reference[name] - base_state[name]).abs().max()
+        assert torch.allclose(state[name], reference[name], rtol=0, atol=1e-3 * float(delta))
+
+
+def test_lora_targets_are_configurable(backbone, base_state, adaptation_examples):
+    config = AdaptConfig(rank=2, target_modules=("k_proj", "o_proj"), lr=1e-2)
+    adapted = adapt(backbone, adaptation_examples[:4], config, options())
+    assert changed_weights(adapted.model, base_state) == projection_weights(adapted.model, ("k_proj", "o_proj"))
+
+
+def test_an_unknown_lora_target_is_a_backbone_error(backbone, adaptation_examples):
+    with pytest.raises(BackboneError, match="no_such_proj"):
+        adapt(backbone, adaptation_examples, AdaptConfig(target_modules=("no_such_proj",)), options())
+
+
+def test_inplace_adaptation_merges_into_the_given_model(backbone, base_state, adaptation_examples):
+    own = Backbone("tiny-copy", copy.deepcopy(backbone.model), backbone.tokenizer)
+    adapted = adapt(own, adaptation_examples[:4], FAST, options(), inplace=True)
+    assert adapted.model is own.model
+    assert changed_weights(own.model, base_state) == projection_weights(own.model, QV)
+    assert own.fingerprint() == adapted.fingerprint() != backbone.fingerprint()
