@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
 
+from rich.markdown import Markdown
 from rich.table import Table
 
 from tokmem.errors import TokMemError
+from tokmem.experiments import placement
 from tokmem.report import console, error_console, machine, percent, scores_table, trace_table, write_json
 
 
@@ -85,7 +88,56 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("banks", nargs="+")
     merge.add_argument("--out", required=True)
     merge.set_defaults(handler=cmd_bank_merge)
+
+    bench = commands.add_parser("bench", help="the paper's studies: atomic recall, memory placement")
+    studies = bench.add_subparsers(metavar="STUDY")
+    _bench_atomic(studies)
+    placement.add_parser(studies)
     return parser
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got '{text}'") from None
+
+
+def _name_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _bench_atomic(studies) -> None:
+    atomic = studies.add_parser(
+        "atomic", help="atomic recall on SNI: TokMem vs Base, RAG, LoRA, replay, TokMem+DC",
+        description="Tasks arrive one at a time in task-id order; after each checkpoint every method answers the "
+        "test queries of all tasks seen so far. Writes the JSON (after every checkpoint), a markdown table and a PNG plot.",
+    )
+    atomic.add_argument("--preset", choices=["cpu", "paper"], default="cpu",
+                        help="sizes: cpu = the SNI files in ../shared/data/sni/tasks on smollm2-135m (default); "
+                        "paper = 1000 tasks × 500/50, Qwen2.5-0.5B-Instruct (GPU, full natural-instructions)")
+    atomic.add_argument("--tasks-dir", help="folder of SNI task files (natural-instructions/tasks)")
+    atomic.add_argument("--num-tasks", type=int, help="tasks to load (default: the last checkpoint)")
+    atomic.add_argument("--train-per-task", type=int)
+    atomic.add_argument("--test-per-task", type=int)
+    atomic.add_argument("--checkpoints", type=_int_list, help="numbers of tasks to evaluate after, e.g. 5,10,14")
+    atomic.add_argument("--methods", type=_name_list, help="comma-separated subset of base,rag,lora,replay,tokmem,tokmem-dc")
+    atomic.add_argument("--backbone")
+    atomic.add_argument("--epochs", type=int)
+    atomic.add_argument("--max-new-tokens", type=int)
+    atomic.add_argument("--eval-batch-size", type=int)
+    atomic.add_argument("--rag-k", type=int, help="demonstrations RAG retrieves (default 2)")
+    atomic.add_argument("--lora-rank", type=int, help="default 8 (1 with --sample-efficiency)")
+    atomic.add_argument("--sample-efficiency", action="store_true", default=None,
+                        help="10 tasks learned as one mixture with 10/20/50/100/200/500 training examples per task")
+    atomic.add_argument("--budgets", type=_int_list, help="training examples per task for --sample-efficiency")
+    atomic.add_argument("--out-dir", help="where the table, plot and method states go (default: beside --json)")
+    atomic.add_argument("--resume", action="store_true", help="continue the run in --json: skip its finished checkpoints")
+    atomic.add_argument("--json", metavar="PATH", required=True, help="the result file (written after every checkpoint)")
+    atomic.add_argument("--device", help="cpu, cuda, … (default: cuda when available)")
+    atomic.add_argument("--seed", type=int)
+    atomic.add_argument("--quiet", action="store_true", help="no progress bars")
+    atomic.set_defaults(handler=cmd_bench_atomic)
 
 
 def _common(parser) -> None:
@@ -211,6 +263,18 @@ def cmd_eval(args) -> None:
         console.print(f"chain accuracy {percent(result['chain_accuracy'])} over {result['chain_examples']} chains")
     if args.json:
         write_json(args.json, {"bank": args.bank, "data": args.data, **result, "machine": machine()})
+
+
+def cmd_bench_atomic(args) -> None:
+    from tokmem.experiments import atomic
+
+    options = {f.name: getattr(args, f.name) for f in fields(atomic.AtomicConfig) if f.name != "preset" and hasattr(args, f.name)}
+    config = atomic.make_config(args.preset, **options)
+    result = atomic.run(config, json_path=args.json, out_dir=args.out_dir, resume=args.resume, progress=not args.quiet)
+    study = atomic.EFFICIENCY if config.sample_efficiency else atomic.ATOMIC
+    console.print(Markdown(atomic.markdown(result, study)))
+    files = atomic.Files(args.json, args.out_dir)
+    console.print(f"[dim]wrote {files.json}, {files.markdown}, {files.plot}[/dim]")
 
 
 def cmd_bank_show(args) -> None:

@@ -1,0 +1,427 @@
+"""Memory placement: TokMem's infix memory vs prefix tuning (the paper's "Analysis on Memory Placement").
+
+With routing switched off TokMem is prompt tuning with an *infix* placement, where prefix tuning
+places the same trainable embeddings before the query:
+
+    TokMem-n          chat(query)  M_1 … M_n  response
+    Prefix tuning-n   P_1 … P_n  chat(query)  response
+
+Both train n rows initialised to the mean input embedding, with the same optimiser, data, order
+and steps.  TokMem-n is n consecutive memory tokens of one procedure: bank rows ``text#0`` … forced
+after the query.  The memory tokens are inputs here, not targets (there is nothing to route to),
+so in both methods only the response is a target.  The rows of TokMem stay output classes of its
+LM head as always (on smollm2-135m they hold ~1e-7 of the probability at the text positions, so
+perplexities compare), prefix rows never are (`tokmem.baselines.prefix`).
+
+Two studies, each a function returning a result dict:
+
+* memorisation (`run_memorization`): compress text the backbone cannot have seen (by default the
+  paper's own LaTeX source, written after the default backbone was trained) into n rows.  Each seed
+  takes a random stretch of ``text_tokens`` tokens, cut into sequences of ``sequence_length`` (128), each after its
+  own random query that only marks the placement.  Every optimiser step covers the whole text; the
+  text's perplexity is evaluated every ``eval_every`` steps.  Reported: the final perplexity and
+  Steps@90%Best (`steps_at_90`), averaged over seeds, with the mean curves.
+* GSM8K format compliance (`run_gsm8k`): train prefix tuning and TokMem (one token) on 20% and
+  100% of a training subset, then generate answers for a test subset: compliance (the answer ends
+  with ``#### <number>``) and exact match of the normalised final number.
+
+`add_parser` adds the ``placement`` subcommand (``tokmem bench placement``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import string
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+import tokmem
+from tokmem import metrics
+from tokmem.backbones import DEFAULT_BACKBONE, Backbone, load_backbone
+from tokmem.baselines import prefix
+from tokmem.data.gsm8k import Problem, load_gsm8k
+from tokmem.decode import DecodeConfig
+from tokmem.errors import DataError, TokMemError
+from tokmem.experiments.outputs import Panel, line_plot, markdown_table, write_json_atomic, write_text_atomic
+from tokmem.layout import IGNORE, Encoded, chat_prefix, collate
+from tokmem.model import TokMemModel
+from tokmem.report import console, machine
+from tokmem.train import TrainConfig, fit
+
+METHODS = ("prefix", "tokmem")
+LABELS = {"prefix": "Prefix tuning", "tokmem": "TokMem"}
+SHARED = Path("../shared")  # the project's shared data, next to the repository
+
+
+# ---- the two placements --------------------------------------------------------------------------
+def build(method: str, tokens: int, backbone: Backbone, name: str = "text") -> TokMemModel:
+    """A fresh model with ``tokens`` trainable rows: a prefix, or TokMem rows ``name#0`` …."""
+    if method == "prefix":
+        return prefix.create(backbone, tokens)
+    model = tokmem.create(backbone)
+    model.bank.add(prefix.row_names(name, tokens), backbone.mean_embedding())
+    return model
+
+
+def lay_out(model: TokMemModel, method: str, query: str, target: list[int]) -> Encoded:
+    """The method's sequence for one (query, target) pair; only the target is labelled."""
+    if method == "prefix":
+        return prefix.encode(model, query, target)
+    context = chat_prefix(model.backbone.tokenizer, query) + [model.memory_id(n) for n in model.bank.names]
+    return Encoded(context + target, [IGNORE] * len(context) + target)
+
+
+@torch.no_grad()
+def perplexity(model: TokMemModel, encoded: list[Encoded], batch_size: int) -> float:
+    """Perplexity of the labelled tokens of ``encoded`` under the model (its live rows while training)."""
+    pad = model.backbone.tokenizer.pad_token_id
+    nll, count = 0.0, 0
+    for start in range(0, len(encoded), batch_size):
+        batch = collate(encoded[start : start + batch_size], pad)
+        loss, n = model.loss({k: v.to(model.device) for k, v in batch.items()})
+        nll, count = nll + loss.item() * n, count + n
+    return metrics.perplexity(nll, count)
+
+
+def steps_at_90(steps: list[int], perplexities: list[float], fraction: float = 0.9) -> int:
+    """Steps@90%Best: the first evaluated step at which the run is within 90% of its best perplexity.
+
+    Perplexity is lower-is-better, so a perplexity p reaches the fraction x of the best (lowest) one
+    b when b / p ≥ x, i.e. p ≤ b / x: with x = 0.9 the run is at most 11.1% above its best.  This
+    reads the paper's "training steps needed to reach 90% of the lowest achieved perplexity" as a
+    ratio of perplexities.  ``steps`` are the evaluated steps in order (step 0, before training,
+    included when it was evaluated); the best is the lowest perplexity of the whole curve.
+    """
+    if not steps or len(steps) != len(perplexities):
+        raise ValueError(f"need one perplexity per evaluated step, got {len(steps)} steps and {len(perplexities)} values")
+    threshold = min(perplexities) / fraction
+    return next(step for step, p in zip(steps, perplexities) if p <= threshold)
+
+
+# ---- memorisation ------------------------------------------------------------------------------------
+@dataclass
+class MemorizationConfig:
+    """Defaults are the paper's setup (its batches of 8–32 sequences are the whole text at each step)."""
+
+    backbone: str = DEFAULT_BACKBONE
+    text: str = str(SHARED / "paper" / "tokmem.tex")
+    text_tokens: tuple[int, ...] = (1024, 2048, 4096)
+    memory_tokens: tuple[int, ...] = (1, 2, 5)
+    sequence_length: int = 128
+    steps: int = 3000
+    eval_every: int = 100
+    seeds: int = 5
+    lr: float = 5e-3
+    batch_size: int = 8  # sequences per forward pass; one optimiser step always covers the whole text
+    device: str | None = None
+    progress: bool = True
+
+
+def run_memorization(config: MemorizationConfig) -> dict:
+    """Memorise ``text_tokens`` tokens of the text into each method's rows; perplexity curves per seed.
+
+    ``ppl_before`` is the backbone's own perplexity of the same sequences (no memory, no training),
+    averaged over seeds and text sizes.
+    """
+    _check_memorization(config)
+    start = time.perf_counter()
+    backbone = load_backbone(config.backbone, device=config.device)
+    text = _text_ids(backbone.tokenizer, config.text, max(config.text_tokens))
+    total_runs = len(config.text_tokens) * config.seeds * len(config.memory_tokens) * len(METHODS)
+    bar = tqdm(total=total_runs * config.steps, desc="memorisation", unit="step", disable=not config.progress, dynamic_ncols=True)
+    results, before = {}, {}
+    with bar:
+        for size in config.text_tokens:
+            corpora = [_corpus(text, size, config.sequence_length, seed) for seed in range(config.seeds)]
+            before[str(size)] = _plain_perplexity(backbone, corpora, config.batch_size)
+            curves = {
+                f"{method}-{n}": [memorize(backbone, method, n, corpus, config, seed, bar) for seed, corpus in enumerate(corpora)]
+                for n in config.memory_tokens
+                for method in METHODS
+            }
+            results[str(size)] = {key: _summarize(runs) for key, runs in curves.items()}
+    return {
+        "study": "memorization",
+        "memorization": results,
+        "ppl_before": metrics.mean(before.values()),
+        "ppl_before_by_text_tokens": before,
+        "seconds": round(time.perf_counter() - start, 1),
+        "config": asdict(config),
+        "tokmem": tokmem.__version__,
+        "machine": machine(),
+    }
+
+
+def _check_memorization(config: MemorizationConfig) -> None:
+    bad = [size for size in config.text_tokens if size % config.sequence_length]
+    if bad:
+        raise TokMemError(f"text sizes {bad} are not multiples of the sequence length {config.sequence_length}")
+    if config.steps < 1 or config.eval_every < 1 or config.seeds < 1:
+        raise TokMemError("steps, eval_every and seeds must be at least 1")
+
+
+def _text_ids(tokenizer, path: str, needed: int) -> list[int]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (FileNotFoundError, UnicodeDecodeError) as err:
+        raise DataError(f"{path}: cannot read the text to memorise ({err}); pass another with --text") from None
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) < needed:
+        raise DataError(f"{path}: {len(ids)} tokens, fewer than the {needed} text tokens asked for")
+    return ids
+
+
+def random_query(rng: random.Random, words: int = 4) -> str:
+    """A meaningless query: it only marks where the memory goes relative to it."""
+    return " ".join("".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 8))) for _ in range(words))
+
+
+def _corpus(text: list[int], size: int, length: int, seed: int) -> list[tuple[str, list[int]]]:
+    """A random stretch of ``size`` text tokens, cut into sequences of ``length``, each after its own random query."""
+    rng = random.Random(f"placement-{seed}-{size}")
+    start = rng.randint(0, len(text) - size)
+    stretch = text[start : start + size]
+    return [(random_query(rng), stretch[i : i + length]) for i in range(0, size, length)]
+
+
+def _plain_perplexity(backbone: Backbone, corpora, batch_size: int) -> float:
+    """The backbone's own perplexity of the sequences (chat-formatted query, then the text), averaged over seeds."""
+    model = tokmem.create(backbone)
+    return metrics.mean(perplexity(model, [lay_out(model, "tokmem", q, t) for q, t in corpus], batch_size) for corpus in corpora)
+
+
+def memorize(backbone, method: str, tokens: int, corpus, config: MemorizationConfig, seed: int = 0, bar=None) -> dict:
+    """Train one method's rows on the whole corpus at every step; its perplexity curve.
+
+    ``corpus``: (query, text token ids) pairs; ``bar``: a tqdm bar to advance by one per step.
+    """
+    bar = bar or tqdm(disable=True)
+    model = build(method, tokens, backbone)
+    encoded = [lay_out(model, method, query, target) for query, target in corpus]
+    micro = math.gcd(len(encoded), config.batch_size)  # micro-batches that tile the text exactly
+    train_config = TrainConfig(
+        lr=config.lr, epochs=config.steps, batch_size=micro, grad_accum=len(encoded) // micro, seed=seed, progress=False
+    )
+    steps, ppl = [0], [perplexity(model, encoded, config.batch_size)]
+    bar.set_postfix(run=f"{sum(len(t) for _, t in corpus)} tokens {method}-{tokens} seed {seed}")
+
+    def evaluate(step: int) -> None:
+        bar.update()
+        if step % config.eval_every == 0 or step == config.steps:
+            steps.append(step)
+            ppl.append(perplexity(model, encoded, config.batch_size))
+
+    start = time.perf_counter()
+    fit(model, encoded, train_config, on_step=evaluate)
+    return {"seed": seed, "steps": steps, "ppl": ppl, "seconds": round(time.perf_counter() - start, 1)}
+
+
+def _summarize(runs: list[dict]) -> dict:
+    """Final perplexity and Steps@90%Best averaged over seeds, each seed's values, and the mean curve."""
+    per_seed = [{"seed": r["seed"], "ppl": r["ppl"][-1], "steps_at_90": steps_at_90(r["steps"], r["ppl"])} for r in runs]
+    return {
+        "ppl": metrics.mean(r["ppl"] for r in per_seed),
+        "steps_at_90": metrics.mean(r["steps_at_90"] for r in per_seed),
+        "runs": per_seed,
+        "curve": {"steps": runs[0]["steps"], "ppl": [metrics.mean(values) for values in zip(*(r["ppl"] for r in runs))]},
+        "seconds": round(sum(r["seconds"] for r in runs), 1),
+    }
+
+
+# ---- GSM8K ----------------------------------------------------------------------------------------------
+@dataclass
+class GSM8KConfig:
+    """Defaults are the paper's setup: the whole training set (20% and 100% of it), the whole test set, one epoch."""
+
+    backbone: str = DEFAULT_BACKBONE
+    data: str = str(SHARED / "data" / "gsm8k")
+    train_examples: int | None = None  # the training subset: the first N problems (None: all)
+    test_examples: int | None = None  # the first N test problems (None: all)
+    fractions: tuple[float, ...] = (0.2, 1.0)
+    epochs: int = 1
+    lr: float = 5e-3
+    batch_size: int = 4
+    max_new_tokens: int = 512
+    decode_batch_size: int = 16
+    seed: int = 0
+    device: str | None = None
+    progress: bool = True
+
+
+def run_gsm8k(config: GSM8KConfig) -> dict:
+    """Train each method on each fraction of the training subset; compliance and EM on the test subset."""
+    start = time.perf_counter()
+    train_set = load_gsm8k(Path(config.data) / "train.jsonl")[: config.train_examples]
+    test_set = load_gsm8k(Path(config.data) / "test.jsonl")[: config.test_examples]
+    backbone = load_backbone(config.backbone, device=config.device)
+    results = {}
+    for fraction in config.fractions:
+        subset = train_set[: max(1, round(fraction * len(train_set)))]
+        results[f"{100 * fraction:g}"] = {method: _gsm8k_run(backbone, method, subset, test_set, config) for method in METHODS}
+    return {
+        "study": "gsm8k",
+        "gsm8k": results,
+        "train_examples": len(train_set),
+        "test_examples": len(test_set),
+        "seconds": round(time.perf_counter() - start, 1),
+        "config": asdict(config),
+        "tokmem": tokmem.__version__,
+        "machine": machine(),
+    }
+
+
+def _gsm8k_run(backbone, method: str, train_set: list[Problem], test_set: list[Problem], config: GSM8KConfig) -> dict:
+    model = build(method, 1, backbone, name="gsm8k")
+    tokenizer = backbone.tokenizer
+    encoded = [lay_out(model, method, p.question, prefix.response_ids(tokenizer, p.answer)) for p in train_set]
+    console.print(f"GSM8K {LABELS[method]}: training on {len(train_set)} problems")
+    train_config = TrainConfig(lr=config.lr, epochs=config.epochs, batch_size=config.batch_size, seed=config.seed, progress=config.progress)
+    report = fit(model, encoded, train_config)
+    answers = _answer(model, method, [p.question for p in test_set], config)
+    return {
+        "compliance": metrics.mean(metrics.gsm8k_compliant(a) for a in answers),
+        "em": metrics.mean(metrics.gsm8k_exact_match(a, p.answer) for a, p in zip(answers, test_set)),
+        "train_examples": len(train_set),
+        "steps": report.steps,
+        "train_seconds": round(report.seconds, 1),
+        "samples": [{"question": p.question, "answer": a} for p, a in zip(test_set[:3], answers)],
+    }
+
+
+def _answer(model, method: str, questions: list[str], config: GSM8KConfig) -> list[str]:
+    """Greedy answers; TokMem's memory token is forced after the query (routing off) and no other may follow."""
+    decode = DecodeConfig(max_new_tokens=config.max_new_tokens, max_steps=1, batch_size=config.decode_batch_size, seed=config.seed)
+    size = config.decode_batch_size
+    answers = []
+    for start in tqdm(range(0, len(questions), size), desc="answering", unit="batch", disable=not config.progress, dynamic_ncols=True):
+        chunk = questions[start : start + size]
+        if method == "prefix":
+            answers += prefix.generate(model, chunk, decode)
+        else:
+            answers += [g.text for g in tokmem.generate(model, chunk, decode, procedure=model.bank.names[0])]
+    return answers
+
+
+# ---- tables and plots ----------------------------------------------------------------------------------
+def memorization_markdown(result: dict) -> str:
+    """The paper's memorisation table layout: per text size, Steps@90%Best and PPL, one row per method."""
+    config, sizes = result["config"], list(result["memorization"])
+    header = ["Method"] + [f"{s} tokens: {column}" for s in sizes for column in ("Steps@90%Best ↓", "PPL ↓")]
+    rows = [
+        [f"{LABELS[method]}-{n}"] + [cell for s in sizes for cell in _memorization_cells(result["memorization"][s][f"{method}-{n}"])]
+        for n in config["memory_tokens"]
+        for method in METHODS
+    ]
+    rows.append(["Backbone, no memory"] + [cell for s in sizes for cell in ("–", f"{result['ppl_before_by_text_tokens'][s]:.2f}")])
+    note = (
+        f"Memorisation on {config['backbone']}: final perplexity and Steps@90%Best (evaluated every "
+        f"{config['eval_every']} of {config['steps']} steps), mean of {config['seeds']} seeds.\n\n"
+    )
+    return note + markdown_table(header, rows)
+
+
+def _memorization_cells(entry: dict) -> tuple[str, str]:
+    return f"{entry['steps_at_90']:.0f}", f"{entry['ppl']:.2f}"
+
+
+def gsm8k_markdown(result: dict) -> str:
+    """The paper's GSM8K table layout: per data fraction, compliance and EM (%) of each method."""
+    rows = [
+        [f"{fraction}%", LABELS[method], f"{100 * scores['compliance']:.1f}", f"{100 * scores['em']:.1f}"]
+        for fraction, methods in result["gsm8k"].items()
+        for method, scores in methods.items()
+    ]
+    note = (
+        f"GSM8K on {result['config']['backbone']}: {result['train_examples']} training problems (100%), "
+        f"{result['test_examples']} test problems.\n\n"
+    )
+    return note + markdown_table(["Data%", "Method", "Compliance ↑", "EM ↑"], rows)
+
+
+def plot_memorization(result: dict, path) -> Path:
+    """Mean perplexity vs training steps, one panel per text size, one line per method and token budget."""
+    panels = []
+    for size, methods in result["memorization"].items():
+        panel = Panel(f"{size} text tokens", "training step", "perplexity")
+        for n in result["config"]["memory_tokens"]:
+            for method in METHODS:
+                curve = methods[f"{method}-{n}"]["curve"]
+                panel.series[f"{LABELS[method]}-{n}"] = (curve["steps"], curve["ppl"])
+        panels.append(panel)
+    return line_plot(path, panels)
+
+
+# ---- the command -------------------------------------------------------------------------------------------
+# cpu: about 40 minutes per study for smollm2-135m on 2 cores (measured: a step on 256 text tokens
+# ≈ 0.85 s, on 512 ≈ 1.7 s; a GSM8K step of 4 problems ≈ 3.2 s; 16 answers of 256 tokens ≈ 26 s).
+PRESETS = {
+    "memorization": {
+        "paper": MemorizationConfig(),
+        "cpu": MemorizationConfig(text_tokens=(256, 512), steps=70, eval_every=10, seeds=2, lr=2e-2),
+    },
+    "gsm8k": {
+        "paper": GSM8KConfig(),
+        "cpu": GSM8KConfig(train_examples=800, test_examples=96, max_new_tokens=256),
+    },
+}
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``placement`` to a ``bench`` subcommand group."""
+    parser = subparsers.add_parser("placement", help="memory placement: TokMem's infix memory vs prefix tuning")
+    parser.add_argument("--study", choices=tuple(PRESETS), default="memorization")
+    parser.add_argument("--preset", choices=("cpu", "paper"), default="cpu", help="cpu: ≤ 1 hour per study on 2 cores; paper: the paper's sizes")
+    parser.add_argument("--backbone", help=f"backbone spec (default {DEFAULT_BACKBONE})")
+    parser.add_argument("--json", metavar="PATH", required=True, help="results; the markdown table (.md) and plot (.png) go beside it")
+    parser.add_argument("--device", help="cpu, cuda, … (default: cuda when available)")
+    parser.add_argument("--seeds", type=int, help="memorization: runs to average over")
+    parser.add_argument("--steps", type=int, help="memorization: optimiser steps per run")
+    parser.add_argument("--text", help="memorization: the text file to memorise (default ../shared/paper/tokmem.tex)")
+    parser.add_argument("--data", help="gsm8k: the folder with train.jsonl and test.jsonl (default ../shared/data/gsm8k)")
+    parser.add_argument("--train-examples", type=int, help="gsm8k: size of the training subset")
+    parser.add_argument("--test-examples", type=int, help="gsm8k: size of the test subset")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.set_defaults(handler=run_command)
+    return parser
+
+
+def study_config(args):
+    """The preset's config with the options given on the command line; an option of the other study is an error."""
+    config = PRESETS[args.study][args.preset]
+    options = {
+        "backbone": args.backbone, "device": args.device, "seeds": args.seeds, "steps": args.steps, "text": args.text,
+        "data": args.data, "train_examples": args.train_examples, "test_examples": args.test_examples,
+    }
+    given = {key: value for key, value in options.items() if value is not None}
+    names = {f.name for f in fields(config)}
+    foreign = sorted(key for key in given if key not in names)
+    if foreign:
+        raise TokMemError(f"--{', --'.join(k.replace('_', '-') for k in foreign)} does not apply to --study {args.study}")
+    return replace(config, **given, progress=not args.quiet)
+
+
+def run_command(args) -> None:
+    run_study(args.study, study_config(args), args.json)
+
+
+def run_study(study: str, config, json_path) -> dict:
+    """Run a study and write its JSON, its markdown table (.md beside it) and, for memorisation, its plot (.png)."""
+    json_path = Path(json_path)
+    if study == "memorization":
+        result = run_memorization(config)
+        markdown = memorization_markdown(result)
+        written = [plot_memorization(result, json_path.with_suffix(".png"))]
+    else:
+        result = run_gsm8k(config)
+        markdown = gsm8k_markdown(result)
+        written = []
+    written += [write_json_atomic(json_path, result), write_text_atomic(json_path.with_suffix(".md"), markdown)]
+    console.print(markdown, markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {', '.join(map(str, written))}", markup=False, highlight=False)
+    return result
