@@ -109,3 +109,14 @@ def test_console_script_is_installed():
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, check=True)
     for command in ("demo", "train", "add", "run", "eval", "bank"):
         assert command in result.stdout
+
+
+def test_demo_reports_accuracies_in_unit_range_and_saves_its_bank(tmp_path):
+    out, bank = tmp_path / "demo.json", tmp_path / "demo.safetensors"
+    assert tokmem("demo", "--backbone", "tiny-random", "--epochs", "1", "--batch-size", "32", "--device", "cpu",
+                  "--quiet", "--json", out, "--out", bank) == 0
+    result = json.loads(out.read_text())
+    assert {"backbone", "procedures", "routing_accuracy", "exact_match", "chain_accuracy", "train_seconds"} <= result.keys()
+    assert result["backbone"] == "tiny-random" and result["procedures"] == 32
+    assert all(0 <= result[k] <= 1 for k in ("routing_accuracy", "exact_match", "chain_accuracy"))
+    assert MemoryBank.load(bank).names == result["train"]["new_procedures"]

@@ -10,7 +10,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 
 from tokmem.errors import TokMemError
-from tokmem.experiments import placement
+from tokmem.experiments import compositional, placement
 from tokmem.report import console, error_console, machine, percent, scores_table, trace_table, write_json
 
 
@@ -34,7 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="learn the built-in procedures and report routing, answers and chains")
     demo.add_argument("--backbone", default="smollm2-135m")
-    demo.add_argument("--epochs", type=int, default=3)
+    demo.add_argument("--epochs", type=int, default=4)
+    demo.add_argument("--batch-size", type=int, default=16)
+    demo.add_argument("--lr", type=float, default=1e-2)
+    demo.add_argument("--decoupled", action="store_true", help="separate index and steer matrices (TokMem+DC)")
+    demo.add_argument("--out", help="also save the trained bank here (.safetensors)")
     _common(demo)
     demo.set_defaults(handler=cmd_demo)
 
@@ -93,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     studies = bench.add_subparsers(metavar="STUDY")
     _bench_atomic(studies)
     placement.add_parser(studies)
+    compositional.add_parser(studies)
     return parser
 
 
@@ -209,9 +214,10 @@ def _learn_and_save(model, args, out_path) -> None:
 
 
 def cmd_demo(args) -> None:
-    from tokmem.demo import run_demo
+    from tokmem.demo import DemoConfig, run_demo
 
-    result = run_demo(backbone=args.backbone, epochs=args.epochs, seed=args.seed, device=args.device, progress=not args.quiet)
+    config = DemoConfig(args.backbone, args.epochs, args.batch_size, args.lr, args.decoupled, args.seed)
+    result = run_demo(config, device=args.device, progress=not args.quiet, bank_path=args.out)
     if args.json:
         write_json(args.json, result)
 

@@ -74,13 +74,18 @@ def parse_example(obj, path="<data>", line: int = 1) -> Example:
     return Example(query=query, steps=tuple(parsed), id=None if ex_id is None else str(ex_id))
 
 
-def _json_lines(path: Path):
+def read_text(path: Path) -> str:
+    """A data file's text, or a DataError that names the file and what is wrong with it."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise DataError(f"{path}: file not found") from None
     except UnicodeDecodeError as err:
         raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+
+
+def _json_lines(path: Path):
+    text = read_text(path)
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokmem.data.procedures import Example, Step
+from tokmem.data.procedures import Example, Step, read_text
 from tokmem.data.tools import ToolData, assemble, call_json
 from tokmem.errors import DataError
 
@@ -99,12 +99,7 @@ def _schemas(records, chosen) -> dict[str, dict]:
 # ---- reading and validation ----------------------------------------------------------------------------
 
 def _raw_records(path: Path) -> list:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    text = read_text(path)
     if text.lstrip().startswith("["):
         return _decode(text, path)
     return [_decode(line, path, f"line {number}") for number, line in enumerate(text.splitlines(), 1) if line.strip()]
