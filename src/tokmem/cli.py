@@ -9,6 +9,7 @@ from dataclasses import fields
 from rich.markdown import Markdown
 from rich.table import Table
 
+from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
 from tokmem.experiments import compositional, placement
 from tokmem.report import console, error_console, machine, percent, scores_table, trace_table, write_json
@@ -33,10 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="learn the built-in procedures and report routing, answers and chains")
-    demo.add_argument("--backbone", default="smollm2-135m")
-    demo.add_argument("--epochs", type=int, default=4)
-    demo.add_argument("--batch-size", type=int, default=16)
-    demo.add_argument("--lr", type=float, default=1e-2)
+    demo.add_argument("--backbone", default=DemoConfig.backbone)
+    demo.add_argument("--epochs", type=int, default=DemoConfig.epochs)
+    demo.add_argument("--batch-size", type=int, default=DemoConfig.batch_size)
+    demo.add_argument("--lr", type=float, default=DemoConfig.lr)
     demo.add_argument("--decoupled", action="store_true", help="separate index and steer matrices (TokMem+DC)")
     demo.add_argument("--out", help="also save the trained bank here (.safetensors)")
     _common(demo)
@@ -214,7 +215,7 @@ def _learn_and_save(model, args, out_path) -> None:
 
 
 def cmd_demo(args) -> None:
-    from tokmem.demo import DemoConfig, run_demo
+    from tokmem.demo import run_demo
 
     config = DemoConfig(args.backbone, args.epochs, args.batch_size, args.lr, args.decoupled, args.seed)
     result = run_demo(config, device=args.device, progress=not args.quiet, bank_path=args.out)

@@ -73,8 +73,12 @@ class TrainReport:
         }
 
 
-def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | None = None, descriptions=None) -> TrainReport:
-    """One continual round: add the unseen procedures, train only them, renormalise, freeze."""
+def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | None = None, descriptions=None,
+          param_groups=()) -> TrainReport:
+    """One continual round: add the unseen procedures, train only them, renormalise, freeze.
+
+    ``param_groups``: more parameters that train with the new rows (as in ``fit``).
+    """
     config = config or TrainConfig()
     bank = model.bank
     new = [name for name in dict.fromkeys(p for e in examples for p in e.procedures) if name not in bank]
@@ -82,7 +86,7 @@ def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
         raise TokMemError("every procedure in these examples is already in the bank: nothing new to learn")
     bank.freeze()
     rows = bank.add(new, model.backbone.mean_embedding(), [(descriptions or {}).get(n, "") for n in new])
-    report = train(model, examples, config)
+    report = train(model, examples, config, param_groups)
     report.new_procedures = new
     if config.renormalize:
         report.renorm_target = bank.renormalize(rows, config.eps)

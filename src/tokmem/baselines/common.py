@@ -22,6 +22,7 @@ from tokmem.model import TokMemModel
 class Answer:
     text: str
     choice: str | None = None  # the procedure the method picked (TokMem's memory token, RAG's top demonstration)
+    segments: list[str] | None = None  # TokMem: the text after each memory token; None: the answer is one text
 
 
 class Method:

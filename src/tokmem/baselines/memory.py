@@ -1,7 +1,10 @@
 """TokMem (and TokMem+DC) behind the study interface: one continual round per ``learn`` call.
 
 Every test query of a study belongs to a stored procedure, so answers always route (the open-set
-threshold is 0) and stop after one segment (atomic recall: no chaining).
+threshold is 0).  By default an answer stops after one segment (atomic recall); ``max_steps`` > 1
+lets it chain memory tokens (compositional use: one tool call per segment).
+
+``UnfrozenTokMem`` is the ablation that lets the backbone change while new memories are learned.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ import tokmem
 from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
 from tokmem.baselines.common import Answer, Method
+from tokmem.baselines.lora import LoRA
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig, generate
 from tokmem.model import TokMemModel
 from tokmem.train import TrainConfig
 
 BANK_FILE = "bank.safetensors"
+ADAPTER_DIR = "adapter"
 
 
 class TokMem(Method):
@@ -26,11 +31,15 @@ class TokMem(Method):
     def __init__(
         self, backbone: Backbone, decoupled: bool = False, lr: float = 5e-3, epochs: int = 1, batch_size: int = 4,
         max_length: int = 1024, max_new_tokens: int = 128, eval_batch_size: int = 16, seed: int = 0,
+        max_steps: int = 1, renormalize: bool = True, name: str | None = None, label: str | None = None,
     ):
         self.name, self.label = ("tokmem-dc", "TokMem+DC") if decoupled else ("tokmem", "TokMem")
+        self.name, self.label = name or self.name, label or self.label
         self.model = tokmem.create(backbone, decoupled=decoupled)
-        self.train_config = TrainConfig(lr=lr, epochs=epochs, batch_size=batch_size, max_length=max_length, seed=seed, progress=False)
-        self.decode_config = DecodeConfig(max_new_tokens=max_new_tokens, max_steps=1, threshold=0.0, batch_size=eval_batch_size)
+        self.train_config = TrainConfig(
+            lr=lr, epochs=epochs, batch_size=batch_size, max_length=max_length, seed=seed, renormalize=renormalize, progress=False
+        )
+        self.decode_config = DecodeConfig(max_new_tokens=max_new_tokens, max_steps=max_steps, threshold=0.0, batch_size=eval_batch_size)
 
     def trainable_params(self) -> int:
         """Every memory row (each trained in its own round, then frozen)."""
@@ -41,7 +50,7 @@ class TokMem(Method):
 
     def answer(self, queries: list[str]) -> list[Answer]:
         generations = generate(self.model, queries, self.decode_config)
-        return [Answer(g.text, g.procedures[0] if g.procedures else None) for g in generations]
+        return [Answer(g.text, g.procedures[0] if g.procedures else None, [s.text for s in g.trace]) for g in generations]
 
     def save(self, directory: Path) -> bool:
         self.model.bank.save(directory / BANK_FILE)
@@ -54,3 +63,36 @@ class TokMem(Method):
         backbone = self.model.backbone
         self.model = TokMemModel(backbone, MemoryBank.load(path, backbone=backbone))
         return True
+
+
+class UnfrozenTokMem(TokMem):
+    """TokMem whose backbone is not frozen: every round trains LoRA adapters on the backbone jointly with
+    the new memory rows, and the adapters carry over, unmerged, to the next round.
+
+    Old rows stay frozen as in TokMem, but the network that reads them moves: the paper's ablation of
+    freezing the backbone.  The adapters are the LoRA baseline's (``LoRA.attached`` injects them only
+    while learning or answering), so the shared backbone object itself is never changed.
+    """
+
+    def __init__(self, backbone: Backbone, lora_rank: int = 8, lora_lr: float = 5e-5, lora_weight_decay: float = 0.01, **options):
+        options = {"name": "tokmem-unfrozen", "label": "TokMem (unfrozen backbone)", **options}
+        super().__init__(backbone, **options)
+        self.adapter = LoRA(backbone, rank=lora_rank, seed=self.train_config.seed)
+        self.lora_options = {"lr": lora_lr, "weight_decay": lora_weight_decay}
+
+    def trainable_params(self) -> int:
+        return super().trainable_params() + self.adapter.trainable_params()
+
+    def learn(self, examples: list[Example]) -> None:
+        with self.adapter.attached() as params:
+            tokmem.learn(self.model, examples, self.train_config, param_groups=[{"params": params, **self.lora_options}])
+
+    def answer(self, queries: list[str]) -> list[Answer]:
+        with self.adapter.attached():
+            return super().answer(queries)
+
+    def save(self, directory: Path) -> bool:
+        return super().save(directory) and self.adapter.save(directory / ADAPTER_DIR)
+
+    def load(self, directory: Path) -> bool:
+        return super().load(directory) and self.adapter.load(directory / ADAPTER_DIR)

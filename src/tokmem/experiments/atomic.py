@@ -33,7 +33,7 @@ from tokmem.baselines.memory import TokMem
 from tokmem.baselines.rag import RAG
 from tokmem.data.sni import Task, load_tasks
 from tokmem.errors import TokMemError
-from tokmem.experiments.outputs import Panel, line_plot, pivot_table, read_json, write_json_atomic, write_text_atomic
+from tokmem.experiments.outputs import Panel, line_plot, lines, pivot_table, read_json, write_json_atomic, write_text_atomic
 from tokmem.report import machine
 
 METHODS = ("base", "rag", "lora", "replay", "tokmem", "tokmem-dc")
@@ -166,12 +166,12 @@ def run_atomic(config: AtomicConfig, backbone=None, json_path=None, out_dir=None
     methods = build_methods(config, backbone or _load_backbone(config))
     start = done[-1] if done else 0
     _restore(methods, tasks[:start], files.state(start) if start else None, progress)
-    bar = _bar(_atomic_units(methods, tasks, start, todo, config.epochs), progress)
+    bar = progress_bar(_atomic_units(methods, tasks, start, todo, config.epochs), progress)
     for n in todo:
         previous = result["checkpoints"][-1]["methods"] if result["checkpoints"] else {}
         point = {"num_tasks": n, "methods": {}}
         for method in methods:
-            seconds = sum(_learn_round(method, t.examples(), t.name, bar, config.epochs) for t in tasks[start:n])
+            seconds = sum(learn_round(method, t.examples(), t.name, bar, config.epochs) for t in tasks[start:n])
             reuse = {} if method.learns else previous.get(method.name, {}).get("per_task", {})
             point["methods"][method.name] = evaluate(method, tasks[:n], config.eval_batch_size, bar, seconds, reuse)
             if files.json:
@@ -198,12 +198,12 @@ def run_sample_efficiency(config: AtomicConfig, backbone=None, json_path=None, o
     if not todo:
         return result
     backbone = backbone or _load_backbone(config)
-    bar = _bar(sum(_efficiency_units(config, tasks, b) for b in todo), progress)
+    bar = progress_bar(sum(_efficiency_units(config, tasks, b) for b in todo), progress)
     for budget in todo:
         point = {"train_per_task": budget, "methods": {}}
         for method in build_methods(config, backbone):
             mixture = [e for task in tasks for e in task.examples(task.train[:budget])]
-            seconds = _learn_round(method, mixture, f"{len(tasks)} tasks × {budget}", bar, config.epochs)
+            seconds = learn_round(method, mixture, f"{len(tasks)} tasks × {budget}", bar, config.epochs)
             point["methods"][method.name] = evaluate(method, tasks, config.eval_batch_size, bar, seconds)
         _finish_point(result, EFFICIENCY, point, files, bar)
     bar.close()
@@ -278,7 +278,7 @@ def _restore(methods: list[Method], seen: list[Task], directory: Path | None, pr
 
 
 # ---- learning and answering ----------------------------------------------------------------------------
-def _bar(total: int, progress: bool):
+def progress_bar(total: int, progress: bool):
     """One bar for the whole run: its rate and time left count training examples and test queries alike."""
     return tqdm(total=total, unit="ex", disable=not progress, dynamic_ncols=True, smoothing=0.05)
 
@@ -299,7 +299,7 @@ def _efficiency_units(config: AtomicConfig, tasks: list[Task], budget: int) -> i
     return per_method * len(config.methods)
 
 
-def _learn_round(method: Method, examples, what: str, bar, epochs: int) -> float:
+def learn_round(method: Method, examples, what: str, bar, epochs: int) -> float:
     """One round of learning; returns the seconds it took."""
     start = time.perf_counter()
     bar.set_description_str(f"{method.name}: learning {what}")
@@ -318,7 +318,7 @@ def evaluate(method: Method, tasks: list[Task], batch_size: int = 16, bar=None, 
     bar = bar if bar is not None else tqdm(disable=True)
     todo = [t for t in tasks if t.name not in reuse]
     bar.set_description_str(f"{method.name}: answering {len(tasks)} tasks")
-    answers = _answer_all(method, [i.input for t in todo for i in t.test], batch_size, bar)
+    answers = answer_all(method, [i.input for t in todo for i in t.test], batch_size, bar)
     scores, first = {}, 0
     for task in todo:
         scores[task.name] = _task_scores(method, task, answers[first : first + len(task.test)])
@@ -335,7 +335,7 @@ def evaluate(method: Method, tasks: list[Task], batch_size: int = 16, bar=None, 
     }
 
 
-def _answer_all(method: Method, queries: list[str], batch_size: int, bar) -> list[Answer]:
+def answer_all(method: Method, queries: list[str], batch_size: int, bar) -> list[Answer]:
     """Answers in query order, asked in batches of similar length (less padding)."""
     order = sorted(range(len(queries)), key=lambda i: len(queries[i]))
     answers: list[Answer | None] = [None] * len(queries)
@@ -417,10 +417,7 @@ def plot(result: dict, study: Study, path) -> Path:
     rouge, xs = _series(result, study, "rougeL")
     logx = bool(xs) and max(xs) >= 20 * min(xs)
     return line_plot(path, [
-        Panel("ROUGE-L", study.xlabel, "ROUGE-L", _lines(rouge), logx, (0, 100)),
-        Panel("Routing vs retrieval accuracy", study.xlabel, "accuracy (%)", _lines(_accuracy_series(result, study)), logx, (0, 100)),
+        Panel("ROUGE-L", study.xlabel, "ROUGE-L", lines(rouge), logx, (0, 100)),
+        Panel("Routing vs retrieval accuracy", study.xlabel, "accuracy (%)", lines(_accuracy_series(result, study)), logx, (0, 100)),
     ])
 
-
-def _lines(series: dict[str, dict]) -> dict[str, tuple[list, list]]:
-    return {label: (list(values), list(values.values())) for label, values in series.items()}

@@ -58,6 +58,11 @@ def pivot_table(
     return markdown_table(header, rows)
 
 
+def lines(series: dict[str, dict]) -> dict[str, tuple[list, list]]:
+    """Series given as label → {x: y}, as a Panel takes them: label → (xs, ys)."""
+    return {label: (list(values), list(values.values())) for label, values in series.items()}
+
+
 @dataclass
 class Panel:
     title: str

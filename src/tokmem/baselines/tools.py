@@ -1,0 +1,106 @@
+"""Prompting baselines for tool calling: ICL (every tool's schema in the prompt) and RAG (the retrieved ones).
+
+Both put tool schemas and two compositional demonstrations into one user turn and let the frozen
+backbone answer with the calls, one JSON object a line::
+
+    You can call these tools:
+    {"name":"calculate_median","description":"…","parameters":{…}}
+    …
+
+    Answer with the tool calls the request needs, one JSON object per line, in the order they are asked for.
+
+    Request: <demonstration query>
+    Calls:
+    {"name":"…","arguments":{…}}
+    {"name":"…","arguments":{…}}
+
+    Request: <query>
+    Calls:
+
+The answer ends at its first blank line, the prompt's separator between requests (a stop sequence:
+left alone, a small backbone goes on to invent the next request).
+
+ICL shows every tool and the first ``shots`` training examples that call two or more different
+tools.  RAG shows the ``k`` tools whose descriptions are most similar to the query and the
+``shots`` training examples whose queries are most similar to it (Sentence-BERT cosine).
+"""
+
+from __future__ import annotations
+
+import json
+
+from tokmem.backbones import Backbone
+from tokmem.baselines.common import Answer, Method, plain_answers
+from tokmem.baselines.rag import RAG
+from tokmem.data.procedures import Example
+from tokmem.model import create
+
+INSTRUCTION = "Answer with the tool calls the request needs, one JSON object per line, in the order they are asked for."
+
+
+def tool_prompt(schemas: list[dict], demonstrations: list[Example], query: str) -> str:
+    tools = "\n".join(json.dumps(schema, ensure_ascii=False, separators=(",", ":")) for schema in schemas)
+    shots = "".join(f"Request: {d.query}\nCalls:\n{d.response}\n\n" for d in demonstrations)
+    return f"You can call these tools:\n{tools}\n\n{INSTRUCTION}\n\n{shots}Request: {query}\nCalls:"
+
+
+def first_block(text: str) -> str:
+    """The text up to its first blank line."""
+    return text.strip().split("\n\n", 1)[0]
+
+
+def answers(model, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[Answer]:
+    """The backbone's answers to the prompts, each cut at its first blank line."""
+    return [Answer(first_block(text)) for text in plain_answers(model, prompts, max_new_tokens, batch_size)]
+
+
+def compositional(examples: list[Example]) -> list[Example]:
+    """The examples that call two or more different tools."""
+    return [e for e in examples if len(set(e.procedures)) > 1]
+
+
+class ICL(Method):
+    name = "icl"
+    label = "ICL"
+
+    def __init__(self, backbone: Backbone, tools: dict[str, dict], shots: int = 2, max_new_tokens: int = 128, eval_batch_size: int = 16):
+        self.model = create(backbone)  # an empty bank: the plain backbone
+        self.schemas = list(tools.values())
+        self.shots = shots
+        self.max_new_tokens, self.eval_batch_size = max_new_tokens, eval_batch_size
+        self.demonstrations: list[Example] = []
+
+    def learn(self, examples: list[Example]) -> None:
+        """Take the demonstrations (the first compositional examples) until there are ``shots`` of them."""
+        self.demonstrations = (self.demonstrations + compositional(examples))[: self.shots]
+
+    def answer(self, queries: list[str]) -> list[Answer]:
+        prompts = [tool_prompt(self.schemas, self.demonstrations, q) for q in queries]
+        return answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size)
+
+
+class ToolRAG(RAG):
+    name = "rag"
+    label = "RAG"
+    choice_metric = None
+
+    def __init__(self, backbone: Backbone, tools: dict[str, dict], k: int = 4, shots: int = 2, **options):
+        super().__init__(backbone, k=shots, **options)
+        self.tool_k = k
+        self.schemas = list(tools.values())
+        self.tool_vectors = self._embed([describe(schema) for schema in self.schemas])
+
+    def retrieve_tools(self, queries: list[str]) -> list[list[dict]]:
+        """The ``k`` tools whose descriptions are most similar to each query, most similar first."""
+        scores = self._embed(queries) @ self.tool_vectors.T
+        top = scores.topk(min(self.tool_k, len(self.schemas)), dim=-1).indices.tolist()
+        return [[self.schemas[i] for i in row] for row in top]
+
+    def answer(self, queries: list[str]) -> list[Answer]:
+        prompts = [tool_prompt(t, d, q) for t, d, q in zip(self.retrieve_tools(queries), self.retrieve(queries), queries)]
+        return answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size)
+
+
+def describe(schema: dict) -> str:
+    """What RAG embeds for a tool: its name in words and its description."""
+    return f"{schema['name'].replace('_', ' ')}: {schema.get('description', '')}"

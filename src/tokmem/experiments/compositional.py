@@ -1,0 +1,577 @@
+"""Compositional tool calling: the paper's Table 3, compositional generalisation and forgetting.
+
+Each tool is one procedure; a query needs 2–4 calls, answered as calls one JSON object a line
+(TokMem: one call per memory-token segment).  Three studies, each a function returning a result dict:
+
+* main (`run_main`, Table 3): ICL, RAG, fine-tuning (LoRA r=8 on q, v) and TokMem without and with
+  the adaptation phase learn the training queries of the evaluation tools; all answer the test queries.
+* generalization (`run_generalization`): fine-tuning and TokMem learn training sets whose queries
+  have at most 1, 2, 3 or 4 calls; the test set (2–4 calls) is the same for all.  TokMem's adaptation
+  phase (on other tools, up to 4 calls) is the same for every cap, as in the paper, whose 4-call row
+  repeats Table 3.
+* forgetting (`run_forgetting`): the evaluation tools arrive in ``rounds`` equal groups, each with its
+  own training and test queries (composed within the group); after each round every method answers
+  the test queries of every group seen so far.  TokMem (renormalised, a continual ``learn`` a round)
+  against fine-tuning with replay, TokMem without renormalisation (whose new rows' L2 norms show the
+  norm inflation), and TokMem with an unfrozen backbone (`tokmem.baselines.memory.UnfrozenTokMem`).
+
+Scores, per number of gold calls and their mean over those numbers ("avg", as the paper averages):
+tool-selection F1 (multiset F1 of the called tools' names) and argument F1 (multiset F1 of whole
+calls after AST normalisation), 0–100, averaged over queries (`tokmem.metrics`).  A predicted call
+that does not parse matches no gold call: it lowers argument F1 and names no tool.
+
+TokMem with adaptation (the default TokMem, as in the paper) learns its memory tokens on a backbone
+adapted once per study (`tokmem.adapt`) on the held-out adaptation tools; its trainable parameters
+are its memory rows (the adaptation's LoRA, merged on other tools, is not counted, as in the paper).
+The data is the built-in catalog (`tokmem.data.tools`) or an xLAM file (ranks 1..tools for
+evaluation, the next ``adapt_tools`` for adaptation).
+
+`add_parser` adds the ``compositional`` subcommand (``tokmem bench compositional``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from tokmem import metrics
+from tokmem.adapt import AdaptConfig, adapt
+from tokmem.backbones import DEFAULT_BACKBONE, Backbone, load_backbone
+from tokmem.baselines.common import Answer, Method
+from tokmem.baselines.lora import LoRA, Replay
+from tokmem.baselines.memory import TokMem, UnfrozenTokMem
+from tokmem.baselines.tools import ICL, ToolRAG
+from tokmem.data.procedures import Example
+from tokmem.data.tools import ToolData, split_tools, tool_dataset, tool_examples
+from tokmem.data.xlam import xlam_dataset
+from tokmem.errors import TokMemError
+from tokmem.experiments.atomic import answer_all, learn_round, progress_bar
+from tokmem.experiments.outputs import Panel, line_plot, lines, markdown_table, pivot_table, write_json_atomic, write_text_atomic
+from tokmem.report import console, machine
+from tokmem.train import TrainConfig
+
+METRICS = {"tool_f1": "Tool F1", "arg_f1": "Argument F1"}
+TOKMEM_LABELS = {
+    "tokmem-noadapt": "TokMem (w/o adapt)",
+    "tokmem": "TokMem (w/ adapt)",
+    "tokmem-norenorm": "TokMem (w/o renorm)",
+    "tokmem-unfrozen": "TokMem (unfrozen backbone)",
+}
+ADAPTED = {"tokmem", "tokmem-norenorm", "tokmem-unfrozen"}  # built on the adapted backbone
+MAIN_METHODS = ("icl", "rag", "lora", "tokmem-noadapt", "tokmem")
+STUDIES = {  # study → (default methods, methods it accepts)
+    "main": (MAIN_METHODS, MAIN_METHODS),
+    "generalization": (("lora", "tokmem"), MAIN_METHODS),
+    "forgetting": (
+        ("replay", "tokmem", "tokmem-norenorm", "tokmem-unfrozen"),
+        ("lora", "replay", "tokmem-noadapt", "tokmem", "tokmem-norenorm", "tokmem-unfrozen"),
+    ),
+}
+XLAM_TOOLS = 50  # the paper's 50 evaluation + 50 adaptation tools, when the data is an xLAM file
+
+
+@dataclass(frozen=True)
+class CompositionalConfig:
+    """Defaults are the paper's setup.  Sizes are those of ``tool_dataset``; in the forgetting study
+    they are per group (each round's tools get ``per_tool``, ``train_multi`` and ``test_multi`` of their own)."""
+
+    study: str = "main"
+    methods: tuple[str, ...] | None = None  # default: the study's
+    backbone: str = DEFAULT_BACKBONE
+    xlam: str | None = None  # an xLAM file; default: the built-in catalog
+    tools: int | None = None  # evaluation tools (default: all 25 built-in, or 50 from xLAM)
+    adapt_tools: int | None = None  # adaptation tools (likewise)
+    per_tool: int = 50
+    train_multi: int = 5000
+    test_multi: int = 500
+    max_calls: int = 4
+    adapt_per_tool: int = 50
+    adapt_multi: int = 2500
+    train_max_calls: tuple[int, ...] = (1, 2, 3, 4)  # generalization
+    rounds: int = 5  # forgetting
+    epochs: int = 1
+    adapt_epochs: int = 1
+    batch_size: int = 4
+    max_length: int = 1024
+    max_new_tokens: int = 512
+    eval_batch_size: int = 16
+    tokmem_lr: float = 5e-3
+    lora_lr: float = 5e-5
+    lora_weight_decay: float = 0.01
+    lora_rank: int = 8
+    adapt_lr: float = 5e-5  # the adaptation phase's LoRA
+    rag_k: int = 4  # tools RAG retrieves
+    shots: int = 2  # demonstrations ICL and RAG show
+    replay_ratio: float = 0.2
+    replay_buffer: int = 1000
+    seed: int = 0
+    device: str | None = None
+    preset: str | None = None
+
+    def resolved(self) -> "CompositionalConfig":
+        """Fill the defaults that depend on the study and the data; check the rest."""
+        if self.study not in STUDIES:
+            raise TokMemError(f"unknown study '{self.study}': choose from {', '.join(STUDIES)}")
+        defaults, accepted = STUDIES[self.study]
+        adaptation, evaluation = (XLAM_TOOLS, XLAM_TOOLS) if self.xlam else map(len, split_tools())
+        config = replace(self, methods=tuple(self.methods or defaults), tools=self.tools or evaluation,
+                         adapt_tools=self.adapt_tools or adaptation)
+        unknown = [m for m in config.methods if m not in accepted]
+        if unknown:
+            raise TokMemError(f"the {self.study} study cannot run {', '.join(unknown)}: choose from {', '.join(accepted)}")
+        if not self.xlam and (config.tools > evaluation or config.adapt_tools > adaptation):
+            raise TokMemError(f"the built-in catalog has {evaluation} evaluation and {adaptation} adaptation tools; "
+                              "pass --xlam for more")
+        if config.study == "forgetting" and not 1 <= config.rounds <= config.tools // 2:
+            raise TokMemError(f"cannot split {config.tools} tools into {config.rounds} rounds: "
+                              "a round needs two tools or more to compose its test queries")
+        return config
+
+
+PRESETS = {
+    # smollm2-135m on 2 CPU cores.  Two epochs and higher LoRA learning rates because ~220 training queries are far
+    # fewer than the paper's 5,000.  Measured pieces (noisy: the machine was shared with other jobs): a training step
+    # of 4 queries (~145 tokens each) ≈ 1.9 s on 2 idle threads, 3.4–4.3 s on 1 thread beside another job (TokMem,
+    # LoRA and the adaptation alike); answering a query with up to 176 new tokens ≈ 3.1 s on 1 busy thread (≈ 6.7 s
+    # with RAG's prompt, ≈ 9 s with ICL's ~1,000-token prompt).  So each study takes about 45 (main), 60
+    # (generalization) and 55 (forgetting) minutes beside another job, and about half that alone.  On a shared machine
+    # run with OMP_NUM_THREADS=1: two jobs of 2 threads each on 2 cores were 4× slower still.
+    "cpu": {
+        "common": dict(
+            backbone=DEFAULT_BACKBONE, tools=10, per_tool=12, train_multi=120, test_multi=48, adapt_per_tool=4,
+            adapt_multi=100, max_new_tokens=176, epochs=2, lora_lr=1e-3, adapt_lr=1e-3, replay_buffer=100,
+        ),
+        "generalization": dict(test_multi=32),
+        "forgetting": dict(per_tool=14, train_multi=20, test_multi=8),
+    },
+    # the paper's sizes; a GPU (and, for 50 + 50 tools, the xLAM file: --xlam)
+    "paper": {
+        "common": dict(backbone="meta-llama/Llama-3.2-1B-Instruct"),
+        "forgetting": dict(train_multi=1000, test_multi=100),
+    },
+}
+
+
+def make_config(preset: str | None = "cpu", study: str = "main", **options) -> CompositionalConfig:
+    """A preset's settings for the study, overridden by every option that is not None."""
+    if preset is not None and preset not in PRESETS:
+        raise TokMemError(f"unknown preset '{preset}': choose from {', '.join(PRESETS)}")
+    sizes = PRESETS.get(preset, {})
+    settings = {**sizes.get("common", {}), **sizes.get(study, {}), **{k: v for k, v in options.items() if v is not None}}
+    return CompositionalConfig(study=study, preset=preset, **settings)
+
+
+# ---- data and backbones ------------------------------------------------------------------------------
+def tool_data(config: CompositionalConfig, ranks: tuple[int, int], train_max_calls: int | None = None) -> ToolData:
+    """Train and test queries over the evaluation tools ranked ``ranks`` (1-based, inclusive)."""
+    sizes = dict(per_tool=config.per_tool, train_multi=config.train_multi, test_multi=config.test_multi,
+                 max_calls=config.max_calls, train_max_calls=train_max_calls, seed=config.seed)
+    if config.xlam:
+        return xlam_dataset(config.xlam, ranks, **sizes)
+    first, last = ranks
+    return tool_dataset(split_tools()[1][first - 1 : last], **sizes)
+
+
+def adaptation_examples(config: CompositionalConfig) -> list[Example]:
+    """The adaptation phase's data: single and composed queries over the held-out adaptation tools."""
+    if config.xlam:
+        ranks = (config.tools + 1, config.tools + config.adapt_tools)
+        return xlam_dataset(config.xlam, ranks, per_tool=config.adapt_per_tool, train_multi=config.adapt_multi, test_multi=0,
+                            max_calls=config.max_calls, test_fraction=0.0, seed=config.seed).train
+    tools = split_tools()[0][: config.adapt_tools]
+    return tool_examples(tools, config.adapt_per_tool, config.adapt_multi, config.max_calls, config.seed)
+
+
+def groups(config: CompositionalConfig) -> list[tuple[int, int]]:
+    """The forgetting study's rounds: ``rounds`` consecutive, near-equal groups of tool ranks."""
+    cuts = [round(i * config.tools / config.rounds) for i in range(config.rounds + 1)]
+    return [(first + 1, last) for first, last in zip(cuts, cuts[1:])]
+
+
+def prepare_backbones(config: CompositionalConfig, backbone: Backbone | None, progress: bool) -> tuple[dict, dict | None]:
+    """{"base": the backbone, "adapted": it after the adaptation phase (only when a method needs it)}, and
+    what the adaptation did."""
+    base = backbone or load_backbone(config.backbone, device=config.device)
+    if not ADAPTED & set(config.methods):
+        return {"base": base}, None
+    examples = adaptation_examples(config)
+    lora = AdaptConfig(rank=config.lora_rank, lr=config.adapt_lr, weight_decay=config.lora_weight_decay)
+    rows = TrainConfig(lr=config.tokmem_lr, epochs=config.adapt_epochs, batch_size=config.batch_size,
+                       max_length=config.max_length, seed=config.seed, progress=progress)
+    start = time.perf_counter()
+    adapted = adapt(base, examples, lora, rows)
+    info = {"tools": list(dict.fromkeys(p for e in examples for p in e.procedures)), "examples": len(examples),
+            "seconds": round(time.perf_counter() - start, 1)}
+    return {"base": base, "adapted": adapted}, info
+
+
+def build_method(name: str, config: CompositionalConfig, backbones: dict, tools: dict[str, dict]) -> Method:
+    """A fresh method; ``tools``: the schemas ICL and RAG may show."""
+    base, adapted = backbones["base"], backbones.get("adapted")
+    decode = dict(max_new_tokens=config.max_new_tokens, eval_batch_size=config.eval_batch_size)
+    train = dict(epochs=config.epochs, batch_size=config.batch_size, max_length=config.max_length, seed=config.seed, **decode)
+    lora = dict(rank=config.lora_rank, lr=config.lora_lr, weight_decay=config.lora_weight_decay, **train)
+    memory = dict(lr=config.tokmem_lr, max_steps=config.max_calls, name=name, label=TOKMEM_LABELS.get(name), **train)
+    replay = dict(ratio=config.replay_ratio, buffer_size=config.replay_buffer, refresh_every=max(1, config.tools // config.rounds))
+    factories = {
+        "icl": lambda: ICL(base, tools, config.shots, **decode),
+        "rag": lambda: ToolRAG(base, tools, config.rag_k, config.shots, **decode),
+        "lora": lambda: LoRA(base, **lora),
+        "replay": lambda: Replay(base, **replay, **lora),
+        "tokmem-noadapt": lambda: TokMem(base, **memory),
+        "tokmem": lambda: TokMem(adapted, **memory),
+        "tokmem-norenorm": lambda: TokMem(adapted, renormalize=False, **memory),
+        "tokmem-unfrozen": lambda: UnfrozenTokMem(adapted, config.lora_rank, config.lora_lr, config.lora_weight_decay, **memory),
+    }
+    return factories[name]()
+
+
+# ---- scoring ------------------------------------------------------------------------------------------
+def predicted_calls(answer: Answer) -> list[str]:
+    """TokMem's segments (one call each), or else the answer's non-empty lines."""
+    if answer.segments is not None:
+        return answer.segments
+    return [line.strip() for line in answer.text.splitlines() if line.strip()]
+
+
+def score(examples: list[Example], predictions: list[list[str]]) -> dict:
+    """{"tool_f1": {"2": …, "3": …, "avg": …}, "arg_f1": {…}}: per number of gold calls, 0–100, averaged over
+    queries; "avg" is the mean over the numbers of calls present."""
+    if len(examples) != len(predictions):
+        raise ValueError(f"{len(predictions)} predictions for {len(examples)} queries")
+    by_calls = defaultdict(lambda: {metric: [] for metric in METRICS})
+    for example, predicted in zip(examples, predictions):
+        gold = [step.response for step in example.steps]
+        scores = by_calls[len(gold)]
+        scores["tool_f1"].append(100 * metrics.tool_f1(predicted, gold))
+        scores["arg_f1"].append(100 * metrics.argument_f1(predicted, gold))
+    return {metric: _by_calls(by_calls, metric) for metric in METRICS}
+
+
+def _by_calls(by_calls: dict, metric: str) -> dict[str, float]:
+    means = {str(n): metrics.mean(by_calls[n][metric]) for n in sorted(by_calls)}
+    return means | {"avg": metrics.mean(means.values())}
+
+
+def evaluate(method: Method, examples: list[Example], batch_size: int, bar, samples: int = 3) -> dict:
+    """Scores of the method's answers to ``examples``, its trainable parameters and a few answers to read."""
+    start = time.perf_counter()
+    bar.set_description_str(f"{method.name}: answering {len(examples)} queries")
+    predictions = [predicted_calls(a) for a in answer_all(method, [e.query for e in examples], batch_size, bar)]
+    return {
+        "label": method.label,
+        **score(examples, predictions),
+        "trainable_params": method.trainable_params(),
+        "eval_seconds": round(time.perf_counter() - start, 2),
+        "samples": [{"query": e.query, "gold": [s.response for s in e.steps], "predicted": p}
+                    for e, p in zip(examples[:samples], predictions)],
+    }
+
+
+def learn_and_evaluate(method: Method, data: ToolData, config: CompositionalConfig, bar) -> dict:
+    seconds = learn_round(method, data.train, f"{len(data.train)} queries", bar, config.epochs)
+    return evaluate(method, data.test, config.eval_batch_size, bar) | {"train_seconds": round(seconds, 2)}
+
+
+# ---- the studies -----------------------------------------------------------------------------------------
+def run(config: CompositionalConfig, backbone: Backbone | None = None, progress: bool = True, json_path=None) -> dict:
+    """The study ``config.study`` names; ``json_path``: where to save the result so far after every step."""
+    runners = {"main": run_main, "generalization": run_generalization, "forgetting": run_forgetting}
+    return runners[config.study](config, backbone, progress, json_path)
+
+
+def run_main(config: CompositionalConfig, backbone=None, progress: bool = True, json_path=None) -> dict:
+    config = config.resolved()
+    data = tool_data(config, (1, config.tools))
+    backbones, adaptation = prepare_backbones(config, backbone, progress)
+    result = _start(config, [data], adaptation) | {"methods": {}}
+    bar = progress_bar(len(config.methods) * (config.epochs * len(data.train) + len(data.test)), progress)
+    for name in config.methods:
+        method = build_method(name, config, backbones, data.tools)
+        result["methods"][name] = learn_and_evaluate(method, data, config, bar)
+        bar.write(summary_line(name, result["methods"][name]))
+        _save(result, json_path)
+    bar.close()
+    return result
+
+
+def run_generalization(config: CompositionalConfig, backbone=None, progress: bool = True, json_path=None) -> dict:
+    config = config.resolved()
+    datasets = {n: tool_data(config, (1, config.tools), train_max_calls=n) for n in config.train_max_calls}
+    backbones, adaptation = prepare_backbones(config, backbone, progress)
+    result = _start(config, list(datasets.values())[:1], adaptation) | {"train_max_calls": {}}
+    result["data"]["train"] = {str(n): len(d.train) for n, d in datasets.items()}  # the test set is the same for every cap
+    units = sum(config.epochs * len(d.train) + len(d.test) for d in datasets.values()) * len(config.methods)
+    bar = progress_bar(units, progress)
+    for n, data in datasets.items():
+        point = result["train_max_calls"][str(n)] = {"methods": {}}
+        for name in config.methods:
+            point["methods"][name] = learn_and_evaluate(build_method(name, config, backbones, data.tools), data, config, bar)
+            bar.write(f"trained on ≤ {n} calls: " + summary_line(name, point["methods"][name]))
+            _save(result, json_path)
+    bar.close()
+    return result
+
+
+def run_forgetting(config: CompositionalConfig, backbone=None, progress: bool = True, json_path=None) -> dict:
+    config = config.resolved()
+    datasets = [tool_data(config, ranks) for ranks in groups(config)]
+    backbones, adaptation = prepare_backbones(config, backbone, progress)
+    result = _start(config, datasets, adaptation) | {"groups": [list(d.tools) for d in datasets], "methods": {}}
+    seen = [sum(len(d.test) for d in datasets[:r]) for r in range(1, len(datasets) + 1)]  # test queries after each round
+    per_method = config.epochs * sum(len(d.train) for d in datasets) + sum(seen)
+    bar = progress_bar(per_method * len(config.methods), progress)
+    tools = {name: schema for d in datasets for name, schema in d.tools.items()}
+    for name in config.methods:
+        method = build_method(name, config, backbones, tools)
+        entry = result["methods"][name] = {"label": method.label, "rounds": []}
+        for r in range(1, len(datasets) + 1):
+            entry["rounds"].append(forgetting_round(method, datasets, r, config, bar))
+            entry["trainable_params"] = method.trainable_params()
+            _save(result, json_path)
+    bar.close()
+    return result
+
+
+def forgetting_round(method: Method, datasets: list[ToolData], r: int, config: CompositionalConfig, bar) -> dict:
+    """Round ``r`` (1-based): learn its group's training queries, then answer those of every group so far."""
+    data = datasets[r - 1]
+    seconds = learn_round(method, data.train, f"round {r}", bar, config.epochs)
+    scores = evaluate_groups(method, datasets[:r], config.eval_batch_size, bar)
+    bar.write(f"{method.name} round {r}: argument F1 " + ", ".join(f"group {g} {s['arg_f1']['avg']:.1f}" for g, s in scores.items()))
+    return {"round": r, "train_seconds": round(seconds, 2), "new_rows": new_row_norms(method, list(data.tools)), "groups": scores}
+
+
+def evaluate_groups(method: Method, datasets: list[ToolData], batch_size: int, bar) -> dict[str, dict]:
+    """Scores on the test queries of each group (1-based): all answered together, then split."""
+    queries = [e.query for d in datasets for e in d.test]
+    bar.set_description_str(f"{method.name}: answering {len(queries)} queries")
+    predictions = [predicted_calls(a) for a in answer_all(method, queries, batch_size, bar)]
+    out, first = {}, 0
+    for g, data in enumerate(datasets, 1):
+        out[str(g)] = score(data.test, predictions[first : first + len(data.test)])
+        first += len(data.test)
+    return out
+
+
+def new_row_norms(method: Method, names: list[str]) -> dict | None:
+    """L2 norms of the memory rows of ``names`` after the round (TokMem only), their mean and spread."""
+    if not isinstance(method, TokMem):
+        return None
+    bank = method.model.bank
+    norms = [float(bank.index[bank.row(name)].norm()) for name in names]
+    return {"norms": norms, "mean": metrics.mean(norms), "std": statistics.pstdev(norms)}
+
+
+def _start(config: CompositionalConfig, datasets: list[ToolData], adaptation: dict | None) -> dict:
+    tests = [e for d in datasets for e in d.test]
+    return {
+        "study": config.study,
+        "config": asdict(config),
+        "machine": machine(),
+        "data": {
+            "source": config.xlam or "built-in catalog",
+            "tools": [name for d in datasets for name in d.tools],
+            "train": sum(len(d.train) for d in datasets),
+            "test": len(tests),
+            "test_by_calls": {str(n): c for n, c in sorted(Counter(len(e.steps) for e in tests).items())},
+        },
+        "adaptation": adaptation,
+    }
+
+
+def _save(result: dict, json_path) -> None:
+    if json_path:
+        write_json_atomic(json_path, result)
+
+
+def summary_line(name: str, scores: dict) -> str:
+    return f"{name}: tool F1 {scores['tool_f1']['avg']:.1f}, argument F1 {scores['arg_f1']['avg']:.1f}"
+
+
+# ---- tables and plots ------------------------------------------------------------------------------------
+def markdown(result: dict) -> str:
+    writers = {"main": main_markdown, "generalization": generalization_markdown, "forgetting": forgetting_markdown}
+    return writers[result["study"]](result)
+
+
+def plot(result: dict, path) -> Path:
+    plotters = {"main": main_panels, "generalization": generalization_panels, "forgetting": forgetting_panels}
+    return line_plot(path, plotters[result["study"]](result))
+
+
+def write_outputs(result: dict, json_path) -> list[Path]:
+    """The JSON, its markdown table (.md beside it) and its plot (.png beside it)."""
+    json_path = Path(json_path)
+    return [write_json_atomic(json_path, result), write_text_atomic(json_path.with_suffix(".md"), markdown(result)),
+            plot(result, json_path.with_suffix(".png"))]
+
+
+def _note(result: dict) -> str:
+    config, data, adaptation = result["config"], result["data"], result["adaptation"]
+    calls = ", ".join(f"{c} with {n} calls" for n, c in data["test_by_calls"].items())
+    adapted = (f" The adaptation phase trained on {adaptation['examples']} queries over {len(adaptation['tools'])} held-out tools."
+               if adaptation else "")
+    train = data["train"]
+    if isinstance(train, dict):
+        train = f"{'/'.join(map(str, train.values()))} (capped at {'/'.join(train)} calls)"
+    return (f"Backbone `{config['backbone']}`; {len(data['tools'])} tools ({data['source']}); {train} training "
+            f"and {data['test']} test queries ({calls}); {config['epochs']} epoch(s); seed {config['seed']}.{adapted} "
+            "F1 on a 0–100 scale; Avg. is the mean over the numbers of calls.\n\n")
+
+
+def _calls(scores: dict) -> list[str]:
+    return [key for key in scores["tool_f1"] if key != "avg"]
+
+
+def _score_header(calls: list[str]) -> list[str]:
+    return [f"{METRICS[m]} {c}" for m in METRICS for c in [*(f"{n} calls" for n in calls), "Avg."]]
+
+
+def _score_cells(scores: dict, calls: list[str]) -> list[str]:
+    return [f"{scores[m][c]:.1f}" if c in scores[m] else "–" for m in METRICS for c in [*calls, "avg"]]
+
+
+def main_markdown(result: dict) -> str:
+    """Table 3: methods × (tool F1, argument F1) × number of calls, with the trainable parameters."""
+    methods = result["methods"]
+    calls = _calls(next(iter(methods.values()))) if methods else []
+    rows = [[s["label"], f"{s['trainable_params']:,}", *_score_cells(s, calls)] for s in methods.values()]
+    return "# Compositional tool calling\n\n" + _note(result) + markdown_table(["Method", "#Params", *_score_header(calls)], rows)
+
+
+def generalization_markdown(result: dict) -> str:
+    """The paper's generalisation table: for each training cap on the number of calls, each method's scores."""
+    points = result["train_max_calls"]
+    first = next((s for p in points.values() for s in p["methods"].values()), None)
+    calls = _calls(first) if first else []
+    rows = [[f"≤ {n} calls ({result['data']['train'][n]} queries)", s["label"], *_score_cells(s, calls)]
+            for n, p in points.items() for s in p["methods"].values()]
+    return ("# Compositional generalisation\n\nTrained on queries with at most the given number of calls; tested on the same "
+            "queries for every setting. " + _note(result) + markdown_table(["Train maximum calls", "Method", *_score_header(calls)], rows))
+
+
+def _group_series(entry: dict, metric: str) -> dict[str, dict]:
+    """"group g" → {round: the group's score}, and "all seen groups" → {round: their mean}."""
+    series: dict[str, dict] = {}
+    for point in entry["rounds"]:
+        for group, scores in point["groups"].items():
+            series.setdefault(f"group {group}", {})[point["round"]] = scores[metric]["avg"]
+    rounds = {p["round"]: p["groups"].values() for p in entry["rounds"]}
+    return series | {"all seen groups": {r: metrics.mean(s[metric]["avg"] for s in seen) for r, seen in rounds.items()}}
+
+
+def forgetting_markdown(result: dict) -> str:
+    """Per method and metric: each group's score (rows) after each round (columns); then the new rows' norms."""
+    rounds = list(range(1, result["config"]["rounds"] + 1))
+    groups_text = "; ".join(f"group {g}: {', '.join(tools)}" for g, tools in enumerate(result["groups"], 1))
+    out = f"# Forgetting: tools arriving in {len(rounds)} rounds\n\n{groups_text}.\n\n" + _note(result)
+    for metric, title in METRICS.items():
+        for entry in result["methods"].values():
+            out += f"## {title}: {entry['label']}\n\n" + pivot_table(_group_series(entry, metric), rounds, corner="Group \\ round")
+            out += "\n"
+    norms = _new_rows(result)
+    if norms:
+        rows = [[label, *(f"{n['mean']:.3f} ± {n['std']:.3f}" for n in per_round)] for label, per_round in norms.items()]
+        out += "## L2 norm of each round's new memory rows (mean ± std)\n\n" + markdown_table(["Method", *map(str, rounds)], rows)
+    return out
+
+
+def _new_rows(result: dict) -> dict[str, list[dict]]:
+    """label → the norms of each round's new memory rows, for the methods that have memory rows."""
+    return {e["label"]: [p["new_rows"] for p in e["rounds"]] for e in result["methods"].values()
+            if e["rounds"] and e["rounds"][0]["new_rows"]}
+
+
+def main_panels(result: dict) -> list[Panel]:
+    """F1 against the number of calls, one line per method."""
+    panels = []
+    for metric, title in METRICS.items():
+        series = {s["label"]: {int(c): s[metric][c] for c in _calls(s)} for s in result["methods"].values()}
+        panels.append(Panel(title, "number of calls", "F1", lines(series), ylim=(0, 100)))
+    return panels
+
+
+def generalization_panels(result: dict) -> list[Panel]:
+    """Average F1 (2–4 calls) against the training cap on the number of calls, one line per method."""
+    panels = []
+    for metric, title in METRICS.items():
+        series: dict[str, dict] = {}
+        for n, point in result["train_max_calls"].items():
+            for scores in point["methods"].values():
+                series.setdefault(scores["label"], {})[int(n)] = scores[metric]["avg"]
+        panels.append(Panel(f"{title} (avg.)", "maximum calls in training", "F1", lines(series), ylim=(0, 100)))
+    return panels
+
+
+def forgetting_panels(result: dict) -> list[Panel]:
+    """Argument F1 of each group over the rounds, one panel per method; then the new rows' mean norms
+    (without renormalisation they inflate round after round)."""
+    panels = [Panel(entry["label"], "round", "argument F1", lines(_group_series(entry, "arg_f1")), ylim=(0, 100))
+              for entry in result["methods"].values()]
+    norms = {label: {r: n["mean"] for r, n in enumerate(per_round, 1)} for label, per_round in _new_rows(result).items()}
+    if norms:
+        panels.append(Panel("New memory rows", "round", "mean L2 norm", lines(norms)))
+    return panels
+
+
+# ---- the command -------------------------------------------------------------------------------------------
+OPTIONS = {  # option → (type, help); each overrides the preset's value
+    "backbone": (str, f"backbone spec (default {DEFAULT_BACKBONE})"),
+    "methods": (None, "comma-separated methods (main: icl,rag,lora,tokmem-noadapt,tokmem; generalization: lora,tokmem; "
+                      "forgetting: replay,tokmem,tokmem-norenorm,tokmem-unfrozen, also lora,tokmem-noadapt)"),
+    "xlam": (str, "an xLAM / APIGen JSON file (default: the built-in 25 + 25 tool catalog)"),
+    "tools": (int, "evaluation tools (default: all 25 built-in, or 50 from --xlam)"),
+    "adapt_tools": (int, "adaptation tools (likewise)"),
+    "per_tool": (int, "single-tool samples per tool"),
+    "train_multi": (int, "composed training queries (forgetting: per round)"),
+    "test_multi": (int, "composed test queries (forgetting: per round)"),
+    "adapt_per_tool": (int, "single-tool samples per adaptation tool"),
+    "adapt_multi": (int, "composed adaptation queries"),
+    "train_max_calls": (None, "generalization: caps on the calls of a training query, e.g. 1,2,3,4"),
+    "rounds": (int, "forgetting: rounds (groups of tools)"),
+    "epochs": (int, "epochs over the training queries"),
+    "adapt_epochs": (int, "epochs of the adaptation phase"),
+    "max_new_tokens": (int, "tokens an answer may generate"),
+    "max_length": (int, "longest training sequence in tokens (longer queries are cut from the left)"),
+    "eval_batch_size": (int, "queries answered together"),
+    "rag_k": (int, "tools RAG retrieves"),
+    "device": (str, "cpu, cuda, … (default: cuda when available)"),
+    "seed": (int, "seed of the data and training"),
+}
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``compositional`` to a ``bench`` subcommand group."""
+    from tokmem.cli import _int_list, _name_list
+
+    parser = subparsers.add_parser(
+        "compositional", help="compositional tool calling: TokMem vs ICL, RAG, fine-tuning (Table 3, generalisation, forgetting)",
+        description="The cpu preset takes about 45 (main), 60 (generalization) and 55 (forgetting) minutes on 2 busy CPU "
+        "cores with smollm2-135m, about half that on idle ones.",
+    )
+    parser.add_argument("--study", choices=tuple(STUDIES), default="main")
+    parser.add_argument("--preset", choices=tuple(PRESETS), default="cpu",
+                        help="cpu: 10 tools, ~220 training and 48 test queries on smollm2-135m; paper: the paper's sizes "
+                        "(Llama-3.2-1B-Instruct, 5000/500 queries; 50 + 50 tools with --xlam), for a GPU")
+    types = {"methods": _name_list, "train_max_calls": _int_list}
+    for name, (kind, text) in OPTIONS.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=types.get(name, kind), help=text)
+    parser.add_argument("--json", metavar="PATH", required=True, help="results (saved after every step); .md and .png go beside it")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.set_defaults(handler=run_command)
+    return parser
+
+
+def run_command(args) -> None:
+    options = {name: getattr(args, name) for name in OPTIONS}
+    config = make_config(args.preset, args.study, **options)
+    result = run(config, progress=not args.quiet, json_path=args.json)
+    written = write_outputs(result, args.json)
+    console.print(markdown(result), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {', '.join(map(str, written))}", markup=False, highlight=False)
+

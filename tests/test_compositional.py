@@ -1,0 +1,253 @@
+"""The compositional tool-calling studies on the tiny-random backbone: every method through each study,
+the result shapes, the scoring by number of calls, the prompting baselines and the forgetting records."""
+
+import json
+
+import pytest
+import torch
+
+from tokmem import Example, Step
+from tokmem.baselines.common import Answer
+from tokmem.baselines.memory import UnfrozenTokMem
+from tokmem.baselines.tools import ICL, ToolRAG, first_block, tool_prompt
+from tokmem.cli import main
+from tokmem.data.tools import call_json, catalog, split_tools
+from tokmem.errors import TokMemError
+from tokmem.experiments import compositional
+from tokmem.experiments.compositional import STUDIES, TOKMEM_LABELS, make_config, predicted_calls, score
+
+TINY = dict(
+    backbone="tiny-random", tools=4, adapt_tools=2, per_tool=4, train_multi=4, test_multi=4, max_calls=3, adapt_per_tool=2,
+    adapt_multi=2, max_length=64, max_new_tokens=4, eval_batch_size=8, train_max_calls=(1, 2), rounds=2, rag_k=2, device="cpu",
+)
+
+
+def run_study(study, backbone, tmp_path_factory):
+    result = compositional.run(make_config(None, study, **TINY), backbone, progress=False)
+    paths = compositional.write_outputs(result, tmp_path_factory.mktemp(study) / f"{study}.json")
+    return result, paths
+
+
+@pytest.fixture(scope="module")
+def backbone_state(backbone):
+    return {k: v.clone() for k, v in backbone.model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def main_study(backbone, backbone_state, tmp_path_factory):
+    return run_study("main", backbone, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def generalization(backbone, backbone_state, tmp_path_factory):
+    return run_study("generalization", backbone, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def forgetting(backbone, backbone_state, tmp_path_factory):
+    return run_study("forgetting", backbone, tmp_path_factory)
+
+
+def lora_params(backbone, rank=8):
+    return sum(rank * (m.in_features + m.out_features) for n, m in backbone.model.named_modules() if n.endswith(("q_proj", "v_proj")))
+
+
+def call(name, **arguments):
+    return call_json(name, arguments)
+
+
+def example(*calls):
+    return Example("q", tuple(Step(json.loads(c)["name"], c) for c in calls))
+
+
+def assert_scores(scores, calls=("2", "3")):
+    for metric in ("tool_f1", "arg_f1"):
+        assert list(scores[metric]) == [*calls, "avg"]
+        assert all(0.0 <= value <= 100.0 for value in scores[metric].values())
+        assert scores[metric]["avg"] == pytest.approx(sum(scores[metric][c] for c in calls) / len(calls))
+
+
+# ---- scoring ---------------------------------------------------------------------------------------------
+def test_scores_are_bucketed_by_the_number_of_gold_calls_and_averaged_over_the_buckets():
+    a, b, c = call("f", x=1), call("g", y="s"), call("h", z=[1, 2])
+    examples = [example(a, b), example(a, c), example(a, b, c)]
+    predictions = [
+        [b, a],  # order does not matter: both right
+        [a, call("h", z=[9])],  # right tools, one wrong argument
+        [c],  # one of three calls: F1 = 2·1 / (1 + 3)
+    ]
+    scores = score(examples, predictions)
+    assert scores["tool_f1"] == {"2": 100.0, "3": 50.0, "avg": 75.0}  # the mean over buckets, not over queries (83.3)
+    assert scores["arg_f1"] == {"2": pytest.approx(75.0), "3": 50.0, "avg": pytest.approx(62.5)}
+
+
+def test_an_unparseable_predicted_call_matches_nothing_and_never_crashes():
+    a, b = call("f", x=1), call("g", y=2)
+    scores = score([example(a, b)] * 3, [["{", a], ["", "f(x=1)"], []])
+    # "{" is predicted but wrong: argument F1 2·1 / (2 + 2); it names no tool: tool F1 2·1 / (1 + 2).
+    # The other two queries score 0.
+    assert scores["arg_f1"]["2"] == pytest.approx(50.0 / 3)
+    assert scores["tool_f1"]["2"] == pytest.approx(200.0 / 9)
+
+
+def test_score_refuses_a_prediction_list_of_another_length():
+    with pytest.raises(ValueError, match="2 predictions for 1 queries"):
+        score([example(call("f", x=1))], [[], []])
+
+
+def test_a_tokmem_segment_is_one_call_and_other_answers_are_split_into_lines():
+    assert predicted_calls(Answer("ignored", segments=['{"a"\n: 1}', ""])) == ['{"a"\n: 1}', ""]
+    assert predicted_calls(Answer(' {"name": "f"} \n\n{"name": "g"}\n')) == ['{"name": "f"}', '{"name": "g"}']
+
+
+# ---- the prompting baselines ---------------------------------------------------------------------------------
+def test_icl_shows_every_tool_and_the_first_two_compositional_demonstrations(backbone):
+    tools = catalog(split_tools()[1][:3])
+    single, first, second, third = (example(call("a", x=9)), example(call("a", x=1), call("b", x=2)),
+                                    example(call("b", x=3), call("c", x=4)), example(call("a", x=5), call("c", x=6)))
+    icl = ICL(backbone, tools)
+    icl.learn([single, first])
+    icl.learn([second, third])
+    assert icl.demonstrations == [first, second]
+    prompt = tool_prompt(icl.schemas, icl.demonstrations, "Compute 5 factorial.")
+    assert all(json.dumps(s, separators=(",", ":")) in prompt for s in tools.values())
+    assert prompt.endswith("Request: Compute 5 factorial.\nCalls:") and first.response in prompt and single.response not in prompt
+
+
+def test_rag_retrieves_the_tools_whose_descriptions_match_the_query(backbone):
+    rag = ToolRAG(backbone, catalog(split_tools()[1]), k=2)
+    retrieved = rag.retrieve_tools(["Compute 12 factorial.", "What is the median of [3, 1, 2]?"])
+    assert [len(row) for row in retrieved] == [2, 2]
+    assert retrieved[0][0]["name"] == "calculate_factorial" and retrieved[1][0]["name"] == "calculate_median"
+
+
+def test_a_prompted_answer_ends_at_its_first_blank_line():
+    assert first_block('\n{"name": "f"}\n{"name": "g"}\n\nRequest: more\nCalls:\n{"name": "h"}') == '{"name": "f"}\n{"name": "g"}'
+
+
+# ---- the studies ---------------------------------------------------------------------------------------------
+def test_main_study_reports_both_f1s_by_calls_and_the_trainable_params_of_every_method(main_study, backbone):
+    result, _ = main_study
+    assert set(result) >= {"methods", "config", "machine"} and result["machine"]["torch"] == torch.__version__
+    assert list(result["methods"]) == list(STUDIES["main"][0])
+    for scores in result["methods"].values():
+        assert_scores(scores)
+    params = {name: scores["trainable_params"] for name, scores in result["methods"].items()}
+    rows = TINY["tools"] * backbone.hidden_size
+    assert params == {"icl": 0, "rag": 0, "lora": lora_params(backbone), "tokmem-noadapt": rows, "tokmem": rows}
+    assert result["data"]["test"] == sum(result["data"]["test_by_calls"].values()) > 0
+    assert result["adaptation"]["tools"] == split_tools()[0][:2]
+
+
+def test_main_study_writes_table_3_and_a_plot(main_study):
+    result, (json_path, markdown, plot) = main_study
+    assert json.loads(json_path.read_text())["methods"].keys() == result["methods"].keys()
+    table = markdown.read_text()
+    assert "| Method | #Params | Tool F1 2 calls | Tool F1 3 calls | Tool F1 Avg. | Argument F1 2 calls" in table
+    assert all(f"| {s['label']} |" in table for s in result["methods"].values())
+    assert plot.stat().st_size > 0
+
+
+def test_generalization_trains_every_method_under_each_cap_and_tests_on_the_same_queries(generalization):
+    result, (_, markdown, _) = generalization
+    points = result["train_max_calls"]
+    train = result["data"]["train"]
+    assert list(points) == list(train) == ["1", "2"] and train["1"] < train["2"]
+    for point in points.values():
+        assert list(point["methods"]) == ["lora", "tokmem"]
+        for scores in point["methods"].values():
+            assert_scores(scores)
+    queries = {n: [s["query"] for s in p["methods"]["lora"]["samples"]] for n, p in points.items()}
+    assert queries["1"] == queries["2"]
+    assert "≤ 1 calls" in markdown.read_text()
+
+
+def test_forgetting_scores_every_seen_group_after_each_round(forgetting):
+    result, (_, markdown, _) = forgetting
+    assert [len(tools) for tools in result["groups"]] == [2, 2]
+    assert list(result["methods"]) == list(STUDIES["forgetting"][0])
+    for entry in result["methods"].values():
+        assert [p["round"] for p in entry["rounds"]] == [1, 2]
+        for point in entry["rounds"]:
+            assert list(point["groups"]) == [str(g) for g in range(1, point["round"] + 1)]
+            for scores in point["groups"].values():
+                assert 0.0 <= scores["arg_f1"]["avg"] <= 100.0 and 0.0 <= scores["tool_f1"]["avg"] <= 100.0
+    assert "L2 norm of each round's new memory rows" in markdown.read_text()
+
+
+def test_forgetting_records_the_norms_of_each_rounds_new_rows_and_renormalises_them(forgetting):
+    methods = forgetting[0]["methods"]
+    assert all(p["new_rows"] is None for p in methods["replay"]["rounds"])
+    for name in ("tokmem", "tokmem-norenorm", "tokmem-unfrozen"):
+        for point in methods[name]["rounds"]:
+            norms = point["new_rows"]["norms"]
+            assert len(norms) == 2 and point["new_rows"]["mean"] == pytest.approx(sum(norms) / 2)
+    renormed, raw = methods["tokmem"]["rounds"], methods["tokmem-norenorm"]["rounds"]
+    assert renormed[1]["new_rows"]["mean"] == pytest.approx(renormed[0]["new_rows"]["mean"], rel=1e-5)
+    assert raw[1]["new_rows"]["mean"] != pytest.approx(raw[0]["new_rows"]["mean"], rel=1e-5)
+
+
+def test_forgetting_reports_the_unfrozen_variants_lora_among_its_trainable_params(forgetting, backbone):
+    methods = forgetting[0]["methods"]
+    rows = TINY["tools"] * backbone.hidden_size
+    assert methods["tokmem"]["trainable_params"] == methods["tokmem-norenorm"]["trainable_params"] == rows
+    assert methods["tokmem-unfrozen"]["trainable_params"] == rows + lora_params(backbone)
+    assert methods["replay"]["trainable_params"] == lora_params(backbone)
+
+
+def test_no_study_changes_the_shared_backbone(main_study, generalization, forgetting, backbone, backbone_state):
+    state = backbone.model.state_dict()
+    assert state.keys() == backbone_state.keys() and all(torch.equal(state[k], backbone_state[k]) for k in state)
+    assert not any(p.requires_grad for p in backbone.model.parameters())
+
+
+@pytest.fixture(scope="module")
+def unfrozen(backbone):
+    """An UnfrozenTokMem after one round, and its adapter weights before it."""
+    method = UnfrozenTokMem(backbone, lora_lr=1e-2, max_length=64, max_new_tokens=2)
+    before = {k: v.clone() for k, v in method.adapter.weights.items()}
+    method.learn([example(call("f", x=1)), example(call("g", y=2))])
+    return method, before
+
+
+def test_unfrozen_tokmem_trains_lora_weights_jointly_with_its_rows(unfrozen):
+    method, before = unfrozen
+    assert any(not torch.equal(before[k], v) for k, v in method.adapter.weights.items())
+    assert method.model.bank.names == ["f", "g"] and not method.model.bank.trainable.any()
+
+
+def test_unfrozen_tokmem_saves_and_restores_its_rows_and_its_adapter(unfrozen, backbone, tmp_path):
+    method, _ = unfrozen
+    assert method.save(tmp_path)
+    restored = UnfrozenTokMem(backbone, seed=1)
+    assert restored.load(tmp_path)
+    assert restored.model.bank.names == ["f", "g"] and torch.equal(restored.model.bank.index, method.model.bank.index)
+    assert all(torch.equal(restored.adapter.weights[k], v) for k, v in method.adapter.weights.items())
+
+
+# ---- configuration and the command ---------------------------------------------------------------------------
+def test_a_study_refuses_methods_it_cannot_run():
+    with pytest.raises(TokMemError, match="forgetting study cannot run icl"):
+        make_config(None, "forgetting", methods=("icl", "tokmem")).resolved()
+
+
+def test_forgetting_needs_two_tools_a_round_to_compose_test_queries():
+    with pytest.raises(TokMemError, match="two tools or more"):
+        make_config(None, "forgetting", tools=5, rounds=3).resolved()
+
+
+def test_the_cpu_preset_takes_the_forgetting_studys_own_sizes():
+    main_config, forgetting_config = make_config("cpu", "main"), make_config("cpu", "forgetting", per_tool=7)
+    assert main_config.tools == forgetting_config.tools == 10
+    assert forgetting_config.test_multi < main_config.test_multi and forgetting_config.per_tool == 7
+
+
+def test_bench_compositional_command_writes_the_json_table_and_plot(tmp_path):
+    path = tmp_path / "out" / "main.json"
+    options = ["--backbone", "tiny-random", "--device", "cpu", "--tools", "3", "--per-tool", "3", "--train-multi", "2",
+               "--test-multi", "2", "--max-length", "48", "--max-new-tokens", "2", "--methods", "icl,tokmem-noadapt", "--quiet"]
+    assert main(["bench", "compositional", "--study", "main", "--json", str(path), *options]) == 0
+    result = json.loads(path.read_text())
+    assert list(result["methods"]) == ["icl", "tokmem-noadapt"] and result["adaptation"] is None
+    assert result["methods"]["tokmem-noadapt"]["label"] == TOKMEM_LABELS["tokmem-noadapt"]
+    assert path.with_suffix(".md").is_file() and path.with_suffix(".png").is_file()
