@@ -78,14 +78,18 @@ def lora_step(backbone):
     return step
 
 
-def tokens_per_second(step, data, warmup: int = 1) -> float:
-    for batch in data[:warmup]:
-        step(batch)
-    start = time.perf_counter()
-    for batch in data[warmup:]:
-        step(batch)
-    seconds = time.perf_counter() - start
-    return sum(int(b["attention_mask"].sum()) for b in data[warmup:]) / seconds
+def tokens_per_second(steps: dict, data, warmup: int = 1) -> dict:
+    """Tokens/s of each step function; the methods take turns batch by batch, so that a change in
+    the machine's load during the run affects them alike."""
+    seconds = dict.fromkeys(steps, 0.0)
+    for i, batch in enumerate(data):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step(batch)
+            if i >= warmup:
+                seconds[name] += time.perf_counter() - start
+    tokens = sum(int(b["attention_mask"].sum()) for b in data[warmup:])
+    return {name: tokens / s for name, s in seconds.items()}
 
 
 def main() -> None:
@@ -99,9 +103,9 @@ def main() -> None:
     backbone = load_backbone(args.backbone)
     model = create(backbone)
     data = batches(model, args.batch_size, args.steps + 1)
-    results = {}
-    for name, make in (("tokmem", lambda: tokmem_step(model)), ("naive", lambda: naive_step(backbone, len(model.bank))), ("lora", lambda: lora_step(backbone))):
-        results[f"{name}_tokens_per_s"] = tokens_per_second(make(), data)
+    steps = {"tokmem": tokmem_step(model), "naive": naive_step(backbone, len(model.bank)), "lora": lora_step(backbone)}
+    results = {f"{name}_tokens_per_s": rate for name, rate in tokens_per_second(steps, data).items()}
+    for name in steps:
         console.print(f"{name:>7}: {results[f'{name}_tokens_per_s']:.0f} tokens/s")
     for name in ("naive", "lora"):
         console.print(f"tokmem / {name}: {results['tokmem_tokens_per_s'] / results[f'{name}_tokens_per_s']:.2f}×")

@@ -24,8 +24,8 @@ class DemoConfig:
 
     backbone: str = "smollm2-135m"
     epochs: int = 4
-    batch_size: int = 16
-    lr: float = 1e-2
+    batch_size: int = 32
+    lr: float = 2e-2
     decoupled: bool = False
     seed: int = 0
 
