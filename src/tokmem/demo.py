@@ -23,7 +23,7 @@ class DemoConfig:
     """
 
     backbone: str = "smollm2-135m"
-    epochs: int = 4
+    epochs: int = 8
     batch_size: int = 32
     lr: float = 2e-2
     decoupled: bool = False
