@@ -102,14 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _int_list(text: str) -> tuple[int, ...]:
+def int_list(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got '{text}'") from None
 
 
-def _name_list(text: str) -> tuple[str, ...]:
+def name_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
@@ -126,8 +126,8 @@ def _bench_atomic(studies) -> None:
     atomic.add_argument("--num-tasks", type=int, help="tasks to load (default: the last checkpoint)")
     atomic.add_argument("--train-per-task", type=int)
     atomic.add_argument("--test-per-task", type=int)
-    atomic.add_argument("--checkpoints", type=_int_list, help="numbers of tasks to evaluate after, e.g. 5,10,14")
-    atomic.add_argument("--methods", type=_name_list, help="comma-separated subset of base,rag,lora,replay,tokmem,tokmem-dc")
+    atomic.add_argument("--checkpoints", type=int_list, help="numbers of tasks to evaluate after, e.g. 5,10,14")
+    atomic.add_argument("--methods", type=name_list, help="comma-separated subset of base,rag,lora,replay,tokmem,tokmem-dc")
     atomic.add_argument("--backbone")
     atomic.add_argument("--epochs", type=int)
     atomic.add_argument("--max-new-tokens", type=int)
@@ -136,7 +136,7 @@ def _bench_atomic(studies) -> None:
     atomic.add_argument("--lora-rank", type=int, help="default 8 (1 with --sample-efficiency)")
     atomic.add_argument("--sample-efficiency", action="store_true", default=None,
                         help="10 tasks learned as one mixture with 10/20/50/100/200/500 training examples per task")
-    atomic.add_argument("--budgets", type=_int_list, help="training examples per task for --sample-efficiency")
+    atomic.add_argument("--budgets", type=int_list, help="training examples per task for --sample-efficiency")
     atomic.add_argument("--out-dir", help="where the table, plot and method states go (default: beside --json)")
     atomic.add_argument("--resume", action="store_true", help="continue the run in --json: skip its finished checkpoints")
     atomic.add_argument("--json", metavar="PATH", required=True, help="the result file (written after every checkpoint)")

@@ -547,7 +547,7 @@ OPTIONS = {  # option → (type, help); each overrides the preset's value
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``compositional`` to a ``bench`` subcommand group."""
-    from tokmem.cli import _int_list, _name_list
+    from tokmem.cli import int_list, name_list
 
     parser = subparsers.add_parser(
         "compositional", help="compositional tool calling: TokMem vs ICL, RAG, fine-tuning (Table 3, generalisation, forgetting)",
@@ -558,7 +558,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--preset", choices=tuple(PRESETS), default="cpu",
                         help="cpu: 10 tools, ~220 training and 48 test queries on smollm2-135m; paper: the paper's sizes "
                         "(Llama-3.2-1B-Instruct, 5000/500 queries; 50 + 50 tools with --xlam), for a GPU")
-    types = {"methods": _name_list, "train_max_calls": _int_list}
+    types = {"methods": name_list, "train_max_calls": int_list}
     for name, (kind, text) in OPTIONS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=types.get(name, kind), help=text)
     parser.add_argument("--json", metavar="PATH", required=True, help="results (saved after every step); .md and .png go beside it")
