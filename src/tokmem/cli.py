@@ -38,7 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--epochs", type=int, default=DemoConfig.epochs)
     demo.add_argument("--batch-size", type=int, default=DemoConfig.batch_size)
     demo.add_argument("--lr", type=float, default=DemoConfig.lr)
-    demo.add_argument("--decoupled", action="store_true", help="separate index and steer matrices (TokMem+DC)")
+    demo.add_argument("--decoupled", action=argparse.BooleanOptionalAction, default=DemoConfig.decoupled,
+                      help="separate index and steer matrices (TokMem+DC; the default)")
+    demo.add_argument("--train-per-procedure", type=int, default=DemoConfig.train_per_procedure,
+                      help="training queries per procedure")
     demo.add_argument("--out", help="also save the trained bank here (.safetensors)")
     _common(demo)
     demo.set_defaults(handler=cmd_demo)
@@ -217,7 +220,7 @@ def _learn_and_save(model, args, out_path) -> None:
 def cmd_demo(args) -> None:
     from tokmem.demo import run_demo
 
-    config = DemoConfig(args.backbone, args.epochs, args.batch_size, args.lr, args.decoupled, args.seed)
+    config = DemoConfig(args.backbone, args.epochs, args.batch_size, args.lr, args.decoupled, args.seed, args.train_per_procedure)
     result = run_demo(config, device=args.device, progress=not args.quiet, bank_path=args.out)
     if args.json:
         write_json(args.json, result)
