@@ -95,9 +95,18 @@ def test_score_refuses_a_prediction_list_of_another_length():
         score([example(call("f", x=1))], [[], []])
 
 
-def test_a_tokmem_segment_is_one_call_and_other_answers_are_split_into_lines():
+def test_a_tokmem_segment_is_one_call_and_other_answers_are_split_into_calls():
     assert predicted_calls(Answer("ignored", segments=['{"a"\n: 1}', ""])) == ['{"a"\n: 1}', ""]
     assert predicted_calls(Answer(' {"name": "f"} \n\n{"name": "g"}\n')) == ['{"name": "f"}', '{"name": "g"}']
+
+
+def test_calls_run_together_on_one_line_are_split_and_stray_text_stays_one_wrong_call():
+    answer = Answer('{"name": "f", "arguments": {}}{"name": "g", "arguments": {"x": 1}} sure!\n{"name": "h"')
+    assert predicted_calls(answer) == ['{"name": "f", "arguments": {}}', '{"name": "g", "arguments": {"x": 1}}',
+                                       "sure!", '{"name": "h"']
+    gold = example(call("f"), call("g", x=1))
+    # f and g are right, "sure!" and the cut-off h are wrong: argument F1 2·2 / (4 + 2)
+    assert score([gold], [predicted_calls(answer)])["arg_f1"]["2"] == pytest.approx(100 * 4 / 6)
 
 
 # ---- the prompting baselines ---------------------------------------------------------------------------------

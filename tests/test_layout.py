@@ -31,6 +31,13 @@ def test_sequence_is_prefix_then_memory_token_before_each_segment_then_eos(token
     assert encoded.labels == [IGNORE] * len(prefix) + target
 
 
+def test_without_memory_tokens_the_segments_are_one_per_line_as_the_response_reads(tokenizer):
+    encoded = encode(CHAIN, tokenizer, None, max_length=1024)
+    prefix = chat_prefix(tokenizer, CHAIN.query)
+    assert encoded.input_ids == prefix + tokens(tokenizer, "retaw\nRETAW") + [tokenizer.eos_token_id]
+    assert tokenizer.decode(encoded.input_ids[len(prefix) : -1]) == CHAIN.response
+
+
 def test_truncation_cuts_the_query_from_the_left_and_keeps_the_targets(tokenizer):
     full = encode(CHAIN, tokenizer, MEMORY.get, max_length=1024)
     prefix = chat_prefix(tokenizer, CHAIN.query)

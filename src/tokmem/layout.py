@@ -50,14 +50,16 @@ def encode(example: Example, tokenizer, memory_id, max_length: int, truncated: T
     """Lay out one example; ``memory_id(name)`` maps a procedure to its token id.
 
     ``memory_id=None`` lays out the plain query → response sequence (no memory tokens) that the
-    fine-tuning baselines train on.
+    fine-tuning baselines train on: the segments one per line, as ``example.response`` shows them.
     """
     prefix = chat_prefix(tokenizer, example.query)
-    target: list[int] = []
-    for step in example.steps:
-        if memory_id is not None:
+    if memory_id is None:
+        target = tokenizer(example.response, add_special_tokens=False)["input_ids"]
+    else:
+        target = []
+        for step in example.steps:
             target.append(memory_id(step.procedure))
-        target += tokenizer(step.response, add_special_tokens=False)["input_ids"]
+            target += tokenizer(step.response, add_special_tokens=False)["input_ids"]
     target.append(tokenizer.eos_token_id)
 
     cut_query = len(prefix) + len(target) > max_length

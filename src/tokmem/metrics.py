@@ -142,6 +142,25 @@ def _parse_gold(calls: Iterable[str]) -> list[tuple]:
     return parsed
 
 
+def split_calls(text: str) -> list[str]:
+    """The calls in a free-text answer: JSON objects one after another, whether on separate lines or run
+    together on one; any other non-blank text up to the end of its line is kept as one call (that then
+    scores as wrong)."""
+    decoder = json.JSONDecoder()
+    calls, start = [], 0
+    while start < len(text):
+        if text[start].isspace():
+            start += 1
+            continue
+        try:
+            end = decoder.raw_decode(text, start)[1]
+        except json.JSONDecodeError:
+            end = text.find("\n", start) if "\n" in text[start:] else len(text)
+        calls.append(text[start:end].strip())
+        start = end
+    return calls
+
+
 def tool_f1(predicted_calls: Iterable[str], gold_calls: Iterable[str]) -> float:
     """Multiset F1 over the names of the called tools; an unparseable prediction contributes no name."""
     predicted = [call for call in map(parse_call, predicted_calls) if call is not None]

@@ -232,10 +232,10 @@ def build_method(name: str, config: CompositionalConfig, backbones: dict, tools:
 
 # ---- scoring ------------------------------------------------------------------------------------------
 def predicted_calls(answer: Answer) -> list[str]:
-    """TokMem's segments (one call each), or else the answer's non-empty lines."""
+    """TokMem's segments (one call each), or else the calls found in the answer's text."""
     if answer.segments is not None:
         return answer.segments
-    return [line.strip() for line in answer.text.splitlines() if line.strip()]
+    return metrics.split_calls(answer.text)
 
 
 def score(examples: list[Example], predictions: list[list[str]]) -> dict:
