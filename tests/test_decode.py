@@ -10,8 +10,7 @@ from helpers import random_rows
 
 import tokmem
 from tokmem import DecodeConfig
-from tokmem.decode import _positions
-from tokmem.layout import chat_prefix
+from tokmem.layout import chat_prefix, positions
 
 QUERIES = ["Reverse apple.", "hi", "What is the weather like today?", "Write house in capitals.", "Double water, please."]
 
@@ -126,7 +125,7 @@ def test_batched_generation_equals_one_query_at_a_time(model, threshold, batch_s
 def test_left_padded_rows_count_positions_from_their_first_real_token():
     # Output comparisons cannot pin this on a RoPE backbone: a constant shift of positions changes nothing there.
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]])
-    assert _positions(mask)[mask.bool()].tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0]
+    assert positions(mask)[mask.bool()].tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0]
 
 
 def test_kv_cache_generation_equals_rerunning_the_full_sequence(model):

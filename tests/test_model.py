@@ -5,8 +5,9 @@ import torch
 from helpers import random_rows
 
 import tokmem
-from tokmem import TrainConfig
+from tokmem import Example, Step, TrainConfig
 from tokmem.errors import BankError
+from tokmem.layout import IGNORE, collate, encode
 
 
 @pytest.fixture(params=[False, True], ids=["coupled", "decoupled"])
@@ -84,3 +85,31 @@ def test_load_resolves_the_backbone_named_in_the_bank(tmp_path, backbone):
     assert loaded.backbone is not backbone and loaded.backbone.name == "tiny-random"
     assert loaded.bank.names == ["a"]
     assert torch.equal(loaded.bank.index, model.bank.index)
+
+
+def full_sequence_loss(model, batch):
+    """The loss computed the plain way: the whole sequence through the network with gradients."""
+    index, steer = model.memory_matrices()
+    hidden, _ = model.hidden(batch["input_ids"], batch["attention_mask"], steer=steer)
+    labels = batch["labels"][:, 1:]
+    where = labels != IGNORE
+    return torch.nn.functional.cross_entropy(model.logits(hidden[:, :-1][where], index).float(), labels[where])
+
+
+def test_loss_with_the_query_prefix_cached_equals_the_full_sequence_loss_and_gradients(filled, backbone):
+    examples = [
+        Example("Reverse the word apple, please, right now.", (Step("a", "elppa"),)),
+        Example("hi", (Step("b", "one two three four"), Step("c", "x"))),
+        Example("Count: 1 2", (Step("c", "2"),)),
+    ]
+    tokenizer = backbone.tokenizer
+    batch = collate([encode(e, tokenizer, filled.memory_id, 1024) for e in examples], tokenizer.pad_token_id)
+    rows = filled.unfreeze_rows()
+    cached, count = filled.loss(batch)
+    cached_grads = torch.autograd.grad(cached, rows)
+    full = full_sequence_loss(filled, batch)
+    full_grads = torch.autograd.grad(full, rows)
+    assert count == int((batch["labels"][:, 1:] != IGNORE).sum())
+    assert cached.item() == pytest.approx(full.item(), rel=1e-5)
+    for a, b in zip(cached_grads, full_grads):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)

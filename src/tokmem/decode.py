@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from tokmem.layout import chat_prefix
+from tokmem.layout import chat_prefix, positions
 from tokmem.model import TokMemModel
 
 
@@ -89,7 +89,7 @@ def route(model: TokMemModel, queries: list[str], k: int = 3, batch_size: int = 
     index, steer = model.memory_matrices()
     for chunk in _batches(queries, batch_size):
         ids, mask = _left_pad(model, chunk)
-        hidden, _ = model.hidden(ids, mask, _positions(mask), steer=steer)
+        hidden, _ = model.hidden(ids, mask, positions(mask), steer=steer)
         probs = model.logits(hidden[:, -1], index).float().softmax(-1)
         mass = probs[:, vocab:].sum(-1)
         top = (probs[:, vocab:] / mass.unsqueeze(-1)).topk(k, dim=-1)
@@ -111,10 +111,6 @@ def generate(model: TokMemModel, queries: list[str], config: DecodeConfig | None
     return out
 
 
-def _positions(mask: torch.Tensor) -> torch.Tensor:
-    return (mask.cumsum(-1) - 1).clamp(min=0)
-
-
 def _pick(logits: torch.Tensor, config: DecodeConfig, generator) -> torch.Tensor:
     if config.temperature <= 0:
         return logits.argmax(-1)
@@ -126,9 +122,9 @@ def _generate_batch(model, queries, config, forced, generator) -> list[Generatio
     vocab, eos = model.vocab_size, model.backbone.eos_token_id
     index, steer = model.memory_matrices()
     ids, mask = _left_pad(model, queries)
-    positions = _positions(mask)
+    position_ids = positions(mask)
     cache = DynamicCache(config=model.lm.config)
-    hidden, cache = model.hidden(ids, mask, positions, cache, steer)
+    hidden, cache = model.hidden(ids, mask, position_ids, cache, steer)
     logits = model.logits(hidden[:, -1], index).float()
     mass = logits.softmax(-1)[:, vocab:].sum(-1)
 
@@ -149,8 +145,8 @@ def _generate_batch(model, queries, config, forced, generator) -> list[Generatio
             break
         feed = token.masked_fill(done, model.backbone.tokenizer.pad_token_id)
         mask = torch.cat([mask, (~done).long().unsqueeze(-1)], dim=-1)
-        positions = positions[:, -1:] + 1
-        hidden, cache = model.hidden(feed.unsqueeze(-1), mask, positions, cache, steer)
+        position_ids = position_ids[:, -1:] + 1
+        hidden, cache = model.hidden(feed.unsqueeze(-1), mask, position_ids, cache, steer)
         logits = model.logits(hidden[:, -1], index).float()
         logits[:, vocab:] = logits[:, vocab:].masked_fill((plain | (steps >= config.max_steps)).unsqueeze(-1), float("-inf"))
         token = _pick(logits, config, generator).masked_fill(done, eos)

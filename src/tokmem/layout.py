@@ -75,6 +75,11 @@ def encode(example: Example, tokenizer, memory_id, max_length: int, truncated: T
     return Encoded(prefix + target, [IGNORE] * len(prefix) + target)
 
 
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that skip left padding: 0 at each row's first real token."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
 def collate(encoded: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad a batch into input_ids, attention_mask and labels."""
     width = max(len(e.input_ids) for e in encoded)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers import DynamicCache
 
 from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
+from tokmem.layout import IGNORE, positions
 
 
 class TokMemModel(nn.Module):
@@ -103,15 +105,45 @@ class TokMemModel(nn.Module):
     def loss(self, batch: dict) -> tuple[torch.Tensor, int]:
         """Mean next-token loss over labelled positions only (memory, response and EOS tokens).
 
-        Vocabulary logits are computed only at positions that have a label.
+        Vocabulary logits are computed only at positions that have a label.  With a frozen backbone the
+        query prefix does not depend on the bank (the first memory token comes after it), so it runs once
+        without gradients and only the labelled suffix is back-propagated (see ``_split_prefix``).
         """
         index, steer = self.memory_matrices()
-        hidden, _ = self.hidden(batch["input_ids"], batch["attention_mask"], steer=steer)
-        labels = batch["labels"][:, 1:]
-        where = labels != -100
-        logits = self.logits(hidden[:, :-1][where], index)
+        labels = batch["labels"]
+        starts = (labels != IGNORE).int().argmax(-1)
+        if self._prefix_is_fixed(batch["input_ids"], starts):
+            hidden, labels = self._suffix_hidden(batch, starts, steer)
+        else:
+            hidden, _ = self.hidden(batch["input_ids"], batch["attention_mask"], steer=steer)
+            hidden, labels = hidden[:, :-1], labels[:, 1:]
+        where = labels != IGNORE
+        logits = self.logits(hidden[where], index)
         loss = nn.functional.cross_entropy(logits.float(), labels[where])
         return loss, int(where.sum())
+
+    def _prefix_is_fixed(self, ids: torch.Tensor, starts: torch.Tensor) -> bool:
+        """Whether nothing before the first label trains: no backbone weight (LoRA) and no memory token
+        (prefix tuning puts its rows there)."""
+        in_prefix = torch.arange(ids.shape[1], device=ids.device) < starts.unsqueeze(-1)
+        trains = any(p.requires_grad for p in self.lm.parameters()) or bool((self.is_memory(ids) & in_prefix).any())
+        return not trains and int(starts.min()) > 0
+
+    def _suffix_hidden(self, batch: dict, starts: torch.Tensor, steer: torch.Tensor):
+        """Hidden states that predict each suffix token, and the suffix labels (right-padded).
+
+        The prefixes are re-laid left-padded and encoded under ``no_grad`` into a KV cache; the suffixes
+        (from the first labelled token on) run on top of it with gradients.  The state predicting the first
+        suffix token is the prefix's last one.
+        """
+        prefix, prefix_mask, suffix, suffix_mask, labels = _split_prefix(batch, starts)
+        with torch.no_grad():
+            cache = DynamicCache(config=self.lm.config)
+            routing, cache = self.hidden(prefix, prefix_mask, positions(prefix_mask), cache, steer.detach())
+        position_ids = prefix_mask.sum(-1, keepdim=True) + positions(suffix_mask)
+        mask = torch.cat([prefix_mask, suffix_mask], dim=-1)
+        hidden, _ = self.hidden(suffix, mask, position_ids, cache, steer)
+        return torch.cat([routing[:, -1:], hidden[:, :-1]], dim=1), labels
 
 
 def create(backbone: str | Backbone = "smollm2-135m", decoupled: bool = False, **load_options) -> TokMemModel:
@@ -134,3 +166,22 @@ def load(bank_path, backbone: str | Backbone | None = None, **load_options) -> T
     if isinstance(backbone, str):
         backbone = load_backbone(backbone, **load_options)
     return TokMemModel(backbone, MemoryBank.load(bank_path, backbone=backbone))
+
+
+def _split_prefix(batch: dict, starts: torch.Tensor):
+    """(prefix ids, prefix mask) left-padded and (suffix ids, suffix mask, suffix labels) right-padded."""
+    ids, labels = batch["input_ids"], batch["labels"]
+    lengths = batch["attention_mask"].sum(-1)
+    rows, prefix_width, suffix_width = len(ids), int(starts.max()), int((lengths - starts).max())
+    prefix = ids.new_zeros(rows, prefix_width)
+    prefix_mask = torch.zeros_like(prefix)
+    suffix = ids.new_zeros(rows, suffix_width)
+    suffix_mask = torch.zeros_like(suffix)
+    suffix_labels = torch.full_like(suffix, IGNORE)
+    for i, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist())):
+        prefix[i, prefix_width - start :] = ids[i, :start]
+        prefix_mask[i, prefix_width - start :] = 1
+        suffix[i, : length - start] = ids[i, start:length]
+        suffix_mask[i, : length - start] = 1
+        suffix_labels[i, : length - start] = labels[i, start:length]
+    return prefix, prefix_mask, suffix, suffix_mask, suffix_labels
