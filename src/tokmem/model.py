@@ -107,7 +107,7 @@ class TokMemModel(nn.Module):
 
         Vocabulary logits are computed only at positions that have a label.  With a frozen backbone the
         query prefix does not depend on the bank (the first memory token comes after it), so it runs once
-        without gradients and only the labelled suffix is back-propagated (see ``_split_prefix``).
+        without gradients and only the labelled suffix is back-propagated (see ``_suffix_hidden``).
         """
         index, steer = self.memory_matrices()
         labels = batch["labels"]
