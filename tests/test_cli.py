@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import tokmem as tokmem_package
 from tokmem.bank import MemoryBank, metadata_path
 from tokmem.cli import main
 from tokmem.data import Example, Step, save_examples
@@ -109,6 +110,13 @@ def test_console_script_is_installed():
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, check=True)
     for command in ("demo", "train", "add", "run", "eval", "bank"):
         assert command in result.stdout
+
+
+def test_version_flag_prints_the_installed_version(capsys):
+    with pytest.raises(SystemExit) as exited:
+        tokmem("--version")
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"tokmem {tokmem_package.__version__}"
 
 
 def test_demo_reports_accuracies_in_unit_range_and_saves_its_bank(tmp_path):

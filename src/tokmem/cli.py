@@ -9,6 +9,7 @@ from dataclasses import fields
 from rich.markdown import Markdown
 from rich.table import Table
 
+import tokmem
 from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
 from tokmem.experiments import compositional, placement
@@ -31,6 +32,7 @@ def main(argv=None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokmem", description="One-token procedural memory for frozen language models.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {tokmem.__version__}")
     commands = parser.add_subparsers(metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="learn the built-in procedures and report routing, answers and chains")

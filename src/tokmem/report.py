@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 from pathlib import Path
 
@@ -24,7 +25,8 @@ def machine() -> dict:
         "torch": torch.__version__,
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
-        "cpus": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
 
