@@ -14,7 +14,9 @@ from tokmem.cli import main
 from tokmem.data.tools import call_json, catalog, split_tools
 from tokmem.errors import TokMemError
 from tokmem.experiments import compositional
-from tokmem.experiments.compositional import STUDIES, TOKMEM_LABELS, make_config, predicted_calls, score
+from tokmem.experiments.compositional import (
+    METRICS, STUDIES, TOKMEM_LABELS, forgetting_panels, make_config, predicted_calls, score,
+)
 
 TINY = dict(
     backbone="tiny-random", tools=4, adapt_tools=2, per_tool=4, train_multi=4, test_multi=4, max_calls=3, adapt_per_tool=2,
@@ -194,6 +196,13 @@ def test_forgetting_records_the_norms_of_each_rounds_new_rows_and_renormalises_t
     renormed, raw = methods["tokmem"]["rounds"], methods["tokmem-norenorm"]["rounds"]
     assert renormed[1]["new_rows"]["mean"] == pytest.approx(renormed[0]["new_rows"]["mean"], rel=1e-5)
     assert raw[1]["new_rows"]["mean"] != pytest.approx(raw[0]["new_rows"]["mean"], rel=1e-5)
+
+
+def test_forgetting_plot_has_a_row_of_panels_per_metric_and_the_norm_panel(forgetting):
+    result = forgetting[0]
+    labels = [entry["label"] for entry in result["methods"].values()]
+    titles = [panel.title for panel in forgetting_panels(result)]
+    assert titles == [f"{label}: {metric}" for metric in METRICS.values() for label in labels] + ["New memory rows"]
 
 
 def test_forgetting_reports_the_unfrozen_variants_lora_among_its_trainable_params(forgetting, backbone):

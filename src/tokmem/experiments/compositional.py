@@ -401,7 +401,8 @@ def markdown(result: dict) -> str:
 
 def plot(result: dict, path) -> Path:
     plotters = {"main": main_panels, "generalization": generalization_panels, "forgetting": forgetting_panels}
-    return line_plot(path, plotters[result["study"]](result))
+    columns = len(result["methods"]) if result["study"] == "forgetting" else None
+    return line_plot(path, plotters[result["study"]](result), columns)
 
 
 def write_outputs(result: dict, json_path) -> list[Path]:
@@ -509,13 +510,13 @@ def generalization_panels(result: dict) -> list[Panel]:
 
 
 def forgetting_panels(result: dict) -> list[Panel]:
-    """Argument F1 of each group over the rounds, one panel per method; then the new rows' mean norms
-    (without renormalisation they inflate round after round)."""
-    panels = [Panel(entry["label"], "round", "argument F1", lines(_group_series(entry, "arg_f1")), ylim=(0, 100))
-              for entry in result["methods"].values()]
+    """A row per metric, a panel per method: each group's score over the rounds.  Then the new rows' mean
+    norms (without renormalisation they inflate round after round)."""
+    panels = [Panel(f"{entry['label']}: {title}", "round", title, lines(_group_series(entry, metric)), ylim=(0, 100))
+              for metric, title in METRICS.items() for entry in result["methods"].values()]
     norms = {label: {r: n["mean"] for r, n in enumerate(per_round, 1)} for label, per_round in _new_rows(result).items()}
     if norms:
-        panels.append(Panel("New memory rows", "round", "mean L2 norm", lines(norms)))
+        panels.append(Panel("New memory rows", "round", "mean L2 norm", lines(norms), ylim=(0, None)))
     return panels
 
 

@@ -70,18 +70,23 @@ class Panel:
     ylabel: str
     series: dict[str, tuple[list, list]] = field(default_factory=dict)  # label → (xs, ys)
     logx: bool = False
-    ylim: tuple[float, float] | None = None
+    ylim: tuple[float, float | None] | None = None  # None: matplotlib picks the top
 
 
-def line_plot(path, panels: list[Panel]) -> Path:
-    """One row of line charts (one per panel), a marker and an x tick on every point, saved as PNG."""
+def line_plot(path, panels: list[Panel], columns: int | None = None) -> Path:
+    """Line charts (one per panel, ``columns`` to a row; default: one row), a marker and an x tick on every
+    point, saved as PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
-    for ax, panel in zip(axes[0], panels):
+    columns = columns or len(panels)
+    rows = -(-len(panels) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 4 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_axis_off()
+    for ax, panel in zip(axes.flat, panels):
         for label, (xs, ys) in panel.series.items():
             ax.plot(xs, ys, marker="o", label=label)
         if panel.logx:
