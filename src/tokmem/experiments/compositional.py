@@ -511,7 +511,7 @@ def generalization_panels(result: dict) -> list[Panel]:
 
 def forgetting_panels(result: dict) -> list[Panel]:
     """A row per metric, a panel per method: each group's score over the rounds.  Then the new rows' mean
-    norms (without renormalisation they inflate round after round)."""
+    norms (the paper finds them inflating round after round without renormalisation)."""
     panels = [Panel(f"{entry['label']}: {title}", "round", title, lines(_group_series(entry, metric)), ylim=(0, 100))
               for metric, title in METRICS.items() for entry in result["methods"].values()]
     norms = {label: {r: n["mean"] for r, n in enumerate(per_round, 1)} for label, per_round in _new_rows(result).items()}
