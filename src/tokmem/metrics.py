@@ -155,7 +155,8 @@ def split_calls(text: str) -> list[str]:
         try:
             end = decoder.raw_decode(text, start)[1]
         except json.JSONDecodeError:
-            end = text.find("\n", start) if "\n" in text[start:] else len(text)
+            end = text.find("\n", start)
+            end = len(text) if end < 0 else end
         calls.append(text[start:end].strip())
         start = end
     return calls
