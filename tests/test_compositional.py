@@ -198,6 +198,19 @@ def test_forgetting_records_the_norms_of_each_rounds_new_rows_and_renormalises_t
     assert raw[1]["new_rows"]["mean"] != pytest.approx(raw[0]["new_rows"]["mean"], rel=1e-5)
 
 
+def test_forgetting_keeps_each_groups_first_answer_per_round_and_shows_group_1s_in_the_markdown(forgetting):
+    result, (_, markdown, _) = forgetting
+    first_query = result["methods"]["tokmem"]["rounds"][0]["samples"]["1"][0]["query"]
+    for entry in result["methods"].values():
+        for point in entry["rounds"]:
+            assert list(point["samples"]) == list(point["groups"])
+            assert [len(answers) for answers in point["samples"].values()] == [1] * point["round"]
+            assert point["samples"]["1"][0]["query"] == first_query
+    text = markdown.read_text()
+    assert f"Query: {first_query}" in text
+    assert sum(line.startswith("- ") and ", round " in line for line in text.splitlines()) == 2 * len(result["methods"])
+
+
 def test_forgetting_plot_has_a_row_of_panels_per_metric_and_the_norm_panel(forgetting):
     result = forgetting[0]
     labels = [entry["label"] for entry in result["methods"].values()]

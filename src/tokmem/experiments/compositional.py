@@ -267,9 +267,13 @@ def evaluate(method: Method, examples: list[Example], batch_size: int, bar, samp
         **score(examples, predictions),
         "trainable_params": method.trainable_params(),
         "eval_seconds": round(time.perf_counter() - start, 2),
-        "samples": [{"query": e.query, "gold": [s.response for s in e.steps], "predicted": p}
-                    for e, p in zip(examples[:samples], predictions)],
+        "samples": answer_samples(examples[:samples], predictions),
     }
+
+
+def answer_samples(examples: list[Example], predictions: list) -> list[dict]:
+    """Queries with their gold and predicted calls, for a reader to see what the scores mean."""
+    return [{"query": e.query, "gold": [s.response for s in e.steps], "predicted": p} for e, p in zip(examples, predictions)]
 
 
 def learn_and_evaluate(method: Method, data: ToolData, config: CompositionalConfig, bar) -> dict:
@@ -341,21 +345,24 @@ def forgetting_round(method: Method, datasets: list[ToolData], r: int, config: C
     """Round ``r`` (1-based): learn its group's training queries, then answer those of every group so far."""
     data = datasets[r - 1]
     seconds = learn_round(method, data.train, f"round {r}", bar, config.epochs)
-    scores = evaluate_groups(method, datasets[:r], config.eval_batch_size, bar)
+    scores, samples = evaluate_groups(method, datasets[:r], config.eval_batch_size, bar)
     bar.write(f"{method.name} round {r}: argument F1 " + ", ".join(f"group {g} {s['arg_f1']['avg']:.1f}" for g, s in scores.items()))
-    return {"round": r, "train_seconds": round(seconds, 2), "new_rows": new_row_norms(method, list(data.tools)), "groups": scores}
+    return {"round": r, "train_seconds": round(seconds, 2), "new_rows": new_row_norms(method, list(data.tools)),
+            "groups": scores, "samples": samples}
 
 
-def evaluate_groups(method: Method, datasets: list[ToolData], batch_size: int, bar) -> dict[str, dict]:
-    """Scores on the test queries of each group (1-based): all answered together, then split."""
+def evaluate_groups(method: Method, datasets: list[ToolData], batch_size: int, bar) -> tuple[dict[str, dict], dict[str, list]]:
+    """Scores on the test queries of each group (1-based), all answered together and then split, and each
+    group's first answer: following one query over the rounds shows how an old tool's calls change."""
     queries = [e.query for d in datasets for e in d.test]
     bar.set_description_str(f"{method.name}: answering {len(queries)} queries")
     predictions = [predicted_calls(a) for a in answer_all(method, queries, batch_size, bar)]
-    out, first = {}, 0
+    scores, samples, first = {}, {}, 0
     for g, data in enumerate(datasets, 1):
-        out[str(g)] = score(data.test, predictions[first : first + len(data.test)])
+        predicted = predictions[first : first + len(data.test)]
+        scores[str(g)], samples[str(g)] = score(data.test, predicted), answer_samples(data.test[:1], predicted)
         first += len(data.test)
-    return out
+    return scores, samples
 
 
 def new_row_norms(method: Method, names: list[str]) -> dict | None:
@@ -479,7 +486,21 @@ def forgetting_markdown(result: dict) -> str:
     if norms:
         rows = [[label, *(f"{n['mean']:.3f} ± {n['std']:.3f}" for n in per_round)] for label, per_round in norms.items()]
         out += "## L2 norm of each round's new memory rows (mean ± std)\n\n" + markdown_table(["Method", *map(str, rounds)], rows)
-    return out
+    return out + _first_group_answers(result)
+
+
+def _first_group_answers(result: dict) -> str:
+    """Group 1's first test query as each method answers it after each round: what forgetting looks like."""
+    answers = [(e["label"], p["round"], p["samples"]["1"][0]) for e in result["methods"].values() for p in e["rounds"]]
+    if not answers:
+        return ""
+    sample = answers[0][2]
+    out = f"\n## Group 1's first test query, answered after each round\n\nQuery: {sample['query']}\n\nGold: {_calls_text(sample['gold'])}\n\n"
+    return out + "".join(f"- {label}, round {r}: {_calls_text(a['predicted'])}\n" for label, r, a in answers)
+
+
+def _calls_text(calls: list[str]) -> str:
+    return "; ".join(f"`{c}`" for c in calls) or "(no call)"
 
 
 def _new_rows(result: dict) -> dict[str, list[dict]]:
