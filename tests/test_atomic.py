@@ -249,8 +249,9 @@ def test_bench_atomic_command_writes_the_json_table_and_plot(sni_dir, tmp_path):
     path = tmp_path / "out.json"
     assert main(["bench", "atomic", "--tasks-dir", str(sni_dir), "--backbone", "tiny-random", "--device", "cpu",
                  "--methods", "base,tokmem", "--train-per-task", "4", "--test-per-task", "2", "--checkpoints", "1,3",
-                 "--max-new-tokens", "3", "--quiet", "--json", str(path)]) == 0
+                 "--max-new-tokens", "3", "--tokmem-lr", "0.02", "--quiet", "--json", str(path)]) == 0
     result = read_json(path)
+    assert result["config"]["tokmem_lr"] == 0.02
     assert [p["num_tasks"] for p in result["checkpoints"]] == [1, 3]
     assert list(result["checkpoints"][1]["methods"]) == ["base", "tokmem"]
     assert path.with_suffix(".md").is_file() and path.with_suffix(".png").is_file()

@@ -276,9 +276,10 @@ def test_the_cpu_preset_takes_the_forgetting_studys_own_sizes():
 def test_bench_compositional_command_writes_the_json_table_and_plot(tmp_path):
     path = tmp_path / "out" / "main.json"
     options = ["--backbone", "tiny-random", "--device", "cpu", "--tools", "3", "--per-tool", "3", "--train-multi", "2",
-               "--test-multi", "2", "--max-length", "48", "--max-new-tokens", "2", "--methods", "icl,tokmem-noadapt", "--quiet"]
+               "--test-multi", "2", "--max-length", "48", "--max-new-tokens", "2", "--methods", "icl,tokmem-noadapt", "--tokmem-lr", "0.02", "--quiet"]
     assert main(["bench", "compositional", "--study", "main", "--json", str(path), *options]) == 0
     result = json.loads(path.read_text())
+    assert result["config"]["tokmem_lr"] == 0.02
     assert list(result["methods"]) == ["icl", "tokmem-noadapt"] and result["adaptation"] is None
     assert result["methods"]["tokmem-noadapt"]["label"] == TOKMEM_LABELS["tokmem-noadapt"]
     assert path.with_suffix(".md").is_file() and path.with_suffix(".png").is_file()

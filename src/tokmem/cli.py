@@ -139,6 +139,8 @@ def _bench_atomic(studies) -> None:
     atomic.add_argument("--eval-batch-size", type=int)
     atomic.add_argument("--rag-k", type=int, help="demonstrations RAG retrieves (default 2)")
     atomic.add_argument("--lora-rank", type=int, help="default 8 (1 with --sample-efficiency)")
+    atomic.add_argument("--tokmem-lr", type=float, help="learning rate of the memory rows (default 5e-3)")
+    atomic.add_argument("--lora-lr", type=float, help="learning rate of LoRA and replay (default 5e-5)")
     atomic.add_argument("--sample-efficiency", action="store_true", default=None,
                         help="10 tasks learned as one mixture with 10/20/50/100/200/500 training examples per task")
     atomic.add_argument("--budgets", type=int_list, help="training examples per task for --sample-efficiency")
