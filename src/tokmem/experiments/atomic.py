@@ -34,6 +34,7 @@ from tokmem.baselines.rag import RAG
 from tokmem.data.sni import Task, load_tasks
 from tokmem.errors import TokMemError
 from tokmem.experiments.outputs import Panel, line_plot, lines, pivot_table, read_json, write_json_atomic, write_text_atomic
+from tokmem.experiments.settings import MethodSettings
 from tokmem.report import machine
 
 METHODS = ("base", "rag", "lora", "replay", "tokmem", "tokmem-dc")
@@ -44,7 +45,7 @@ ACCURACIES = {"retrieval_accuracy": "retrieval", "routing_accuracy": "routing"}
 
 
 @dataclass(frozen=True)
-class AtomicConfig:
+class AtomicConfig(MethodSettings):
     tasks_dir: str | None = None
     num_tasks: int | None = None  # default: the last checkpoint (10 for sample efficiency)
     train_per_task: int = 500
@@ -52,15 +53,6 @@ class AtomicConfig:
     checkpoints: tuple[int, ...] = (10, 50, 200, 500, 1000)
     methods: tuple[str, ...] | None = None  # default: METHODS (EFFICIENCY_METHODS for sample efficiency)
     backbone: str = "smollm2-135m"
-    seed: int = 0
-    epochs: int = 1
-    batch_size: int = 4
-    max_length: int = 1024
-    max_new_tokens: int = 128
-    eval_batch_size: int = 16
-    tokmem_lr: float = 5e-3
-    lora_lr: float = 5e-5
-    lora_weight_decay: float = 0.01
     lora_rank: int | None = None  # default: 8 (1 for sample efficiency, as the paper)
     rag_k: int = 2
     replay_ratio: float = 0.2
@@ -68,8 +60,6 @@ class AtomicConfig:
     replay_every: int = 10
     sample_efficiency: bool = False
     budgets: tuple[int, ...] = (10, 20, 50, 100, 200, 500)  # training examples per task (sample efficiency)
-    device: str | None = None
-    preset: str | None = None
 
     def resolved(self) -> "AtomicConfig":
         """Fill the settings whose default depends on the study; check the rest."""
@@ -119,9 +109,7 @@ def make_config(preset: str | None = "cpu", **options) -> AtomicConfig:
 
 
 def build_methods(config: AtomicConfig, backbone) -> list[Method]:
-    decode = dict(max_new_tokens=config.max_new_tokens, eval_batch_size=config.eval_batch_size)
-    train = dict(epochs=config.epochs, batch_size=config.batch_size, max_length=config.max_length, seed=config.seed, **decode)
-    lora = dict(rank=config.lora_rank, lr=config.lora_lr, weight_decay=config.lora_weight_decay, **train)
+    decode, train, lora = config.decode_options(), config.train_options(), config.lora_options()
     replay = dict(ratio=config.replay_ratio, buffer_size=config.replay_buffer, refresh_every=config.replay_every)
     factories = {
         "base": lambda: Base(backbone, **decode),

@@ -51,6 +51,7 @@ from tokmem.data.xlam import xlam_dataset
 from tokmem.errors import TokMemError
 from tokmem.experiments.atomic import answer_all, learn_round, progress_bar
 from tokmem.experiments.outputs import Panel, line_plot, lines, markdown_table, pivot_table, write_json_atomic, write_text_atomic
+from tokmem.experiments.settings import MethodSettings
 from tokmem.report import console, machine
 from tokmem.train import TrainConfig
 
@@ -75,7 +76,7 @@ XLAM_TOOLS = 50  # the paper's 50 evaluation + 50 adaptation tools, when the dat
 
 
 @dataclass(frozen=True)
-class CompositionalConfig:
+class CompositionalConfig(MethodSettings):
     """Defaults are the paper's setup.  Sizes are those of ``tool_dataset``; in the forgetting study
     they are per group (each round's tools get ``per_tool``, ``train_multi`` and ``test_multi`` of their own)."""
 
@@ -93,24 +94,13 @@ class CompositionalConfig:
     adapt_multi: int = 2500
     train_max_calls: tuple[int, ...] = (1, 2, 3, 4)  # generalization
     rounds: int = 5  # forgetting
-    epochs: int = 1
     adapt_epochs: int = 1
-    batch_size: int = 4
-    max_length: int = 1024
-    max_new_tokens: int = 512
-    eval_batch_size: int = 16
-    tokmem_lr: float = 5e-3
-    lora_lr: float = 5e-5
-    lora_weight_decay: float = 0.01
-    lora_rank: int = 8
+    max_new_tokens: int = 512  # four calls with long arguments
     adapt_lr: float = 5e-5  # the adaptation phase's LoRA
     rag_k: int = 4  # tools RAG retrieves
     shots: int = 2  # demonstrations ICL and RAG show
     replay_ratio: float = 0.2
     replay_buffer: int = 1000
-    seed: int = 0
-    device: str | None = None
-    preset: str | None = None
 
     def resolved(self) -> "CompositionalConfig":
         """Fill the defaults that depend on the study and the data; check the rest."""
@@ -212,9 +202,7 @@ def prepare_backbones(config: CompositionalConfig, backbone: Backbone | None, pr
 def build_method(name: str, config: CompositionalConfig, backbones: dict, tools: dict[str, dict]) -> Method:
     """A fresh method; ``tools``: the schemas ICL and RAG may show."""
     base, adapted = backbones["base"], backbones.get("adapted")
-    decode = dict(max_new_tokens=config.max_new_tokens, eval_batch_size=config.eval_batch_size)
-    train = dict(epochs=config.epochs, batch_size=config.batch_size, max_length=config.max_length, seed=config.seed, **decode)
-    lora = dict(rank=config.lora_rank, lr=config.lora_lr, weight_decay=config.lora_weight_decay, **train)
+    decode, train, lora = config.decode_options(), config.train_options(), config.lora_options()
     memory = dict(lr=config.tokmem_lr, max_steps=config.max_calls, name=name, label=TOKMEM_LABELS.get(name), **train)
     replay = dict(ratio=config.replay_ratio, buffer_size=config.replay_buffer, refresh_every=max(1, config.tools // config.rounds))
     factories = {
