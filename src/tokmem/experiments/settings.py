@@ -1,6 +1,6 @@
-"""The settings every study shares: how its methods train and answer.
+"""The settings the atomic and compositional studies share: how their methods train and answer.
 
-A study's config inherits them and adds its data, its methods and the defaults of its own.
+Each study's config inherits them and adds its data, its methods and the defaults of its own.
 """
 
 from __future__ import annotations
