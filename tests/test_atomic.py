@@ -17,7 +17,7 @@ from tokmem.baselines.rag import RAG
 from tokmem.cli import main
 from tokmem.data.sni import Instance, Task
 from tokmem.errors import TokMemError
-from tokmem.experiments.atomic import METHODS, AtomicConfig, evaluate, make_config, run_atomic, run_sample_efficiency
+from tokmem.experiments.atomic import METHODS, AtomicConfig, evaluate, learn_round, make_config, run_atomic, run_sample_efficiency
 from tokmem.experiments.outputs import read_json
 from tokmem.layout import collate, encode
 
@@ -262,3 +262,28 @@ def test_bench_atomic_refuses_a_checkpoint_beyond_the_tasks_found(sni_dir, tmp_p
                  "--test-per-task", "2", "--checkpoints", "2,5", "--json", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err
     assert "checkpoint 5 needs 5 tasks" in err and "Traceback" not in err
+
+
+class RecordingBar:
+    """The two calls ``learn_round`` makes on a tqdm bar, recorded."""
+
+    def __init__(self):
+        self.updates = []
+
+    def set_description_str(self, text):
+        pass
+
+    def update(self, n):
+        self.updates.append(n)
+
+
+@pytest.mark.parametrize("make", [
+    lambda backbone: LoRA(backbone, epochs=2, batch_size=2, max_length=32),
+    lambda backbone: TokMem(backbone, epochs=2, batch_size=2, max_length=32),
+], ids=["lora", "tokmem"])
+def test_learn_round_advances_the_bar_after_every_step_of_the_round(make, backbone, examples):
+    method, bar = make(backbone), RecordingBar()
+    learn_round(method, examples, "a round", bar, epochs=2)
+    steps = -(-2 * len(examples) // 2)
+    assert len([n for n in bar.updates if n > 0]) == steps
+    assert sum(bar.updates) == 2 * len(examples) and method.on_step is None

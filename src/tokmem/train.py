@@ -74,10 +74,10 @@ class TrainReport:
 
 
 def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | None = None, descriptions=None,
-          param_groups=()) -> TrainReport:
+          param_groups=(), on_step=None) -> TrainReport:
     """One continual round: add the unseen procedures, train only them, renormalise, freeze.
 
-    ``param_groups``: more parameters that train with the new rows (as in ``fit``).
+    ``param_groups`` and ``on_step``: as in ``fit``.
     """
     config = config or TrainConfig()
     bank = model.bank
@@ -86,7 +86,7 @@ def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
         raise TokMemError("every procedure in these examples is already in the bank: nothing new to learn")
     bank.freeze()
     rows = bank.add(new, model.backbone.mean_embedding(), [(descriptions or {}).get(n, "") for n in new])
-    report = train(model, examples, config, param_groups)
+    report = train(model, examples, config, param_groups, on_step)
     report.new_procedures = new
     if config.renormalize:
         report.renorm_target = bank.renormalize(rows, config.eps)
@@ -94,12 +94,12 @@ def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
     return report
 
 
-def train(model: TokMemModel, examples: list[Example], config: TrainConfig | None = None, param_groups=()) -> TrainReport:
+def train(model: TokMemModel, examples: list[Example], config: TrainConfig | None = None, param_groups=(), on_step=None) -> TrainReport:
     config = config or TrainConfig()
     _require_trainable_rows(model)  # before laying out: an empty bank cannot encode the procedures
     report = TrainReport()
     encoded = [encode(e, model.backbone.tokenizer, model.memory_id, config.max_length, report.truncated) for e in examples]
-    return fit(model, encoded, config, report, param_groups=param_groups)
+    return fit(model, encoded, config, report, on_step=on_step, param_groups=param_groups)
 
 
 def fit(model: TokMemModel, encoded: list[Encoded], config: TrainConfig | None = None, report: TrainReport | None = None, on_step=None,

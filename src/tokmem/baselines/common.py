@@ -10,6 +10,7 @@ chat prompt, the same batched, left-padded, cached greedy decoding and the same 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,12 @@ class Method:
     label = ""  # as tables print it
     choice_metric: str | None = None  # what the accuracy of ``Answer.choice`` is called, if the method makes one
     learns = True  # False: the answers never change, so a study may reuse a task's earlier scores
+    on_step: Callable[[float], None] | None = None  # set by a study to follow a round: gets the fraction done
+
+    def report_step(self, done: int, total: int) -> None:
+        """Called by ``learn`` after each optimiser step, so that a long round shows progress."""
+        if self.on_step is not None:
+            self.on_step(done / total)
 
     def trainable_params(self) -> int:
         return 0

@@ -92,7 +92,7 @@ class LoRA(Method):
         autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
         with self.attached() as params:
             optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
-            for batch in batches:
+            for done, batch in enumerate(batches, 1):
                 encoded = [encode(e, tokenizer, None, self.max_length) for e in batch]
                 inputs = {k: v.to(device) for k, v in collate(encoded, tokenizer.pad_token_id).items()}
                 with autocast:
@@ -100,6 +100,7 @@ class LoRA(Method):
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
+                self.report_step(done, len(batches))
         self.rounds += 1
 
     def answer(self, queries: list[str]) -> list[Answer]:

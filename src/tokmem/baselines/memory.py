@@ -9,6 +9,7 @@ lets it chain memory tokens (compositional use: one tool call per segment).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import tokmem
@@ -46,7 +47,12 @@ class TokMem(Method):
         return self.model.bank.parameter_count()
 
     def learn(self, examples: list[Example]) -> None:
-        tokmem.learn(self.model, examples, self.train_config)
+        tokmem.learn(self.model, examples, self.train_config, on_step=self.step_reporter(examples))
+
+    def step_reporter(self, examples: list[Example]):
+        """``tokmem.learn``'s per-step callback, reporting the fraction of the round's steps done."""
+        total = math.ceil(len(examples) * self.train_config.epochs / self.train_config.batch_size)
+        return lambda step: self.report_step(step, total)
 
     def answer(self, queries: list[str]) -> list[Answer]:
         generations = generate(self.model, queries, self.decode_config)
@@ -85,7 +91,8 @@ class UnfrozenTokMem(TokMem):
 
     def learn(self, examples: list[Example]) -> None:
         with self.adapter.attached() as params:
-            tokmem.learn(self.model, examples, self.train_config, param_groups=[{"params": params, **self.lora_options}])
+            tokmem.learn(self.model, examples, self.train_config, param_groups=[{"params": params, **self.lora_options}],
+                         on_step=self.step_reporter(examples))
 
     def answer(self, queries: list[str]) -> list[Answer]:
         with self.adapter.attached():

@@ -289,11 +289,22 @@ def _efficiency_units(config: AtomicConfig, tasks: list[Task], budget: int) -> i
 
 
 def learn_round(method: Method, examples, what: str, bar, epochs: int) -> float:
-    """One round of learning; returns the seconds it took."""
+    """One round of learning, the bar advancing after each of its steps; returns the seconds it took."""
     start = time.perf_counter()
     bar.set_description_str(f"{method.name}: learning {what}")
-    method.learn(examples)
-    bar.update(epochs * len(examples))
+    units, shown = epochs * len(examples), 0
+
+    def advance(fraction: float) -> None:
+        nonlocal shown
+        bar.update(round(units * fraction) - shown)
+        shown = round(units * fraction)
+
+    method.on_step = advance
+    try:
+        method.learn(examples)
+    finally:
+        method.on_step = None
+    bar.update(units - shown)
     return time.perf_counter() - start
 
 
