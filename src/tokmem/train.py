@@ -107,7 +107,7 @@ def fit(model: TokMemModel, encoded: list[Encoded], config: TrainConfig | None =
     """The training loop over sequences already laid out: ``train`` lays them out the TokMem way,
     baselines and studies that place the rows elsewhere bring their own.
 
-    ``on_step(step)`` runs after every optimiser step while the trained rows are live (the model's
+    ``on_step(step, total)`` runs after every optimiser step (of ``total``) while the trained rows are live (the model's
     ``loss`` and ``memory_matrices`` see them), e.g. to record an evaluation curve.
     ``param_groups``: more optimiser parameter groups that train alongside the rows (the LoRA weights
     of the adaptation phase, with their own lr); the rows' group takes the config's lr and weight decay.
@@ -134,7 +134,7 @@ def fit(model: TokMemModel, encoded: list[Encoded], config: TrainConfig | None =
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{report.tokens_per_s:.0f}")
             bar.update()
             if on_step is not None:
-                on_step(report.steps)
+                on_step(report.steps, total)
             if config.checkpoint and config.checkpoint_every and report.steps % config.checkpoint_every == 0:
                 model.write_rows()
                 model.bank.save(config.checkpoint)

@@ -9,7 +9,6 @@ lets it chain memory tokens (compositional use: one tool call per segment).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import tokmem
@@ -47,12 +46,7 @@ class TokMem(Method):
         return self.model.bank.parameter_count()
 
     def learn(self, examples: list[Example]) -> None:
-        tokmem.learn(self.model, examples, self.train_config, on_step=self.step_reporter(examples))
-
-    def step_reporter(self, examples: list[Example]):
-        """``tokmem.learn``'s per-step callback, reporting the fraction of the round's steps done."""
-        total = math.ceil(len(examples) * self.train_config.epochs / self.train_config.batch_size)
-        return lambda step: self.report_step(step, total)
+        tokmem.learn(self.model, examples, self.train_config, on_step=self.report_step)
 
     def answer(self, queries: list[str]) -> list[Answer]:
         generations = generate(self.model, queries, self.decode_config)
@@ -92,7 +86,7 @@ class UnfrozenTokMem(TokMem):
     def learn(self, examples: list[Example]) -> None:
         with self.adapter.attached() as params:
             tokmem.learn(self.model, examples, self.train_config, param_groups=[{"params": params, **self.lora_options}],
-                         on_step=self.step_reporter(examples))
+                         on_step=self.report_step)
 
     def answer(self, queries: list[str]) -> list[Answer]:
         with self.adapter.attached():

@@ -211,7 +211,7 @@ def memorize(backbone, method: str, tokens: int, corpus, config: MemorizationCon
     steps, ppl = [0], [perplexity(model, encoded, config.batch_size)]
     bar.set_postfix(run=f"{sum(len(t) for _, t in corpus)} tokens {method}-{tokens} seed {seed}")
 
-    def evaluate(step: int) -> None:
+    def evaluate(step: int, total: int) -> None:
         bar.update()
         if step % config.eval_every == 0 or step == config.steps:
             steps.append(step)
