@@ -283,7 +283,7 @@ class RecordingBar:
 ], ids=["lora", "tokmem"])
 def test_learn_round_advances_the_bar_after_every_step_of_the_round(make, backbone, examples):
     method, bar = make(backbone), RecordingBar()
-    learn_round(method, examples, "a round", bar, epochs=2)
+    learn_round(method, examples, "a round", bar)
     steps = -(-2 * len(examples) // 2)
     assert len([n for n in bar.updates if n > 0]) == steps
     assert sum(bar.updates) == 2 * len(examples) and method.on_step is None

@@ -8,6 +8,7 @@ from tokmem import Example, Step, TrainConfig
 from tokmem.bank import MemoryBank
 from tokmem.errors import TokMemError
 from tokmem.layout import collate, encode
+from tokmem.train import initial_rows, lr_scheduler
 
 
 def config(**options) -> TrainConfig:
@@ -147,3 +148,70 @@ def test_a_round_with_no_new_procedure_is_refused_and_leaves_the_bank_alone(lear
         tokmem.learn(learned, examples, config())
     assert learned.bank.names == ["reverse", "upper"]
     assert torch.equal(learned.bank.index, before)
+
+
+# ---- recipe options: row initialisation, schedule, per-step renormalisation ----------------------------------
+def test_orthogonal_rows_are_orthogonal_at_the_embeddings_mean_norm(backbone):
+    rows = initial_rows(backbone, 5, "orthogonal", seed=0)
+    norm = backbone.embedding_norm()
+    assert rows.shape == (5, backbone.hidden_size)
+    assert torch.allclose(rows.norm(dim=1), torch.full((5,), norm), rtol=1e-4)
+    gram = rows @ rows.T / norm**2
+    assert torch.allclose(gram, torch.eye(5), atol=1e-4)
+
+
+def test_mean_init_gives_every_new_row_the_mean_embedding(backbone):
+    rows = initial_rows(backbone, 3, "mean")
+    assert torch.equal(rows, backbone.mean_embedding().expand(3, -1))
+
+
+def test_learn_starts_new_rows_orthogonal_when_asked(model, examples):
+    seen = []
+    tokmem.learn(model, examples, config(init="orthogonal", max_steps=1, lr=0.0),
+                 on_step=lambda step, total: seen.append(model.row_index.detach().clone()))
+    start = seen[0]  # lr 0: the rows are still their initial values
+    assert abs(float(start[0] @ start[1])) < 1e-3 * float(start[0].norm() * start[1].norm())
+
+
+def test_linear_schedule_warms_up_then_decays_to_zero():
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.AdamW([parameter], lr=1.0)
+    scheduler = lr_scheduler(optimizer, total_steps=10, schedule="linear", warmup=0.2)
+    rates = []
+    for _ in range(10):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert rates == pytest.approx([0.0, 0.5, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125])
+
+
+def test_constant_schedule_keeps_the_learning_rate():
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.3)
+    scheduler = lr_scheduler(optimizer, total_steps=4)
+    for _ in range(4):
+        optimizer.step()
+        scheduler.step()
+        assert optimizer.param_groups[0]["lr"] == 0.3
+
+
+def test_per_step_renormalisation_keeps_new_rows_at_the_old_rows_mean_norm(learned, second_round):
+    target = float(learned.bank.norms().mean())
+    norms = []
+    tokmem.learn(learned, second_round, config(epochs=2, lr=0.5, renorm_every_step=True),
+                 on_step=lambda step, total: norms.append(learned.row_index.detach().norm(dim=1)))
+    assert len(norms) > 1
+    assert all(torch.allclose(n, torch.full_like(n, target), rtol=1e-5) for n in norms)
+
+
+def test_without_per_step_renormalisation_norms_drift_during_the_round(learned, second_round):
+    target = float(learned.bank.norms().mean())
+    norms = []
+    tokmem.learn(learned, second_round, config(epochs=2, lr=0.5),
+                 on_step=lambda step, total: norms.append(learned.row_index.detach().norm(dim=1)))
+    assert not all(torch.allclose(n, torch.full_like(n, target), rtol=1e-3) for n in norms)
+
+
+@pytest.mark.parametrize("options", [{"init": "random"}, {"schedule": "cosine"}, {"warmup": 1.5}])
+def test_unknown_recipe_options_are_refused(options):
+    with pytest.raises(TokMemError):
+        TrainConfig(**options)

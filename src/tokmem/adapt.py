@@ -30,7 +30,7 @@ from tokmem.bank import MemoryBank
 from tokmem.data.procedures import Example
 from tokmem.errors import BackboneError
 from tokmem.model import TokMemModel
-from tokmem.train import TrainConfig, train
+from tokmem.train import TrainConfig, initial_rows, train
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,8 @@ def _train_with_temporary_rows(backbone, lora_model, examples, train_config, lor
     the decoder stack, with the LoRA layers injected), not the wrapper (whose ``base_model`` is PEFT's).
     """
     model = TokMemModel(Backbone(backbone.name, lora_model, backbone.tokenizer), MemoryBank(backbone.hidden_size))
-    model.bank.add(list(dict.fromkeys(p for e in examples for p in e.procedures)), backbone.mean_embedding())
+    names = list(dict.fromkeys(p for e in examples for p in e.procedures))
+    model.bank.add(names, initial_rows(backbone, len(names), train_config.init, train_config.seed))
     report = train(model, examples, train_config, param_groups=[lora_group])
     log.info("adaptation on %d procedures: %s", len(model.bank), report.summary())
 

@@ -76,6 +76,10 @@ class Backbone:
         """Mean of the pretrained input embeddings: the initial value of every new memory row."""
         return self.model.get_input_embeddings().weight.detach().float().mean(dim=0).cpu()
 
+    def embedding_norm(self) -> float:
+        """Mean L2 norm of the pretrained input embeddings: the typical size of a token's vector."""
+        return float(self.model.get_input_embeddings().weight.detach().float().norm(dim=1).mean())
+
 
 def cache_dir() -> Path:
     return Path(os.environ.get("TOKMEM_CACHE", Path.home() / ".cache" / "tokmem"))

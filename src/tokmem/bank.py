@@ -68,15 +68,16 @@ class MemoryBank:
 
     # ---- editing --------------------------------------------------------------------------
     def add(self, names, init: torch.Tensor, descriptions=None) -> list[int]:
-        """Append new trainable rows, each initialised to ``init`` (the backbone's mean embedding)."""
+        """Append new trainable rows, initialised to ``init``: one vector for every row (e.g. the backbone's
+        mean embedding) or a matrix of one row each."""
         names = list(names)
         descriptions = list(descriptions) if descriptions is not None else [""] * len(names)
         for name in names:
             _check_name(name)
             if name in self.names or names.count(name) > 1:
                 raise BankError(f"procedure '{name}' is already in the bank")
-        if init.shape != (self.hidden_size,):
-            raise BankError(f"init vector has shape {tuple(init.shape)}, expected ({self.hidden_size},)")
+        if init.shape not in ((self.hidden_size,), (len(names), self.hidden_size)):
+            raise BankError(f"init has shape {tuple(init.shape)}, expected ({self.hidden_size},) or ({len(names)}, {self.hidden_size})")
         rows = init.detach().float().cpu().expand(len(names), -1).clone()
         start = len(self)
         self.names += names

@@ -22,6 +22,10 @@ from tokmem.layout import Encoded, TruncationCount, collate, encode
 from tokmem.model import TokMemModel
 
 
+INITS = ("mean", "orthogonal")
+SCHEDULES = ("constant", "linear")
+
+
 @dataclass
 class TrainConfig:
     """Paper defaults: AdamW, lr 5e-3, weight decay 0, one epoch, batch 4, max length 1024."""
@@ -35,11 +39,22 @@ class TrainConfig:
     max_steps: int | None = None
     seed: int = 0
     renormalize: bool = True
+    renorm_every_step: bool = False  # also renormalise the new rows after every optimiser step (reference code)
     eps: float = 1e-8
+    init: str = "mean"  # new rows: "mean" embedding (the paper's text) or "orthogonal" (the reference code)
+    schedule: str = "constant"  # "constant" lr, or "linear": warm-up over ``warmup`` of the steps, then decay to 0
+    warmup: float = 0.1
     bf16: bool | None = None  # None: bf16 autocast on CUDA, full precision on CPU
     progress: bool = True
     checkpoint: str | None = None  # save the bank here every ``checkpoint_every`` optimiser steps
     checkpoint_every: int = 0
+
+    def __post_init__(self):
+        for field_name, allowed in (("init", INITS), ("schedule", SCHEDULES)):
+            if getattr(self, field_name) not in allowed:
+                raise TokMemError(f"unknown {field_name} '{getattr(self, field_name)}': choose from {', '.join(allowed)}")
+        if not 0 <= self.warmup < 1:
+            raise TokMemError(f"warmup is a fraction of the steps, in [0, 1): got {self.warmup}")
 
 
 @dataclass
@@ -77,7 +92,8 @@ def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
           param_groups=(), on_step=None) -> TrainReport:
     """One continual round: add the unseen procedures, train only them, renormalise, freeze.
 
-    ``param_groups`` and ``on_step``: as in ``fit``.
+    The new rows are renormalised to the old rows' mean norm after the round, and with
+    ``renorm_every_step`` after every optimiser step too.  ``param_groups`` and ``on_step``: as in ``fit``.
     """
     config = config or TrainConfig()
     bank = model.bank
@@ -85,8 +101,17 @@ def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
     if not new:
         raise TokMemError("every procedure in these examples is already in the bank: nothing new to learn")
     bank.freeze()
-    rows = bank.add(new, model.backbone.mean_embedding(), [(descriptions or {}).get(n, "") for n in new])
-    report = train(model, examples, config, param_groups, on_step)
+    target = float(bank.norms().mean()) if len(bank) else None
+    rows = bank.add(new, initial_rows(model.backbone, len(new), config.init, config.seed),
+                    [(descriptions or {}).get(n, "") for n in new])
+
+    def after_step(step: int, total: int) -> None:
+        if config.renormalize and config.renorm_every_step and target is not None:
+            model.renormalize_live_rows(target, config.eps)
+        if on_step is not None:
+            on_step(step, total)
+
+    report = train(model, examples, config, param_groups, after_step)
     report.new_procedures = new
     if config.renormalize:
         report.renorm_target = bank.renormalize(rows, config.eps)
@@ -121,6 +146,7 @@ def fit(model: TokMemModel, encoded: list[Encoded], config: TrainConfig | None =
     total = math.ceil(len(order) / step_size)
     params = model.unfreeze_rows()
     optimizer = torch.optim.AdamW([{"params": params}, *param_groups], lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = lr_scheduler(optimizer, total, config.schedule, config.warmup)
     autocast = _autocast(model.device, config.bf16)
     bar = tqdm(total=total, desc="training memory", unit="step", disable=not config.progress, dynamic_ncols=True)
     start = time.perf_counter()
@@ -128,6 +154,7 @@ def fit(model: TokMemModel, encoded: list[Encoded], config: TrainConfig | None =
         for first in range(0, total * step_size, step_size):
             chunk = [encoded[i] for i in order[first : first + step_size]]
             loss = _step(model, optimizer, chunk, config, autocast, report)
+            scheduler.step()
             report.steps += 1
             report.losses.append(loss)
             report.seconds = time.perf_counter() - start
@@ -142,6 +169,25 @@ def fit(model: TokMemModel, encoded: list[Encoded], config: TrainConfig | None =
         bar.close()
         model.commit_rows()
     return report
+
+
+def initial_rows(backbone, count: int, kind: str = "mean", seed: int = 0) -> torch.Tensor:
+    """``count`` new rows: each the mean of the pretrained token embeddings (the paper's text), or
+    ``orthogonal`` rows (the reference code's) scaled to the token embeddings' mean L2 norm, so that
+    every new memory token starts as distinct as possible at the size of an ordinary token."""
+    if kind == "mean":
+        return backbone.mean_embedding().expand(count, -1).clone()
+    rows = torch.nn.init.orthogonal_(torch.empty(count, backbone.hidden_size), generator=torch.Generator().manual_seed(seed))
+    return rows * backbone.embedding_norm()
+
+
+def lr_scheduler(optimizer, total_steps: int, schedule: str = "constant", warmup: float = 0.1):
+    """A constant learning rate, or (``linear``) warm-up over ``warmup`` of the steps and linear decay to 0."""
+    from transformers import get_constant_schedule, get_linear_schedule_with_warmup
+
+    if schedule == "constant":
+        return get_constant_schedule(optimizer)
+    return get_linear_schedule_with_warmup(optimizer, round(warmup * total_steps), total_steps)
 
 
 def _require_trainable_rows(model: TokMemModel) -> None:

@@ -31,6 +31,7 @@ class Method:
     label = ""  # as tables print it
     choice_metric: str | None = None  # what the accuracy of ``Answer.choice`` is called, if the method makes one
     learns = True  # False: the answers never change, so a study may reuse a task's earlier scores
+    epochs = 0  # passes over a round's examples (0: learning trains nothing), for a study's progress bar
     on_step: Callable[[float], None] | None = None  # set by a study to follow a round: gets the fraction done
 
     def report_step(self, done: int, total: int) -> None:

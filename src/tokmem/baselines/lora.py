@@ -33,6 +33,7 @@ from tokmem.backbones import Backbone
 from tokmem.baselines.common import Answer, Method, plain_answers
 from tokmem.data.procedures import Example, Step
 from tokmem.layout import collate, encode
+from tokmem.train import lr_scheduler
 
 ADAPTER = "default"
 
@@ -44,13 +45,14 @@ class LoRA(Method):
     def __init__(
         self, backbone: Backbone, rank: int = 8, lr: float = 5e-5, weight_decay: float = 0.01, epochs: int = 1,
         batch_size: int = 4, max_length: int = 1024, max_new_tokens: int = 128, eval_batch_size: int = 16,
-        seed: int = 0, target_modules: tuple[str, ...] = ("q_proj", "v_proj"),
+        seed: int = 0, target_modules: tuple[str, ...] = ("q_proj", "v_proj"), schedule: str = "constant", warmup: float = 0.1,
     ):
         self.backbone = backbone
         self.model = tokmem.create(backbone)  # an empty bank: TokMem's loss and decoder over the plain backbone
         # alpha = 2r keeps the adapter's scale the same at every rank (r=1 and r=8 differ in capacity only)
         self.config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(target_modules))
         self.lr, self.weight_decay, self.epochs, self.batch_size = lr, weight_decay, epochs, batch_size
+        self.schedule, self.warmup = schedule, warmup
         self.max_length, self.max_new_tokens, self.eval_batch_size, self.seed = max_length, max_new_tokens, eval_batch_size, seed
         self.rounds = 0
         self.weights: dict[str, torch.Tensor] | None = None
@@ -92,6 +94,7 @@ class LoRA(Method):
         autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
         with self.attached() as params:
             optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+            scheduler = lr_scheduler(optimizer, len(batches), self.schedule, self.warmup)
             for done, batch in enumerate(batches, 1):
                 encoded = [encode(e, tokenizer, None, self.max_length) for e in batch]
                 inputs = {k: v.to(device) for k, v in collate(encoded, tokenizer.pad_token_id).items()}
@@ -100,6 +103,7 @@ class LoRA(Method):
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
+                scheduler.step()
                 self.report_step(done, len(batches))
         self.rounds += 1
 

@@ -31,14 +31,17 @@ class TokMem(Method):
     def __init__(
         self, backbone: Backbone, decoupled: bool = False, lr: float = 5e-3, epochs: int = 1, batch_size: int = 4,
         max_length: int = 1024, max_new_tokens: int = 128, eval_batch_size: int = 16, seed: int = 0,
-        max_steps: int = 1, renormalize: bool = True, name: str | None = None, label: str | None = None,
+        max_steps: int = 1, renormalize: bool = True, name: str | None = None, label: str | None = None, **recipe,
     ):
+        """``recipe``: more TrainConfig fields (init, schedule, warmup, renorm_every_step)."""
         self.name, self.label = ("tokmem-dc", "TokMem+DC") if decoupled else ("tokmem", "TokMem")
         self.name, self.label = name or self.name, label or self.label
         self.model = tokmem.create(backbone, decoupled=decoupled)
         self.train_config = TrainConfig(
-            lr=lr, epochs=epochs, batch_size=batch_size, max_length=max_length, seed=seed, renormalize=renormalize, progress=False
+            lr=lr, epochs=epochs, batch_size=batch_size, max_length=max_length, seed=seed, renormalize=renormalize, progress=False,
+            **recipe,
         )
+        self.epochs = epochs
         self.decode_config = DecodeConfig(max_new_tokens=max_new_tokens, max_steps=max_steps, threshold=0.0, batch_size=eval_batch_size)
 
     def trainable_params(self) -> int:

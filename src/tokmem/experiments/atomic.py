@@ -109,15 +109,15 @@ def make_config(preset: str | None = "cpu", **options) -> AtomicConfig:
 
 
 def build_methods(config: AtomicConfig, backbone) -> list[Method]:
-    decode, train, lora = config.decode_options(), config.train_options(), config.lora_options()
+    decode, memory, lora = config.decode_options(), config.tokmem_options(), config.lora_options()
     replay = dict(ratio=config.replay_ratio, buffer_size=config.replay_buffer, refresh_every=config.replay_every)
     factories = {
         "base": lambda: Base(backbone, **decode),
         "rag": lambda: RAG(backbone, k=config.rag_k, **decode),
         "lora": lambda: LoRA(backbone, **lora),
         "replay": lambda: Replay(backbone, **replay, **lora),
-        "tokmem": lambda: TokMem(backbone, lr=config.tokmem_lr, **train),
-        "tokmem-dc": lambda: TokMem(backbone, decoupled=True, lr=config.tokmem_lr, **train),
+        "tokmem": lambda: TokMem(backbone, **memory),
+        "tokmem-dc": lambda: TokMem(backbone, decoupled=True, **memory),
     }
     return [factories[name]() for name in config.methods]
 
@@ -155,12 +155,12 @@ def run_atomic(config: AtomicConfig, backbone=None, json_path=None, out_dir=None
     methods = build_methods(config, backbone or _load_backbone(config))
     start = done[-1] if done else 0
     _restore(methods, tasks[:start], files.state(start) if start else None, progress)
-    bar = progress_bar(_atomic_units(methods, tasks, start, todo, config.epochs), progress)
+    bar = progress_bar(_atomic_units(methods, tasks, start, todo), progress)
     for n in todo:
         previous = result["checkpoints"][-1]["methods"] if result["checkpoints"] else {}
         point = {"num_tasks": n, "methods": {}}
         for method in methods:
-            seconds = sum(learn_round(method, t.examples(), t.name, bar, config.epochs) for t in tasks[start:n])
+            seconds = sum(learn_round(method, t.examples(), t.name, bar) for t in tasks[start:n])
             reuse = {} if method.learns else previous.get(method.name, {}).get("per_task", {})
             point["methods"][method.name] = evaluate(method, tasks[:n], config.eval_batch_size, bar, seconds, reuse)
             if files.json:
@@ -187,12 +187,13 @@ def run_sample_efficiency(config: AtomicConfig, backbone=None, json_path=None, o
     if not todo:
         return result
     backbone = backbone or _load_backbone(config)
-    bar = progress_bar(sum(_efficiency_units(config, tasks, b) for b in todo), progress)
+    epochs = sum(m.epochs for m in build_methods(config, backbone))  # passes over a budget's mixture, all methods
+    bar = progress_bar(sum(_efficiency_units(config, tasks, b, epochs) for b in todo), progress)
     for budget in todo:
         point = {"train_per_task": budget, "methods": {}}
         for method in build_methods(config, backbone):
             mixture = [e for task in tasks for e in task.examples(task.train[:budget])]
-            seconds = learn_round(method, mixture, f"{len(tasks)} tasks × {budget}", bar, config.epochs)
+            seconds = learn_round(method, mixture, f"{len(tasks)} tasks × {budget}", bar)
             point["methods"][method.name] = evaluate(method, tasks, config.eval_batch_size, bar, seconds)
         _finish_point(result, EFFICIENCY, point, files, bar)
     bar.close()
@@ -272,27 +273,27 @@ def progress_bar(total: int, progress: bool):
     return tqdm(total=total, unit="ex", disable=not progress, dynamic_ncols=True, smoothing=0.05)
 
 
-def _atomic_units(methods, tasks, start, todo, epochs) -> int:
+def _atomic_units(methods, tasks, start, todo) -> int:
     """Work for the progress bar and its time estimate: training examples seen plus test queries answered."""
     units, last = 0, start
     for n in todo:
         for method in methods:
-            units += epochs * sum(len(t.train) for t in tasks[last:n])
+            units += method.epochs * sum(len(t.train) for t in tasks[last:n])
             units += sum(len(t.test) for t in (tasks[:n] if method.learns else tasks[last:n]))
         last = n
     return units
 
 
-def _efficiency_units(config: AtomicConfig, tasks: list[Task], budget: int) -> int:
-    per_method = config.epochs * budget * len(tasks) + sum(len(t.test) for t in tasks)
-    return per_method * len(config.methods)
+def _efficiency_units(config: AtomicConfig, tasks: list[Task], budget: int, epochs: int) -> int:
+    """``epochs``: the methods' passes over the mixture, summed over the methods."""
+    return epochs * budget * len(tasks) + len(config.methods) * sum(len(t.test) for t in tasks)
 
 
-def learn_round(method: Method, examples, what: str, bar, epochs: int) -> float:
+def learn_round(method: Method, examples, what: str, bar) -> float:
     """One round of learning, the bar advancing after each of its steps; returns the seconds it took."""
     start = time.perf_counter()
     bar.set_description_str(f"{method.name}: learning {what}")
-    units, shown = epochs * len(examples), 0
+    units, shown = method.epochs * len(examples), 0
 
     def advance(fraction: float) -> None:
         nonlocal shown

@@ -202,8 +202,8 @@ def prepare_backbones(config: CompositionalConfig, backbone: Backbone | None, pr
 def build_method(name: str, config: CompositionalConfig, backbones: dict, tools: dict[str, dict]) -> Method:
     """A fresh method; ``tools``: the schemas ICL and RAG may show."""
     base, adapted = backbones["base"], backbones.get("adapted")
-    decode, train, lora = config.decode_options(), config.train_options(), config.lora_options()
-    memory = dict(lr=config.tokmem_lr, max_steps=config.max_calls, name=name, label=TOKMEM_LABELS.get(name), **train)
+    decode, lora = config.decode_options(), config.lora_options()
+    memory = config.tokmem_options() | dict(max_steps=config.max_calls, name=name, label=TOKMEM_LABELS.get(name))
     replay = dict(ratio=config.replay_ratio, buffer_size=config.replay_buffer, refresh_every=max(1, config.tools // config.rounds))
     factories = {
         "icl": lambda: ICL(base, tools, config.shots, **decode),
@@ -265,7 +265,7 @@ def answer_samples(examples: list[Example], predictions: list) -> list[dict]:
 
 
 def learn_and_evaluate(method: Method, data: ToolData, config: CompositionalConfig, bar) -> dict:
-    seconds = learn_round(method, data.train, f"{len(data.train)} queries", bar, config.epochs)
+    seconds = learn_round(method, data.train, f"{len(data.train)} queries", bar)
     return evaluate(method, data.test, config.eval_batch_size, bar) | {"train_seconds": round(seconds, 2)}
 
 
@@ -281,7 +281,7 @@ def run_main(config: CompositionalConfig, backbone=None, progress: bool = True, 
     data = tool_data(config, (1, config.tools))
     backbones, adaptation = prepare_backbones(config, backbone, progress)
     result = _start(config, [data], adaptation) | {"methods": {}}
-    bar = progress_bar(len(config.methods) * (config.epochs * len(data.train) + len(data.test)), progress)
+    bar = progress_bar(sum(config.epochs_of(m) * len(data.train) + len(data.test) for m in config.methods), progress)
     for name in config.methods:
         method = build_method(name, config, backbones, data.tools)
         result["methods"][name] = learn_and_evaluate(method, data, config, bar)
@@ -297,7 +297,7 @@ def run_generalization(config: CompositionalConfig, backbone=None, progress: boo
     backbones, adaptation = prepare_backbones(config, backbone, progress)
     result = _start(config, list(datasets.values())[:1], adaptation) | {"train_max_calls": {}}
     result["data"]["train"] = {str(n): len(d.train) for n, d in datasets.items()}  # the test set is the same for every cap
-    units = sum(config.epochs * len(d.train) + len(d.test) for d in datasets.values()) * len(config.methods)
+    units = sum(config.epochs_of(m) * len(d.train) + len(d.test) for d in datasets.values() for m in config.methods)
     bar = progress_bar(units, progress)
     for n, data in datasets.items():
         point = result["train_max_calls"][str(n)] = {"methods": {}}
@@ -315,8 +315,8 @@ def run_forgetting(config: CompositionalConfig, backbone=None, progress: bool = 
     backbones, adaptation = prepare_backbones(config, backbone, progress)
     result = _start(config, datasets, adaptation) | {"groups": [list(d.tools) for d in datasets], "methods": {}}
     seen = [sum(len(d.test) for d in datasets[:r]) for r in range(1, len(datasets) + 1)]  # test queries after each round
-    per_method = config.epochs * sum(len(d.train) for d in datasets) + sum(seen)
-    bar = progress_bar(per_method * len(config.methods), progress)
+    train = sum(len(d.train) for d in datasets)
+    bar = progress_bar(sum(config.epochs_of(m) * train + sum(seen) for m in config.methods), progress)
     tools = {name: schema for d in datasets for name, schema in d.tools.items()}
     for name in config.methods:
         method = build_method(name, config, backbones, tools)
@@ -332,7 +332,7 @@ def run_forgetting(config: CompositionalConfig, backbone=None, progress: bool = 
 def forgetting_round(method: Method, datasets: list[ToolData], r: int, config: CompositionalConfig, bar) -> dict:
     """Round ``r`` (1-based): learn its group's training queries, then answer those of every group so far."""
     data = datasets[r - 1]
-    seconds = learn_round(method, data.train, f"round {r}", bar, config.epochs)
+    seconds = learn_round(method, data.train, f"round {r}", bar)
     scores, samples = evaluate_groups(method, datasets[:r], config.eval_batch_size, bar)
     bar.write(f"{method.name} round {r}: argument F1 " + ", ".join(f"group {g} {s['arg_f1']['avg']:.1f}" for g, s in scores.items()))
     return {"round": r, "train_seconds": round(seconds, 2), "new_rows": new_row_norms(method, list(data.tools)),

@@ -11,6 +11,12 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class MethodSettings:
     epochs: int = 1
+    tokmem_epochs: int | None = None  # TokMem's rows; default ``epochs``
+    lora_epochs: int | None = None  # fine-tuning and replay; default ``epochs``
+    init: str = "mean"  # TokMem's new rows: "mean" (the paper's text) or "orthogonal" (the reference code)
+    schedule: str = "constant"  # every trained method: "constant" or "linear" (warm-up, then linear decay)
+    warmup: float = 0.1
+    renorm_every_step: bool = False  # TokMem: renormalise new rows after every step (the reference code), not only after the round
     batch_size: int = 4
     max_length: int = 1024
     max_new_tokens: int = 128
@@ -23,6 +29,12 @@ class MethodSettings:
     device: str | None = None
     preset: str | None = None
 
+    def epochs_of(self, method: str) -> int:
+        """How many passes a method (by name) makes over a round's examples: 0 for those that train nothing."""
+        if method.startswith("tokmem"):
+            return self.tokmem_epochs or self.epochs
+        return self.lora_epochs or self.epochs if method in ("lora", "replay") else 0
+
     def decode_options(self) -> dict:
         """Keyword arguments of every method: how it answers."""
         return dict(max_new_tokens=self.max_new_tokens, eval_batch_size=self.eval_batch_size)
@@ -30,8 +42,14 @@ class MethodSettings:
     def train_options(self) -> dict:
         """Keyword arguments of every trained method."""
         return dict(epochs=self.epochs, batch_size=self.batch_size, max_length=self.max_length, seed=self.seed,
-                    **self.decode_options())
+                    schedule=self.schedule, warmup=self.warmup, **self.decode_options())
+
+    def tokmem_options(self) -> dict:
+        """Keyword arguments of TokMem's variants."""
+        return self.train_options() | dict(lr=self.tokmem_lr, epochs=self.tokmem_epochs or self.epochs, init=self.init,
+                                           renorm_every_step=self.renorm_every_step)
 
     def lora_options(self) -> dict:
         """Keyword arguments of fine-tuning and replay."""
-        return dict(rank=self.lora_rank, lr=self.lora_lr, weight_decay=self.lora_weight_decay, **self.train_options())
+        return self.train_options() | dict(rank=self.lora_rank, lr=self.lora_lr, weight_decay=self.lora_weight_decay,
+                                           epochs=self.lora_epochs or self.epochs)
