@@ -217,14 +217,16 @@ def non_finite_rows(bank, path):
         (edit_metadata(format_version=99), "format version 99 is not supported"),
         (edit_metadata(names="abc"), "field 'names' is missing or not a list"),
         (truncate, "corrupted or truncated bank file"),
-        (edit_metadata(names=["a", "b"]), r"tensor 'index' has shape \(3, 8\), the metadata says \(2, 8\)"),
+        (edit_metadata(names=["a", "b"], kinds=["text", "text"]), r"tensor 'index' has shape \(3, 8\), the metadata says \(2, 8\)"),
+        (edit_metadata(kinds=["text", "tool"]), "field 'kinds' must list one of text, tool for each of the 3 names"),
+        (edit_metadata(kinds=["text", "tool", "call"]), "field 'kinds' must list one of text, tool"),
         (edit_metadata(decoupled=True), "tensor 'steer' is missing"),
         (half_precision, "dtype torch.float16, expected float32"),
         (non_finite_rows, r"NaN/Inf values in rows \[1, 2\] \(b, c\)"),
     ],
     ids=[
         "missing-file", "missing-json", "corrupted-json", "not-a-bank", "format-version", "bad-field",
-        "truncated", "shape-mismatch", "missing-steer", "wrong-dtype", "non-finite",
+        "truncated", "shape-mismatch", "kinds-length", "kinds-value", "missing-steer", "wrong-dtype", "non-finite",
     ],
 )
 def test_load_rejects_a_broken_bank_with_a_message_naming_the_file(saved, corrupt, message):
@@ -295,3 +297,30 @@ def test_failed_save_leaves_the_existing_bank_intact_and_no_temp_files(tmp_path,
         bank.save(path)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
     assert MemoryBank.load(path).names == ["a", "b", "c"]
+
+
+def test_row_kinds_survive_save_load_remove_and_merge(tmp_path):
+    bank = MemoryBank(8)
+    bank.add(["search", "summary"], torch.zeros(8), kinds=["tool", "text"])
+    bank.save(tmp_path / "a.safetensors")
+    loaded = MemoryBank.load(tmp_path / "a.safetensors")
+    assert loaded.kinds == ["tool", "text"] and loaded.tool_names() == {"search"}
+    other = MemoryBank(8)
+    other.add(["weather"], torch.zeros(8), kinds=["tool"])
+    loaded.merge(other)
+    loaded.remove("summary")
+    assert loaded.names == ["search", "weather"] and loaded.kinds == ["tool", "tool"]
+
+
+def test_a_version_1_bank_loads_with_every_row_text(saved):
+    bank, path = saved
+    edit_metadata(format_version=1)(bank, path)
+    meta = json.loads(metadata_path(path).read_text())
+    del meta["kinds"]
+    metadata_path(path).write_text(json.dumps(meta))
+    assert MemoryBank.load(path).kinds == ["text"] * len(bank)
+
+
+def test_adding_a_row_of_unknown_kind_is_refused():
+    with pytest.raises(BankError, match="invalid row kind 'call'"):
+        MemoryBank(8).add(["a"], torch.zeros(8), kinds=["call"])

@@ -187,3 +187,15 @@ def test_sampling_is_reproducible_per_seed_and_varies_across_seeds(model):
 
     assert sample(0) == sample(0)
     assert sample(0) != sample(1)
+
+
+def test_a_tool_rows_segment_comes_back_as_the_whole_call(lively_backbone):
+    model = tokmem.create(lively_backbone)
+    model.bank.add(["text_row", "tool_row"], lively_backbone.mean_embedding(), kinds=["text", "tool"])
+    random_rows(model.bank, scale=0.7)
+    config = DecodeConfig(max_new_tokens=6, max_steps=1)
+    plain = tokmem.generate(model, ["hi"], config, procedure="text_row")[0].trace[0]
+    model.bank.kinds = ["tool", "tool"]  # the same generated tokens, read as a tool's arguments
+    call = tokmem.generate(model, ["hi"], config, procedure="text_row")[0].trace[0]
+    assert call.procedure == "text_row"
+    assert call.text == '{"name":"text_row","arguments":' + plain.text + "}"

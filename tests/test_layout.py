@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tokmem import Example, Step
+from tokmem.errors import DataError
 from tokmem.layout import IGNORE, TruncationCount, chat_prefix, collate, encode
 
 CHAIN = Example("Reverse water, then capitalise it.", (Step("reverse", "retaw"), Step("upper", "RETAW")), id="chain")
@@ -92,3 +93,32 @@ def test_collate_right_pads_with_mask_zero_and_ignored_labels(tokenizer):
     assert batch["input_ids"][1].tolist() == long.input_ids
     assert batch["labels"][1].tolist() == long.labels
     assert torch.all(batch["attention_mask"][1] == 1)
+
+
+TOOL_CHAIN = Example("Weather in Oslo, then convert 3 km.", (
+    Step("weather", '{"name": "weather", "arguments": {"city": "Oslo"}}'),
+    Step("convert", '{"name":"convert","arguments":{"value":3,"unit":"km"}}'),
+), id="tools")
+
+
+def test_after_a_tools_memory_token_come_only_its_arguments_as_compact_json(tokenizer):
+    memory = {"weather": 1000, "convert": 1001}
+    encoded = encode(TOOL_CHAIN, tokenizer, memory.get, max_length=1024, tools={"weather", "convert"})
+    prefix = chat_prefix(tokenizer, TOOL_CHAIN.query)
+    target = [1000, *tokens(tokenizer, '{"city":"Oslo"}'), 1001, *tokens(tokenizer, '{"value":3,"unit":"km"}'),
+              tokenizer.eos_token_id]
+    assert encoded.input_ids == prefix + target
+    assert encoded.labels == [IGNORE] * len(prefix) + target
+
+
+def test_a_tool_not_listed_keeps_its_whole_call_as_the_segment(tokenizer):
+    memory = {"weather": 1000, "convert": 1001}
+    encoded = encode(TOOL_CHAIN, tokenizer, memory.get, max_length=1024, tools={"convert"})
+    weather = tokens(tokenizer, TOOL_CHAIN.steps[0].response)
+    assert encoded.input_ids[len(chat_prefix(tokenizer, TOOL_CHAIN.query)) + 1:][: len(weather)] == weather
+
+
+def test_a_tool_whose_step_is_not_a_call_of_it_is_refused_naming_the_example(tokenizer):
+    example = Example("Weather?", (Step("weather", "sunny"),), id="q7")
+    with pytest.raises(DataError, match="example q7: 'weather' is a tool in the bank, but its step is not a call of it"):
+        encode(example, tokenizer, {"weather": 1000}.get, max_length=1024, tools={"weather"})

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from tokmem.data import Example, Step, load_catalog, load_examples, save_examples
+from tokmem.data.procedures import assemble_call, call_json, tool_procedures
 from tokmem.errors import DataError
 
 
@@ -72,3 +73,28 @@ def test_catalog_maps_names_to_descriptions_and_rejects_nameless_lines(tmp_path)
     bad = write_lines(tmp_path / "bad.jsonl", '{"description": "x"}')
     with pytest.raises(DataError, match="bad.jsonl:1: field 'name'"):
         load_catalog(bad)
+
+
+@pytest.mark.parametrize("response, arguments", [
+    ('{"name": "f", "arguments": {"b": 1, "a": [2, "x"]}}', '{"b":1,"a":[2,"x"]}'),
+    ('{"name": "g", "arguments": {}}', None),  # another tool's call
+    ('{"name": "f", "arguments": {}, "id": 3}', None),  # more than a call
+    ('{"name": "f", "arguments": "x=1"}', None),
+    ("f(x=1)", None),
+])
+def test_call_arguments_are_the_compact_json_of_a_call_of_the_steps_own_procedure(response, arguments):
+    assert Step("f", response).call_arguments == arguments
+
+
+def test_tool_procedures_are_those_whose_every_step_calls_them():
+    examples = [Example("q1", (Step("f", call_json("f", {"x": 1})), Step("g", call_json("g", {})))),
+                Example("q2", (Step("g", "plain text"),)), Example("q3", (Step("h", "text"),))]
+    assert tool_procedures(examples) == {"f"}
+
+
+@pytest.mark.parametrize("generated, call", [
+    ('{"x": 1, "y": "a"}', '{"name":"f","arguments":{"x":1,"y":"a"}}'),
+    ('{"x": 1', '{"name":"f","arguments":{"x": 1}'),  # not JSON: kept verbatim, so the call does not parse
+])
+def test_assemble_call_wraps_generated_arguments_in_the_tools_call(generated, call):
+    assert assemble_call("f", generated) == call

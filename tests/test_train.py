@@ -215,3 +215,17 @@ def test_without_per_step_renormalisation_norms_drift_during_the_round(learned, 
 def test_unknown_recipe_options_are_refused(options):
     with pytest.raises(TokMemError):
         TrainConfig(**options)
+
+
+def test_learn_makes_procedures_answered_by_their_own_calls_tool_rows(model):
+    calls = [Example(f"Weather in {c}?", (Step("weather", f'{{"name": "weather", "arguments": {{"city": "{c}"}}}}'),))
+             for c in ("Oslo", "Rome")]
+    texts = [Example("Reverse sun.", (Step("reverse", "nus"),))]
+    tokmem.learn(model, calls + texts, config(max_steps=1))
+    assert dict(zip(model.bank.names, model.bank.kinds)) == {"weather": "tool", "reverse": "text"}
+
+
+def test_tool_segments_call_keeps_every_row_text(model):
+    calls = [Example("Weather in Oslo?", (Step("weather", '{"name": "weather", "arguments": {"city": "Oslo"}}'),))]
+    tokmem.learn(model, calls, config(max_steps=1, tool_segments="call"))
+    assert model.bank.kinds == ["text"]

@@ -30,7 +30,7 @@ from tokmem.bank import MemoryBank
 from tokmem.data.procedures import Example
 from tokmem.errors import BackboneError
 from tokmem.model import TokMemModel
-from tokmem.train import TrainConfig, initial_rows, train
+from tokmem.train import TrainConfig, initial_rows, row_kinds, train
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,8 @@ def _train_with_temporary_rows(backbone, lora_model, examples, train_config, lor
     """
     model = TokMemModel(Backbone(backbone.name, lora_model, backbone.tokenizer), MemoryBank(backbone.hidden_size))
     names = list(dict.fromkeys(p for e in examples for p in e.procedures))
-    model.bank.add(names, initial_rows(backbone, len(names), train_config.init, train_config.seed))
+    model.bank.add(names, initial_rows(backbone, len(names), train_config.init, train_config.seed),
+                   kinds=row_kinds(names, examples, train_config))
     report = train(model, examples, train_config, param_groups=[lora_group])
     log.info("adaptation on %d procedures: %s", len(model.bank), report.summary())
 

@@ -4,8 +4,13 @@ A coupled bank has one matrix used both as input embeddings (steering) and as LM
 A decoupled (DC) bank keeps a separate ``steer`` matrix for the input side; ``index`` is always the
 LM-head side.  Rows are float32 on the CPU; the model moves them where they are needed.
 
+Each row has a kind: ``text`` (its memory token is followed by the response text) or ``tool`` (it is
+followed by the tool's arguments as JSON only: the memory token is the tool choice, and answers
+assemble the whole call ``{"name": procedure, "arguments": …}``).
+
 On disk a bank is ``<path>`` (safetensors, tensors only, never pickle) plus ``<path>.json``
-(format version, names, descriptions, dims, DC flag, backbone identity, norm statistics).
+(format version, names, descriptions, kinds, dims, DC flag, backbone identity, norm statistics).
+Version 1 files (before kinds) load with every row ``text``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from safetensors.torch import load_file, save_file
 
 from tokmem.errors import BankError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+KINDS = ("text", "tool")
 
 
 class MemoryBank:
@@ -29,6 +36,7 @@ class MemoryBank:
         self.hidden_size = hidden_size
         self.names: list[str] = []
         self.descriptions: list[str] = []
+        self.kinds: list[str] = []
         self.index = torch.empty(0, hidden_size)
         self.steer = torch.empty(0, hidden_size) if decoupled else None
         self.trainable = torch.empty(0, dtype=torch.bool)
@@ -56,6 +64,13 @@ class MemoryBank:
         except ValueError:
             raise BankError(f"no procedure '{name}' in the bank (it has: {', '.join(self.names) or 'none'})") from None
 
+    def is_tool(self, row: int) -> bool:
+        """Whether the row's memory token is followed by a tool's arguments (answers assemble the call)."""
+        return self.kinds[row] == "tool"
+
+    def tool_names(self) -> set[str]:
+        return {name for name, kind in zip(self.names, self.kinds) if kind == "tool"}
+
     def trainable_rows(self) -> torch.Tensor:
         return self.trainable.nonzero().flatten()
 
@@ -67,11 +82,14 @@ class MemoryBank:
         return rows * self.hidden_size * (2 if self.decoupled else 1)
 
     # ---- editing --------------------------------------------------------------------------
-    def add(self, names, init: torch.Tensor, descriptions=None) -> list[int]:
+    def add(self, names, init: torch.Tensor, descriptions=None, kinds=None) -> list[int]:
         """Append new trainable rows, initialised to ``init``: one vector for every row (e.g. the backbone's
-        mean embedding) or a matrix of one row each."""
+        mean embedding) or a matrix of one row each.  ``kinds``: each row's kind (default ``text``)."""
         names = list(names)
         descriptions = list(descriptions) if descriptions is not None else [""] * len(names)
+        kinds = list(kinds) if kinds is not None else ["text"] * len(names)
+        for kind in kinds:
+            _check_kind(kind)
         for name in names:
             _check_name(name)
             if name in self.names or names.count(name) > 1:
@@ -82,6 +100,7 @@ class MemoryBank:
         start = len(self)
         self.names += names
         self.descriptions += descriptions
+        self.kinds += kinds
         self.index = torch.cat([self.index, rows])
         if self.decoupled:
             self.steer = torch.cat([self.steer, rows.clone()])
@@ -94,7 +113,7 @@ class MemoryBank:
     def remove(self, name: str) -> None:
         keep = torch.tensor([n != name for n in self.names])
         row = self.row(name)
-        del self.names[row], self.descriptions[row]
+        del self.names[row], self.descriptions[row], self.kinds[row]
         self.index = self.index[keep]
         if self.decoupled:
             self.steer = self.steer[keep]
@@ -120,6 +139,7 @@ class MemoryBank:
             raise BankError(f"cannot merge: both banks have {', '.join(clash)} (rename one first)")
         self.names += other.names
         self.descriptions += other.descriptions
+        self.kinds += other.kinds
         self.index = torch.cat([self.index, other.index])
         if self.decoupled:
             self.steer = torch.cat([self.steer, other.steer])
@@ -157,6 +177,7 @@ class MemoryBank:
             "dtype": "float32",
             "names": self.names,
             "descriptions": self.descriptions,
+            "kinds": self.kinds,
             "backbone": self.backbone,
             "norms": {
                 "mean": float(norms.mean()) if len(self) else None,
@@ -189,6 +210,7 @@ class MemoryBank:
         bank = cls(meta["hidden_size"], decoupled=meta["decoupled"], backbone=meta.get("backbone", {}))
         bank.names = list(meta["names"])
         bank.descriptions = list(meta.get("descriptions") or [""] * len(bank.names))
+        bank.kinds = list(meta.get("kinds") or ["text"] * len(bank.names))
         bank.index = _checked(tensors, "index", path, meta)
         if bank.decoupled:
             bank.steer = _checked(tensors, "steer", path, meta)
@@ -228,6 +250,11 @@ def _check_name(name) -> None:
         raise BankError(f"invalid procedure name {name!r}: use a non-empty name without surrounding spaces")
 
 
+def _check_kind(kind) -> None:
+    if kind not in KINDS:
+        raise BankError(f"invalid row kind {kind!r}: choose from {', '.join(KINDS)}")
+
+
 def _atomic_write(path: Path, write) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -251,16 +278,19 @@ def _read_metadata(path: Path) -> dict:
         raise BankError(f"{meta_file}: corrupted metadata ({err})") from None
     if not isinstance(meta, dict) or meta.get("format") != "tokmem-bank":
         raise BankError(f"{meta_file}: not a tokmem bank metadata file")
-    if meta.get("format_version") != FORMAT_VERSION:
+    if meta.get("format_version") not in READABLE_VERSIONS:
         raise BankError(
             f"{meta_file}: bank format version {meta.get('format_version')} is not supported "
-            f"(this tokmem reads version {FORMAT_VERSION})"
+            f"(this tokmem reads versions {', '.join(map(str, READABLE_VERSIONS))})"
         )
     for key, kind in (("hidden_size", int), ("decoupled", bool), ("names", list)):
         if not isinstance(meta.get(key), kind):
             raise BankError(f"{meta_file}: field '{key}' is missing or not a {kind.__name__}")
     if len(set(meta["names"])) != len(meta["names"]):
         raise BankError(f"{meta_file}: field 'names' has duplicates")
+    kinds = meta.get("kinds")
+    if kinds is not None and (not isinstance(kinds, list) or len(kinds) != len(meta["names"]) or not set(kinds) <= set(KINDS)):
+        raise BankError(f"{meta_file}: field 'kinds' must list one of {', '.join(KINDS)} for each of the {len(meta['names'])} names")
     return meta
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from tokmem.data.procedures import assemble_call
 from tokmem.layout import chat_prefix, positions
 from tokmem.model import TokMemModel
 
@@ -158,15 +159,20 @@ def _generate_batch(model, queries, config, forced, generator) -> list[Generatio
 
 
 def _trace(model, query, row, mass, routed) -> Generation:
-    """Split one generated row into (procedure, text) segments at its memory tokens, up to EOS."""
-    vocab, eos, tokenizer = model.vocab_size, model.backbone.eos_token_id, model.backbone.tokenizer
-    segments: list[tuple[str | None, list[int]]] = [] if routed else [(None, [])]
+    """Split one generated row into (procedure, text) segments at its memory tokens, up to EOS.  A tool's
+    segment is its generated arguments, returned as the whole call (``assemble_call``)."""
+    vocab, eos, tokenizer, bank = model.vocab_size, model.backbone.eos_token_id, model.backbone.tokenizer, model.bank
+    segments: list[tuple[int | None, list[int]]] = [] if routed else [(None, [])]
     for token in row:
         if token == eos:
             break
         if token >= vocab:
-            segments.append((model.bank.names[token - vocab], []))
+            segments.append((token - vocab, []))
         else:
             segments[-1][1].append(token)
-    trace = [Segment(name, tokenizer.decode(ids, skip_special_tokens=True).strip()) for name, ids in segments]
+    trace = []
+    for row_id, ids in segments:
+        text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+        name = None if row_id is None else bank.names[row_id]
+        trace.append(Segment(name, assemble_call(name, text) if name is not None and bank.is_tool(row_id) else text))
     return Generation(query, trace, mass, routed)

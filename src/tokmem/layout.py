@@ -3,7 +3,9 @@
     chat(query)  m_i  r_i  m_j  r_j  …  EOS
 
 The query is formatted with the backbone's chat template (generation prompt included).  Labels
-cover the memory tokens, the response tokens and EOS; the query is never a target.
+cover the memory tokens, the response tokens and EOS; the query is never a target.  After the memory
+token of a tool (a procedure in ``tools``) comes only the call's arguments JSON, as in the reference
+code: the memory token *is* the tool choice, so the model never spells the tool's name.
 
 Truncation policy (when the sequence exceeds ``max_length``): the targets are kept whole and the
 query is cut from the left (its oldest tokens go first, at least one token stays); if the targets
@@ -12,11 +14,13 @@ alone are too long, they are cut at the end as well (the EOS is lost).  Both are
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
 
 from tokmem.data.procedures import Example
+from tokmem.errors import DataError
 
 IGNORE = -100
 
@@ -46,8 +50,10 @@ class TruncationCount:
         return bool(self.queries or self.responses)
 
 
-def encode(example: Example, tokenizer, memory_id, max_length: int, truncated: TruncationCount | None = None) -> Encoded:
-    """Lay out one example; ``memory_id(name)`` maps a procedure to its token id.
+def encode(example: Example, tokenizer, memory_id, max_length: int, truncated: TruncationCount | None = None,
+           tools: Collection[str] = ()) -> Encoded:
+    """Lay out one example; ``memory_id(name)`` maps a procedure to its token id; ``tools``: the procedures
+    whose segments are their calls' arguments only.
 
     ``memory_id=None`` lays out the plain query → response sequence (no memory tokens) that the
     fine-tuning baselines train on: the segments one per line, as ``example.response`` shows them.
@@ -59,7 +65,7 @@ def encode(example: Example, tokenizer, memory_id, max_length: int, truncated: T
         target = []
         for step in example.steps:
             target.append(memory_id(step.procedure))
-            target += tokenizer(step.response, add_special_tokens=False)["input_ids"]
+            target += tokenizer(_segment(example, step, tools), add_special_tokens=False)["input_ids"]
     target.append(tokenizer.eos_token_id)
 
     cut_query = len(prefix) + len(target) > max_length
@@ -73,6 +79,15 @@ def encode(example: Example, tokenizer, memory_id, max_length: int, truncated: T
         truncated.responses += int(cut_response)
         truncated.examples.append(example.id or example.query[:40])
     return Encoded(prefix + target, [IGNORE] * len(prefix) + target)
+
+
+def _segment(example: Example, step, tools: Collection[str]) -> str:
+    if step.procedure not in tools:
+        return step.response
+    if step.call_arguments is None:
+        raise DataError(f"example {example.id or repr(example.query[:40])}: '{step.procedure}' is a tool in the bank, "
+                        f'but its step is not a call of it ({{"name": "{step.procedure}", "arguments": {{…}}}})')
+    return step.call_arguments
 
 
 def positions(mask: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from tokmem.data.procedures import Example
+from tokmem.data.procedures import Example, tool_procedures
 from tokmem.errors import TokMemError
 from tokmem.layout import Encoded, TruncationCount, collate, encode
 from tokmem.model import TokMemModel
@@ -24,6 +24,7 @@ from tokmem.model import TokMemModel
 
 INITS = ("mean", "orthogonal")
 SCHEDULES = ("constant", "linear")
+TOOL_SEGMENTS = ("arguments", "call")
 
 
 @dataclass
@@ -44,13 +45,14 @@ class TrainConfig:
     init: str = "mean"  # new rows: "mean" embedding (the paper's text) or "orthogonal" (the reference code)
     schedule: str = "constant"  # "constant" lr, or "linear": warm-up over ``warmup`` of the steps, then decay to 0
     warmup: float = 0.1
+    tool_segments: str = "arguments"  # after a tool's memory token: its "arguments" only (reference code), or the whole "call"
     bf16: bool | None = None  # None: bf16 autocast on CUDA, full precision on CPU
     progress: bool = True
     checkpoint: str | None = None  # save the bank here every ``checkpoint_every`` optimiser steps
     checkpoint_every: int = 0
 
     def __post_init__(self):
-        for field_name, allowed in (("init", INITS), ("schedule", SCHEDULES)):
+        for field_name, allowed in (("init", INITS), ("schedule", SCHEDULES), ("tool_segments", TOOL_SEGMENTS)):
             if getattr(self, field_name) not in allowed:
                 raise TokMemError(f"unknown {field_name} '{getattr(self, field_name)}': choose from {', '.join(allowed)}")
         if not 0 <= self.warmup < 1:
@@ -103,7 +105,7 @@ def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
     bank.freeze()
     target = float(bank.norms().mean()) if len(bank) else None
     rows = bank.add(new, initial_rows(model.backbone, len(new), config.init, config.seed),
-                    [(descriptions or {}).get(n, "") for n in new])
+                    [(descriptions or {}).get(n, "") for n in new], row_kinds(new, examples, config))
 
     def after_step(step: int, total: int) -> None:
         if config.renormalize and config.renorm_every_step and target is not None:
@@ -123,7 +125,8 @@ def train(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
     config = config or TrainConfig()
     _require_trainable_rows(model)  # before laying out: an empty bank cannot encode the procedures
     report = TrainReport()
-    encoded = [encode(e, model.backbone.tokenizer, model.memory_id, config.max_length, report.truncated) for e in examples]
+    tools = model.bank.tool_names()
+    encoded = [encode(e, model.backbone.tokenizer, model.memory_id, config.max_length, report.truncated, tools) for e in examples]
     return fit(model, encoded, config, report, on_step=on_step, param_groups=param_groups)
 
 
@@ -169,6 +172,13 @@ def fit(model: TokMemModel, encoded: list[Encoded], config: TrainConfig | None =
         bar.close()
         model.commit_rows()
     return report
+
+
+def row_kinds(names: list[str], examples: list[Example], config: TrainConfig) -> list[str]:
+    """Each new procedure's row kind: ``tool`` when every step of it is a call of itself (and the config lays
+    out tools' arguments only), else ``text``."""
+    tools = tool_procedures(examples) if config.tool_segments == "arguments" else set()
+    return ["tool" if name in tools else "text" for name in names]
 
 
 def initial_rows(backbone, count: int, kind: str = "mean", seed: int = 0) -> torch.Tensor:

@@ -20,6 +20,49 @@ class Step:
     procedure: str
     response: str
 
+    @property
+    def call_arguments(self) -> str | None:
+        """For a step that calls its own procedure as a tool (``response`` is ``{"name": procedure,
+        "arguments": {…}}``), the arguments as compact JSON; None for any other step."""
+        try:
+            call = json.loads(self.response)
+        except ValueError:
+            return None
+        if not isinstance(call, dict) or set(call) != {"name", "arguments"} or call["name"] != self.procedure:
+            return None
+        return arguments_json(call["arguments"]) if isinstance(call["arguments"], dict) else None
+
+
+def arguments_json(arguments: dict) -> str:
+    """Arguments as compact JSON in the order given: the text a tool's memory token is followed by."""
+    return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+
+
+def call_json(name: str, arguments: dict) -> str:
+    """One call as compact JSON, keys in a stable order: name, then the arguments as given."""
+    return json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False, separators=(",", ":"))
+
+
+def assemble_call(name: str, arguments: str) -> str:
+    """The whole call from a tool's name and the arguments text generated after its memory token; text that
+    is not a JSON object is kept verbatim inside the call, so a reader sees what was generated."""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        return call_json(name, parsed)
+    return '{"name":' + json.dumps(name, ensure_ascii=False) + ',"arguments":' + arguments + "}"
+
+
+def tool_procedures(examples) -> set[str]:
+    """The procedures all of whose steps are calls of themselves (see ``Step.call_arguments``)."""
+    steps: dict[str, list[Step]] = {}
+    for example in examples:
+        for step in example.steps:
+            steps.setdefault(step.procedure, []).append(step)
+    return {name for name, own in steps.items() if all(s.call_arguments is not None for s in own)}
+
 
 @dataclass(frozen=True)
 class Example:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from tokmem.data.builtin import WORDS
-from tokmem.data.procedures import Example, Step
+from tokmem.data.procedures import Example, Step, call_json
 from tokmem.errors import DataError
 
 ADAPTATION, EVALUATION = "adaptation", "evaluation"
@@ -40,11 +40,6 @@ def array_of(item: dict) -> dict:
 
 
 # ---- calls and queries -------------------------------------------------------------------------------
-
-def call_json(name: str, arguments: dict) -> str:
-    """One call as compact JSON, keys in a stable order: name, then the arguments as given."""
-    return json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False, separators=(",", ":"))
-
 
 def join_queries(parts: list[str]) -> str:
     """Requests for different tools as one: "A, then b, after that c, and also d." (the last part's ? or . ends it)."""
