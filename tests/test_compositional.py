@@ -8,6 +8,7 @@ import torch
 
 from tokmem import Example, Step
 from tokmem.baselines.common import Answer
+from tokmem.decode import Segment
 from tokmem.baselines.memory import UnfrozenTokMem
 from tokmem.baselines.tools import ICL, ToolRAG, first_block, tool_prompt
 from tokmem.cli import main
@@ -70,26 +71,38 @@ def assert_scores(scores, calls=("2", "3")):
 
 
 # ---- scoring ---------------------------------------------------------------------------------------------
+def texts(*calls):
+    return [(c, None) for c in calls]
+
+
 def test_scores_are_bucketed_by_the_number_of_gold_calls_and_averaged_over_the_buckets():
     a, b, c = call("f", x=1), call("g", y="s"), call("h", z=[1, 2])
     examples = [example(a, b), example(a, c), example(a, b, c)]
     predictions = [
-        [b, a],  # order does not matter: both right
-        [a, call("h", z=[9])],  # right tools, one wrong argument
-        [c],  # one of three calls: F1 = 2·1 / (1 + 3)
+        texts(b, a),  # order does not matter: both right
+        texts(a, call("h", z=[9])),  # right tools, one wrong argument
+        texts(c),  # one of three calls: F1 = 2·1 / (1 + 3)
     ]
     scores = score(examples, predictions)
     assert scores["tool_f1"] == {"2": 100.0, "3": 50.0, "avg": 75.0}  # the mean over buckets, not over queries (83.3)
     assert scores["arg_f1"] == {"2": pytest.approx(75.0), "3": 50.0, "avg": pytest.approx(62.5)}
+    assert scores["call_f1"] == scores["arg_f1"]  # every predicted name is right here
 
 
 def test_an_unparseable_predicted_call_matches_nothing_and_never_crashes():
     a, b = call("f", x=1), call("g", y=2)
-    scores = score([example(a, b)] * 3, [["{", a], ["", "f(x=1)"], []])
+    scores = score([example(a, b)] * 3, [texts("{", a), texts("", "f(x=1)"), []])
     # "{" is predicted but wrong: argument F1 2·1 / (2 + 2); it names no tool: tool F1 2·1 / (1 + 2).
     # The other two queries score 0.
     assert scores["arg_f1"]["2"] == pytest.approx(50.0 / 3)
     assert scores["tool_f1"]["2"] == pytest.approx(200.0 / 9)
+
+
+def test_tokmems_tool_comes_from_its_memory_token_even_when_its_arguments_do_not_parse():
+    a, b = call("f", x=1), call("g", y=2)
+    scores = score([example(a, b)], [[('{"name":"f","arguments":{"x": 1', "f"), (b, "g")]])
+    assert scores["tool_f1"]["2"] == 100.0
+    assert scores["arg_f1"]["2"] == scores["call_f1"]["2"] == 50.0
 
 
 def test_score_refuses_a_prediction_list_of_another_length():
@@ -98,14 +111,15 @@ def test_score_refuses_a_prediction_list_of_another_length():
 
 
 def test_a_tokmem_segment_is_one_call_and_other_answers_are_split_into_calls():
-    assert predicted_calls(Answer("ignored", segments=['{"a"\n: 1}', ""])) == ['{"a"\n: 1}', ""]
-    assert predicted_calls(Answer(' {"name": "f"} \n\n{"name": "g"}\n')) == ['{"name": "f"}', '{"name": "g"}']
+    segments = [Segment("f", '{"a"\n: 1}'), Segment("g", "")]
+    assert predicted_calls(Answer("ignored", segments=segments)) == [('{"a"\n: 1}', "f"), ("", "g")]
+    assert predicted_calls(Answer(' {"name": "f"} \n\n{"name": "g"}\n')) == texts('{"name": "f"}', '{"name": "g"}')
 
 
 def test_calls_run_together_on_one_line_are_split_and_stray_text_stays_one_wrong_call():
     answer = Answer('{"name": "f", "arguments": {}}{"name": "g", "arguments": {"x": 1}} sure!\n{"name": "h"')
-    assert predicted_calls(answer) == ['{"name": "f", "arguments": {}}', '{"name": "g", "arguments": {"x": 1}}',
-                                       "sure!", '{"name": "h"']
+    assert predicted_calls(answer) == texts('{"name": "f", "arguments": {}}', '{"name": "g", "arguments": {"x": 1}}',
+                                            "sure!", '{"name": "h"')
     gold = example(call("f"), call("g", x=1))
     # f and g are right, "sure!" and the cut-off h are wrong: argument F1 2·2 / (4 + 2)
     assert score([gold], [predicted_calls(answer)])["arg_f1"]["2"] == pytest.approx(100 * 4 / 6)

@@ -8,6 +8,10 @@ import pytest
 from tokmem import metrics
 from tokmem.metrics import (
     argument_f1,
+    call_f1,
+    call_scores,
+    gold_calls,
+    read_call,
     exact_match,
     exact_match_any,
     extract_final_number,
@@ -161,43 +165,75 @@ def test_parse_call_returns_none_for_anything_but_a_call(text):
     assert parse_call(text) is None
 
 
+def reads(*texts, tools=None):
+    """Predicted calls as ``read_call`` gives them; ``tools``: the tool a memory token chose for each."""
+    return [read_call(text, tool) for text, tool in zip(texts, tools or [None] * len(texts))]
+
+
 def test_tool_f1_scores_names_only():
-    predicted = [call("search", q="cats"), call("weather", city="Oslo")]
-    gold = [call("search", q="dogs"), call("calendar", day=1)]
+    predicted = reads(call("search", q="cats"), call("weather", city="Oslo"))
+    gold = gold_calls([call("search", q="dogs"), call("calendar", day=1)])
     # Names overlap on "search" only: F1 = 2 * 1 / (2 + 2).
     assert tool_f1(predicted, gold) == 0.5
 
 
 def test_tool_f1_unparseable_call_contributes_no_name():
-    assert tool_f1([call("search", q="cats"), "search(q='cats')"], [call("search", q="cats")]) == 1.0
-    assert tool_f1(["garbage"], [call("search", q="cats")]) == 0.0
+    gold = gold_calls([call("search", q="cats")])
+    assert tool_f1(reads(call("search", q="cats"), "search(q='cats')"), gold) == 1.0
+    assert tool_f1(reads("garbage"), gold) == 0.0
+
+
+def test_tool_f1_takes_the_memory_tokens_tool_even_when_the_arguments_do_not_parse():
+    gold = gold_calls([call("search", q="cats")])
+    assert tool_f1(reads('{"name":"search","arguments":{"q": cats}', tools=["search"]), gold) == 1.0
 
 
 def test_argument_f1_ignores_key_order_and_whitespace():
-    predicted = ['{ "arguments": {"units": "C", "city": "Oslo"}, "name": "weather" }']
-    gold = [call("weather", city="Oslo", units="C")]
-    assert argument_f1(predicted, gold) == 1.0
+    predicted = reads('{ "arguments": {"units": "C", "city": "Oslo"}, "name": "weather" }')
+    assert argument_f1(predicted, gold_calls([call("weather", city="Oslo", units="C")])) == 1.0
 
 
 def test_argument_f1_requires_equal_arguments():
-    predicted = [call("weather", city="Oslo"), call("search", q="cats")]
-    gold = [call("weather", city="Bergen"), call("search", q="cats")]
+    predicted = reads(call("weather", city="Oslo"), call("search", q="cats"))
+    gold = gold_calls([call("weather", city="Bergen"), call("search", q="cats")])
     # Only the search call matches: F1 = 2 * 1 / (2 + 2).
     assert argument_f1(predicted, gold) == 0.5
 
 
+def test_argument_f1_ignores_the_name_and_call_f1_needs_both():
+    predicted = reads(call("weather_now", city="Oslo"))
+    gold = gold_calls([call("weather", city="Oslo")])
+    assert argument_f1(predicted, gold) == 1.0
+    assert call_f1(predicted, gold) == 0.0
+    assert call_f1(reads(call("weather", city="Oslo")), gold) == 1.0
+
+
 def test_unparseable_call_counts_as_wrong_not_crash():
-    gold = [call("search", q="cats")]
+    gold = gold_calls([call("search", q="cats")])
     # The garbage prediction still counts as predicted: F1 = 2 * 1 / (2 + 1).
-    assert argument_f1([call("search", q="cats"), "search(q='cats')"], gold) == pytest.approx(2 / 3)
-    assert argument_f1(["{", "None"], gold) == 0.0
+    assert argument_f1(reads(call("search", q="cats"), "search(q='cats')"), gold) == pytest.approx(2 / 3)
+    assert argument_f1(reads("{", "None"), gold) == 0.0
+    assert call_f1(reads("{", tools=["search"]), gold) == 0.0
 
 
 def test_unparseable_gold_call_is_an_error():
     with pytest.raises(ValueError, match="gold tool call does not parse"):
-        argument_f1([call("f")], ["f()"])
-    with pytest.raises(ValueError, match="gold tool call does not parse"):
-        tool_f1([call("f")], ["f()"])
+        gold_calls(["f()"])
+
+
+def test_call_scores_bucket_by_the_number_of_gold_calls_and_average_over_the_buckets():
+    a, b, c = call("f", x=1), call("g", y="s"), call("h", z=[1, 2])
+    gold = [[a, b], [a, c], [a, b, c]]
+    predicted = [reads(b, a), reads(a, call("h", z=[9])), reads(call("k", z=[1, 2]))]
+    scores = call_scores(gold, predicted)
+    assert scores["tool_f1"] == {"2": 100.0, "3": 0.0, "avg": 50.0}
+    assert scores["arg_f1"] == {"2": pytest.approx(75.0), "3": 50.0, "avg": pytest.approx(62.5)}
+    assert scores["call_f1"] == {"2": pytest.approx(75.0), "3": 0.0, "avg": pytest.approx(37.5)}
+
+
+def test_call_scores_refuse_a_prediction_list_of_another_length():
+    with pytest.raises(ValueError, match="2 predictions for 1 queries"):
+        call_scores([[call("f", x=1)]], [[], []])
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 
 import tokmem
+from tokmem.cli_types import int_list, name_list
 from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
 from tokmem.experiments import compositional, placement
@@ -105,17 +106,6 @@ def build_parser() -> argparse.ArgumentParser:
     placement.add_parser(studies)
     compositional.add_parser(studies)
     return parser
-
-
-def int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got '{text}'") from None
-
-
-def name_list(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def _bench_atomic(studies) -> None:

@@ -132,14 +132,23 @@ def parse_call(text: str) -> tuple | None:
     return name, _canonical(arguments)
 
 
-def _parse_gold(calls: Iterable[str]) -> list[tuple]:
+def gold_calls(texts: Iterable[str]) -> list[tuple]:
+    """Gold calls as ``(name, canonical arguments)``; a gold call that does not parse is an error."""
     parsed = []
-    for text in calls:
+    for text in texts:
         call = parse_call(text)
         if call is None:
             raise ValueError(f"gold tool call does not parse: {text!r}")
         parsed.append(call)
     return parsed
+
+
+def read_call(text: str, tool: str | None = None) -> tuple:
+    """A predicted call as ``(name, canonical arguments)``.  The name is ``tool`` when a memory token chose the
+    tool (TokMem), else the one the text gives; a text that is no call gives None for what it does not give."""
+    call = parse_call(text)
+    arguments = call[1] if call else None
+    return (tool if tool is not None else call[0] if call else None), arguments
 
 
 def split_calls(text: str) -> list[str]:
@@ -162,16 +171,43 @@ def split_calls(text: str) -> list[str]:
     return calls
 
 
-def tool_f1(predicted_calls: Iterable[str], gold_calls: Iterable[str]) -> float:
-    """Multiset F1 over the names of the called tools; an unparseable prediction contributes no name."""
-    predicted = [call for call in map(parse_call, predicted_calls) if call is not None]
-    return multiset_f1([name for name, _ in predicted], [name for name, _ in _parse_gold(gold_calls)])
+def tool_f1(predicted: Iterable[tuple], gold: Iterable[tuple]) -> float:
+    """Multiset F1 over the called tools' names; a call whose name is unknown (None) names no tool."""
+    return multiset_f1([name for name, _ in predicted if name is not None], [name for name, _ in gold])
 
 
-def argument_f1(predicted_calls: Iterable[str], gold_calls: Iterable[str]) -> float:
-    """Multiset F1 over whole canonical calls (name and arguments); an unparseable prediction counts as wrong."""
-    # An unparseable prediction parses to None: it still counts as predicted but matches no gold call.
-    return multiset_f1(map(parse_call, predicted_calls), _parse_gold(gold_calls))
+def argument_f1(predicted: Iterable[tuple], gold: Iterable[tuple]) -> float:
+    """The paper's argument F1: multiset F1 over the calls' canonical argument objects, whatever the tool's name.
+    A prediction whose arguments do not parse (None) counts as predicted and matches nothing."""
+    return multiset_f1([arguments for _, arguments in predicted], [arguments for _, arguments in gold])
+
+
+def call_f1(predicted: Iterable[tuple], gold: Iterable[tuple]) -> float:
+    """Strict call F1: multiset F1 over whole calls, name and arguments both right."""
+    return multiset_f1(predicted, gold)
+
+
+CALL_METRICS = {"tool_f1": "Tool F1", "arg_f1": "Argument F1", "call_f1": "Call F1"}
+
+
+def call_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[tuple]]) -> dict:
+    """Tool, argument and call F1 of each query's predicted calls (``read_call``) against its gold call texts:
+    ``{"tool_f1": {"2": …, "3": …, "avg": …}, "arg_f1": …, "call_f1": …}``, 0–100, per number of gold calls
+    (averaged over those queries), and "avg" the mean over the numbers of calls present (as the paper averages)."""
+    if len(gold) != len(predicted):
+        raise ValueError(f"{len(predicted)} predictions for {len(gold)} queries")
+    functions = {"tool_f1": tool_f1, "arg_f1": argument_f1, "call_f1": call_f1}
+    by_calls: dict[int, dict[str, list[float]]] = {}
+    for texts, calls in zip(gold, predicted):
+        expected = gold_calls(texts)
+        bucket = by_calls.setdefault(len(expected), {metric: [] for metric in functions})
+        for metric, function in functions.items():
+            bucket[metric].append(100 * function(calls, expected))
+    scores = {}
+    for metric in functions:
+        means = {str(n): mean(by_calls[n][metric]) for n in sorted(by_calls)}
+        scores[metric] = means | {"avg": mean(means.values())}
+    return scores
 
 
 _NUMBER = r"(?P<sign>[-+]?)\$?(?P<digits>\d(?:[\d,]*\d)?(?:\.\d+)?|\.\d+)"

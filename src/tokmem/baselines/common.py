@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokmem.data.procedures import Example
-from tokmem.decode import DecodeConfig, generate
+from tokmem.decode import DecodeConfig, Segment, generate
 from tokmem.model import TokMemModel
 
 
@@ -23,7 +23,7 @@ from tokmem.model import TokMemModel
 class Answer:
     text: str
     choice: str | None = None  # the procedure the method picked (TokMem's memory token, RAG's top demonstration)
-    segments: list[str] | None = None  # TokMem: the text after each memory token; None: the answer is one text
+    segments: list[Segment] | None = None  # TokMem: each memory token's procedure and text; None: the answer is one text
 
 
 class Method:

@@ -53,7 +53,7 @@ class TokMem(Method):
 
     def answer(self, queries: list[str]) -> list[Answer]:
         generations = generate(self.model, queries, self.decode_config)
-        return [Answer(g.text, g.procedures[0] if g.procedures else None, [s.text for s in g.trace]) for g in generations]
+        return [Answer(g.text, g.procedures[0] if g.procedures else None, g.trace) for g in generations]
 
     def save(self, directory: Path) -> bool:
         self.model.bank.save(directory / BANK_FILE)

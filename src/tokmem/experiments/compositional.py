@@ -45,6 +45,7 @@ from tokmem.baselines.common import Answer, Method
 from tokmem.baselines.lora import LoRA, Replay
 from tokmem.baselines.memory import TokMem, UnfrozenTokMem
 from tokmem.baselines.tools import ICL, ToolRAG
+from tokmem.cli_types import int_list, name_list
 from tokmem.data.procedures import Example
 from tokmem.data.tools import ToolData, split_tools, tool_dataset, tool_examples
 from tokmem.data.xlam import xlam_dataset
@@ -55,7 +56,7 @@ from tokmem.experiments.settings import MethodSettings
 from tokmem.report import console, machine
 from tokmem.train import TrainConfig
 
-METRICS = {"tool_f1": "Tool F1", "arg_f1": "Argument F1"}
+METRICS = metrics.CALL_METRICS
 TOKMEM_LABELS = {
     "tokmem-noadapt": "TokMem (w/o adapt)",
     "tokmem": "TokMem (w/ adapt)",
@@ -219,30 +220,18 @@ def build_method(name: str, config: CompositionalConfig, backbones: dict, tools:
 
 
 # ---- scoring ------------------------------------------------------------------------------------------
-def predicted_calls(answer: Answer) -> list[str]:
-    """TokMem's segments (one call each), or else the calls found in the answer's text."""
+def predicted_calls(answer: Answer) -> list[tuple[str, str | None]]:
+    """(call text, tool) pairs: TokMem's segments, one call each, with the tool its memory token chose; or else
+    the calls found in the answer's text, whose tool is the name they give."""
     if answer.segments is not None:
-        return answer.segments
-    return metrics.split_calls(answer.text)
+        return [(segment.text, segment.procedure) for segment in answer.segments]
+    return [(text, None) for text in metrics.split_calls(answer.text)]
 
 
-def score(examples: list[Example], predictions: list[list[str]]) -> dict:
-    """{"tool_f1": {"2": …, "3": …, "avg": …}, "arg_f1": {…}}: per number of gold calls, 0–100, averaged over
-    queries; "avg" is the mean over the numbers of calls present."""
-    if len(examples) != len(predictions):
-        raise ValueError(f"{len(predictions)} predictions for {len(examples)} queries")
-    by_calls = defaultdict(lambda: {metric: [] for metric in METRICS})
-    for example, predicted in zip(examples, predictions):
-        gold = [step.response for step in example.steps]
-        scores = by_calls[len(gold)]
-        scores["tool_f1"].append(100 * metrics.tool_f1(predicted, gold))
-        scores["arg_f1"].append(100 * metrics.argument_f1(predicted, gold))
-    return {metric: _by_calls(by_calls, metric) for metric in METRICS}
-
-
-def _by_calls(by_calls: dict, metric: str) -> dict[str, float]:
-    means = {str(n): metrics.mean(by_calls[n][metric]) for n in sorted(by_calls)}
-    return means | {"avg": metrics.mean(means.values())}
+def score(examples: list[Example], predictions: list[list[tuple[str, str | None]]]) -> dict:
+    """Tool, argument and call F1 (``metrics.call_scores``) of ``predicted_calls`` against the gold calls."""
+    calls = [[metrics.read_call(text, tool) for text, tool in predicted] for predicted in predictions]
+    return metrics.call_scores([[step.response for step in e.steps] for e in examples], calls)
 
 
 def evaluate(method: Method, examples: list[Example], batch_size: int, bar, samples: int = 3) -> dict:
@@ -261,7 +250,8 @@ def evaluate(method: Method, examples: list[Example], batch_size: int, bar, samp
 
 def answer_samples(examples: list[Example], predictions: list) -> list[dict]:
     """Queries with their gold and predicted calls, for a reader to see what the scores mean."""
-    return [{"query": e.query, "gold": [s.response for s in e.steps], "predicted": p} for e, p in zip(examples, predictions)]
+    return [{"query": e.query, "gold": [s.response for s in e.steps], "predicted": [text for text, _ in p]}
+            for e, p in zip(examples, predictions)]
 
 
 def learn_and_evaluate(method: Method, data: ToolData, config: CompositionalConfig, bar) -> dict:
@@ -385,7 +375,7 @@ def _save(result: dict, json_path) -> None:
 
 
 def summary_line(name: str, scores: dict) -> str:
-    return f"{name}: tool F1 {scores['tool_f1']['avg']:.1f}, argument F1 {scores['arg_f1']['avg']:.1f}"
+    return f"{name}: " + ", ".join(f"{title.lower()} {scores[metric]['avg']:.1f}" for metric, title in METRICS.items())
 
 
 # ---- tables and plots ------------------------------------------------------------------------------------
@@ -560,8 +550,6 @@ OPTIONS = {  # option → (type, help); each overrides the preset's value
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``compositional`` to a ``bench`` subcommand group."""
-    from tokmem.cli import int_list, name_list
-
     parser = subparsers.add_parser(
         "compositional", help="compositional tool calling: TokMem vs ICL, RAG, fine-tuning (Table 3, generalisation, forgetting)",
         description="The cpu preset takes about 45 (main), 60 (generalization) and 55 (forgetting) minutes on 2 busy CPU "
