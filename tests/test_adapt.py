@@ -1,6 +1,7 @@
 """The adaptation phase: LoRA merged into a copy of the backbone, temporary rows dropped, identity recorded."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -9,9 +10,10 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 
 import tokmem
 from tokmem import TrainConfig, load_backbone
-from tokmem.adapt import AdaptConfig, adapt, save_backbone
+from tokmem.adapt import AdaptConfig, adapt, adaptation_key, cached_adapt, save_backbone
 from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
+from tokmem.cli import main
 from tokmem.data.tools import split_tools, tool_examples
 from tokmem.errors import BackboneError, BankError
 
@@ -136,3 +138,33 @@ def test_inplace_adaptation_merges_into_the_given_model(backbone, base_state, ad
     assert adapted.model is own.model
     assert changed_weights(own.model, base_state) == projection_weights(own.model, QV)
     assert own.fingerprint() == adapted.fingerprint() != backbone.fingerprint()
+
+
+# ---- the adaptation as a cached artefact ----------------------------------------------------------------------
+def test_the_second_cached_adaptation_with_the_same_inputs_loads_the_first(backbone, adaptation_examples, tmp_path):
+    first, directory, cached = cached_adapt(backbone, adaptation_examples, FAST, options(max_steps=2), tmp_path)
+    assert not cached and directory.parent == tmp_path and directory.is_dir()
+    again, same_directory, cached = cached_adapt(backbone, adaptation_examples, FAST, options(max_steps=2), tmp_path)
+    assert cached and same_directory == directory
+    assert again.fingerprint() == first.fingerprint() != backbone.fingerprint()
+
+
+@pytest.mark.parametrize("change", [
+    lambda examples, config, rows: (examples[:-1], config, rows),
+    lambda examples, config, rows: (examples, AdaptConfig(lr=2e-2), rows),
+    lambda examples, config, rows: (examples, config, options(max_steps=2, init="orthogonal")),
+], ids=["data", "lora", "rows"])
+def test_the_adaptation_key_changes_with_the_data_and_every_setting(backbone, adaptation_examples, change):
+    key = adaptation_key(backbone, adaptation_examples, FAST, options(max_steps=2))
+    assert adaptation_key(backbone, *change(adaptation_examples, FAST, options(max_steps=2))) != key
+    assert adaptation_key(backbone, adaptation_examples, FAST, options(max_steps=2, progress=True)) == key
+
+
+def test_tokmem_adapt_saves_an_adapted_backbone_that_loads_by_its_directory(tmp_path, capsys):
+    out = tmp_path / "adapted"
+    assert main(["adapt", "--backbone", "tiny-random", "--out", str(out), "--samples", "60", "--max-length", "64",
+                 "--device", "cpu", "--quiet", "--json", str(tmp_path / "adapt.json")]) == 0
+    info = json.loads((tmp_path / "adapt.json").read_text())
+    assert info["examples"] == 60 and load_backbone(str(out)).fingerprint() == info["fingerprint"]
+    assert main(["adapt", "--backbone", "tiny-random", "--out", str(out)]) == 2
+    assert "already exists" in capsys.readouterr().err

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import logging
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from tokmem.backbones import ADAPTATION_KEY, Backbone, freeze, load_backbone
+from tokmem.backbones import ADAPTATION_KEY, Backbone, cache_dir, freeze, load_backbone
 from tokmem.bank import MemoryBank
 from tokmem.data.procedures import Example
 from tokmem.errors import BackboneError
@@ -37,12 +38,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class AdaptConfig:
-    """LoRA settings; the defaults are the paper's fine-tuning setup (rank 8 on the query and value
-    projections, AdamW with lr 5e-5 and weight decay 1e-2).  The temporary rows train as TokMem's rows
-    do, with the TrainConfig given to ``adapt`` (lr 5e-3, no weight decay, one epoch, batch 4)."""
+    """LoRA settings; the defaults are the reference code's adaptation phase (rank 8, alpha 32, dropout 0.1
+    on the query and value projections, AdamW with lr 5e-5 and weight decay 1e-2).  The temporary rows train
+    as TokMem's rows do, with the TrainConfig given to ``adapt`` (lr 5e-3, no weight decay, one epoch, batch 4)."""
 
     rank: int = 8
-    alpha: int = 16
+    alpha: int = 32
+    dropout: float = 0.1
     target_modules: tuple[str, ...] = ("q_proj", "v_proj")
     lr: float = 5e-5
     weight_decay: float = 1e-2
@@ -71,12 +73,13 @@ def adapt(
     base_fingerprint = backbone.fingerprint()
     torch.manual_seed(train_config.seed)  # the LoRA initialisation
     lora_config = LoraConfig(r=config.rank, lora_alpha=config.alpha, target_modules=list(config.target_modules),
-                             lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+                             lora_dropout=config.dropout, bias="none", task_type="CAUSAL_LM")
     try:
         wrapped = get_peft_model(backbone.model if inplace else copy.deepcopy(backbone.model), lora_config)
     except ValueError as err:
         raise BackboneError(f"cannot put LoRA on backbone '{backbone.name}': {err}") from None
     lora = [p for p in wrapped.parameters() if p.requires_grad]
+    wrapped.train()  # LoRA dropout; ``freeze`` below puts the merged model back in eval mode
     _train_with_temporary_rows(backbone, wrapped.get_base_model(), examples, train_config,
                                {"params": lora, "lr": config.lr, "weight_decay": config.weight_decay})
     digest = _digest(base_fingerprint, lora)
@@ -125,3 +128,26 @@ def save_backbone(backbone: Backbone, directory) -> Backbone:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return Backbone(str(target), backbone.model, backbone.tokenizer)
+
+
+def adaptation_key(backbone: Backbone, examples: list[Example], config: AdaptConfig, train_config: TrainConfig) -> str:
+    """What makes an adapted backbone: the base model's fingerprint, the data and every training setting
+    (not the progress or checkpoint options).  Two adaptations with the same key give the same model."""
+    digest = hashlib.sha256(backbone.fingerprint().encode())
+    for example in examples:
+        digest.update(json.dumps(example.to_json(), sort_keys=True, ensure_ascii=False).encode())
+    rows = {k: v for k, v in asdict(train_config).items() if k not in ("progress", "checkpoint", "checkpoint_every", "bf16")}
+    digest.update(json.dumps([asdict(config), rows], sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def cached_adapt(backbone: Backbone, examples: list[Example], config: AdaptConfig | None = None,
+                 train_config: TrainConfig | None = None, cache=None) -> tuple[Backbone, Path, bool]:
+    """``adapt`` once per key (``adaptation_key``): the adapted backbone is saved under ``cache`` (default
+    ``<tokmem cache>/adapted``) and later calls with the same backbone, data and settings load it.
+    Returns the backbone, its directory and whether it came from the cache."""
+    config, train_config = config or AdaptConfig(), train_config or TrainConfig()
+    directory = Path(cache or cache_dir() / "adapted") / adaptation_key(backbone, examples, config, train_config)
+    if directory.is_dir():
+        return load_backbone(str(directory), device=str(backbone.device)), directory, True
+    return adapt(backbone, examples, config, train_config, save_to=directory), directory, False

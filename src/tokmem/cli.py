@@ -15,6 +15,7 @@ from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
 from tokmem.experiments import compositional, placement
 from tokmem.report import console, error_console, machine, percent, scores_table, trace_table, write_json
+from tokmem.train import INITS, SCHEDULES
 
 
 def main(argv=None) -> int:
@@ -64,6 +65,22 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--no-renorm", action="store_true", help="skip renormalising the new rows")
     _training_options(add)
     add.set_defaults(handler=cmd_add)
+
+    adapt = commands.add_parser(
+        "adapt", help="the adaptation phase: teach a backbone to read and chain memory tokens, saved as a new backbone",
+        description="LoRA (r 8, alpha 32, dropout 0.1 on q, v) trains with temporary memory rows on held-out procedures, "
+        "is merged into the backbone and the rows are dropped. Default data: 5,000 queries over the built-in adaptation tools.")
+    adapt.add_argument("--backbone", default="smollm2-135m")
+    adapt.add_argument("--out", required=True, help="new directory for the adapted backbone (use it as --backbone later)")
+    adapt.add_argument("--data", help="procedures JSONL of held-out procedures (default: the built-in adaptation tools)")
+    adapt.add_argument("--samples", type=int, default=5000, help="built-in data: queries in all (50 single-tool samples a tool)")
+    adapt.add_argument("--epochs", type=int, default=1)
+    adapt.add_argument("--lr", type=float, default=5e-5, help="the LoRA weights' learning rate")
+    adapt.add_argument("--rows-lr", type=float, default=5e-3, help="the temporary memory rows' learning rate")
+    adapt.add_argument("--batch-size", type=int, default=4)
+    adapt.add_argument("--max-length", type=int, default=1024)
+    _common(adapt)
+    adapt.set_defaults(handler=cmd_adapt)
 
     run = commands.add_parser("run", help="answer queries with a bank (routing and chaining)")
     run.add_argument("--bank", required=True)
@@ -160,6 +177,10 @@ def _training_options(parser) -> None:
     parser.add_argument("--max-length", type=int, default=1024)
     parser.add_argument("--max-steps", type=int)
     parser.add_argument("--checkpoint-every", type=int, default=0, help="save the bank every N optimiser steps")
+    parser.add_argument("--init", choices=INITS, default="mean", help="new rows: mean embedding (the paper's text) or orthogonal")
+    parser.add_argument("--schedule", choices=SCHEDULES, default="constant", help="constant lr, or linear warm-up then decay")
+    parser.add_argument("--warmup", type=float, default=0.1, help="warm-up fraction of the linear schedule")
+    parser.add_argument("--renorm-every-step", action="store_true", help="renormalise the new rows after every step too")
     _common(parser)
 
 
@@ -177,7 +198,8 @@ def _train_config(args, out_path):
     return TrainConfig(
         lr=args.lr, weight_decay=args.weight_decay, epochs=args.epochs, batch_size=args.batch_size,
         grad_accum=args.grad_accum, max_length=args.max_length, max_steps=args.max_steps, seed=args.seed,
-        renormalize=not getattr(args, "no_renorm", False), progress=not args.quiet,
+        renormalize=not getattr(args, "no_renorm", False), renorm_every_step=args.renorm_every_step, init=args.init,
+        schedule=args.schedule, warmup=args.warmup, progress=not args.quiet,
         checkpoint=str(out_path) if args.checkpoint_every else None, checkpoint_every=args.checkpoint_every,
     )
 
@@ -230,6 +252,30 @@ def cmd_add(args) -> None:
     from tokmem.model import load
 
     _learn_and_save(load(args.bank, device=args.device), args, args.out or args.bank)
+
+
+def cmd_adapt(args) -> None:
+    from pathlib import Path
+
+    from tokmem.adapt import AdaptConfig, adapt
+    from tokmem.backbones import load_backbone
+    from tokmem.data import load_examples
+    from tokmem.data.tools import adaptation_examples
+    from tokmem.train import TrainConfig
+
+    if Path(args.out).exists():
+        raise TokMemError(f"{args.out} already exists: give --out a new directory")
+    examples = load_examples(args.data) if args.data else adaptation_examples(args.samples, seed=args.seed)
+    rows = TrainConfig(lr=args.rows_lr, epochs=args.epochs, batch_size=args.batch_size, max_length=args.max_length,
+                       seed=args.seed, progress=not args.quiet)
+    backbone = load_backbone(args.backbone, device=args.device)
+    adapted = adapt(backbone, examples, AdaptConfig(lr=args.lr), rows, save_to=args.out, inplace=True)
+    procedures = len({p for e in examples for p in e.procedures})
+    console.print(f"adapted {args.backbone} on {len(examples)} queries over {procedures} procedures; saved {adapted.name}")
+    console.print(f"use it with --backbone {adapted.name}")
+    if args.json:
+        write_json(args.json, {"backbone": adapted.name, "base": args.backbone, "examples": len(examples),
+                               "procedures": procedures, "fingerprint": adapted.fingerprint(), "machine": machine()})
 
 
 def cmd_run(args) -> None:

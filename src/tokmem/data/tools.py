@@ -602,6 +602,14 @@ def tool_examples(tools, n_single: int = 50, n_multi: int = 2500, max_calls: int
     return singles + compose(pools, n_multi, max_calls, random.Random(f"{seed}:multi"), taken, "multi")
 
 
+def adaptation_examples(samples: int = 5000, per_tool: int = 50, max_calls: int = 4, seed: int = 0) -> list[Example]:
+    """The reference code's adaptation set over the built-in adaptation tools: ``per_tool`` single-tool samples
+    of each (fewer when ``samples`` is too small for that), then composed queries up to ``samples`` in all."""
+    tools = split_tools()[0]
+    per_tool = min(per_tool, samples // len(tools))
+    return tool_examples(tools, per_tool, samples - per_tool * len(tools), max_calls, seed)
+
+
 def tool_dataset(
     tools=None,
     per_tool: int = 50,
