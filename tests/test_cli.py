@@ -12,6 +12,7 @@ import tokmem as tokmem_package
 from tokmem.bank import MemoryBank, metadata_path
 from tokmem.cli import main
 from tokmem.data import Example, Step, save_examples
+from tokmem.extras import EXTRAS
 
 WORDS = ["apple", "house", "table", "chair", "green", "water"]
 
@@ -130,3 +131,12 @@ def test_demo_reports_accuracies_in_unit_range_and_saves_its_bank(tmp_path):
     assert all(0 <= result[k] <= 1 for k in ("routing_accuracy", "exact_match", "chain_accuracy"))
     assert MemoryBank.load(bank).names == result["train"]["new_procedures"]
     assert not MemoryBank.load(bank).decoupled
+
+
+@pytest.mark.parametrize("study", [["atomic"], ["placement", "--study", "gsm8k"], ["compositional"]])
+def test_a_study_without_its_extra_fails_at_once_naming_the_extra(study, monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(EXTRAS, "studies", ("matplotlib", "tokmem_no_such_module"))
+    assert main(["bench", *study, "--backbone", "tiny-random", "--json", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert "needs the 'studies' extra (tokmem_no_such_module not installed): pip install 'tokmem[studies]'" in err
+    assert not (tmp_path / "x.json").exists()

@@ -7,12 +7,14 @@ import sys
 from dataclasses import fields
 
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.table import Table
 
 import tokmem
 from tokmem.cli_types import int_list, name_list
 from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
+from tokmem.extras import require_extra
 from tokmem.experiments import compositional, placement
 from tokmem.report import console, error_console, machine, percent, scores_table, trace_table, write_json
 from tokmem.train import INITS, SCHEDULES
@@ -25,9 +27,11 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
+        if getattr(args, "extra", None):
+            require_extra(args.extra)
         args.handler(args)
     except TokMemError as err:
-        error_console.print(f"[bold red]error:[/bold red] {err}", highlight=False)
+        error_console.print(f"[bold red]error:[/bold red] {escape(str(err))}", highlight=False)
         return 2
     return 0
 
@@ -122,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     _bench_atomic(studies)
     placement.add_parser(studies)
     compositional.add_parser(studies)
+    for study in studies.choices.values():
+        study.set_defaults(extra="studies")  # plots, and Sentence-BERT for RAG
     return parser
 
 
