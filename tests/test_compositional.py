@@ -64,7 +64,7 @@ def example(*calls):
 
 
 def assert_scores(scores, calls=("2", "3")):
-    for metric in ("tool_f1", "arg_f1"):
+    for metric in ("tool_f1", "arg_f1", "call_f1"):
         assert list(scores[metric]) == [*calls, "avg"]
         assert all(0.0 <= value <= 100.0 for value in scores[metric].values())
         assert scores[metric]["avg"] == pytest.approx(sum(scores[metric][c] for c in calls) / len(calls))
@@ -162,6 +162,24 @@ def test_main_study_reports_both_f1s_by_calls_and_the_trainable_params_of_every_
     assert params == {"icl": 0, "rag": 0, "lora": lora_params(backbone), "tokmem-noadapt": rows, "tokmem": rows}
     assert result["data"]["test"] == sum(result["data"]["test_by_calls"].values()) > 0
     assert result["adaptation"]["tools"] == split_tools()[0][:2]
+
+
+def test_recipe_study_trains_tokmem_as_configured_and_with_each_option_switched_alone(backbone, tmp_path_factory):
+    config = make_config(None, "recipe", **TINY, init="orthogonal", tool_segments="arguments")
+    result = compositional.run(config, backbone, progress=False)
+    changes = [point["change"] for point in result["variants"].values()]
+    assert changes == [{}, {"init": "mean"}, {"schedule": "linear"}, {"tool_segments": "call"}]
+    for point in result["variants"].values():
+        assert_scores(point["methods"]["tokmem"])
+    _, markdown, plot = compositional.write_outputs(result, tmp_path_factory.mktemp("recipe") / "recipe.json")
+    assert "| init: mean (not orthogonal) | TokMem (w/ adapt) |" in markdown.read_text() and plot.stat().st_size > 0
+
+
+def test_the_main_study_gives_tokmem_its_own_epochs(backbone):
+    config = make_config(None, "main", **TINY, epochs=1, tokmem_epochs=3)
+    method = compositional.build_method("tokmem", config, {"base": backbone, "adapted": backbone}, {})
+    assert method.epochs == method.train_config.epochs == 3
+    assert compositional.build_method("lora", config, {"base": backbone}, {}).epochs == 1
 
 
 def test_main_study_writes_table_3_and_a_plot(main_study):

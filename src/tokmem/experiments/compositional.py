@@ -9,6 +9,9 @@ Each tool is one procedure; a query needs 2–4 calls, answered as calls one JSO
   have at most 1, 2, 3 or 4 calls; the test set (2–4 calls) is the same for all.  TokMem's adaptation
   phase (on other tools, up to 4 calls) is the same for every cap, as in the paper, whose 4-call row
   repeats Table 3.
+* recipe (`run_recipe`): the training-recipe ablation.  TokMem (with adaptation) learns the main study's data
+  once as configured and once for each recipe option switched to its alternative alone (row initialisation,
+  learning-rate schedule, tool segments), at the same budget; the adaptation phase is shared.
 * forgetting (`run_forgetting`): the evaluation tools arrive in ``rounds`` equal groups, each with its
   own training and test queries (composed within the group); after each round every method answers
   the test queries of every group seen so far.  TokMem (renormalised, a continual ``learn`` a round)
@@ -68,11 +71,13 @@ MAIN_METHODS = ("icl", "rag", "lora", "tokmem-noadapt", "tokmem")
 STUDIES = {  # study → (default methods, methods it accepts)
     "main": (MAIN_METHODS, MAIN_METHODS),
     "generalization": (("lora", "tokmem"), MAIN_METHODS),
+    "recipe": (("tokmem",), ("tokmem", "tokmem-noadapt")),
     "forgetting": (
         ("replay", "tokmem", "tokmem-norenorm", "tokmem-unfrozen"),
         ("lora", "replay", "tokmem-noadapt", "tokmem", "tokmem-norenorm", "tokmem-unfrozen"),
     ),
 }
+RECIPE_OPTIONS = {"init": ("mean", "orthogonal"), "schedule": ("constant", "linear"), "tool_segments": ("arguments", "call")}
 XLAM_TOOLS = 50  # the paper's 50 evaluation + 50 adaptation tools, when the data is an xLAM file
 
 
@@ -265,7 +270,7 @@ def learn_and_evaluate(method: Method, data: ToolData, config: CompositionalConf
 # ---- the studies -----------------------------------------------------------------------------------------
 def run(config: CompositionalConfig, backbone: Backbone | None = None, progress: bool = True, json_path=None) -> dict:
     """The study ``config.study`` names; ``json_path``: where to save the result so far after every step."""
-    runners = {"main": run_main, "generalization": run_generalization, "forgetting": run_forgetting}
+    runners = {"main": run_main, "generalization": run_generalization, "forgetting": run_forgetting, "recipe": run_recipe}
     return runners[config.study](config, backbone, progress, json_path)
 
 
@@ -297,6 +302,33 @@ def run_generalization(config: CompositionalConfig, backbone=None, progress: boo
         for name in config.methods:
             point["methods"][name] = learn_and_evaluate(build_method(name, config, backbones, data.tools), data, config, bar)
             bar.write(f"trained on ≤ {n} calls: " + summary_line(name, point["methods"][name]))
+            _save(result, json_path)
+    bar.close()
+    return result
+
+
+def recipe_variants(config: CompositionalConfig) -> dict[str, dict]:
+    """"as configured" and, for each recipe option, the config with that option switched to its alternative."""
+    variants = {"as configured": {}}
+    for option, values in RECIPE_OPTIONS.items():
+        other = next(v for v in values if v != getattr(config, option))
+        variants[f"{option}: {other} (not {getattr(config, option)})"] = {option: other}
+    return variants
+
+
+def run_recipe(config: CompositionalConfig, backbone=None, progress: bool = True, json_path=None) -> dict:
+    config = config.resolved()
+    data = tool_data(config, (1, config.tools))
+    backbones, adaptation = prepare_backbones(config, backbone, progress)
+    variants = recipe_variants(config)
+    result = _start(config, [data], adaptation) | {"variants": {}}
+    bar = progress_bar(len(variants) * sum(config.epochs_of(m) * len(data.train) + len(data.test) for m in config.methods), progress)
+    for label, change in variants.items():
+        point = result["variants"][label] = {"change": change, "methods": {}}
+        for name in config.methods:
+            method = build_method(name, replace(config, **change), backbones, data.tools)
+            point["methods"][name] = learn_and_evaluate(method, data, config, bar)
+            bar.write(f"{label}: " + summary_line(name, point["methods"][name]))
             _save(result, json_path)
     bar.close()
     return result
@@ -383,12 +415,14 @@ def summary_line(name: str, scores: dict) -> str:
 
 # ---- tables and plots ------------------------------------------------------------------------------------
 def markdown(result: dict) -> str:
-    writers = {"main": main_markdown, "generalization": generalization_markdown, "forgetting": forgetting_markdown}
+    writers = {"main": main_markdown, "generalization": generalization_markdown, "forgetting": forgetting_markdown,
+               "recipe": recipe_markdown}
     return writers[result["study"]](result)
 
 
 def plot(result: dict, path) -> Path:
-    plotters = {"main": main_panels, "generalization": generalization_panels, "forgetting": forgetting_panels}
+    plotters = {"main": main_panels, "generalization": generalization_panels, "forgetting": forgetting_panels,
+                "recipe": recipe_panels}
     columns = len(result["methods"]) if result["study"] == "forgetting" else None
     return line_plot(path, plotters[result["study"]](result), columns)
 
@@ -442,6 +476,28 @@ def generalization_markdown(result: dict) -> str:
             for n, p in points.items() for s in p["methods"].values()]
     return ("# Compositional generalisation\n\nTrained on queries with at most the given number of calls; tested on the same "
             "queries for every setting. " + _note(result) + markdown_table(["Train maximum calls", "Method", *_score_header(calls)], rows))
+
+
+def recipe_markdown(result: dict) -> str:
+    """One row per recipe variant and method: average F1s and the seconds it trained."""
+    rows = [[label, s["label"], *(f"{s[m]['avg']:.1f}" for m in METRICS), f"{s['train_seconds']:.0f}"]
+            for label, point in result["variants"].items() for s in point["methods"].values()]
+    return ("# Training-recipe ablation\n\nEach row changes one option of the configured recipe "
+            f"(init {result['config']['init']}, schedule {result['config']['schedule']}, tool segments "
+            f"{result['config']['tool_segments']}) at the same budget. " + _note(result)
+            + markdown_table(["Variant", "Method", *(f"{t} Avg." for t in METRICS.values()), "Train s"], rows))
+
+
+def recipe_panels(result: dict) -> list[Panel]:
+    """Average F1 per variant (numbered in the table's order), one line per method."""
+    panels = []
+    for metric, title in METRICS.items():
+        series: dict[str, dict] = {}
+        for k, point in enumerate(result["variants"].values()):
+            for scores in point["methods"].values():
+                series.setdefault(scores["label"], {})[k] = scores[metric]["avg"]
+        panels.append(Panel(f"{title} (avg.)", "variant (row of the table, 0 = as configured)", "F1", lines(series), ylim=(0, 100)))
+    return panels
 
 
 def _group_series(entry: dict, metric: str) -> dict[str, dict]:

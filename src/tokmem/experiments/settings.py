@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from tokmem.train import INITS, SCHEDULES
+from tokmem.train import INITS, SCHEDULES, TOOL_SEGMENTS
 
 RECIPE_OPTIONS = {  # MethodSettings field → argparse keywords; every one overrides the preset's value
     "tokmem_epochs": dict(type=int, help="epochs of TokMem's rows (default: --epochs)"),
@@ -18,6 +18,8 @@ RECIPE_OPTIONS = {  # MethodSettings field → argparse keywords; every one over
     "warmup": dict(type=float, help="warm-up fraction of the linear schedule (default 0.1)"),
     "renorm_every_step": dict(action=argparse.BooleanOptionalAction,
                               help="renormalise TokMem's new rows after every step too (the reference code)"),
+    "tool_segments": dict(choices=TOOL_SEGMENTS, help="after a tool's memory token: its arguments only (the reference "
+                          "code) or the whole call"),
 }
 
 
@@ -36,6 +38,7 @@ class MethodSettings:
     schedule: str = "constant"  # every trained method: "constant" or "linear" (warm-up, then linear decay)
     warmup: float = 0.1
     renorm_every_step: bool = False  # TokMem: renormalise new rows after every step (the reference code), not only after the round
+    tool_segments: str = "arguments"  # TokMem: after a tool's memory token its "arguments" only (reference code), or the whole "call"
     batch_size: int = 4
     max_length: int = 1024
     max_new_tokens: int = 128
@@ -66,7 +69,7 @@ class MethodSettings:
     def tokmem_options(self) -> dict:
         """Keyword arguments of TokMem's variants."""
         return self.train_options() | dict(lr=self.tokmem_lr, epochs=self.tokmem_epochs or self.epochs, init=self.init,
-                                           renorm_every_step=self.renorm_every_step)
+                                           renorm_every_step=self.renorm_every_step, tool_segments=self.tool_segments)
 
     def lora_options(self) -> dict:
         """Keyword arguments of fine-tuning and replay."""
