@@ -443,8 +443,21 @@ def _note(result: dict) -> str:
     if isinstance(train, dict):
         train = f"{'/'.join(map(str, train.values()))} (capped at {'/'.join(train)} calls)"
     return (f"Backbone `{config['backbone']}`; {len(data['tools'])} tools ({data['source']}); {train} training "
-            f"and {data['test']} test queries ({calls}); {config['epochs']} epoch(s); seed {config['seed']}.{adapted} "
-            "F1 on a 0–100 scale; Avg. is the mean over the numbers of calls.\n\n")
+            f"and {data['test']} test queries ({calls}); seed {config['seed']}.{adapted}\n\n{_protocol(config)}\n\n"
+            "Tool F1: the tools called (TokMem's from its memory tokens); argument F1: the paper's, argument objects "
+            "matched whatever the name; call F1: name and arguments both right. 0–100; Avg. is the mean over the "
+            "numbers of calls.\n\n")
+
+
+def _protocol(config: dict) -> str:
+    """Which protocol the run followed: the reference code's recipe, or which parts of it differ."""
+    reference = {"tool_segments": "arguments", "init": "orthogonal", "schedule": "linear", "renorm_every_step": True}
+    differs = [f"{k} {config.get(k)}" for k, v in reference.items() if config.get(k, v) != v]
+    epochs = f"TokMem {config.get('tokmem_epochs') or config['epochs']}, fine-tuning {config.get('lora_epochs') or config['epochs']}"
+    recipe = ("Protocol: the reference code's (arguments-only tool segments, orthogonal rows, warm-up + linear decay, "
+              "per-step renormalisation)" if not differs else "Protocol: ours, differing from the reference code in "
+              + ", ".join(differs))
+    return f"{recipe}; batch {config['batch_size']}; epochs: {epochs}."
 
 
 def _calls(scores: dict) -> list[str]:
