@@ -259,7 +259,8 @@ def _learn_and_save(model, args, out_path) -> None:
         f"{summary['steps']} steps, {summary['seconds']} s, {summary['tokens_per_s']} tokens/s, final loss {summary['final_loss']:.3f}"
     )
     if report.truncated:
-        console.print(f"[yellow]truncated to --max-length {args.max_length}: {report.truncated.queries} queries, {report.truncated.responses} responses[/yellow]")
+        warning = report.truncated.describe(len(examples), args.max_length)
+        console.print(f"[yellow]warning: {warning}; raise --max-length to keep them whole[/yellow]", highlight=False)
     console.print(f"saved {out_path}")
     if args.json:
         write_json(args.json, {"bank": str(out_path), "procedures": model.bank.names, "train": summary, "machine": machine()})
