@@ -27,7 +27,7 @@ import ast
 from pathlib import Path
 
 from tokmem.data.toolfiles import (
-    Imported, bad, calls_example, list_field, read_records, require_object, text_field, tool_entry,
+    Imported, bad, list_field, read_records, require_object, text_field, tool_entry,
 )
 from tokmem.errors import DataError
 
@@ -35,9 +35,6 @@ ANSWERS = "possible_answer"
 FUNC_DOCS = "multi_turn_func_doc"
 SKIP_NO_ANSWERS = "question files with no possible_answer file (left out of a folder import)"
 SKIP_OTHER_ROLES = "system and other non-user messages (the query is the user's message)"
-SKIP_NO_CALLS = "records or turns with no gold calls"
-SKIP_NO_USER = "turns with no user message"
-SKIP_NO_SCHEMA = "records or turns calling a tool with no schema"
 
 
 def import_bfcl(path) -> Imported:
@@ -100,14 +97,7 @@ def _single_turn(question, qid, where, gold, answer_where, imported: Imported) -
     query = _user_query(turns[0], where, "question[0]", imported)
     schemas = dict(tool_entry(tool, where, f"function[{k}]") for k, tool in enumerate(list_field(question, "function", where)))
     calls = [_gold_call(call, answer_where, f"ground_truth[{k}]") for k, call in enumerate(gold)]
-    if query is None:
-        imported.skipped[SKIP_NO_USER] += 1
-    elif not calls:
-        imported.skipped[SKIP_NO_CALLS] += 1
-    elif any(name not in schemas for name, _ in calls):
-        imported.skipped[SKIP_NO_SCHEMA] += 1
-    else:
-        imported.add(calls_example(query, calls, qid), schemas)
+    imported.offer(query, calls, qid, schemas)
 
 
 def _user_query(turn, where: str, field: str, imported: Imported) -> str | None:
@@ -169,14 +159,7 @@ def _conversation(question, qid, where, gold, answer_where, docs: dict[str, dict
             raise bad(answer_where, field, "expected a list of call strings")
         query = _user_query(turn, where, f"question[{t}]", imported)
         calls = [parse_call(s, answer_where, f"{field}[{c}]", docs) for c, s in enumerate(strings)]
-        if query is None:
-            imported.skipped[SKIP_NO_USER] += 1
-        elif not calls:
-            imported.skipped[SKIP_NO_CALLS] += 1
-        elif any(arguments is None for _, arguments in calls):
-            imported.skipped[SKIP_NO_SCHEMA] += 1
-        else:
-            imported.add(calls_example(query, calls, f"{qid}/turn-{t}"), docs)
+        imported.offer(query, calls, f"{qid}/turn-{t}", docs, unit="turns")
 
 
 def parse_call(text: str, where: str, field: str, docs: dict[str, dict]) -> tuple[str, dict | None]:

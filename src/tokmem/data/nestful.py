@@ -20,14 +20,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from tokmem.data.toolfiles import (
-    Imported, bad, call_fields, calls_example, list_field, read_records, require_object, text_field, tool_entry,
+    Imported, bad, call_fields, list_field, read_records, require_object, text_field, tool_entry,
 )
 from tokmem.errors import DataError
 
 ANSWER_STEP = "var_result"
 SKIP_ANSWER = "var_result steps (NESTFUL's final answer, not a tool call)"
-SKIP_NO_CALLS = "records with no calls"
-SKIP_NO_SCHEMA = "records calling a tool with no schema"
 
 
 def default_spec(path) -> Path | None:
@@ -60,12 +58,7 @@ def import_nestful(path, spec=None) -> Imported:
         if schemas is None:
             raise DataError(f"{where}: no tool schemas: the record has no 'tools' and no spec file was given "
                             f"(none found beside {path.name} as *-spec.json)")
-        if not calls:
-            imported.skipped[SKIP_NO_CALLS] += 1
-        elif any(name not in schemas for name, _ in calls):
-            imported.skipped[SKIP_NO_SCHEMA] += 1
-        else:
-            imported.add(calls_example(query, calls, str(record.get("sample_id", index))), schemas)
+        imported.offer(query, calls, str(record.get("sample_id", index)), schemas)
     imported.require_examples(path)
     return imported
 

@@ -31,14 +31,21 @@ class Imported:
     catalog: dict[str, dict] = field(default_factory=dict)
     skipped: Counter = field(default_factory=Counter)
 
-    def add(self, example: Example, schemas: dict[str, dict]) -> None:
-        """Keep ``example``; ``schemas`` (name → catalog entry) must define every tool it calls."""
-        self.examples.append(example)
-        differs = False
-        for name in dict.fromkeys(example.procedures):
-            differs |= self.catalog.setdefault(name, schemas[name]) != schemas[name]
-        if differs:
-            self.skipped[SCHEMA_CONFLICT] += 1
+    def offer(self, query: str | None, calls: list[tuple[str, dict]], id: str, schemas: dict[str, dict],
+              unit: str = "records") -> None:
+        """Keep the example these calls make, or count (as ``unit``) why there is none: no query, no calls, or a
+        call to a tool ``schemas`` (name → catalog entry) does not define."""
+        if query is None:
+            self.skipped[f"{unit} with no user message"] += 1
+        elif not calls:
+            self.skipped[f"{unit} with no calls"] += 1
+        elif any(name not in schemas for name, _ in calls):
+            self.skipped[f"{unit} calling a tool with no schema"] += 1
+        else:
+            self.examples.append(calls_example(query, calls, id))
+            differing = [name for name, _ in calls if self.catalog.setdefault(name, schemas[name]) != schemas[name]]
+            if differing:
+                self.skipped[SCHEMA_CONFLICT] += 1
 
     def calls_per_example(self) -> dict[int, int]:
         """Number of calls → number of examples with that many."""

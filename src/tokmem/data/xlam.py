@@ -26,9 +26,6 @@ from tokmem.data.toolfiles import (
 from tokmem.data.tools import ToolData, assemble
 from tokmem.errors import DataError
 
-NO_CALLS = "records with no calls (no offered tool fits the query)"
-
-
 @dataclass(frozen=True)
 class XlamRecord:
     id: str
@@ -51,16 +48,14 @@ def load_xlam(path) -> list[XlamRecord]:
 
 
 def import_xlam(path) -> Imported:
-    """Every record with calls as an example; the catalog holds the called tools' schemas as the records give them."""
+    """Every record with calls as an example (one with none: no offered tool fits its query); the catalog holds
+    the called tools' schemas as the records give them."""
     records = load_xlam(path)
     imported = Imported(records=len(records))
     for record in records:
-        if not record.calls:
-            imported.skipped[NO_CALLS] += 1
-            continue
         schemas = {tool["name"]: catalog_entry(tool["name"], tool.get("description"), tool.get("parameters", {}))
                    for tool in record.tools}
-        imported.add(record.example(), schemas)
+        imported.offer(record.query, list(record.calls), record.id, schemas)
     imported.require_examples(path)
     return imported
 
