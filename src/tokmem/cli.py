@@ -123,34 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _import_nestful(path, tools):
-    from tokmem.data.nestful import import_nestful
-
-    return import_nestful(path, tools)
-
-
-def _import_bfcl(path, tools):
-    from tokmem.data.bfcl import import_bfcl
-
-    _no_tools(tools, "bfcl")
-    return import_bfcl(path)
-
-
-def _import_xlam(path, tools):
-    from tokmem.data.xlam import import_xlam
-
-    _no_tools(tools, "xlam")
-    return import_xlam(path)
-
-
-def _no_tools(tools, format_name) -> None:
-    if tools is not None:
-        raise TokMemError(f"--tools is for --format nestful; {format_name} files carry their tools' schemas")
-
-
-IMPORTERS = {"nestful": _import_nestful, "bfcl": _import_bfcl, "xlam": _import_xlam}
-
-
 def int_list(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(","))
@@ -334,6 +306,34 @@ def cmd_bench_atomic(args) -> None:
     console.print(Markdown(atomic.markdown(result, study)))
     files = atomic.Files(args.json, args.out_dir)
     console.print(f"[dim]wrote {files.json}, {files.markdown}, {files.plot}[/dim]")
+
+
+def _import_nestful(path, tools):
+    from tokmem.data.nestful import import_nestful
+
+    return import_nestful(path, tools)
+
+
+def _import_bfcl(path, tools):
+    from tokmem.data.bfcl import import_bfcl
+
+    _no_tools(tools, "bfcl")
+    return import_bfcl(path)
+
+
+def _import_xlam(path, tools):
+    from tokmem.data.xlam import import_xlam
+
+    _no_tools(tools, "xlam")
+    return import_xlam(path)
+
+
+def _no_tools(tools, format_name) -> None:
+    if tools is not None:
+        raise TokMemError(f"--tools is for --format nestful; {format_name} files carry their tools' schemas")
+
+
+IMPORTERS = {"nestful": _import_nestful, "bfcl": _import_bfcl, "xlam": _import_xlam}
 
 
 def cmd_data_import(args) -> None:
