@@ -106,6 +106,20 @@ def test_malformed_training_file_names_file_and_line(data, capsys):
     assert not (data / "b.safetensors").exists()
 
 
+def test_training_warns_how_many_sequences_max_length_truncated_and_how(data, capsys):
+    """At 24 tokens a short answer loses only query tokens; a long one is cut as well."""
+    short = [Example(f"Reverse {w}.", (Step("reverse", w[::-1]),)) for w in WORDS[:3]]
+    long = [Example(f"Repeat {w}.", (Step("repeat", " ".join([w] * 20)),), id=f"repeat-{w}") for w in WORDS[:2]]
+    save_examples(short + long, data / "mixed.jsonl")
+    assert tokmem("train", "--data", data / "mixed.jsonl", "--out", data / "b.safetensors", "--backbone", "tiny-random",
+                  "--device", "cpu", "--quiet", "--max-length", 24, "--json", data / "t.json") == 0
+    out = capsys.readouterr().out
+    assert ("warning: 5 of 5 training sequences were longer than 24 tokens" in out
+            and "3 lost the start of their query" in out and "2 also lost the end of their responses" in out)
+    summary = json.loads((data / "t.json").read_text())["train"]
+    assert (summary["truncated_queries"], summary["truncated_responses"]) == (5, 2)
+
+
 def test_console_script_is_installed():
     script = Path(sys.executable).with_name("tokmem")
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, check=True)

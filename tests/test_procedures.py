@@ -1,5 +1,6 @@
 """The procedures JSONL contract and its error messages."""
 
+import gzip
 import json
 
 import pytest
@@ -21,6 +22,25 @@ def test_examples_round_trip_through_jsonl(tmp_path):
     ]
     save_examples(examples, tmp_path / "x.jsonl")
     assert load_examples(tmp_path / "x.jsonl") == examples
+
+
+def test_a_save_that_fails_midway_leaves_the_previous_file_whole(tmp_path):
+    path = tmp_path / "x.jsonl"
+    kept = [Example("Reverse abc.", (Step("reverse", "cba"),))]
+    save_examples(kept, path)
+    with pytest.raises(TypeError):
+        save_examples(kept + [Example("Bad.", (Step("reverse", {"not", "json"}),))], path)
+    assert load_examples(path) == kept
+    assert [p.name for p in tmp_path.iterdir()] == ["x.jsonl"]
+
+
+def test_gzip_files_are_read_and_a_bad_one_is_a_data_error(tmp_path):
+    line = '{"query": "q", "steps": [{"procedure": "p", "response": "r"}]}\n'
+    (tmp_path / "x.jsonl.gz").write_bytes(gzip.compress(line.encode()))
+    assert load_examples(tmp_path / "x.jsonl.gz") == [Example("q", (Step("p", "r"),))]
+    (tmp_path / "bad.jsonl.gz").write_text(line)
+    with pytest.raises(DataError, match="bad.jsonl.gz: not a gzip file"):
+        load_examples(tmp_path / "bad.jsonl.gz")
 
 
 def test_chain_response_is_one_line_per_segment():

@@ -49,6 +49,13 @@ class TruncationCount:
     def __bool__(self) -> bool:
         return bool(self.queries or self.responses)
 
+    def describe(self, total: int, max_length: int) -> str:
+        """One line for a training summary: how many of ``total`` sequences were cut, and where."""
+        shown = ", ".join(self.examples[:3]) + (", …" if len(self.examples) > 3 else "")
+        return (f"{self.queries} of {total} training sequences were longer than {max_length} tokens ({shown}): "
+                f"{self.queries - self.responses} lost the start of their query (responses kept whole), "
+                f"{self.responses} also lost the end of their responses (cut mid-answer, no EOS)")
+
 
 def encode(example: Example, tokenizer, memory_id, max_length: int, truncated: TruncationCount | None = None,
            tools: Collection[str] = ()) -> Encoded:

@@ -8,11 +8,13 @@ One step is atomic recall; several steps are a chain.  A catalog file gives
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tokmem.errors import DataError
+from tokmem.experiments.outputs import write_text_atomic
 
 
 @dataclass(frozen=True)
@@ -118,11 +120,16 @@ def parse_example(obj, path="<data>", line: int = 1) -> Example:
 
 
 def read_text(path: Path) -> str:
-    """A data file's text, or a DataError that names the file and what is wrong with it."""
+    """A data file's text (gunzipped when its name ends in .gz), or a DataError that names the file and what is wrong."""
     try:
-        return path.read_text(encoding="utf-8")
+        data = path.read_bytes()
+        return (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8")
     except FileNotFoundError:
         raise DataError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a folder, not a file") from None
+    except (gzip.BadGzipFile, EOFError) as err:
+        raise DataError(f"{path}: not a gzip file ({err})") from None
     except UnicodeDecodeError as err:
         raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
 
@@ -163,11 +170,13 @@ def load_examples(path, known_procedures=None) -> list[Example]:
 
 
 def save_examples(examples, path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for example in examples:
-            f.write(json.dumps(example.to_json(), ensure_ascii=False) + "\n")
+    """Write the examples as JSON lines, atomically (a crash never leaves half a file)."""
+    write_text_atomic(path, "".join(json.dumps(e.to_json(), ensure_ascii=False) + "\n" for e in examples))
+
+
+def save_catalog(entries, path) -> None:
+    """Write catalog entries (``{"name", "description", …}`` objects) as JSON lines, atomically; ``load_catalog`` reads them."""
+    write_text_atomic(path, "".join(json.dumps(entry, ensure_ascii=False) + "\n" for entry in entries))
 
 
 def load_catalog(path) -> dict[str, str]:

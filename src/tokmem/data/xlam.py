@@ -19,10 +19,12 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokmem.data.procedures import Example, Step, read_text
-from tokmem.data.tools import ToolData, assemble, call_json
+from tokmem.data.procedures import Example
+from tokmem.data.toolfiles import (
+    Imported, bad, call_fields, calls_example, catalog_entry, read_records, require_object, text_field,
+)
+from tokmem.data.tools import ToolData, assemble
 from tokmem.errors import DataError
-
 
 @dataclass(frozen=True)
 class XlamRecord:
@@ -36,13 +38,26 @@ class XlamRecord:
         return {name for name, _ in self.calls}
 
     def example(self) -> Example:
-        return Example(self.query, tuple(Step(name, call_json(name, args)) for name, args in self.calls), id=self.id)
+        return calls_example(self.query, self.calls, self.id)
 
 
 def load_xlam(path) -> list[XlamRecord]:
     """Read and validate an xLAM file; a bad record is a DataError naming the file, record index and field."""
     path = Path(path)
-    return [_record(raw, path, index) for index, raw in enumerate(_raw_records(path))]
+    return [_record(raw, path, index) for index, raw in enumerate(read_records(path))]
+
+
+def import_xlam(path) -> Imported:
+    """Every record with calls as an example (one with none: no offered tool fits its query); the catalog holds
+    the called tools' schemas as the records give them."""
+    records = load_xlam(path)
+    imported = Imported(records=len(records))
+    for record in records:
+        schemas = {tool["name"]: catalog_entry(tool["name"], tool.get("description"), tool.get("parameters", {}))
+                   for tool in record.tools}
+        imported.offer(record.query, list(record.calls), record.id, schemas)
+    imported.require_examples(path)
+    return imported
 
 
 def rank_tools(records: list[XlamRecord]) -> list[tuple[str, int]]:
@@ -98,47 +113,23 @@ def _schemas(records, chosen) -> dict[str, dict]:
 
 # ---- reading and validation ----------------------------------------------------------------------------
 
-def _raw_records(path: Path) -> list:
-    text = read_text(path)
-    if text.lstrip().startswith("["):
-        return _decode(text, path)
-    return [_decode(line, path, f"line {number}") for number, line in enumerate(text.splitlines(), 1) if line.strip()]
-
-
-def _decode(text: str, path: Path, where: str = ""):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        location = f"{where}, " if where else ""
-        problem = f"{location}{err.msg} at line {err.lineno}, column {err.colno}"
-        raise DataError(f"{path}: invalid JSON ({problem})") from None
-
-
 def _record(raw, path: Path, index: int) -> XlamRecord:
     where = f"{path}: record {index}"
-    if not isinstance(raw, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(raw).__name__}")
-    query = raw.get("query")
-    if not isinstance(query, str) or not query.strip():
-        raise _bad(where, "query", "missing or empty (must be a non-empty string)")
+    query = text_field(require_object(raw, where), "query", where)
     tools = _json_list(raw, "tools", where)
     for k, tool in enumerate(tools):
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or not tool["name"].strip():
-            raise _bad(where, f"tools[{k}]", "expected an object with a non-empty 'name'")
+            raise bad(where, f"tools[{k}]", "expected an object with a non-empty 'name'")
     calls = _calls(_json_list(raw, "answers", where), {tool["name"] for tool in tools}, where)
     return XlamRecord(str(raw.get("id", index)), query, calls, tuple(tools))
 
 
 def _calls(answers: list, offered: set[str], where: str) -> tuple[tuple[str, dict], ...]:
-    for k, answer in enumerate(answers):
-        if not isinstance(answer, dict) or not isinstance(answer.get("name"), str):
-            raise _bad(where, f"answers[{k}]", "expected an object with a 'name' and 'arguments'")
-        if not isinstance(answer.get("arguments"), dict):
-            raise _bad(where, f"answers[{k}].arguments", "missing or not an object")
-        if answer["name"] not in offered:
-            problem = f"calls '{answer['name']}', which the record's 'tools' do not offer"
-            raise _bad(where, f"answers[{k}].name", problem)
-    return tuple((answer["name"], answer["arguments"]) for answer in answers)
+    calls = tuple(call_fields(answer, where, f"answers[{k}]") for k, answer in enumerate(answers))
+    for k, (name, _) in enumerate(calls):
+        if name not in offered:
+            raise bad(where, f"answers[{k}].name", f"calls '{name}', which the record's 'tools' do not offer")
+    return calls
 
 
 def _json_list(raw: dict, field: str, where: str) -> list:
@@ -148,11 +139,8 @@ def _json_list(raw: dict, field: str, where: str) -> list:
         try:
             value = json.loads(value)
         except json.JSONDecodeError as err:
-            raise _bad(where, field, f"not valid JSON ({err.msg}, column {err.colno})") from None
+            raise bad(where, field, f"not valid JSON ({err.msg}, column {err.colno})") from None
     if not isinstance(value, list):
-        raise _bad(where, field, "missing or not a list (nor a JSON string of one)")
+        raise bad(where, field, "missing or not a list (nor a JSON string of one)")
     return value
 
-
-def _bad(where: str, field: str, problem: str) -> DataError:
-    return DataError(f"{where}, field '{field}': {problem}")
