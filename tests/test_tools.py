@@ -222,6 +222,15 @@ def test_xlam_tools_rank_by_their_single_tool_samples(xlam_file):
     assert records[0].example().steps[0].response == call_json("alpha", {"x": 0})
 
 
+def test_xlam_ranking_leaves_out_search_and_samples_with_empty_arguments(xlam_file, tmp_path):
+    records = json.loads(xlam_file.read_text())
+    searches = [xlam_record(100 + k, "search") for k in range(12)]
+    empty = [{**xlam_record(200 + k, "gamma"), "answers": json.dumps([{"name": "gamma", "arguments": {}}])} for k in range(9)]
+    path = tmp_path / "more.json"
+    path.write_text(json.dumps(records + searches + empty), encoding="utf-8")
+    assert rank_tools(load_xlam(path)) == [("alpha", 9), ("beta", 6), ("gamma", 5), ("delta", 2)]
+
+
 def test_xlam_dataset_takes_the_ranked_tools_and_caps_the_composed_sets(xlam_file):
     data = xlam_dataset(xlam_file, ranks=(1, 3), per_tool=5, train_multi=7, test_multi=3, max_calls=3,
                         test_fraction=0.4)
@@ -283,3 +292,12 @@ def test_an_xlam_file_that_is_not_records_is_a_data_error(tmp_path):
     path.write_text("[{", encoding="utf-8")
     with pytest.raises(DataError, match="invalid JSON"):
         load_xlam(path)
+
+
+def test_an_xlam_study_adapts_on_the_first_ranks_and_evaluates_on_the_next(xlam_file):
+    from tokmem.experiments.compositional import adaptation_examples, make_config, tool_data
+
+    config = make_config(None, "main", xlam=str(xlam_file), tools=2, adapt_tools=2, per_tool=4, train_multi=2,
+                         test_multi=2, adapt_per_tool=2, adapt_multi=0).resolved()
+    assert set(tool_data(config, (1, config.tools)).tools) == {"gamma", "delta"}
+    assert {p for e in adaptation_examples(config) for p in e.procedures} == {"alpha", "beta"}

@@ -6,8 +6,8 @@ The file is a JSON list of records (or JSON lines), each::
 
 where ``answers`` and ``tools`` may also be JSON strings of those lists (as the dataset ships them).
 A tool-calling study takes the tools most often called alone (a *single-tool* sample calls one tool,
-perhaps several times), ranks them by that count, keeps ranks a..b (the paper: 50 evaluation tools,
-and another 50 for the adaptation phase), and composes multi-tool queries from their samples as
+perhaps several times), ranks them by that count, keeps ranks a..b (the reference code: ranks 1–50
+for the adaptation phase, 51–100 for evaluation), and composes multi-tool queries from their samples as
 ``tokmem.data.tools.assemble`` does.
 """
 
@@ -60,10 +60,20 @@ def import_xlam(path) -> Imported:
     return imported
 
 
+EXCLUDED_TOOLS = {"search"}  # the reference code leaves out the catch-all web search
+
+
 def rank_tools(records: list[XlamRecord]) -> list[tuple[str, int]]:
-    """(tool, number of single-tool samples), most frequent first; ties by name, so the ranking is stable."""
-    counts = Counter(next(iter(r.tool_names)) for r in records if len(r.tool_names) == 1)
+    """(tool, number of single-tool samples), most frequent first; ties by name, so the ranking is stable.
+    As in the reference code, ``search`` is left out and samples with a call of empty arguments do not count."""
+    counts = Counter(next(iter(r.tool_names)) for r in records if _single_tool(r))
     return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
+def _single_tool(record: XlamRecord) -> bool:
+    """A usable single-tool sample: one tool (not an excluded one), every call with arguments."""
+    return (len(record.tool_names) == 1 and not record.tool_names & EXCLUDED_TOOLS
+            and all(arguments for _, arguments in record.calls))
 
 
 def xlam_dataset(
@@ -96,8 +106,7 @@ def xlam_dataset(
 def _pools(records, chosen, per_tool, rng) -> dict[str, list[Example]]:
     by_tool: dict[str, dict[str, Example]] = {name: {} for name in chosen}
     for record in records:
-        names = record.tool_names
-        if len(names) == 1 and (name := next(iter(names))) in by_tool:
+        if _single_tool(record) and (name := next(iter(record.tool_names))) in by_tool:
             by_tool[name].setdefault(record.query, record.example())
     return {name: rng.sample(list(samples.values()), min(per_tool, len(samples))) for name, samples in by_tool.items()}
 

@@ -26,8 +26,8 @@ that does not parse matches no gold call: it lowers argument F1 and names no too
 TokMem with adaptation (the default TokMem, as in the paper) learns its memory tokens on a backbone
 adapted once per study (`tokmem.adapt`) on the held-out adaptation tools; its trainable parameters
 are its memory rows (the adaptation's LoRA, merged on other tools, is not counted, as in the paper).
-The data is the built-in catalog (`tokmem.data.tools`) or an xLAM file (ranks 1..tools for
-evaluation, the next ``adapt_tools`` for adaptation).
+The data is the built-in catalog (`tokmem.data.tools`) or an xLAM file (as in the reference code:
+ranks 1..adapt_tools adapt, the next ``tools`` ranks evaluate).
 
 `add_parser` adds the ``compositional`` subcommand (``tokmem bench compositional``).
 """
@@ -164,11 +164,13 @@ def make_config(preset: str | None = "cpu", study: str = "main", **options) -> C
 
 # ---- data and backbones ------------------------------------------------------------------------------
 def tool_data(config: CompositionalConfig, ranks: tuple[int, int], train_max_calls: int | None = None) -> ToolData:
-    """Train and test queries over the evaluation tools ranked ``ranks`` (1-based, inclusive)."""
+    """Train and test queries over the evaluation tools ranked ``ranks`` (1-based, inclusive, among the evaluation
+    tools: in an xLAM file they follow the adaptation tools, as in the reference code)."""
     sizes = dict(per_tool=config.per_tool, train_multi=config.train_multi, test_multi=config.test_multi,
                  max_calls=config.max_calls, train_max_calls=train_max_calls, seed=config.seed)
     if config.xlam:
-        return xlam_dataset(config.xlam, ranks, **sizes)
+        first, last = ranks
+        return xlam_dataset(config.xlam, (config.adapt_tools + first, config.adapt_tools + last), **sizes)
     first, last = ranks
     return tool_dataset(split_tools()[1][first - 1 : last], **sizes)
 
@@ -176,7 +178,7 @@ def tool_data(config: CompositionalConfig, ranks: tuple[int, int], train_max_cal
 def adaptation_examples(config: CompositionalConfig) -> list[Example]:
     """The adaptation phase's data: single and composed queries over the held-out adaptation tools."""
     if config.xlam:
-        ranks = (config.tools + 1, config.tools + config.adapt_tools)
+        ranks = (1, config.adapt_tools)
         return xlam_dataset(config.xlam, ranks, per_tool=config.adapt_per_tool, train_multi=config.adapt_multi, test_multi=0,
                             max_calls=config.max_calls, test_fraction=0.0, seed=config.seed).train
     tools = split_tools()[0][: config.adapt_tools]
