@@ -275,8 +275,34 @@ def test_gsm8k_study_trains_both_methods_per_fraction_keeps_the_best_epoch_and_s
 
 
 def test_gsm8k_options_reach_the_config_and_the_layout_is_checked():
-    config = placement.study_config(_cli("--study", "gsm8k", "--layout", "assistant", "--epochs", "2", "--validation-examples", "9", "--json", "x"))
+    args = _cli("--study", "gsm8k", "--layout", "assistant", "--epochs", "2", "--validation-examples", "9", "--json", "x.json")
+    config = placement.study_config(args)
     assert (config.layout, config.epochs, config.validation_examples) == ("assistant", 2, 9)
     assert placement.PRESETS["gsm8k"]["paper"].layout == placement.PRESETS["gsm8k"]["cpu"].layout == "reference"
     with pytest.raises(TokMemError, match="unknown GSM8K layout 'suffix'"):
         placement.run_gsm8k(GSM8KConfig(layout="suffix"))
+
+
+def test_a_resumed_gsm8k_study_skips_the_runs_its_json_holds_and_refuses_other_settings(tmp_path):
+    _write_gsm8k(tmp_path / "gsm8k", train=8, test=2)
+    config = GSM8KConfig(
+        backbone="tiny-random", data=str(tmp_path / "gsm8k"), validation_examples=2, epochs=1, fractions=(0.5, 1.0),
+        max_new_tokens=2, progress=False,
+    )
+    path = tmp_path / "gsm8k.json"
+    first = placement.run_study("gsm8k", config, path)
+    saved = json.loads(path.read_text())
+    saved["gsm8k"]["50"]["tokmem"]["train_seconds"] = -1.0  # a mark: a skipped run keeps it
+    del saved["gsm8k"]["100"]["prefix"]  # as if the run had stopped before this one
+    path.write_text(json.dumps(saved))
+    resumed = placement.run_study("gsm8k", replace(config, device="cpu"), path, resume=True)
+    assert resumed["gsm8k"]["50"]["tokmem"]["train_seconds"] == -1.0
+    assert resumed["gsm8k"]["100"]["prefix"]["steps"] == first["gsm8k"]["100"]["prefix"]["steps"] == 2
+    assert list(resumed["gsm8k"]["100"]) == ["tokmem", "prefix"] and json.loads(path.read_text())["gsm8k"] == resumed["gsm8k"]
+    with pytest.raises(TokMemError, match="other settings \\(epochs\\)"):
+        placement.run_study("gsm8k", replace(config, epochs=2), path, resume=True)
+
+
+def test_resume_applies_to_the_gsm8k_study_only():
+    with pytest.raises(TokMemError, match="--resume does not apply to --study memorization"):
+        placement.run_command(_cli("--resume", "--json", "x.json"))

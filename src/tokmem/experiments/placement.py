@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
 import random
 import string
@@ -59,7 +60,7 @@ from tokmem.baselines import prefix
 from tokmem.data.gsm8k import Problem, load_gsm8k
 from tokmem.decode import DecodeConfig, complete
 from tokmem.errors import DataError, TokMemError
-from tokmem.experiments.outputs import Panel, line_plot, markdown_table, write_json_atomic, write_text_atomic
+from tokmem.experiments.outputs import Panel, line_plot, markdown_table, read_json, write_json_atomic, write_text_atomic
 from tokmem.layout import IGNORE, Encoded, chat_prefix, chat_turns, collate
 from tokmem.model import TokMemModel
 from tokmem.report import console, machine
@@ -293,28 +294,46 @@ class GSM8KConfig:
     progress: bool = True
 
 
-def run_gsm8k(config: GSM8KConfig) -> dict:
-    """Train each method on each fraction of the training subset, keep its best epoch by validation; score the test answers."""
+def run_gsm8k(config: GSM8KConfig, json_path=None, resume: bool = False) -> dict:
+    """Train each method on each fraction of the training subset, keep its best epoch by validation; score the test answers.
+
+    With ``json_path`` the result so far is written after every run; ``resume`` skips the runs it already holds.
+    """
     _check_gsm8k(config)
     start = time.perf_counter()
     train_set, validation_set = split_gsm8k(load_gsm8k(Path(config.data) / "train.jsonl"), config)
     test_set = load_gsm8k(Path(config.data) / "test.jsonl")[: config.test_examples]
-    backbone = load_backbone(config.backbone, device=config.device)
-    results = {}
+    result = _gsm8k_start(config, json_path, resume)
+    earlier = result["seconds"]
+    result.update(train_examples=len(train_set), validation_examples=len(validation_set), test_examples=len(test_set))
+    backbone = None
     for fraction in config.fractions:
         subset = train_set[: max(1, round(fraction * len(train_set)))]
-        results[f"{100 * fraction:g}"] = {method: _gsm8k_run(backbone, method, subset, validation_set, test_set, config) for method in METHODS}
-    return {
-        "study": "gsm8k",
-        "gsm8k": results,
-        "train_examples": len(train_set),
-        "validation_examples": len(validation_set),
-        "test_examples": len(test_set),
-        "seconds": round(time.perf_counter() - start, 1),
-        "config": asdict(config),
-        "tokmem": tokmem.__version__,
-        "machine": machine(),
-    }
+        runs = result["gsm8k"].setdefault(f"{100 * fraction:g}", {})
+        for method in METHODS:
+            if method in runs:
+                continue
+            backbone = backbone or load_backbone(config.backbone, device=config.device)
+            runs[method] = _gsm8k_run(backbone, method, subset, validation_set, test_set, config)
+            result["seconds"] = round(earlier + time.perf_counter() - start, 1)
+            if json_path is not None:
+                write_json_atomic(json_path, result)
+    return result
+
+
+def _gsm8k_start(config: GSM8KConfig, json_path, resume: bool) -> dict:
+    """The result so far: the saved JSON when resuming (its settings must match but for the device), else an empty one."""
+    settings = json.loads(json.dumps(asdict(config)))  # as the JSON holds them: tuples become lists
+    if resume and json_path is not None and Path(json_path).is_file():
+        saved = read_json(json_path)
+        changed = [key for key in settings if key not in ("device", "progress") and saved.get("config", {}).get(key) != settings[key]]
+        if saved.get("study") != "gsm8k" or changed:
+            raise TokMemError(
+                f"cannot resume {json_path}: it was run with other settings ({', '.join(changed) or 'another study'}); "
+                "use the same options, or drop --resume to start over"
+            )
+        return saved
+    return {"study": "gsm8k", "gsm8k": {}, "seconds": 0.0, "config": settings, "tokmem": tokmem.__version__, "machine": machine()}
 
 
 def _check_gsm8k(config: GSM8KConfig) -> None:
@@ -449,10 +468,9 @@ def _memorization_cells(entry: dict) -> tuple[str, str]:
 def gsm8k_markdown(result: dict) -> str:
     """The paper's GSM8K table layout: per data fraction, both compliances and EM (%) of each method, and the kept epoch."""
     rows = [
-        [f"{fraction}%", LABELS[method], *(f"{100 * scores[key]:.1f}" for key in ("compliance", "strict_compliance", "em")),
-         f"{scores['best_epoch']} of {len(scores['validation'])}"]
+        [f"{fraction}%", LABELS[method], *_gsm8k_cells(methods[method])]
         for fraction, methods in result["gsm8k"].items()
-        for method, scores in methods.items()
+        for method in METHODS
     ]
     config = result["config"]
     note = (
@@ -463,6 +481,11 @@ def gsm8k_markdown(result: dict) -> str:
     )
     header = ["Data%", "Method", "Compliance ↑", "Strict compliance ↑", "EM ↑", "Kept epoch"]
     return note + markdown_table(header, rows)
+
+
+def _gsm8k_cells(scores: dict) -> list[str]:
+    percentages = [f"{100 * scores[key]:.1f}" for key in ("compliance", "strict_compliance", "em")]
+    return percentages + [f"{scores['best_epoch']} of {len(scores['validation'])}"]
 
 
 def plot_memorization(result: dict, path) -> Path:
@@ -508,10 +531,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--data", help="gsm8k: the folder with train.jsonl and test.jsonl (default ../shared/data/gsm8k)")
     parser.add_argument("--train-examples", type=int, help="gsm8k: size of the training subset")
     parser.add_argument("--test-examples", type=int, help="gsm8k: size of the test subset")
-    parser.add_argument("--validation-examples", type=int, help="gsm8k: problems held out of train.jsonl (its last ones) to pick the best epoch")
+    parser.add_argument("--validation-examples", type=int, help="gsm8k: problems held out (the last of train.jsonl) to pick the best epoch")
     parser.add_argument("--epochs", type=int, help="gsm8k: training epochs (validation after each)")
-    parser.add_argument("--layout", choices=LAYOUTS, help="gsm8k: reference = `question: …` user turn, TokMem's memory token, "
-                        "then the assistant header, target `answer: …` (default); assistant = the memory token after the assistant header")
+    parser.add_argument("--layout", choices=LAYOUTS, help="gsm8k: reference = `question: …` user turn, TokMem's memory token, the "
+                        "assistant header, target `answer: …` (default); assistant = the memory token after the assistant header")
+    parser.add_argument("--resume", action="store_true", help="gsm8k: continue the run in --json, skipping its finished runs")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.set_defaults(handler=run_command)
     return parser
@@ -534,18 +558,23 @@ def study_config(args):
 
 
 def run_command(args) -> None:
-    run_study(args.study, study_config(args), args.json)
+    if args.resume and args.study != "gsm8k":
+        raise TokMemError(f"--resume does not apply to --study {args.study}")
+    run_study(args.study, study_config(args), args.json, args.resume)
 
 
-def run_study(study: str, config, json_path) -> dict:
-    """Run a study and write its JSON, its markdown table (.md beside it) and, for memorisation, its plot (.png)."""
+def run_study(study: str, config, json_path, resume: bool = False) -> dict:
+    """Run a study and write its JSON, its markdown table (.md beside it) and, for memorisation, its plot (.png).
+
+    GSM8K writes its JSON after every run as well, so that ``resume`` can skip the finished ones.
+    """
     json_path = Path(json_path)
     if study == "memorization":
         result = run_memorization(config)
         markdown = memorization_markdown(result)
         written = [plot_memorization(result, json_path.with_suffix(".png"))]
     else:
-        result = run_gsm8k(config)
+        result = run_gsm8k(config, json_path, resume)
         markdown = gsm8k_markdown(result)
         written = []
     written += [write_json_atomic(json_path, result), write_text_atomic(json_path.with_suffix(".md"), markdown)]
