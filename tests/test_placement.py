@@ -271,7 +271,9 @@ def test_gsm8k_study_trains_both_methods_per_fraction_keeps_the_best_epoch_and_s
             assert len(scores["samples"]) == 3
     markdown = (tmp_path / "gsm8k.md").read_text()
     assert f"{layout} layout" in markdown and "| Compliance ↑ | Strict compliance ↑ | EM ↑ | Kept epoch |" in markdown
-    assert "| 20% | Prefix tuning |" in markdown and "| 100% | TokMem |" in markdown
+    rows = [line for line in markdown.splitlines() if line.startswith(("| 20% |", "| 100% |"))]
+    kept = [f"| {result['gsm8k'][f][m]['best_epoch']} of 2 |" for f in ("20", "100") for m in ("prefix", "tokmem")]
+    assert [row.split(" | ")[1] for row in rows] == ["Prefix tuning", "TokMem"] * 2 and all(map(str.endswith, rows, kept))
 
 
 def test_gsm8k_options_reach_the_config_and_the_layout_is_checked():
