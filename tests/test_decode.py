@@ -10,7 +10,8 @@ from helpers import random_rows
 
 import tokmem
 from tokmem import DecodeConfig
-from tokmem.layout import chat_prefix, positions
+from tokmem.decode import complete
+from tokmem.layout import chat_prefix, chat_turns, positions
 
 QUERIES = ["Reverse apple.", "hi", "What is the weather like today?", "Write house in capitals.", "Double water, please."]
 
@@ -177,6 +178,32 @@ def test_chaining_stops_after_max_steps_segments_and_at_max_new_tokens(lively_ba
         assert generation.routed and generation.memory_mass == pytest.approx(1)
         assert generation.procedures == ["a", "a", "a"]
         assert pairs(generation) == segments(model, expected)
+
+
+# ---- completing laid-out contexts ---------------------------------------------------------------------
+@torch.no_grad()
+def complete_without_cache(model, context, max_new_tokens) -> str:
+    """Reference: re-run the whole sequence at every step, greedy over the vocabulary alone, up to EOS."""
+    new = []
+    while len(new) < max_new_tokens:
+        ids = torch.tensor([context + new])
+        hidden, _ = model.hidden(ids, torch.ones_like(ids))
+        token = int(model.logits(hidden[0, -1])[: model.vocab_size].argmax())
+        if token == model.backbone.eos_token_id:
+            break
+        new.append(token)
+    return model.backbone.tokenizer.decode(new, skip_special_tokens=True).strip()
+
+
+def test_complete_continues_contexts_with_a_memory_token_inside_like_rerunning_each_alone(model):
+    tokenizer = model.backbone.tokenizer
+    contexts = []
+    for query, name in zip(QUERIES, "abcab"):  # unequal lengths: left padding; the memory token before the assistant header
+        turn, header = chat_turns(tokenizer, query)
+        contexts.append(turn + [model.memory_id(name)] + header)
+    answers = complete(model, contexts, DecodeConfig(max_new_tokens=12, batch_size=2))
+    assert answers == [complete_without_cache(model, c, 12) for c in contexts]
+    assert len(set(answers)) > 1  # the outputs differ, so the comparison means something
 
 
 # ---- sampling -----------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ import torch
 
 from tokmem import Example, Step
 from tokmem.errors import DataError
-from tokmem.layout import IGNORE, TruncationCount, chat_prefix, collate, encode
+from tokmem.layout import IGNORE, TruncationCount, chat_prefix, chat_turns, collate, encode
 
 CHAIN = Example("Reverse water, then capitalise it.", (Step("reverse", "retaw"), Step("upper", "RETAW")), id="chain")
 MEMORY = {"reverse": 1000, "upper": 1001}
@@ -22,6 +22,20 @@ def tokens(tokenizer, text):
 
 def test_chat_prefix_ends_where_the_assistant_answer_starts(tokenizer):
     assert tokenizer.decode(chat_prefix(tokenizer, "hi")) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_chat_turns_split_the_chat_prefix_at_the_assistant_header(tokenizer):
+    turn, header = chat_turns(tokenizer, "hi")
+    assert tokenizer.decode(turn) == "<|im_start|>user\nhi<|im_end|>\n"
+    assert tokenizer.decode(header) == "<|im_start|>assistant\n"
+    assert turn + header == chat_prefix(tokenizer, "hi")
+
+
+def test_without_a_chat_template_the_turn_is_the_query_line_and_the_header_is_empty(tokenizer, monkeypatch):
+    monkeypatch.setattr(tokenizer, "chat_template", None)
+    turn, header = chat_turns(tokenizer, "hi")
+    assert (turn, header) == (tokens(tokenizer, "hi\n"), [])
+    assert chat_prefix(tokenizer, "hi") == turn
 
 
 def test_sequence_is_prefix_then_memory_token_before_each_segment_then_eos(tokenizer):

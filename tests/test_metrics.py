@@ -17,6 +17,7 @@ from tokmem.metrics import (
     extract_final_number,
     gsm8k_compliant,
     gsm8k_exact_match,
+    gsm8k_strictly_compliant,
     mean,
     multiset_f1,
     normalize_answer,
@@ -240,15 +241,28 @@ def test_call_scores_refuse_a_prediction_list_of_another_length():
     "text",
     ["She has 5 left.\n#### 5", "#### 1,234\n", "#### -3.5", "#### $12", "####72  ", "#### +0.50"],
 )
-def test_gsm8k_compliant_accepts_answer_ending_with_marked_number(text):
-    assert gsm8k_compliant(text)
+def test_gsm8k_strictly_compliant_accepts_answer_ending_with_marked_number(text):
+    assert gsm8k_strictly_compliant(text)
 
 
 @pytest.mark.parametrize(
     "text",
     ["The answer is 5", "#### 5 apples", "#### 5\nThen more text", "#### ", "#### 5.", "# 5", "#### five"],
 )
-def test_gsm8k_compliant_rejects_anything_else(text):
+def test_gsm8k_strictly_compliant_rejects_anything_else(text):
+    assert not gsm8k_strictly_compliant(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["She has 5 left.\n#### 5", "#### 5 apples", "#### 5\nThen more text", "#### five", "a #### b", "#### "],
+)
+def test_gsm8k_compliant_accepts_the_marker_and_a_space_anywhere(text):
+    assert gsm8k_compliant(text)
+
+
+@pytest.mark.parametrize("text", ["The answer is 5", "####72", "### 5", "# 5", "5 ####"])
+def test_gsm8k_compliant_rejects_answers_without_the_marker_and_a_space(text):
     assert not gsm8k_compliant(text)
 
 

@@ -6,13 +6,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
-from tokmem.data.gsm8k import load_gsm8k
+from tokmem.data.gsm8k import Problem, load_gsm8k
 from tokmem.errors import DataError, TokMemError
 from tokmem.experiments import placement
 from tokmem.experiments.placement import GSM8KConfig, MemorizationConfig, steps_at_90
 from tokmem.layout import IGNORE, chat_prefix
-from tokmem.metrics import gsm8k_compliant
+from tokmem.metrics import gsm8k_strictly_compliant
+from tokmem.train import TrainConfig, fit
 
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 TEXT = "TokMem compiles each procedure into one trainable embedding used by a frozen language model. " * 12
@@ -117,7 +119,7 @@ def test_an_option_of_the_other_study_is_an_error():
 def test_gsm8k_loader_reads_the_real_files(split):
     problems = load_gsm8k(GSM8K / f"{split}.jsonl")
     assert len(problems) > 100
-    assert all(p.question.strip() and gsm8k_compliant(p.answer) for p in problems)
+    assert all(p.question.strip() and gsm8k_strictly_compliant(p.answer) for p in problems)
 
 
 @pytest.mark.parametrize(
@@ -150,17 +152,159 @@ def _write_gsm8k(folder: Path, train: int, test: int) -> None:
         (folder / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def test_gsm8k_study_trains_both_methods_on_each_fraction_and_scores_the_test_answers(tmp_path):
-    _write_gsm8k(tmp_path / "gsm8k", train=10, test=3)
-    config = GSM8KConfig(backbone="tiny-random", data=str(tmp_path / "gsm8k"), max_new_tokens=4, progress=False)
+PROBLEM = Problem("How many?", "2 + 2 = 4\n#### 4")
+
+
+def _tokens(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _chat(tokenizer, query: str, header: bool) -> str:
+    return tokenizer.apply_chat_template([{"role": "user", "content": query}], tokenize=False, add_generation_prompt=header)
+
+
+def test_reference_layout_places_the_memory_token_between_the_user_turn_and_the_assistant_header(backbone):
+    tokenizer = backbone.tokenizer
+    model = placement.build("tokmem", 1, backbone, name="gsm8k")
+    encoded = placement.gsm8k_encode(model, "tokmem", "reference", PROBLEM)
+    turn_text = _chat(tokenizer, "question: How many?", header=False)
+    turn, header = _tokens(tokenizer, turn_text), _tokens(tokenizer, _chat(tokenizer, "question: How many?", header=True)[len(turn_text) :])
+    target = _tokens(tokenizer, "answer: 2 + 2 = 4\n#### 4") + [tokenizer.eos_token_id]
+    assert tokenizer.decode(turn).endswith("question: How many?<|im_end|>\n") and tokenizer.decode(header) == "<|im_start|>assistant\n"
+    assert encoded.input_ids == turn + [backbone.vocab_size] + header + target
+    assert encoded.labels == [IGNORE] * (len(turn) + 1 + len(header)) + target  # neither the query nor the memory token
+    context = placement.gsm8k_context(model, "tokmem", "reference", PROBLEM.question)
+    assert context == encoded.input_ids[: len(context)] and len(context) == len(encoded.input_ids) - len(target)
+
+
+def test_prefix_tuning_keeps_its_rows_before_the_same_framed_query_in_the_reference_layout(backbone):
+    tokenizer = backbone.tokenizer
+    model = placement.build("prefix", 1, backbone, name="gsm8k")
+    encoded = placement.gsm8k_encode(model, "prefix", "reference", PROBLEM)
+    query = chat_prefix(tokenizer, "question: How many?")
+    target = _tokens(tokenizer, "answer: 2 + 2 = 4\n#### 4") + [tokenizer.eos_token_id]
+    assert encoded.input_ids == [backbone.vocab_size] + query + target
+    assert encoded.labels == [IGNORE] * (1 + len(query)) + target
+
+
+def test_assistant_layout_places_the_memory_token_after_the_assistant_header_with_the_bare_texts(backbone):
+    tokenizer = backbone.tokenizer
+    model = placement.build("tokmem", 1, backbone, name="gsm8k")
+    encoded = placement.gsm8k_encode(model, "tokmem", "assistant", PROBLEM)
+    query = chat_prefix(tokenizer, "How many?")
+    target = _tokens(tokenizer, PROBLEM.answer) + [tokenizer.eos_token_id]
+    assert encoded.input_ids == query + [backbone.vocab_size] + target
+    assert encoded.labels == [IGNORE] * (len(query) + 1) + target
+
+
+def test_gsm8k_scores_report_both_compliance_rules_and_exact_match():
+    problems = [Problem("q", "#### 4"), Problem("q", "#### 7"), Problem("q", "#### 1"), Problem("q", "#### 2")]
+    answers = ["so 4\n#### 4", "#### 7 apples", "####1", "no marker"]
+    scores = placement.gsm8k_scores(answers, problems)
+    assert scores == {"compliance": 0.5, "strict_compliance": 0.5, "em": 0.75}
+
+
+@pytest.mark.parametrize(
+    ("examples", "batch_size", "epochs", "ends"),
+    [(8, 4, 3, {2: 1, 4: 2, 6: 3}), (10, 4, 2, {3: 1, 5: 2}), (2, 4, 3, {1: 2, 2: 3})],
+)
+def test_an_epoch_ends_at_the_step_that_holds_its_last_example(examples, batch_size, epochs, ends):
+    assert placement.epoch_ends(examples, batch_size, epochs) == ends
+
+
+@pytest.mark.parametrize(
+    ("scores", "kept"),
+    [
+        ([(0.1, 0.5), (0.3, 0.6), (0.2, 1.0)], 2),  # the best exact match
+        ([(0.0, 0.5), (0.0, 0.9), (0.0, 0.9)], 2),  # equal exact match: the higher compliance, then the earlier epoch
+        ([(0.0, 0.0), (0.0, 0.0), (0.0, 0.0)], 1),
+    ],
+)
+def test_best_by_validation_keeps_the_rows_of_the_best_epoch(backbone, scores, kept):
+    model = placement.build("tokmem", 1, backbone, name="gsm8k")
+    encoded = [placement.gsm8k_encode(model, "tokmem", "reference", Problem(f"{i}?", f"#### {i}")) for i in range(4)]
+    best, rows = placement.BestByValidation(), {}
+
+    def validate(step: int, total: int) -> None:
+        rows[step] = model.memory_matrices()[0].detach().clone()
+        em, compliance = scores[step - 1]
+        best.offer(model, step, {"em": em, "compliance": compliance, "strict_compliance": 0.0})
+
+    fit(model, encoded, TrainConfig(lr=0.1, epochs=3, batch_size=4, progress=False), on_step=validate)
+    final = model.bank.index.clone()
+    best.restore(model)
+    assert best.epoch == kept and [point["epoch"] for point in best.curve] == [1, 2, 3]
+    assert torch.equal(model.bank.index, rows[kept])
+    assert kept == 3 or not torch.equal(model.bank.index, final)
+
+
+def test_the_validation_split_is_the_end_of_the_training_file_and_the_subset_comes_before_it():
+    problems = [Problem(f"{i}?", f"#### {i}") for i in range(10)]
+    train, validation = placement.split_gsm8k(problems, GSM8KConfig(train_examples=4, validation_examples=3))
+    assert [p.question for p in train] == ["0?", "1?", "2?", "3?"]
+    assert [p.question for p in validation] == ["7?", "8?", "9?"]
+    assert len(placement.split_gsm8k(problems, GSM8KConfig(validation_examples=3))[0]) == 7
+    with pytest.raises(DataError, match="10 problems, too few to hold out 10 for validation"):
+        placement.split_gsm8k(problems, GSM8KConfig(validation_examples=10))
+
+
+@pytest.mark.parametrize("layout", ["reference", "assistant"])
+def test_gsm8k_study_trains_both_methods_per_fraction_keeps_the_best_epoch_and_scores_the_test_answers(tmp_path, layout):
+    _write_gsm8k(tmp_path / "gsm8k", train=12, test=3)
+    config = GSM8KConfig(
+        backbone="tiny-random", data=str(tmp_path / "gsm8k"), layout=layout, validation_examples=2, epochs=2, batch_size=2,
+        max_new_tokens=4, progress=False,
+    )
     result = placement.run_study("gsm8k", config, tmp_path / "gsm8k.json")
     assert json.loads((tmp_path / "gsm8k.json").read_text())["gsm8k"] == result["gsm8k"]
+    assert result["config"]["layout"] == layout and result["config"]["epochs"] == 2
+    assert (result["train_examples"], result["validation_examples"], result["test_examples"]) == (10, 2, 3)
     assert list(result["gsm8k"]) == ["20", "100"]
     assert [result["gsm8k"][f][m]["train_examples"] for f in ("20", "100") for m in ("prefix", "tokmem")] == [2, 2, 10, 10]
-    assert [result["gsm8k"][f]["tokmem"]["steps"] for f in ("20", "100")] == [1, 3]  # batches of 4, one epoch
+    assert [result["gsm8k"][f]["tokmem"]["steps"] for f in ("20", "100")] == [2, 10]  # batches of 2, two epochs
     for methods in result["gsm8k"].values():
         for scores in methods.values():
-            assert 0 <= scores["em"] <= scores["compliance"] <= 1
+            assert all(0 <= scores[key] <= 1 for key in ("compliance", "strict_compliance", "em"))
+            assert [point["epoch"] for point in scores["validation"]] == [1, 2]
+            best = max(scores["validation"], key=lambda point: (point["em"], point["compliance"], -point["epoch"]))
+            assert scores["best_epoch"] == best["epoch"]
             assert len(scores["samples"]) == 3
     markdown = (tmp_path / "gsm8k.md").read_text()
-    assert "| 20% | Prefix tuning |" in markdown and "| 100% | TokMem |" in markdown
+    assert f"{layout} layout" in markdown and "| Compliance ↑ | Strict compliance ↑ | EM ↑ | Kept epoch |" in markdown
+    rows = [line for line in markdown.splitlines() if line.startswith(("| 20% |", "| 100% |"))]
+    kept = [f"| {result['gsm8k'][f][m]['best_epoch']} of 2 |" for f in ("20", "100") for m in ("prefix", "tokmem")]
+    assert [row.split(" | ")[1] for row in rows] == ["Prefix tuning", "TokMem"] * 2 and all(map(str.endswith, rows, kept))
+
+
+def test_gsm8k_options_reach_the_config_and_the_layout_is_checked():
+    args = _cli("--study", "gsm8k", "--layout", "assistant", "--epochs", "2", "--validation-examples", "9", "--json", "x.json")
+    config = placement.study_config(args)
+    assert (config.layout, config.epochs, config.validation_examples) == ("assistant", 2, 9)
+    assert placement.PRESETS["gsm8k"]["paper"].layout == placement.PRESETS["gsm8k"]["cpu"].layout == "reference"
+    with pytest.raises(TokMemError, match="unknown GSM8K layout 'suffix'"):
+        placement.run_gsm8k(GSM8KConfig(layout="suffix"))
+
+
+def test_a_resumed_gsm8k_study_skips_the_runs_its_json_holds_and_refuses_other_settings(tmp_path):
+    _write_gsm8k(tmp_path / "gsm8k", train=8, test=2)
+    config = GSM8KConfig(
+        backbone="tiny-random", data=str(tmp_path / "gsm8k"), validation_examples=2, epochs=1, fractions=(0.5, 1.0),
+        max_new_tokens=2, progress=False,
+    )
+    path = tmp_path / "gsm8k.json"
+    first = placement.run_study("gsm8k", config, path)
+    saved = json.loads(path.read_text())
+    saved["gsm8k"]["50"]["tokmem"]["train_seconds"] = -1.0  # a mark: a skipped run keeps it
+    del saved["gsm8k"]["100"]["prefix"]  # as if the run had stopped before this one
+    path.write_text(json.dumps(saved))
+    resumed = placement.run_study("gsm8k", replace(config, device="cpu"), path, resume=True)
+    assert resumed["gsm8k"]["50"]["tokmem"]["train_seconds"] == -1.0
+    assert resumed["gsm8k"]["100"]["prefix"]["steps"] == first["gsm8k"]["100"]["prefix"]["steps"] == 2
+    assert list(resumed["gsm8k"]["100"]) == ["tokmem", "prefix"] and json.loads(path.read_text())["gsm8k"] == resumed["gsm8k"]
+    with pytest.raises(TokMemError, match="other settings \\(epochs\\)"):
+        placement.run_study("gsm8k", replace(config, epochs=2), path, resume=True)
+
+
+def test_resume_applies_to_the_gsm8k_study_only():
+    with pytest.raises(TokMemError, match="--resume does not apply to --study memorization"):
+        placement.run_command(_cli("--resume", "--json", "x.json"))

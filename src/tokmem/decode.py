@@ -7,6 +7,9 @@ token (chaining, up to ``max_steps`` segments) or EOS.  Below the threshold the 
 any procedure and the model answers as the plain backbone (open set).
 
 Queries are decoded in batches (left-padded) with one KV cache: every step feeds one new token.
+
+``complete`` continues contexts laid out elsewhere (rows before the query, a memory token before the
+assistant header) with vocabulary tokens only: the studies that place the rows differently decode with it.
 """
 
 from __future__ import annotations
@@ -176,3 +179,27 @@ def _trace(model, query, row, mass, routed) -> Generation:
         name = None if row_id is None else bank.names[row_id]
         trace.append(Segment(name, assemble_call(name, text) if name is not None and bank.is_tool(row_id) else text))
     return Generation(query, trace, mass, routed)
+
+
+@torch.no_grad()
+def complete(model: TokMemModel, contexts: list[list[int]], config: DecodeConfig | None = None) -> list[str]:
+    """Continue each context (token ids over vocab ∪ bank) with vocabulary tokens up to EOS; the answers' text.
+
+    The backbone's own ``generate`` runs on the embedded contexts, left-padded, with the bank's live
+    rows.  The rows are inputs only: no memory token is generated.  Greedy unless
+    ``config.temperature`` > 0; ``config.max_steps`` and ``threshold`` (routing) do not apply.
+    """
+    config = config or DecodeConfig()
+    tokenizer = model.backbone.tokenizer
+    torch.manual_seed(config.seed)
+    sample = config.temperature > 0
+    answers = []
+    for chunk in _batches(contexts, config.batch_size):
+        padded = tokenizer.pad({"input_ids": chunk}, padding=True, padding_side="left", return_tensors="pt")
+        out = model.lm.generate(
+            inputs_embeds=model.embed(padded["input_ids"].to(model.device)), attention_mask=padded["attention_mask"].to(model.device),
+            max_new_tokens=config.max_new_tokens, do_sample=sample, temperature=config.temperature if sample else None,
+            top_p=None, top_k=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        )
+        answers += [text.strip() for text in tokenizer.batch_decode(out, skip_special_tokens=True)]
+    return answers

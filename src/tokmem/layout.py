@@ -20,18 +20,36 @@ from dataclasses import dataclass, field
 import torch
 
 from tokmem.data.procedures import Example
-from tokmem.errors import DataError
+from tokmem.errors import DataError, TokMemError
 
 IGNORE = -100
 
 
 def chat_prefix(tokenizer, query: str) -> list[int]:
     """Token ids of the query as a user turn, ending where the assistant's answer starts."""
-    if tokenizer.chat_template:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": query}], tokenize=False, add_generation_prompt=True)
-    else:
-        text = f"{query}\n"
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer("".join(_chat_texts(tokenizer, query)), add_special_tokens=False)["input_ids"]
+
+
+def chat_turns(tokenizer, query: str) -> tuple[list[int], list[int]]:
+    """Token ids of the query's user turn and of the assistant header after it (chat_prefix split in two).
+
+    Layouts that put something between the two (the GSM8K reference layout's memory token) use it;
+    without a chat template the header is empty.
+    """
+    turn, header = _chat_texts(tokenizer, query)
+    return tokenizer(turn, add_special_tokens=False)["input_ids"], tokenizer(header, add_special_tokens=False)["input_ids"]
+
+
+def _chat_texts(tokenizer, query: str) -> tuple[str, str]:
+    """The chat-formatted user turn and the assistant header (the generation prompt) as text."""
+    if not tokenizer.chat_template:
+        return f"{query}\n", ""
+    messages = [{"role": "user", "content": query}]
+    turn = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    whole = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if not whole.startswith(turn):
+        raise TokMemError("the backbone's chat template does not end the user turn before the assistant header")
+    return turn, whole[len(turn) :]
 
 
 @dataclass

@@ -215,6 +215,11 @@ _COMPLIANT = re.compile(r"####\s*" + _NUMBER + r"\s*\Z")
 
 
 def gsm8k_compliant(text: str) -> bool:
+    """The reference code's compliance rule: ``"#### "`` (the marker and a space) occurs anywhere in the answer."""
+    return "#### " in text
+
+
+def gsm8k_strictly_compliant(text: str) -> bool:
     """Whether the text ends with ``#### <number>`` (commas, a sign, decimals, a leading $ allowed)."""
     return _COMPLIANT.search(text) is not None
 

@@ -18,7 +18,7 @@ import torch
 import tokmem
 from tokmem.backbones import Backbone
 from tokmem.data.procedures import Example
-from tokmem.decode import DecodeConfig
+from tokmem.decode import DecodeConfig, complete
 from tokmem.layout import IGNORE, Encoded, chat_prefix
 from tokmem.model import TokMemModel
 from tokmem.train import TrainConfig, TrainReport, fit
@@ -50,10 +50,15 @@ def create(backbone: str | Backbone, tokens: int = 1, **load_options) -> PrefixT
     return model
 
 
+def context(model: PrefixTuning, query: str) -> list[int]:
+    """P_1 … P_n ⊕ chat(query): what comes before the answer."""
+    return model.prefix_ids() + chat_prefix(model.backbone.tokenizer, query)
+
+
 def encode(model: PrefixTuning, query: str, target: list[int]) -> Encoded:
     """P_1 … P_n ⊕ chat(query) ⊕ target; only the target is labelled."""
-    context = model.prefix_ids() + chat_prefix(model.backbone.tokenizer, query)
-    return Encoded(context + target, [IGNORE] * len(context) + target)
+    before = context(model, query)
+    return Encoded(before + target, [IGNORE] * len(before) + target)
 
 
 def response_ids(tokenizer, text: str) -> list[int]:
@@ -71,31 +76,6 @@ def train(model: PrefixTuning, examples: list[Example], config: TrainConfig | No
     return fit(model, encoded, config)
 
 
-@torch.no_grad()
 def generate(model: PrefixTuning, queries: list[str], config: DecodeConfig | None = None) -> list[str]:
-    """Answer each query with the backbone's own ``generate`` on the embedded P ⊕ chat(query).
-
-    Greedy unless ``config.temperature`` > 0; ``config.max_steps`` and ``threshold`` (routing) do not apply.
-    """
-    config = config or DecodeConfig()
-    tokenizer = model.backbone.tokenizer
-    torch.manual_seed(config.seed)
-    sample = config.temperature > 0
-    answers = []
-    for start in range(0, len(queries), config.batch_size):
-        embeds, mask = _inputs(model, queries[start : start + config.batch_size])
-        out = model.lm.generate(
-            inputs_embeds=embeds, attention_mask=mask, max_new_tokens=config.max_new_tokens,
-            do_sample=sample, temperature=config.temperature if sample else None, top_p=None, top_k=None,
-            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        )
-        answers += [text.strip() for text in tokenizer.batch_decode(out, skip_special_tokens=True)]
-    return answers
-
-
-def _inputs(model: PrefixTuning, queries: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded input embeddings of P ⊕ chat(query), and their attention mask."""
-    tokenizer = model.backbone.tokenizer
-    rows = [model.prefix_ids() + chat_prefix(tokenizer, q) for q in queries]
-    padded = tokenizer.pad({"input_ids": rows}, padding=True, padding_side="left", return_tensors="pt")
-    return model.embed(padded["input_ids"].to(model.device)), padded["attention_mask"].to(model.device)
+    """Answer each query after P ⊕ chat(query) (`tokmem.decode.complete`: greedy unless ``config.temperature`` > 0)."""
+    return complete(model, [context(model, q) for q in queries], config)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tokmem.data.procedures import _json_lines
 from tokmem.errors import DataError
-from tokmem.metrics import gsm8k_compliant
+from tokmem.metrics import gsm8k_strictly_compliant
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,6 @@ def _parse(obj, path: Path, line: int) -> Problem:
     for key in ("question", "answer"):
         if not isinstance(obj.get(key), str) or not obj[key].strip():
             raise DataError(f"{path}:{line}: field '{key}' is missing or empty (must be a non-empty string)")
-    if not gsm8k_compliant(obj["answer"]):
+    if not gsm8k_strictly_compliant(obj["answer"]):
         raise DataError(f"{path}:{line}: field 'answer' does not end with '#### <number>'")
     return Problem(obj["question"], obj["answer"])

@@ -21,9 +21,19 @@ Two studies, each a function returning a result dict:
   own random query that only marks the placement.  Every optimiser step covers the whole text; the
   text's perplexity is evaluated every ``eval_every`` steps.  Reported: the final perplexity and
   Steps@90%Best (`steps_at_90`), averaged over seeds, with the mean curves.
-* GSM8K format compliance (`run_gsm8k`): train prefix tuning and TokMem (one token) on 20% and
-  100% of a training subset, then generate answers for a test subset: compliance (the answer ends
-  with ``#### <number>``) and exact match of the normalised final number.
+* GSM8K format compliance (`run_gsm8k`), as the authors' reference code runs it: train prefix
+  tuning and TokMem (one token) on 20% and 100% of a training subset for 3 epochs, score a held-out
+  validation split after each epoch and keep the rows of the best epoch (exact match, then
+  compliance), then generate answers for a test subset.  Reported: compliance (the reference rule:
+  ``#### `` anywhere in the answer), strict compliance (the answer ends with ``#### <number>``) and
+  exact match of the normalised final number.  The ``reference`` layout frames the problem as the
+  reference code does and puts TokMem's token between the user turn and the assistant header:
+
+      TokMem          user("question: {q}")  M  assistant-header  "answer: {solution}" EOS
+      Prefix tuning   P  user("question: {q}")  assistant-header  "answer: {solution}" EOS
+
+  The ``assistant`` layout (this study's first one) puts M after the assistant header, with the bare
+  question and solution.
 
 `add_parser` adds the ``placement`` subcommand (``tokmem bench placement``).
 """
@@ -31,6 +41,8 @@ Two studies, each a function returning a result dict:
 from __future__ import annotations
 
 import argparse
+import copy
+import json
 import math
 import random
 import string
@@ -46,10 +58,10 @@ from tokmem import metrics
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone, load_backbone
 from tokmem.baselines import prefix
 from tokmem.data.gsm8k import Problem, load_gsm8k
-from tokmem.decode import DecodeConfig
+from tokmem.decode import DecodeConfig, complete
 from tokmem.errors import DataError, TokMemError
-from tokmem.experiments.outputs import Panel, line_plot, markdown_table, write_json_atomic, write_text_atomic
-from tokmem.layout import IGNORE, Encoded, chat_prefix, collate
+from tokmem.experiments.outputs import Panel, line_plot, markdown_table, read_json, write_json_atomic, write_text_atomic
+from tokmem.layout import IGNORE, Encoded, chat_prefix, chat_turns, collate
 from tokmem.model import TokMemModel
 from tokmem.report import console, machine
 from tokmem.train import TrainConfig, fit
@@ -69,12 +81,26 @@ def build(method: str, tokens: int, backbone: Backbone, name: str = "text") -> T
     return model
 
 
-def lay_out(model: TokMemModel, method: str, query: str, target: list[int]) -> Encoded:
-    """The method's sequence for one (query, target) pair; only the target is labelled."""
+def context(model: TokMemModel, method: str, query: str, layout: str = "assistant") -> list[int]:
+    """What comes before the target: prefix tuning's P ⊕ chat(query) in either layout; TokMem's
+    chat(query) ⊕ M (``assistant``: after the assistant header) or user turn ⊕ M ⊕ assistant header (``reference``)."""
     if method == "prefix":
-        return prefix.encode(model, query, target)
-    context = chat_prefix(model.backbone.tokenizer, query) + [model.memory_id(n) for n in model.bank.names]
-    return Encoded(context + target, [IGNORE] * len(context) + target)
+        return prefix.context(model, query)
+    tokenizer = model.backbone.tokenizer
+    memory = [model.memory_id(n) for n in model.bank.names]
+    if layout == "reference":
+        turn, header = chat_turns(tokenizer, query)
+        return turn + memory + header
+    return chat_prefix(tokenizer, query) + memory
+
+
+def lay_out(model: TokMemModel, method: str, query: str, target: list[int], layout: str = "assistant") -> Encoded:
+    """The method's sequence for one (query, target) pair; only the target is labelled."""
+    return _targeted(context(model, method, query, layout), target)
+
+
+def _targeted(before: list[int], target: list[int]) -> Encoded:
+    return Encoded(before + target, [IGNORE] * len(before) + target)
 
 
 @torch.no_grad()
@@ -235,16 +261,30 @@ def _summarize(runs: list[dict]) -> dict:
 
 
 # ---- GSM8K ----------------------------------------------------------------------------------------------
+# How each layout frames a problem: the user turn's text and the target's text.
+FRAMES = {"reference": ("question: {}", "answer: {}"), "assistant": ("{}", "{}")}
+LAYOUTS = tuple(FRAMES)
+PROTOCOLS = {
+    "reference": "the reference layout (`question: …` user turn, TokMem's memory token before the assistant header, "
+    "target `answer: …`)",
+    "assistant": "the assistant layout (the bare question, TokMem's memory token after the assistant header, the bare solution as target)",
+}
+
+
 @dataclass
 class GSM8KConfig:
-    """Defaults are the paper's setup: the whole training set (20% and 100% of it), the whole test set, one epoch."""
+    """Defaults are the reference code's protocol (``run_gsm8k_comparsion.sh``): the reference layout, 3
+    epochs at lr 5e-3 in batches of 4, the rows of the epoch with the best validation exact match; the whole
+    training set (less the validation split; 20% and 100% of it) and the whole test set."""
 
     backbone: str = DEFAULT_BACKBONE
     data: str = str(SHARED / "data" / "gsm8k")
-    train_examples: int | None = None  # the training subset: the first N problems (None: all)
+    layout: str = "reference"
+    train_examples: int | None = None  # the training subset: the first N problems after the validation split (None: all)
+    validation_examples: int = 500  # held out: the last N problems of train.jsonl
     test_examples: int | None = None  # the first N test problems (None: all)
     fractions: tuple[float, ...] = (0.2, 1.0)
-    epochs: int = 1
+    epochs: int = 3
     lr: float = 5e-3
     batch_size: int = 4
     max_new_tokens: int = 512
@@ -254,39 +294,137 @@ class GSM8KConfig:
     progress: bool = True
 
 
-def run_gsm8k(config: GSM8KConfig) -> dict:
-    """Train each method on each fraction of the training subset; compliance and EM on the test subset."""
+def run_gsm8k(config: GSM8KConfig, json_path=None, resume: bool = False) -> dict:
+    """Train each method on each fraction of the training subset, keep its best epoch by validation; score the test answers.
+
+    With ``json_path`` the result so far is written after every run; ``resume`` skips the runs it already holds.
+    """
+    _check_gsm8k(config)
     start = time.perf_counter()
-    train_set = load_gsm8k(Path(config.data) / "train.jsonl")[: config.train_examples]
+    train_set, validation_set = split_gsm8k(load_gsm8k(Path(config.data) / "train.jsonl"), config)
     test_set = load_gsm8k(Path(config.data) / "test.jsonl")[: config.test_examples]
-    backbone = load_backbone(config.backbone, device=config.device)
-    results = {}
+    result = _gsm8k_start(config, json_path, resume)
+    earlier = result["seconds"]
+    result.update(train_examples=len(train_set), validation_examples=len(validation_set), test_examples=len(test_set))
+    backbone = None
     for fraction in config.fractions:
         subset = train_set[: max(1, round(fraction * len(train_set)))]
-        results[f"{100 * fraction:g}"] = {method: _gsm8k_run(backbone, method, subset, test_set, config) for method in METHODS}
+        runs = result["gsm8k"].setdefault(f"{100 * fraction:g}", {})
+        for method in METHODS:
+            if method in runs:
+                continue
+            backbone = backbone or load_backbone(config.backbone, device=config.device)
+            runs[method] = _gsm8k_run(backbone, method, subset, validation_set, test_set, config)
+            result["seconds"] = round(earlier + time.perf_counter() - start, 1)
+            if json_path is not None:
+                write_json_atomic(json_path, result)
+    return result
+
+
+def _gsm8k_start(config: GSM8KConfig, json_path, resume: bool) -> dict:
+    """The result so far: the saved JSON when resuming (its settings must match but for the device), else an empty one."""
+    settings = json.loads(json.dumps(asdict(config)))  # as the JSON holds them: tuples become lists
+    if resume and json_path is not None and Path(json_path).is_file():
+        saved = read_json(json_path)
+        changed = [key for key in settings if key not in ("device", "progress") and saved.get("config", {}).get(key) != settings[key]]
+        if saved.get("study") != "gsm8k" or changed:
+            raise TokMemError(
+                f"cannot resume {json_path}: it was run with other settings ({', '.join(changed) or 'another study'}); "
+                "use the same options, or drop --resume to start over"
+            )
+        return saved
+    return {"study": "gsm8k", "gsm8k": {}, "seconds": 0.0, "config": settings, "tokmem": tokmem.__version__, "machine": machine()}
+
+
+def _check_gsm8k(config: GSM8KConfig) -> None:
+    if config.layout not in LAYOUTS:
+        raise TokMemError(f"unknown GSM8K layout '{config.layout}' (choose from {', '.join(LAYOUTS)})")
+    if config.epochs < 1 or config.validation_examples < 1:
+        raise TokMemError("epochs and validation_examples must be at least 1")
+
+
+def split_gsm8k(problems: list[Problem], config: GSM8KConfig) -> tuple[list[Problem], list[Problem]]:
+    """(training subset, validation split): the last ``validation_examples`` problems are held out for
+    validation, the training subset is the first ``train_examples`` of the rest."""
+    held_out = config.validation_examples
+    if len(problems) <= held_out:
+        raise DataError(f"{config.data}/train.jsonl: {len(problems)} problems, too few to hold out {held_out} for validation")
+    return problems[:-held_out][: config.train_examples], problems[-held_out:]
+
+
+def gsm8k_context(model: TokMemModel, method: str, layout: str, question: str) -> list[int]:
+    """What comes before the answer, in training and at test time: the question framed and the rows placed as ``layout`` says."""
+    return context(model, method, FRAMES[layout][0].format(question), layout)
+
+
+def gsm8k_encode(model: TokMemModel, method: str, layout: str, problem: Problem) -> Encoded:
+    """One training sequence: the context, then the framed answer and EOS, the only labelled tokens."""
+    answer = FRAMES[layout][1].format(problem.answer)
+    return _targeted(gsm8k_context(model, method, layout, problem.question), prefix.response_ids(model.backbone.tokenizer, answer))
+
+
+def gsm8k_scores(answers: list[str], problems: list[Problem]) -> dict:
+    """Compliance (the reference rule: ``#### `` anywhere), strict compliance (ends with ``#### <number>``) and exact match."""
     return {
-        "study": "gsm8k",
-        "gsm8k": results,
-        "train_examples": len(train_set),
-        "test_examples": len(test_set),
-        "seconds": round(time.perf_counter() - start, 1),
-        "config": asdict(config),
-        "tokmem": tokmem.__version__,
-        "machine": machine(),
+        "compliance": metrics.mean(map(metrics.gsm8k_compliant, answers)),
+        "strict_compliance": metrics.mean(map(metrics.gsm8k_strictly_compliant, answers)),
+        "em": metrics.mean(metrics.gsm8k_exact_match(a, p.answer) for a, p in zip(answers, problems)),
     }
 
 
-def _gsm8k_run(backbone, method: str, train_set: list[Problem], test_set: list[Problem], config: GSM8KConfig) -> dict:
+class BestByValidation:
+    """The validation curve of a training run and a copy of the bank at its best epoch.
+
+    Best: the highest exact match, then the highest compliance; the earliest of equals.  ``offer`` is
+    called from ``fit``'s ``on_step`` (the rows are live there); ``restore`` after ``fit``.
+    """
+
+    def __init__(self):
+        self.curve: list[dict] = []
+        self.epoch: int | None = None
+        self._key: tuple[float, float] | None = None
+        self._bank = None
+
+    def offer(self, model: TokMemModel, epoch: int, scores: dict) -> None:
+        self.curve.append({"epoch": epoch, **scores})
+        key = (scores["em"], scores["compliance"])
+        if self._key is None or key > self._key:
+            model.write_rows()
+            self.epoch, self._key, self._bank = epoch, key, copy.deepcopy(model.bank)
+
+    def restore(self, model: TokMemModel) -> None:
+        """Put the best epoch's rows back into the model."""
+        model.bank = self._bank
+
+
+def epoch_ends(examples: int, batch_size: int, epochs: int) -> dict[int, int]:
+    """The optimiser step that completes each epoch → that epoch.
+
+    ``fit`` runs the epochs back to back, so when the examples do not fill whole batches a batch spans
+    two epochs: an epoch ends at the step that holds its last example (of two ending at one step, the later counts).
+    """
+    return {math.ceil(epoch * examples / batch_size): epoch for epoch in range(1, epochs + 1)}
+
+
+def _gsm8k_run(backbone, method: str, train_set, validation_set, test_set, config: GSM8KConfig) -> dict:
     model = build(method, 1, backbone, name="gsm8k")
-    tokenizer = backbone.tokenizer
-    encoded = [lay_out(model, method, p.question, prefix.response_ids(tokenizer, p.answer)) for p in train_set]
-    console.print(f"GSM8K {LABELS[method]}: training on {len(train_set)} problems")
+    encoded = [gsm8k_encode(model, method, config.layout, p) for p in train_set]
+    console.print(f"GSM8K {LABELS[method]}: training on {len(train_set)} problems, {config.epochs} epochs")
     train_config = TrainConfig(lr=config.lr, epochs=config.epochs, batch_size=config.batch_size, seed=config.seed, progress=config.progress)
-    report = fit(model, encoded, train_config)
-    answers = _answer(model, method, [p.question for p in test_set], config)
+    best, ends = BestByValidation(), epoch_ends(len(encoded), config.batch_size, config.epochs)
+
+    def validate(step: int, total: int) -> None:
+        if step in ends:
+            answers = _answer(model, method, validation_set, config, f"validating epoch {ends[step]}")
+            best.offer(model, ends[step], gsm8k_scores(answers, validation_set))
+
+    report = fit(model, encoded, train_config, on_step=validate)
+    best.restore(model)
+    answers = _answer(model, method, test_set, config, "testing")
     return {
-        "compliance": metrics.mean(metrics.gsm8k_compliant(a) for a in answers),
-        "em": metrics.mean(metrics.gsm8k_exact_match(a, p.answer) for a, p in zip(answers, test_set)),
+        **gsm8k_scores(answers, test_set),
+        "best_epoch": best.epoch,
+        "validation": best.curve,
         "train_examples": len(train_set),
         "steps": report.steps,
         "train_seconds": round(report.seconds, 1),
@@ -294,17 +432,14 @@ def _gsm8k_run(backbone, method: str, train_set: list[Problem], test_set: list[P
     }
 
 
-def _answer(model, method: str, questions: list[str], config: GSM8KConfig) -> list[str]:
-    """Greedy answers; TokMem's memory token is forced after the query (routing off) and no other may follow."""
-    decode = DecodeConfig(max_new_tokens=config.max_new_tokens, max_steps=1, batch_size=config.decode_batch_size, seed=config.seed)
+def _answer(model, method: str, problems: list[Problem], config: GSM8KConfig, what: str) -> list[str]:
+    """Greedy answers after each problem's context, laid out as in training."""
+    contexts = [gsm8k_context(model, method, config.layout, p.question) for p in problems]
+    decode = DecodeConfig(max_new_tokens=config.max_new_tokens, batch_size=config.decode_batch_size, seed=config.seed)
     size = config.decode_batch_size
     answers = []
-    for start in tqdm(range(0, len(questions), size), desc="answering", unit="batch", disable=not config.progress, dynamic_ncols=True):
-        chunk = questions[start : start + size]
-        if method == "prefix":
-            answers += prefix.generate(model, chunk, decode)
-        else:
-            answers += [g.text for g in tokmem.generate(model, chunk, decode, procedure=model.bank.names[0])]
+    for start in tqdm(range(0, len(contexts), size), desc=what, unit="batch", disable=not config.progress, dynamic_ncols=True, leave=False):
+        answers += complete(model, contexts[start : start + size], decode)
     return answers
 
 
@@ -331,17 +466,27 @@ def _memorization_cells(entry: dict) -> tuple[str, str]:
 
 
 def gsm8k_markdown(result: dict) -> str:
-    """The paper's GSM8K table layout: per data fraction, compliance and EM (%) of each method."""
+    """The paper's GSM8K table layout: per data fraction, both compliances and EM (%) of each method, and the kept epoch."""
+    config = result["config"]
     rows = [
-        [f"{fraction}%", LABELS[method], f"{100 * scores['compliance']:.1f}", f"{100 * scores['em']:.1f}"]
+        [f"{fraction}%", LABELS[method], *_gsm8k_cells(methods[method], config["epochs"])]
         for fraction, methods in result["gsm8k"].items()
-        for method, scores in methods.items()
+        for method in METHODS
     ]
     note = (
-        f"GSM8K on {result['config']['backbone']}: {result['train_examples']} training problems (100%), "
-        f"{result['test_examples']} test problems.\n\n"
+        f"GSM8K on {config['backbone']}, {PROTOCOLS[config['layout']]}: {config['epochs']} epochs at lr {config['lr']:g}, "
+        f"the rows of the epoch with the best exact match (ties: compliance) on {result['validation_examples']} held-out "
+        f"training problems; {result['train_examples']} training problems (100%), {result['test_examples']} test problems. "
+        "Compliance: `#### ` anywhere in the answer (the reference rule); strict: the answer ends with `#### <number>`.\n\n"
     )
-    return note + markdown_table(["Data%", "Method", "Compliance ↑", "EM ↑"], rows)
+    header = ["Data%", "Method", "Compliance ↑", "Strict compliance ↑", "EM ↑", "Kept epoch"]
+    return note + markdown_table(header, rows)
+
+
+def _gsm8k_cells(scores: dict, epochs: int) -> list[str]:
+    """Compliance, strict compliance and exact match (%), and the epoch kept."""
+    percentages = [f"{100 * scores[key]:.1f}" for key in ("compliance", "strict_compliance", "em")]
+    return percentages + [f"{scores['best_epoch']} of {epochs}"]
 
 
 def plot_memorization(result: dict, path) -> Path:
@@ -359,8 +504,10 @@ def plot_memorization(result: dict, path) -> Path:
 
 # ---- the command -------------------------------------------------------------------------------------------
 # cpu, smollm2-135m on 2 idle cores (measured: a step on 256 text tokens ≈ 0.85 s; a GSM8K step of 4
-# problems ≈ 3.2 s; 16 answers of 256 tokens ≈ 26 s): memorisation ≈ 20 minutes (24 runs of 60 steps),
-# GSM8K ≈ 25 minutes (2 × 180 training steps, 4 × 64 answers).
+# problems ≈ 3.2 s, 5% more in the reference layout; 16 answers of 256 tokens ≈ 26 s, the same through
+# decode.complete): memorisation ≈ 20 minutes (24 runs of 60 steps); GSM8K ≈ 42 minutes at most
+# (2 × 216 training steps ≈ 24 min; 4 runs × 3 epochs × 32 validation answers ≈ 10 min; 4 × 64 test
+# answers ≈ 7 min; every batch of answers counted at the full 256 tokens).
 PRESETS = {
     "memorization": {
         "paper": MemorizationConfig(),
@@ -368,7 +515,7 @@ PRESETS = {
     },
     "gsm8k": {
         "paper": GSM8KConfig(),
-        "cpu": GSM8KConfig(train_examples=600, test_examples=64, max_new_tokens=256),
+        "cpu": GSM8KConfig(train_examples=240, validation_examples=32, test_examples=64, max_new_tokens=256),
     },
 }
 
@@ -387,6 +534,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--data", help="gsm8k: the folder with train.jsonl and test.jsonl (default ../shared/data/gsm8k)")
     parser.add_argument("--train-examples", type=int, help="gsm8k: size of the training subset")
     parser.add_argument("--test-examples", type=int, help="gsm8k: size of the test subset")
+    parser.add_argument("--validation-examples", type=int, help="gsm8k: problems held out (the last of train.jsonl) to pick the best epoch")
+    parser.add_argument("--epochs", type=int, help="gsm8k: training epochs (validation after each)")
+    parser.add_argument("--layout", choices=LAYOUTS, help="gsm8k: reference = `question: …` user turn, TokMem's memory token, the "
+                        "assistant header, target `answer: …` (default); assistant = the memory token after the assistant header")
+    parser.add_argument("--resume", action="store_true", help="gsm8k: continue the run in --json, skipping its finished runs")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.set_defaults(handler=run_command)
     return parser
@@ -398,6 +550,7 @@ def study_config(args):
     options = {
         "backbone": args.backbone, "device": args.device, "seeds": args.seeds, "steps": args.steps, "text": args.text,
         "data": args.data, "train_examples": args.train_examples, "test_examples": args.test_examples,
+        "validation_examples": args.validation_examples, "epochs": args.epochs, "layout": args.layout,
     }
     given = {key: value for key, value in options.items() if value is not None}
     names = {f.name for f in fields(config)}
@@ -408,18 +561,23 @@ def study_config(args):
 
 
 def run_command(args) -> None:
-    run_study(args.study, study_config(args), args.json)
+    if args.resume and args.study != "gsm8k":
+        raise TokMemError(f"--resume does not apply to --study {args.study}")
+    run_study(args.study, study_config(args), args.json, args.resume)
 
 
-def run_study(study: str, config, json_path) -> dict:
-    """Run a study and write its JSON, its markdown table (.md beside it) and, for memorisation, its plot (.png)."""
+def run_study(study: str, config, json_path, resume: bool = False) -> dict:
+    """Run a study and write its JSON, its markdown table (.md beside it) and, for memorisation, its plot (.png).
+
+    GSM8K writes its JSON after every run as well, so that ``resume`` can skip the finished ones.
+    """
     json_path = Path(json_path)
     if study == "memorization":
         result = run_memorization(config)
         markdown = memorization_markdown(result)
         written = [plot_memorization(result, json_path.with_suffix(".png"))]
     else:
-        result = run_gsm8k(config)
+        result = run_gsm8k(config, json_path, resume)
         markdown = gsm8k_markdown(result)
         written = []
     written += [write_json_atomic(json_path, result), write_text_atomic(json_path.with_suffix(".md"), markdown)]
