@@ -17,16 +17,24 @@ from dataclasses import dataclass, field
 import torch
 
 from tokmem.data.procedures import Example
+from tokmem.errors import DataError
 
 IGNORE = -100
 
 
-def chat_prefix(tokenizer, query: str) -> list[int]:
-    """Token ids of the query as a user turn, ending where the assistant's answer starts."""
+def chat_prefix(tokenizer, query: str | list[dict]) -> list[int]:
+    """Token ids of the query as a user turn, ending where the assistant's answer starts.
+
+    ``query`` may also be a whole conversation (chat messages with ``role`` and ``content``) that ends
+    with the user's turn; one user message is the same as its text.
+    """
+    messages = [{"role": "user", "content": query}] if isinstance(query, str) else query
     if tokenizer.chat_template:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": query}], tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    elif len(messages) == 1:
+        text = f"{messages[0]['content']}\n"
     else:
-        text = f"{query}\n"
+        raise DataError("this backbone has no chat template, so a query must be a single user message")
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
