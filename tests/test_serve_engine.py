@@ -62,10 +62,13 @@ def test_greedy_answers_equal_generate_while_rows_of_other_banks_join_and_leave(
         handles.append(engine.submit(request(registry, bank, query, max_tokens=12, threshold=threshold, max_steps=3)))
         engine.step()
     run(engine, *handles)
+    offline_answers = {}  # offline, the queries of one bank and threshold go in one batch
+    for bank, _, threshold in jobs:
+        config = DecodeConfig(max_new_tokens=12, threshold=threshold, max_steps=3)
+        offline_answers[bank, threshold] = dict(zip(QUERIES[:4], tokmem.generate(offline[bank], QUERIES[:4], config)))
     routed = 0
     for (bank, query, threshold), handle in zip(jobs, handles):
-        expected = tokmem.generate(offline[bank], [query], DecodeConfig(max_new_tokens=12, threshold=threshold, max_steps=3))[0]
-        answer = handle.generation()
+        expected, answer = offline_answers[bank, threshold][query], handle.generation()
         assert pairs(answer) == pairs(expected), (bank, query, threshold)
         assert answer.memory_mass == pytest.approx(expected.memory_mass, abs=1e-5)
         routed += answer.routed

@@ -7,6 +7,7 @@ import sys
 from dataclasses import fields
 
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.table import Table
 
 import tokmem
@@ -25,7 +26,7 @@ def main(argv=None) -> int:
     try:
         args.handler(args)
     except TokMemError as err:
-        error_console.print(f"[bold red]error:[/bold red] {err}", highlight=False)
+        error_console.print(f"[bold red]error:[/bold red] {escape(str(err))}", highlight=False)
         return 2
     return 0
 
