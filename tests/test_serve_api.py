@@ -13,7 +13,7 @@ import tokmem
 from tokmem import DecodeConfig
 from tokmem.cli import main
 from tokmem.layout import chat_prefix
-from tokmem.serve.api import Limits, create_app
+from tokmem.serve.api import Deltas, Limits, create_app
 from tokmem.serve.banks import BankRegistry
 from tokmem.serve.engine import Engine
 
@@ -122,6 +122,13 @@ def test_streamed_chunks_add_up_to_the_answer_then_usage_then_done(app, offline,
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 16
     assert raw.headers["content-type"].startswith("text/event-stream")
     assert raw.text.rstrip().endswith("data: [DONE]") and "usage" not in raw.text
+
+
+def test_streamed_text_waits_for_whole_characters_and_for_text_that_settles():
+    deltas = Deltas()
+    decodings = ["a", "ab\ufffd", "ab\ufffd", "ab鱙", "ab鱙}", "ab鱙c}"]  # "}": text assembled after a segment
+    sent = [deltas.update(text) for text in decodings] + [deltas.final("ab鱙cd}")]
+    assert sent == ["", "a", "b", "", "鱙", "", "cd}"]
 
 
 def test_models_list_every_bank_with_the_backbone_as_parent_and_health_answers(app):

@@ -136,15 +136,18 @@ def tokmem_field(handle: Handle) -> dict:
 
 
 class Deltas:
-    """Streamed text that is never taken back: only what two successive decodings agree on goes out,
-    and the rest when the answer is final (a partial UTF-8 character, or text ``decode`` assembles
-    around a segment, may change as tokens arrive)."""
+    """Streamed text that is never taken back.
+
+    Only what two successive decodings agree on goes out, short of trailing U+FFFD (a UTF-8 character
+    still missing bytes); the rest goes when the answer is final.  Text that ``decode`` assembles
+    around a segment may also change as tokens arrive.
+    """
 
     def __init__(self):
         self.sent = self.previous = ""
 
     def update(self, text: str) -> str:
-        stable, self.previous = os.path.commonprefix([self.previous, text]), text
+        stable, self.previous = os.path.commonprefix([self.previous, text]).rstrip("\ufffd"), text
         return self.final(stable)
 
     def final(self, text: str) -> str:

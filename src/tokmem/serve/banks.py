@@ -112,7 +112,7 @@ class BankRegistry:
             with self._lock:
                 metadata_path(staged).replace(metadata_path(path))
                 staged.replace(path)
-                return self._install(name, path, bank, _revision(tensors, metadata))
+                return self._install(name, path, bank, revision(tensors, metadata))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -125,13 +125,13 @@ class BankRegistry:
             metadata_path(path).unlink(missing_ok=True)
             self._resident.pop(name, None)
 
-    def _install(self, name, path, bank=None, revision=None) -> BankVersion:
+    def _install(self, name, path, bank=None, digest=None) -> BankVersion:
         if bank is None:
             bank = MemoryBank.load(path, backbone=self._identity)
-            revision = _revision(path.read_bytes(), metadata_path(path).read_bytes())
+            digest = revision(path.read_bytes(), metadata_path(path).read_bytes())
         device, dtype = self.backbone.device, self.backbone.model.dtype
         version = BankVersion(
-            name, revision, TokMemModel(self.backbone, bank),
+            name, digest, TokMemModel(self.backbone, bank),
             bank.index.to(device, dtype), bank.steer_matrix.to(device, dtype),
         )
         self._resident[name] = version
@@ -148,5 +148,6 @@ def check_name(name: str) -> None:
         )
 
 
-def _revision(tensors: bytes, metadata: bytes) -> str:
+def revision(tensors: bytes, metadata: bytes) -> str:
+    """A bank's revision: the digest of its two files."""
     return hashlib.sha256(tensors + b"\0" + metadata).hexdigest()[:16]
