@@ -3,7 +3,7 @@
 A bank named ``NAME`` is ``DIR/NAME.safetensors`` plus ``DIR/NAME.safetensors.json`` (the layout
 ``MemoryBank.save`` writes).  Each load or upload makes an immutable ``BankVersion``; a request holds
 the version it started with, so replacing or deleting a bank never changes a running answer.
-Uploads are staged in a hidden folder of ``DIR``, validated by ``MemoryBank.load`` itself, then
+Uploads are staged as hidden files in ``DIR``, validated by ``MemoryBank.load`` itself, then
 renamed into place; a rejected upload leaves ``DIR`` as it was.
 """
 
@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shutil
-import tempfile
 import threading
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,21 +99,21 @@ class BankRegistry:
     def put(self, name: str, tensors: bytes, metadata: bytes) -> BankVersion:
         """Validate an uploaded bank (its safetensors and JSON) and make it the current version."""
         path = self.path(name)
-        staging = Path(tempfile.mkdtemp(dir=self.directory, prefix=".upload-"))
+        staged = self.directory / f".{name}.{uuid.uuid4().hex}.upload{SUFFIX}"  # hidden: never listed or served
         try:
-            staged = staging / path.name
             staged.write_bytes(tensors)
             metadata_path(staged).write_bytes(metadata)
             try:
                 bank = MemoryBank.load(staged, backbone=self._identity)
             except BankError as err:
-                raise BankError(f"upload of bank '{name}': {str(err).replace(f'{staging}/', '')}") from None
+                raise BankError(f"upload of bank '{name}': {str(err).replace(str(staged), path.name)}") from None
             with self._lock:
                 metadata_path(staged).replace(metadata_path(path))
                 staged.replace(path)
                 return self._install(name, path, bank, revision(tensors, metadata))
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            staged.unlink(missing_ok=True)
+            metadata_path(staged).unlink(missing_ok=True)
 
     def delete(self, name: str) -> None:
         path = self.path(name)
