@@ -82,20 +82,23 @@ def decode_rate(engine: Engine, registry: BankRegistry, pool: int, prompts: list
 
 
 @torch.no_grad()
-def bare_rate(backbone: Backbone, prompts: list[list[int]], tokens: int) -> float:
-    """Tokens/s of the transformers forward plus argmax on the same rows: no bank, no engine."""
-    ids, mask = left_pad(prompts, backbone.tokenizer.pad_token_id, backbone.device)
-    position = positions(mask)
-    cache = DynamicCache(config=backbone.model.config)
-    out = backbone.model(input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True)
-    token, position = out.logits[:, -1].argmax(-1), position[:, -1:]
+def bare_rate(backbone: Backbone, prompts: list[list[int]], tokens: int, waves: int) -> float:
+    """Tokens/s of the transformers forward plus argmax on the same rows (no bank, no engine), timed over as
+    many decoding steps as each bank pool."""
     steps = []
-    for _ in range(tokens - 1):
-        start = time.perf_counter()
-        mask, position = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1), position + 1
-        out = backbone.model(input_ids=token.unsqueeze(-1), attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True)
-        token = out.logits[:, -1].argmax(-1)
-        steps.append(time.perf_counter() - start)
+    for _ in range(waves):
+        ids, mask = left_pad(prompts, backbone.tokenizer.pad_token_id, backbone.device)
+        position = positions(mask)
+        cache = DynamicCache(config=backbone.model.config)
+        out = backbone.model(input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True)
+        token, position = out.logits[:, -1].argmax(-1), position[:, -1:]
+        for _ in range(tokens - 1):
+            start = time.perf_counter()
+            mask, position = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1), position + 1
+            out = backbone.model(input_ids=token.unsqueeze(-1), attention_mask=mask, position_ids=position,
+                                 past_key_values=cache, use_cache=True)
+            token = out.logits[:, -1].argmax(-1)
+            steps.append(time.perf_counter() - start)
     return len(prompts) / statistics.median(steps)
 
 
@@ -155,7 +158,7 @@ def run(args) -> dict:
         for pool in POOLS:
             rates[str(pool)] = round(decode_rate(engine, registry, pool, prompts, texts, args.tokens, args.waves), 2)
             console.print(f"{pool:>5} banks: {rates[str(pool)]} tokens/s")
-        bare = round(bare_rate(backbone, prompts, args.tokens), 2)
+        bare = round(bare_rate(backbone, prompts, args.tokens, args.waves), 2)
         console.print(f"bare backbone: {bare} tokens/s")
         app = create_app(registry, engine)
         engine.start()

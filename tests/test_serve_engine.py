@@ -119,6 +119,17 @@ def test_rows_leave_when_done_cancelled_or_timed_out_and_unused_cache_columns_ar
     assert short.finish_reason == "length" and len(short.tokens) == 40 and engine.batch is None
 
 
+def test_queued_requests_time_out_or_cancel_without_waiting_for_a_free_row(registry):
+    engine = Engine(registry.backbone, max_batch=1)
+    running = engine.submit(request(registry, "alpha", "hi", max_tokens=40, ignore_eos=True))
+    late = engine.submit(request(registry, "beta", "hi", timeout=0.0))
+    gone = engine.submit(request(registry, "beta", "hi"))
+    gone.cancel()
+    engine.step()
+    assert (late.finish_reason, gone.finish_reason) == ("timeout", "cancelled") and not engine.pending
+    assert not running.finished and engine.running == 1
+
+
 def test_a_full_queue_refuses_new_requests(registry):
     engine = Engine(registry.backbone, max_queue=1)
     engine.submit(request(registry, "alpha", "hi"))

@@ -190,7 +190,10 @@ def create_app(registry: BankRegistry, engine: Engine, limits: Limits | None = N
     def models():
         data = []
         for name in registry.names():
-            created = int(registry.path(name).stat().st_mtime)
+            try:
+                created = int(registry.path(name).stat().st_mtime)
+            except FileNotFoundError:  # deleted meanwhile
+                continue
             data.append({"id": name, "object": "model", "created": created, "owned_by": "tokmem", "parent": registry.backbone.name})
         return {"object": "list", "data": data}
 
@@ -225,7 +228,7 @@ def create_app(registry: BankRegistry, engine: Engine, limits: Limits | None = N
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(stream(shape, body.model, handle, request, include_usage), media_type="text/event-stream")
-        await finished(handle, request)
+        await wait_for_answer(handle, request)
         _raise_unfinished(handle, limits)
         generation = handle.generation()
         return {
@@ -278,7 +281,7 @@ def create_app(registry: BankRegistry, engine: Engine, limits: Limits | None = N
     return app
 
 
-async def finished(handle: Handle, request: Request) -> None:
+async def wait_for_answer(handle: Handle, request: Request) -> None:
     """Wait for the answer; a client that goes away meanwhile frees its row."""
     watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
     try:

@@ -311,7 +311,9 @@ class Engine:
             handle._add(token, eos)
 
     def _drop_stopped(self) -> None:
-        """Finish cancelled and timed-out rows and let every finished row leave the batch."""
+        """Finish cancelled and timed-out requests (queued or running); finished rows leave the batch."""
+        with self._wake:
+            self.pending = deque(h for h in self.pending if not self._stopped(h))
         if self.batch is None:
             return
         keep = [i for i, h in enumerate(self.batch.handles) if not self._stopped(h)]
