@@ -3,9 +3,9 @@ saves against RAG in prompt length.
 
 1. Decode throughput of the engine with a batch of ``--batch`` rows whose requests are spread over 1,
    10, 100 and 1,000 distinct banks (request ``j`` of the run uses bank ``j mod k``), the same prompts
-   and ``--tokens`` tokens per request (``ignore_eos``), in ``--waves`` waves of one batch each.  Only
-   pure decoding steps are timed (prefill and bank loading are not): tokens/s = rows / median step
-   time.  A batch holds at most ``--batch`` distinct banks, so with pools of 100 and 1,000 every row
+   and ``--tokens`` tokens per request (``ignore_eos``), in ``--waves`` waves of one batch each,
+   interleaved across the pools.  Only pure decoding steps are timed (prefill and bank loading are
+   not): tokens/s = rows / median step time.  A batch holds at most ``--batch`` distinct banks, so with pools of 100 and 1,000 every row
    has its own bank — the most a batch can mix.
 2. The bare backbone on the same rows (the transformers forward and an argmax, no bank, no engine):
    what the engine and the bank add per token.
@@ -64,42 +64,55 @@ def queries(count: int, seed: int) -> list[str]:
     return [make_example([names[i % len(names)]], rng).query for i in range(count)]
 
 
-def decode_rate(engine: Engine, registry: BankRegistry, pool: int, prompts: list[list[int]], texts: list[str],
-                tokens: int, waves: int) -> float:
-    """Tokens/s over pure decoding steps (rows / median step time) with requests spread over ``pool`` banks."""
+def decode_steps(engine: Engine, registry: BankRegistry, pool: int, wave: int, prompts: list[list[int]], texts: list[str],
+                 tokens: int) -> list[float]:
+    """Seconds of each pure decoding step of one batch whose requests are spread over ``pool`` banks."""
+    handles = []
+    for row, (prompt, text) in enumerate(zip(prompts, texts)):
+        bank = registry.get(f"bank{(wave * len(prompts) + row) % pool}")
+        handles.append(engine.submit(Request(bank, prompt, text, max_tokens=tokens, ignore_eos=True, threshold=0.0)))
+    engine.step()  # prefill (and the first decoding step)
     steps = []
-    for wave in range(waves):
-        handles = []
-        for row, (prompt, text) in enumerate(zip(prompts, texts)):
-            bank = registry.get(f"bank{(wave * len(prompts) + row) % pool}")
-            handles.append(engine.submit(Request(bank, prompt, text, max_tokens=tokens, ignore_eos=True, threshold=0.0)))
-        engine.step()  # prefill (and the first decoding step)
-        while not all(h.finished for h in handles):
-            start = time.perf_counter()
-            engine.step()
-            steps.append(time.perf_counter() - start)
-    return len(prompts) / statistics.median(steps)
+    while not all(h.finished for h in handles):
+        start = time.perf_counter()
+        engine.step()
+        steps.append(time.perf_counter() - start)
+    return steps
 
 
 @torch.no_grad()
-def bare_rate(backbone: Backbone, prompts: list[list[int]], tokens: int, waves: int) -> float:
-    """Tokens/s of the transformers forward plus argmax on the same rows (no bank, no engine), timed over as
-    many decoding steps as each bank pool."""
+def bare_steps(backbone: Backbone, prompts: list[list[int]], tokens: int) -> list[float]:
+    """The same for the transformers forward plus argmax on the same rows: no bank, no engine."""
+    ids, mask = left_pad(prompts, backbone.tokenizer.pad_token_id, backbone.device)
+    position = positions(mask)
+    cache = DynamicCache(config=backbone.model.config)
+    out = backbone.model(input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True)
+    token, position = out.logits[:, -1].argmax(-1), position[:, -1:]
     steps = []
-    for _ in range(waves):
-        ids, mask = left_pad(prompts, backbone.tokenizer.pad_token_id, backbone.device)
-        position = positions(mask)
-        cache = DynamicCache(config=backbone.model.config)
-        out = backbone.model(input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True)
-        token, position = out.logits[:, -1].argmax(-1), position[:, -1:]
-        for _ in range(tokens - 1):
-            start = time.perf_counter()
-            mask, position = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1), position + 1
-            out = backbone.model(input_ids=token.unsqueeze(-1), attention_mask=mask, position_ids=position,
-                                 past_key_values=cache, use_cache=True)
-            token = out.logits[:, -1].argmax(-1)
-            steps.append(time.perf_counter() - start)
-    return len(prompts) / statistics.median(steps)
+    for _ in range(tokens - 1):
+        start = time.perf_counter()
+        mask, position = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1), position + 1
+        out = backbone.model(input_ids=token.unsqueeze(-1), attention_mask=mask, position_ids=position,
+                             past_key_values=cache, use_cache=True)
+        token = out.logits[:, -1].argmax(-1)
+        steps.append(time.perf_counter() - start)
+    return steps
+
+
+def decode_rates(backbone, engine, registry, prompts, texts, tokens, waves) -> tuple[dict, float]:
+    """Tokens/s (rows / median step) per pool and of the bare backbone, the waves interleaved so that a
+    machine whose load drifts slows every setting alike."""
+    steps = {pool: [] for pool in POOLS}
+    bare = []
+    for wave in range(waves):
+        for pool in POOLS:
+            steps[pool] += decode_steps(engine, registry, pool, wave, prompts, texts, tokens)
+        bare += bare_steps(backbone, prompts, tokens)
+
+    def rate(times):
+        return round(len(prompts) / statistics.median(times), 2)
+
+    return {str(pool): rate(times) for pool, times in steps.items()}, rate(bare)
 
 
 async def http_measurements(app, directory: Path, puts: int, tokens: int, repeats: int, seed: int) -> dict:
@@ -154,12 +167,8 @@ def run(args) -> dict:
         tokmem.create(backbone).bank.save(directory / "plain.safetensors")  # an empty bank: the plain backbone
         registry = BankRegistry(backbone, directory, max_resident=max(POOLS) + 2)
         engine = Engine(backbone, max_batch=args.batch)
-        rates = {}
-        for pool in POOLS:
-            rates[str(pool)] = round(decode_rate(engine, registry, pool, prompts, texts, args.tokens, args.waves), 2)
-            console.print(f"{pool:>5} banks: {rates[str(pool)]} tokens/s")
-        bare = round(bare_rate(backbone, prompts, args.tokens, args.waves), 2)
-        console.print(f"bare backbone: {bare} tokens/s")
+        rates, bare = decode_rates(backbone, engine, registry, prompts, texts, args.tokens, args.waves)
+        console.print(f"decode tokens/s by banks in the run: {rates}; bare backbone: {bare}")
         app = create_app(registry, engine)
         engine.start()
         try:
@@ -195,7 +204,7 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--batch", type=int, default=32, help="rows decoded together")
     parser.add_argument("--tokens", type=int, default=8, help="tokens per request")
-    parser.add_argument("--waves", type=int, default=2, help="batches per bank pool")
+    parser.add_argument("--waves", type=int, default=3, help="batches per bank pool (interleaved across pools)")
     parser.add_argument("--rows", type=int, default=32, help="rows per bank")
     parser.add_argument("--puts", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3, help="latency measurements per method (median)")
