@@ -8,7 +8,8 @@ saves against RAG in prompt length.
    not): tokens/s = rows / median step time.  A batch holds at most ``--batch`` distinct banks, so with pools of 100 and 1,000 every row
    has its own bank — the most a batch can mix.
 2. The bare backbone on the same rows (the transformers forward and an argmax, no bank, no engine):
-   what the engine and the bank add per token.
+   what the engine and the bank add per token; and the bank's own operations timed alone (the
+   gather for memory ids' embeddings, the extra logits), which a busy machine's noise cannot hide.
 3. ``PUT /v1/banks/NAME`` of a 32-row bank through the HTTP app (multipart parsing, validation as
    ``MemoryBank.load``, atomic write, swap) until the new revision serves: p50 over ``--puts``.
 4. End-to-end latency (HTTP, one request at a time) of a TokMem answer (the query, then the
@@ -42,7 +43,7 @@ from tokmem.layout import chat_prefix, positions
 from tokmem.report import console, machine, write_json
 from tokmem.serve.api import create_app
 from tokmem.serve.banks import BankRegistry
-from tokmem.serve.engine import Engine, Request
+from tokmem.serve.engine import Engine, Request, bank_tables
 
 POOLS = (1, 10, 100, 1000)
 
@@ -97,6 +98,30 @@ def bare_steps(backbone: Backbone, prompts: list[list[int]], tokens: int) -> lis
         token = out.logits[:, -1].argmax(-1)
         steps.append(time.perf_counter() - start)
     return steps
+
+
+@torch.no_grad()
+def bank_cost_us(engine: Engine, registry: BankRegistry, pool: int, rows: int, repeats: int = 200) -> float:
+    """Microseconds per decoding step that the bank adds, timed alone (the backbone's noise left out):
+    memory ids' embedding gathered from each row's bank, and the extra logits ``h · indexᵀ`` with
+    padding masked, against the same steps without a bank."""
+    model, vocab = engine.model, engine.model.vocab_size
+    index, steer, valid = bank_tables([registry.get(f"bank{row % pool}") for row in range(rows)], model.device)
+    ids = torch.randint(vocab, vocab + index.shape[1], (rows, 1), device=model.device)
+    hidden = torch.randn(rows, index.shape[-1], device=model.device, dtype=index.dtype)
+    none = index[:, :0]
+
+    def median_us(step):
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+        return 1e6 * statistics.median(times)
+
+    with_bank = median_us(lambda: (model.embed(ids, steer), model.logits(hidden, index, valid)))
+    without = median_us(lambda: (model.embed(ids.clamp(max=vocab - 1), none), model.logits(hidden, none, valid[:, :0])))
+    return round(with_bank - without, 1)
 
 
 def decode_rates(backbone, engine, registry, prompts, texts, tokens, waves) -> tuple[dict, float]:
@@ -169,6 +194,7 @@ def run(args) -> dict:
         engine = Engine(backbone, max_batch=args.batch)
         rates, bare = decode_rates(backbone, engine, registry, prompts, texts, args.tokens, args.waves)
         console.print(f"decode tokens/s by banks in the run: {rates}; bare backbone: {bare}")
+        bank_us = {str(pool): bank_cost_us(engine, registry, pool, args.batch) for pool in POOLS}
         app = create_app(registry, engine)
         engine.start()
         try:
@@ -180,15 +206,16 @@ def run(args) -> dict:
         "backbone": args.backbone, "batch": args.batch, "tokens_per_request": args.tokens, "waves": args.waves,
         "bank_rows": args.rows, "tokens_per_s": rates, "ratio": {k: round(v / rates["1"], 3) for k, v in rates.items()},
         "ratio_1000": round(rates["1000"] / rates["1"], 3), "bare_tokens_per_s": bare,
-        "added_ms_per_token": overhead, **http, "machine": machine(),
+        "added_ms_per_token": overhead, "bank_us_per_step": bank_us, **http, "machine": machine(),
     }
 
 
 def table(result: dict) -> str:
-    rows = ["| banks in the run | decode tokens/s | ratio to 1 bank | ms/token added vs bare backbone |", "|---|---|---|---|"]
+    rows = ["| banks in the run | decode tokens/s | ratio to 1 bank | ms/token vs bare backbone | bank alone, µs/step |",
+            "|---|---|---|---|---|"]
     for k, rate in result["tokens_per_s"].items():
-        rows.append(f"| {k} | {rate} | {result['ratio'][k]} | {result['added_ms_per_token'][k]} |")
-    rows.append(f"| bare backbone | {result['bare_tokens_per_s']} | | |")
+        rows.append(f"| {k} | {rate} | {result['ratio'][k]} | {result['added_ms_per_token'][k]} | {result['bank_us_per_step'][k]} |")
+    rows.append(f"| bare backbone | {result['bare_tokens_per_s']} | | | |")
     latency, prompt = result["latency_ms"], result["prompt_tokens"]
     return "\n".join(rows + [
         "",
