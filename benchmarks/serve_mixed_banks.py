@@ -102,14 +102,15 @@ def bare_steps(backbone: Backbone, prompts: list[list[int]], tokens: int) -> lis
 
 @torch.no_grad()
 def bank_cost_us(engine: Engine, registry: BankRegistry, pool: int, rows: int, repeats: int = 200) -> float:
-    """Microseconds per decoding step that the bank adds, timed alone (the backbone's noise left out):
-    memory ids' embedding gathered from each row's bank, and the extra logits ``h · indexᵀ`` with
-    padding masked, against the same steps without a bank."""
+    """Microseconds per decoding step that the bank's own operations take, timed alone so that the
+    backbone's noise is left out: memory ids' input embeddings gathered from each row's bank (against
+    the words-only lookup), the extra logits ``h · indexᵀ`` with padding masked, and appending them to
+    the vocabulary's logits."""
     model, vocab = engine.model, engine.model.vocab_size
     index, steer, valid = bank_tables([registry.get(f"bank{row % pool}") for row in range(rows)], model.device)
     ids = torch.randint(vocab, vocab + index.shape[1], (rows, 1), device=model.device)
     hidden = torch.randn(rows, index.shape[-1], device=model.device, dtype=index.dtype)
-    none = index[:, :0]
+    words = torch.randn(rows, vocab, device=model.device, dtype=index.dtype)  # stands for the LM head's logits
 
     def median_us(step):
         times = []
@@ -119,9 +120,8 @@ def bank_cost_us(engine: Engine, registry: BankRegistry, pool: int, rows: int, r
             times.append(time.perf_counter() - start)
         return 1e6 * statistics.median(times)
 
-    with_bank = median_us(lambda: (model.embed(ids, steer), model.logits(hidden, index, valid)))
-    without = median_us(lambda: (model.embed(ids.clamp(max=vocab - 1), none), model.logits(hidden, none, valid[:, :0])))
-    return round(with_bank - without, 1)
+    bank = median_us(lambda: (model.embed(ids, steer), torch.cat([words, model.memory_logits(hidden, index, valid)], dim=-1)))
+    return round(bank - median_us(lambda: model.embed(ids.clamp(max=vocab - 1), steer[:, :0])), 1)
 
 
 def decode_rates(backbone, engine, registry, prompts, texts, tokens, waves) -> tuple[dict, float]:

@@ -92,19 +92,17 @@ class TokMemModel(nn.Module):
         return torch.where(memory.unsqueeze(-1), rows, words)
 
     def logits(self, hidden: torch.Tensor, index: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits over vocab ∪ bank: the LM head's, then ``h · indexᵀ``.
-
-        ``index`` is the bank's (rows, d) output side, or (batch, rows, d) for ``hidden`` (batch, d), with
-        ``valid`` (batch, rows) marking each batch row's own bank: its padding columns get -inf.
-        """
+        """Logits over vocab ∪ bank: the LM head's, then ``h · indexᵀ`` (see ``memory_logits``)."""
         if index is None:
             index = self.memory_matrices()[0]
-        vocab = self.lm.get_output_embeddings()(hidden)
+        return torch.cat([self.lm.get_output_embeddings()(hidden), self.memory_logits(hidden, index, valid)], dim=-1)
+
+    def memory_logits(self, hidden: torch.Tensor, index: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """``h · indexᵀ``: ``index`` is the bank's (rows, d) output side, or (batch, rows, d) for ``hidden``
+        (batch, d), with ``valid`` (batch, rows) marking each batch row's own bank: its padding columns get -inf."""
         if index.dim() == 2:
-            memory = hidden @ index.to(hidden.dtype).T
-        else:
-            memory = torch.einsum("bd,brd->br", hidden, index.to(hidden.dtype)).masked_fill(~valid, float("-inf"))
-        return torch.cat([vocab, memory], dim=-1)
+            return hidden @ index.to(hidden.dtype).T
+        return torch.einsum("bd,brd->br", hidden, index.to(hidden.dtype)).masked_fill(~valid, float("-inf"))
 
     def hidden(self, ids, attention_mask, position_ids=None, past_key_values=None, steer=None):
         """Final hidden states (after the backbone's last norm) and the updated KV cache."""
