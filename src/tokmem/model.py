@@ -78,23 +78,36 @@ class TokMemModel(nn.Module):
 
     # ---- the two places the bank enters the network ---------------------------------------------------
     def embed(self, ids: torch.Tensor, steer: torch.Tensor | None = None) -> torch.Tensor:
-        """Input embeddings for ids over vocab ∪ bank."""
+        """Input embeddings for ids over vocab ∪ bank.
+
+        ``steer`` is the bank's (rows, d) input side, or (batch, rows, d): each batch row its own bank
+        (the server, padded to the widest bank).
+        """
         if steer is None:
             steer = self.memory_matrices()[1]
         memory = self.is_memory(ids)
         words = self.lm.get_input_embeddings()(ids.masked_fill(memory, 0))
-        if len(steer) == 0:
+        if steer.shape[-2] == 0:
             return words
-        rows = steer[(ids - self.vocab_size).clamp(min=0)].to(words.dtype)
+        slots = (ids - self.vocab_size).clamp(0, steer.shape[-2] - 1)
+        if steer.dim() == 3:
+            slots = slots + steer.shape[1] * torch.arange(len(ids), device=ids.device).unsqueeze(-1)
+            steer = steer.flatten(0, 1)
+        rows = steer[slots].to(words.dtype)
         return torch.where(memory.unsqueeze(-1), rows, words)
 
-    def logits(self, hidden: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits over vocab ∪ bank: the LM head's, then ``h · indexᵀ``."""
+    def logits(self, hidden: torch.Tensor, index: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits over vocab ∪ bank: the LM head's, then ``h · indexᵀ`` (see ``memory_logits``)."""
         if index is None:
             index = self.memory_matrices()[0]
-        vocab = self.lm.get_output_embeddings()(hidden)
-        memory = hidden @ index.to(hidden.dtype).T
-        return torch.cat([vocab, memory], dim=-1)
+        return torch.cat([self.lm.get_output_embeddings()(hidden), self.memory_logits(hidden, index, valid)], dim=-1)
+
+    def memory_logits(self, hidden: torch.Tensor, index: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """``h · indexᵀ``: ``index`` is the bank's (rows, d) output side, or (batch, rows, d) for ``hidden``
+        (batch, d), with ``valid`` (batch, rows) marking each batch row's own bank: its padding columns get -inf."""
+        if index.dim() == 2:
+            return hidden @ index.to(hidden.dtype).T
+        return torch.einsum("bd,brd->br", hidden, index.to(hidden.dtype)).masked_fill(~valid, float("-inf"))
 
     def hidden(self, ids, attention_mask, position_ids=None, past_key_values=None, steer=None):
         """Final hidden states (after the backbone's last norm) and the updated KV cache."""

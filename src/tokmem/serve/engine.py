@@ -1,0 +1,329 @@
+"""One decoding loop for every request: continuous batching over rows of different banks.
+
+The running batch is left-padded and shares one KV cache.  New requests are prefilled together
+(left-padded among themselves) and joined to the running batch along the batch dimension, the
+shorter cache padded on the left with masked columns; finished, cancelled or timed-out rows leave
+at once, and columns no row attends to any more are cut from the left.  Each row keeps its own
+position ids, so padding never shifts a row's positions.
+
+Rows may belong to different banks.  Each batch row gets its bank's rows in a padded table
+(batch, widest bank, d), gathered once whenever the batch changes; per step the bank costs one
+gather (memory ids' input embeddings) and one batched matmul with masked padding (the extra
+logits) — the same two places as offline, never a loop over banks.  The routing, open-set and
+chaining rules are ``tokmem.decode``'s, so greedy answers are token-identical to ``generate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+from torch.nn.functional import pad
+from transformers import DynamicCache
+
+from tokmem.backbones import Backbone
+from tokmem.bank import MemoryBank
+from tokmem.decode import Generation, _trace, first_tokens, left_pad, next_tokens
+from tokmem.errors import BackboneError, TokMemError
+from tokmem.layout import positions
+from tokmem.model import TokMemModel
+from tokmem.serve.banks import BankVersion
+
+log = logging.getLogger(__name__)
+
+
+class Overloaded(TokMemError):
+    """The request queue is full."""
+
+
+@dataclass
+class Request:
+    bank: BankVersion
+    prompt: list[int]  # the chat-formatted query's token ids
+    query: str  # the user's text (for the Generation it becomes)
+    max_tokens: int = 128
+    max_steps: int = 4
+    threshold: float = 0.5
+    temperature: float = 0.0
+    forced: int = -1  # a memory id to start with (routing skipped), or -1
+    ignore_eos: bool = False  # go on past EOS up to max_tokens (benchmarks: equal output lengths)
+    timeout: float | None = None  # seconds from submission
+
+
+class Handle:
+    """A submitted request's live state: the engine thread appends tokens, the caller reads them."""
+
+    def __init__(self, request: Request):
+        self.request = request
+        self.tokens: list[int] = []
+        self.plain = False
+        self.memory_mass = 0.0
+        self.finish_reason: str | None = None  # stop, length, cancelled, timeout or error
+        self.cancelled = False
+        self.deadline = None if request.timeout is None else time.monotonic() + request.timeout
+        self._done = threading.Event()
+        self._updated = asyncio.Event()
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        """Free the row at the next step (the client went away)."""
+        self.cancelled = True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    async def updated(self) -> None:
+        """Wait until new tokens arrived or the answer finished (only for handles made in an event loop)."""
+        await self._updated.wait()
+        self._updated.clear()
+
+    def generation(self, tokens: list[int] | None = None) -> Generation:
+        """The answer so far (or of ``tokens``), split into segments by ``tokmem.decode``."""
+        model = self.request.bank.model
+        return _trace(model, self.request.query, self.tokens if tokens is None else tokens, self.memory_mass, not self.plain)
+
+    def _add(self, token: int, eos: int) -> None:
+        self.tokens.append(token)
+        if token == eos and not self.request.ignore_eos:
+            self._finish("stop")
+        elif len(self.tokens) >= self.request.max_tokens:
+            self._finish("length")
+        else:
+            self._notify()
+
+    def _finish(self, reason: str) -> None:
+        self.finish_reason = reason
+        self._done.set()
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._updated.set)
+            except RuntimeError:  # the caller's loop is closed: nobody is listening
+                pass
+
+
+@dataclass
+class _Batch:
+    """The running rows: their KV cache and attention mask, and per-row decoding state."""
+
+    handles: list[Handle]
+    cache: DynamicCache
+    mask: torch.Tensor  # (rows, columns)
+    position: torch.Tensor  # the position id of each row's next input
+    last: torch.Tensor  # each row's last token (the next input)
+    steps: torch.Tensor  # memory tokens so far
+    plain: torch.Tensor  # open set: no memory tokens for this row
+    max_steps: torch.Tensor
+    temperature: torch.Tensor
+    index: torch.Tensor = field(init=False)  # (rows, widest bank, d): each row's own bank, padded
+    steer: torch.Tensor = field(init=False)
+    valid: torch.Tensor = field(init=False)  # (rows, widest bank): which columns are real memory rows
+
+    def __post_init__(self):
+        self.index, self.steer, self.valid = bank_tables([h.request.bank for h in self.handles], self.mask.device)
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def join(self, other: "_Batch") -> "_Batch":
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keys = torch.cat([_pad_columns(mine.keys, width), _pad_columns(theirs.keys, width)])
+            mine.values = torch.cat([_pad_columns(mine.values, width), _pad_columns(theirs.values, width)])
+        mask = torch.cat([pad(self.mask, (width - self.mask.shape[1], 0)), pad(other.mask, (width - other.mask.shape[1], 0))])
+        return _Batch(self.handles + other.handles, self.cache, mask, *self._cat(other))
+
+    def select(self, keep: list[int]) -> "_Batch":
+        """The rows ``keep``, without the leading columns none of them attends to."""
+        rows = torch.tensor(keep, device=self.mask.device)
+        mask = self.mask[rows]
+        start = int(mask.any(0).int().argmax())
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[rows, :, start:], layer.values[rows, :, start:]
+        state = [t[rows] for t in (self.position, self.last, self.steps, self.plain, self.max_steps, self.temperature)]
+        return _Batch([self.handles[i] for i in keep], self.cache, mask[:, start:], *state)
+
+    def _cat(self, other: "_Batch") -> list[torch.Tensor]:
+        names = ("position", "last", "steps", "plain", "max_steps", "temperature")
+        return [torch.cat([getattr(self, n), getattr(other, n)]) for n in names]
+
+
+def _pad_columns(states: torch.Tensor, width: int) -> torch.Tensor:
+    """Left-pad cached keys or values (batch, heads, columns, head dim) to ``width`` columns."""
+    return pad(states, (0, 0, width - states.shape[2], 0))
+
+
+def bank_tables(banks: list[BankVersion], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(index, steer, valid) with one row per batch row: its bank's rows padded to the widest bank.
+
+    The distinct banks are stacked once and gathered by a padded index table (one gather, no loop
+    over rows or banks in tensor code).
+    """
+    distinct = list({id(b): b for b in banks}.values())
+    slot = {id(b): i for i, b in enumerate(distinct)}
+    sizes = torch.tensor([b.rows for b in distinct], device=device)
+    blank = distinct[0].index.new_zeros(1, distinct[0].index.shape[-1])  # what padding columns gather
+    stacked_index = torch.cat([b.index for b in distinct] + [blank])
+    stacked_steer = torch.cat([b.steer for b in distinct] + [blank])
+    which = torch.tensor([slot[id(b)] for b in banks], device=device)
+    columns = torch.arange(int(sizes.max()), device=device)
+    valid = columns < sizes[which].unsqueeze(-1)
+    offsets = sizes.cumsum(0) - sizes
+    gather = torch.where(valid, offsets[which].unsqueeze(-1) + columns, len(stacked_index) - 1)
+    return stacked_index[gather], stacked_steer[gather], valid
+
+
+class Engine:
+    """The decoding loop.  ``submit`` from any thread; ``start`` runs ``step`` in a background thread."""
+
+    def __init__(self, backbone: Backbone, max_batch: int = 32, max_queue: int = 256, seed: int = 0):
+        self.model = TokMemModel(backbone, MemoryBank(backbone.hidden_size))  # the backbone's forward; banks come per row
+        if any(layer.is_sliding for layer in DynamicCache(config=self.model.lm.config).layers):
+            raise BackboneError(f"backbone '{backbone.name}' has sliding-window attention layers, which the server does not batch")
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+        self.generator = torch.Generator(device=backbone.device).manual_seed(seed)
+        self.pending: deque[Handle] = deque()
+        self.batch: _Batch | None = None
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    @property
+    def running(self) -> int:
+        return len(self.batch) if self.batch is not None else 0
+
+    def submit(self, request: Request) -> Handle:
+        handle = Handle(request)
+        with self._wake:
+            if len(self.pending) >= self.max_queue:
+                raise Overloaded(f"the server is busy: {len(self.pending)} requests are already queued; retry later")
+            self.pending.append(handle)
+            self._wake.notify()
+        return handle
+
+    # ---- the loop ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> bool:
+        """Admit waiting requests, decode one token for every running row; whether work remains."""
+        self._drop_stopped()
+        self._admit()
+        self._drop_stopped()  # rows that ended at their first token
+        if self.batch is not None:
+            self._decode()
+        return self.batch is not None or bool(self.pending)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stopping = False
+            self._thread = threading.Thread(target=self._run, name="tokmem-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self.pending and self.batch is None:
+                    self._wake.wait()
+                if self._stopping:
+                    return
+            try:
+                self.step()
+            except Exception:
+                log.exception("decoding step failed; its requests end with an error")
+                self._fail_all()
+
+    def _fail_all(self) -> None:
+        with self._wake:
+            handles = (self.batch.handles if self.batch is not None else []) + list(self.pending)
+            self.pending.clear()
+        self.batch = None
+        for handle in handles:
+            handle._finish("error")
+
+    # ---- joining and leaving -----------------------------------------------------------------
+    def _admit(self) -> None:
+        with self._wake:
+            free = self.max_batch - self.running
+            new = [self.pending.popleft() for _ in range(min(free, len(self.pending)))]
+        new = [h for h in new if not self._stopped(h)]
+        if new:
+            joined = self._prefill(new)
+            self.batch = joined if self.batch is None else self.batch.join(joined)
+
+    def _prefill(self, handles: list[Handle]) -> _Batch:
+        model, vocab, device = self.model, self.model.vocab_size, self.model.device
+        requests = [h.request for h in handles]
+        ids, mask = left_pad([r.prompt for r in requests], model.backbone.tokenizer.pad_token_id, device)
+        position_ids = positions(mask)
+        state = {
+            "max_steps": torch.tensor([r.max_steps for r in requests], device=device),
+            "temperature": torch.tensor([r.temperature for r in requests], device=device),
+        }
+        index, steer, valid = bank_tables([r.bank for r in requests], device)
+        hidden, cache = model.hidden(ids, mask, position_ids, DynamicCache(config=model.lm.config), steer)
+        logits = model.logits(hidden[:, -1], index, valid).float()
+        threshold = torch.tensor([r.threshold for r in requests], device=device)
+        forced = torch.tensor([r.forced for r in requests], device=device)
+        token, plain, mass = first_tokens(logits, vocab, threshold, valid.any(-1), forced, state["temperature"], self.generator)
+        for handle, p, m in zip(handles, plain.tolist(), mass.tolist()):
+            handle.plain, handle.memory_mass = p, m
+        self._record(handles, token)
+        return _Batch(
+            handles, cache, mask, position_ids[:, -1] + 1, token, model.is_memory(token).long(),
+            plain, state["max_steps"], state["temperature"],
+        )
+
+    def _decode(self) -> None:
+        batch, vocab = self.batch, self.model.vocab_size
+        mask = pad(batch.mask, (0, 1), value=1)
+        hidden, _ = self.model.hidden(batch.last.unsqueeze(-1), mask, batch.position.unsqueeze(-1), batch.cache, batch.steer)
+        logits = self.model.logits(hidden[:, -1], batch.index, batch.valid).float()
+        token = next_tokens(logits, vocab, batch.plain | (batch.steps >= batch.max_steps), batch.temperature, self.generator)
+        batch.mask, batch.last, batch.position = mask, token, batch.position + 1
+        batch.steps = batch.steps + self.model.is_memory(token).long()
+        self._record(batch.handles, token)
+
+    def _record(self, handles: list[Handle], tokens: torch.Tensor) -> None:
+        eos = self.model.backbone.eos_token_id
+        for handle, token in zip(handles, tokens.tolist()):
+            handle._add(token, eos)
+
+    def _drop_stopped(self) -> None:
+        """Finish cancelled and timed-out requests (queued or running); finished rows leave the batch."""
+        with self._wake:
+            self.pending = deque(h for h in self.pending if not self._stopped(h))
+        if self.batch is None:
+            return
+        keep = [i for i, h in enumerate(self.batch.handles) if not self._stopped(h)]
+        if len(keep) < len(self.batch):
+            self.batch = self.batch.select(keep) if keep else None
+
+    @staticmethod
+    def _stopped(handle: Handle) -> bool:
+        if not handle.finished and handle.cancelled:
+            handle._finish("cancelled")
+        if not handle.finished and handle.deadline is not None and time.monotonic() > handle.deadline:
+            handle._finish("timeout")
+        return handle.finished
