@@ -216,7 +216,8 @@ def _training_options(parser) -> None:
     parser.add_argument("--max-steps", type=int)
     parser.add_argument("--checkpoint-every", type=int, default=0, help="save the bank every N optimiser steps")
     parser.add_argument("--init", choices=INITS, default="mean", help="new rows: mean embedding (the paper's text) or orthogonal")
-    parser.add_argument("--schedule", choices=SCHEDULES, default="constant", help="constant lr, or linear warm-up then decay")
+    parser.add_argument("--lr-schedule", dest="schedule", choices=SCHEDULES, default="constant",
+                        help="constant lr, or linear warm-up then decay")
     parser.add_argument("--warmup", type=float, default=0.1, help="warm-up fraction of the linear schedule")
     parser.add_argument("--renorm-every-step", action="store_true", help="renormalise the new rows after every step too")
     _common(parser)

@@ -14,7 +14,8 @@ RECIPE_OPTIONS = {  # MethodSettings field → argparse keywords; every one over
     "tokmem_epochs": dict(type=int, help="epochs of TokMem's rows (default: --epochs)"),
     "lora_epochs": dict(type=int, help="epochs of fine-tuning and replay (default: --epochs)"),
     "init": dict(choices=INITS, help="TokMem's new rows: mean embedding (the paper's text) or orthogonal (the reference code)"),
-    "schedule": dict(choices=SCHEDULES, help="learning rate: constant, or linear (10%% warm-up, then decay; the reference code)"),
+    "schedule": dict(flag="--lr-schedule", choices=SCHEDULES,
+                     help="learning rate: constant, or linear (10%% warm-up, then decay; the reference code)"),
     "warmup": dict(type=float, help="warm-up fraction of the linear schedule (default 0.1)"),
     "renorm_every_step": dict(action=argparse.BooleanOptionalAction,
                               help="renormalise TokMem's new rows after every step too (the reference code)"),
@@ -24,9 +25,11 @@ RECIPE_OPTIONS = {  # MethodSettings field → argparse keywords; every one over
 
 
 def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
-    """The training-recipe options every study takes (``--init``, ``--schedule``, …); default None = the preset's."""
+    """The training-recipe options every study takes (``--init``, ``--lr-schedule``, …); default None = the preset's."""
     for name, keywords in RECIPE_OPTIONS.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", default=None, **keywords)
+        keywords = dict(keywords)
+        flag = keywords.pop("flag", f"--{name.replace('_', '-')}")
+        parser.add_argument(flag, dest=name, default=None, **keywords)
 
 
 @dataclass(frozen=True)
