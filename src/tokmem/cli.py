@@ -154,7 +154,7 @@ def _bench_atomic(studies) -> None:
     parser.add_argument("--rag-k", type=int, help="demonstrations RAG retrieves (default 2)")
     parser.add_argument("--lora-rank", type=int, help="default 8 (1 with --sample-efficiency)")
     parser.add_argument("--tokmem-lr", type=float, help="learning rate of the memory rows (default 1e-3 joint, 5e-3 sequential)")
-    parser.add_argument("--lora-lr", type=float, help="learning rate of LoRA and replay (default 5e-5)")
+    parser.add_argument("--lora-lr", type=float, help="learning rate of LoRA and replay (cpu preset 1e-3, paper 5e-5)")
     add_recipe_arguments(parser)
     parser.add_argument("--sample-efficiency", action="store_true", default=None,
                         help="10 tasks learned as one mixture with 10/20/50/100/200/500 training examples per task")
