@@ -402,3 +402,27 @@ def test_without_the_studies_extra_the_command_stops_before_any_work(sni_dir, tm
     err = capsys.readouterr().err
     assert "the studies need the 'studies' extra (missing matplotlib): pip install 'tokmem[studies]'" in err
     assert not path.exists() and "Traceback" not in err
+
+
+def test_a_joint_checkpoint_is_its_own_run_and_resume_redoes_only_the_unfinished_ones(config, backbone, tmp_path, monkeypatch):
+    joint = replace(config, task_schedule="joint", methods=("base", "tokmem"))
+    alone = run_atomic(replace(joint, checkpoints=(3,)), backbone, tmp_path / "alone" / "atomic.json", progress=False)
+    path = tmp_path / "resumed" / "atomic.json"
+    learn = TokMem.learn
+
+    def crash_on_three_tasks(self, examples):
+        if len({e.procedures[0] for e in examples}) == 3:
+            raise RuntimeError("simulated crash")
+        learn(self, examples)
+
+    monkeypatch.setattr(TokMem, "learn", crash_on_three_tasks)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_atomic(joint, backbone, path, progress=False)
+    assert [p["num_tasks"] for p in read_json(path)["checkpoints"]] == [2]
+    monkeypatch.undo()
+
+    resumed = run_atomic(joint, backbone, path, resume=True, progress=False)
+    assert [p["num_tasks"] for p in resumed["checkpoints"]] == [2, 3]
+    assert resumed["checkpoints"][1]["methods"]["tokmem"]["per_task"] == alone["checkpoints"][0]["methods"]["tokmem"]["per_task"]
+    mine, theirs = (load_file(p.parent / "atomic-state" / "3" / "tokmem" / "bank.safetensors") for p in (path, tmp_path / "alone" / "atomic.json"))
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
