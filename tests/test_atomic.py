@@ -3,7 +3,6 @@ and both query modes, its files, resuming after a crash, the reference scoring, 
 contracts (LoRA leaves the backbone alone, replay mixes 20%, RAG's retrieval accuracy)."""
 
 import json
-import sys
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -392,16 +391,6 @@ def test_a_study_on_task_files_of_both_layouts_says_which_tasks_had_no_language_
          "unknown_languages": ["Input_language", "Output_language", "Instruction_language"]},
     ]
     assert "kept without language fields (taken as English): task902_older_layout." in (tmp_path / "layouts.md").read_text()
-
-
-def test_without_the_studies_extra_the_command_stops_before_any_work(sni_dir, tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
-    path = tmp_path / "out.json"
-    assert main(["bench", "atomic", "--tasks-dir", str(sni_dir), "--backbone", "tiny-random", "--train-per-task", "4",
-                 "--test-per-task", "2", "--checkpoints", "2", "--json", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert "the studies need the 'studies' extra (missing matplotlib): pip install 'tokmem[studies]'" in err
-    assert not path.exists() and "Traceback" not in err
 
 
 def test_a_joint_checkpoint_is_its_own_run_and_resume_redoes_only_the_unfinished_ones(config, backbone, tmp_path, monkeypatch):

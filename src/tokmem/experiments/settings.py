@@ -5,7 +5,28 @@ Each study's config inherits them and adds its data, its methods and the default
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
+
+from tokmem.train import INITS, SCHEDULES
+
+RECIPE_OPTIONS = {  # MethodSettings field → argparse keywords; every one overrides the preset's value
+    "tokmem_epochs": dict(type=int, help="epochs of TokMem's rows (default: --epochs)"),
+    "lora_epochs": dict(type=int, help="epochs of fine-tuning and replay (default: --epochs)"),
+    "init": dict(choices=INITS, help="TokMem's new rows: mean embedding (the paper's text) or orthogonal (the reference code)"),
+    "schedule": dict(choices=SCHEDULES, help="learning rate: constant, or linear (warm-up, then decay; the reference code); "
+                     "default: the study's"),
+    "warmup": dict(type=float, help="warm-up fraction of the linear schedule (default 0.1)"),
+    "renorm_every_step": dict(action=argparse.BooleanOptionalAction,
+                              help="renormalise TokMem's new rows after every step too (the reference code)"),
+}
+FLAGS = {"schedule": "--lr-schedule"}  # options whose flag is not their field name (--schedule: the atomic study's task schedule)
+
+
+def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
+    """The training-recipe options every study takes (``--init``, ``--lr-schedule``, …); default None = the preset's."""
+    for name, keywords in RECIPE_OPTIONS.items():
+        parser.add_argument(FLAGS.get(name, f"--{name.replace('_', '-')}"), dest=name, default=None, **keywords)
 
 
 @dataclass(frozen=True)
@@ -54,21 +75,3 @@ class MethodSettings:
         return self.train_options() | dict(rank=self.lora_rank, lr=self.lora_lr, weight_decay=self.lora_weight_decay,
                                            epochs=self.lora_epochs or self.epochs)
 
-
-RECIPE_OPTIONS = ("init", "schedule", "warmup", "renorm_every_step", "tokmem_epochs", "lora_epochs")
-
-
-def add_recipe_arguments(parser) -> tuple[str, ...]:
-    """The training-recipe options every study takes (each overrides its preset); returns their config field names."""
-    from tokmem.train import INITS, SCHEDULES
-
-    parser.add_argument("--init", choices=INITS,
-                        help="TokMem's new rows: the mean token embedding (the paper's text) or orthogonal (the reference code)")
-    parser.add_argument("--lr-schedule", dest="schedule", choices=SCHEDULES,
-                        help="learning rate of every trained method: constant, or linear (warm-up, then linear decay to 0); default: the study's")
-    parser.add_argument("--warmup", type=float, help="warm-up share of the steps under --lr-schedule linear (default 0.1)")
-    parser.add_argument("--renorm-every-step", action="store_true", default=None,
-                        help="renormalise TokMem's new rows after every step (the reference code), not only after the round")
-    parser.add_argument("--tokmem-epochs", type=int, help="epochs of TokMem's rows (default: --epochs)")
-    parser.add_argument("--lora-epochs", type=int, help="epochs of fine-tuning and replay (default: --epochs)")
-    return RECIPE_OPTIONS
