@@ -13,9 +13,7 @@ from rich.table import Table
 import tokmem
 from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
-from tokmem.data.sni import QUERIES
-from tokmem.experiments import atomic, compositional, placement
-from tokmem.experiments.settings import add_recipe_arguments
+from tokmem.experiments import compositional, placement
 from tokmem.report import console, error_console, machine, percent, scores_table, trace_table, write_json
 
 
@@ -28,7 +26,7 @@ def main(argv=None) -> int:
     try:
         args.handler(args)
     except TokMemError as err:
-        error_console.print(f"[bold red]error:[/bold red] {escape(str(err))}", highlight=False)  # the message is text, not markup
+        error_console.print(f"[bold red]error:[/bold red] {escape(str(err))}", highlight=False)
         return 2
     return 0
 
@@ -122,6 +120,10 @@ def name_list(text: str) -> tuple[str, ...]:
 
 
 def _bench_atomic(studies) -> None:
+    from tokmem.data.sni import QUERIES
+    from tokmem.experiments import atomic
+    from tokmem.experiments.settings import add_recipe_arguments
+
     parser = studies.add_parser(
         "atomic", help="atomic recall on SNI: TokMem vs Base, RAG, LoRA, replay, TokMem+DC",
         description="Every SNI task is a procedure. After each checkpoint (the first k tasks in task-id order) every "
@@ -295,6 +297,8 @@ def cmd_eval(args) -> None:
 
 
 def cmd_bench_atomic(args) -> None:
+    from tokmem.experiments import atomic
+
     options = {f.name: getattr(args, f.name) for f in fields(atomic.AtomicConfig) if f.name != "preset" and hasattr(args, f.name)}
     config = atomic.make_config(args.preset, **options)
     result = atomic.run(config, json_path=args.json, out_dir=args.out_dir, resume=args.resume, progress=not args.quiet)

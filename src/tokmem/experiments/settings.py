@@ -14,8 +14,7 @@ RECIPE_OPTIONS = {  # MethodSettings field → argparse keywords; every one over
     "tokmem_epochs": dict(type=int, help="epochs of TokMem's rows (default: --epochs)"),
     "lora_epochs": dict(type=int, help="epochs of fine-tuning and replay (default: --epochs)"),
     "init": dict(choices=INITS, help="TokMem's new rows: mean embedding (the paper's text) or orthogonal (the reference code)"),
-    "schedule": dict(choices=SCHEDULES, help="learning rate: constant, or linear (warm-up, then decay; the reference code); "
-                     "default: the study's"),
+    "schedule": dict(choices=SCHEDULES, help="learning rate: constant, or linear (10%% warm-up, then decay; the reference code)"),
     "warmup": dict(type=float, help="warm-up fraction of the linear schedule (default 0.1)"),
     "renorm_every_step": dict(action=argparse.BooleanOptionalAction,
                               help="renormalise TokMem's new rows after every step too (the reference code)"),
