@@ -73,4 +73,3 @@ class MethodSettings:
         """Keyword arguments of fine-tuning and replay."""
         return self.train_options() | dict(rank=self.lora_rank, lr=self.lora_lr, weight_decay=self.lora_weight_decay,
                                            epochs=self.lora_epochs or self.epochs)
-
