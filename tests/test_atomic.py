@@ -1,23 +1,28 @@
-"""The atomic-recall study on the tiny-random backbone: every method through one harness, its files,
-resuming after a crash, and the baselines' own contracts (LoRA leaves the backbone alone, replay mixes
-20%, RAG's retrieval accuracy)."""
+"""The atomic-recall study on the tiny-random backbone: every method through one harness in both schedules
+and both query modes, its files, resuming after a crash, the reference scoring, and the baselines' own
+contracts (LoRA leaves the backbone alone, replay mixes 20%, RAG's retrieval accuracy)."""
 
 import json
+from collections import defaultdict
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from tokmem import Example, Step
+from tokmem.baselines.base import Base
 from tokmem.baselines.common import Answer, Method
 from tokmem.baselines.lora import LoRA, Replay
 from tokmem.baselines.memory import TokMem
 from tokmem.baselines.rag import RAG
 from tokmem.cli import main
-from tokmem.data.sni import Instance, Task
+from tokmem.data.sni import Instance, Task, load_tasks
 from tokmem.errors import TokMemError
-from tokmem.experiments.atomic import METHODS, AtomicConfig, evaluate, learn_round, make_config, run_atomic, run_sample_efficiency
+from tokmem.experiments.atomic import (
+    JOINT_METHODS, METHODS, AtomicConfig, evaluate, learn_round, make_config, run, run_atomic, run_sample_efficiency,
+)
 from tokmem.experiments.outputs import read_json
 from tokmem.layout import collate, encode
 
@@ -27,6 +32,7 @@ TASKS = {
     "task010_add": [(f"{a} + {b}", str(a + b)) for a, b in ((1, 2), (3, 4), (5, 6), (7, 8), (2, 9), (4, 4))],
 }
 NAMES = list(TASKS)
+LAYOUTS = Path(__file__).resolve().parent / "data" / "sni_layouts"
 
 
 @pytest.fixture(scope="module")
@@ -35,15 +41,16 @@ def sni_dir(tmp_path_factory):
     for name, pairs in TASKS.items():
         languages = {key: ["English"] for key in ("Input_language", "Output_language", "Instruction_language")}
         instances = [{"id": f"{name}-{i}", "input": q, "output": [a]} for i, (q, a) in enumerate(pairs)]
-        (folder / f"{name}.json").write_text(json.dumps({"Definition": [name], **languages, "Instances": instances}))
+        (folder / f"{name}.json").write_text(json.dumps({"Definition": [f"Do {name}."], **languages, "Instances": instances}))
     return folder
 
 
 @pytest.fixture(scope="module")
 def config(sni_dir):
+    """The sequential schedule (tasks arrive one at a time), every method."""
     return AtomicConfig(
-        tasks_dir=str(sni_dir), train_per_task=4, test_per_task=2, checkpoints=(2, 3), backbone="tiny-random",
-        max_new_tokens=4, eval_batch_size=8, replay_buffer=3, replay_every=1, device="cpu",
+        tasks_dir=str(sni_dir), task_schedule="sequential", train_per_task=4, test_per_task=2, checkpoints=(2, 3),
+        backbone="tiny-random", max_new_tokens=4, eval_batch_size=8, replay_buffer=3, replay_every=1, device="cpu",
     )
 
 
@@ -96,6 +103,9 @@ def test_a_markdown_table_in_the_paper_layout_and_a_png_plot_are_written(study):
     for label in ("Base", "RAG", "Fine-tuning", "Replay Memory", "TokMem", "TokMem+DC"):
         assert f"\n| {label} | " in table
     assert "| RAG (retrieval) |" in table and "| TokMem (routing) |" in table
+    assert "query = the task definition, a blank line, the instance input (the paper's protocol); schedule = sequential" in table
+    assert "ROUGE-L against output[0], Porter-stemmed" in table and "TokMem lr 0.005, mean init" in table
+    assert "3 tasks from" in table and "2 test and up to 4 training examples per task." in table
     assert path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -194,9 +204,9 @@ def test_retrieval_accuracy_is_the_share_of_queries_whose_nearest_training_examp
                       Instance("m4", "Is it sunny in Rome today?", ("4",))])  # worded as a weather example: retrieval misses it
     rag = RAG(backbone, k=1, max_new_tokens=2)
     for task in (weather, math):
-        rag.learn(task.examples())
+        rag.learn(task.examples(query="input"))
     assert [[e.id for e in shots] for shots in rag.retrieve(["Is it sunny in Rome today?", "What is 5 plus 9?"])] == [["w2"], ["m1"]]
-    result = evaluate(rag, [weather, math])
+    result = evaluate(rag, [weather, math], query="input")
     assert result["per_task"]["task001_weather"]["retrieval_accuracy"] == 1.0
     assert result["per_task"]["task002_math"]["retrieval_accuracy"] == 0.5
     assert result["retrieval_accuracy"] == 0.75
@@ -214,17 +224,20 @@ class Lookup(Method):
         return [Answer(self.answers[q]) for q in queries]
 
 
-def test_rouge_l_takes_the_best_reference_and_averages_per_task_then_over_tasks():
-    one = Task("task001_one", 1, "", test=[Instance("a", "q1", ("wrong words", "right answer")), Instance("b", "q2", ("right answer",))])
+def test_rouge_l_is_scored_against_the_first_output_stemmed_and_averaged_per_task_then_over_tasks():
+    one = Task("task001_one", 1, "", test=[Instance("a", "q1", ("The cats are running", "unrelated")),
+                                           Instance("b", "q2", ("alpha beta", "gamma delta"))])
     two = Task("task002_two", 2, "", test=[Instance("c", "q3", ("right answer",))])
-    result = evaluate(Lookup({"q1": "right answer", "q2": "nothing alike", "q3": "right answer"}), [one, two], batch_size=1)
+    answers = {"q1": "the cat are run", "q2": "gamma delta", "q3": "right answer"}
+    result = evaluate(Lookup(answers), [one, two], batch_size=1, query="input")
+    # q1: every token matches once stemmed (cats→cat, running→run); q2: the second output is not a reference
     assert result["per_task"]["task001_one"]["rougeL"] == pytest.approx(50.0)
     assert result["per_task"]["task002_two"]["rougeL"] == pytest.approx(100.0)
     assert result["rougeL"] == pytest.approx(75.0)
 
 
 def test_sample_efficiency_trains_fresh_methods_per_budget_and_drops_budgets_the_data_lacks(config, backbone, tmp_path):
-    efficiency = replace(config, sample_efficiency=True, budgets=(2, 4, 100), methods=("rag", "lora", "tokmem"))
+    efficiency = replace(config, task_schedule="joint", sample_efficiency=True, budgets=(2, 4, 100), methods=("rag", "lora", "tokmem"))
     result = run_sample_efficiency(efficiency, backbone, tmp_path / "efficiency.json", progress=False)
     assert [p["train_per_task"] for p in result["budgets"]] == [2, 4] and result["dropped_budgets"] == [100]
     assert result["config"]["lora_rank"] == 1
@@ -239,19 +252,51 @@ def test_sample_efficiency_trains_fresh_methods_per_budget_and_drops_budgets_the
 def test_presets_give_the_sizes_and_options_override_them(tmp_path):
     paper = make_config("paper", tasks_dir=str(tmp_path)).resolved()
     assert (paper.train_per_task, paper.test_per_task, paper.checkpoints, paper.num_tasks) == (500, 50, (10, 50, 200, 500, 1000), 1000)
+    assert (paper.query, paper.task_schedule, paper.methods) == ("definition", "joint", JOINT_METHODS)
+    cpu = make_config("cpu").resolved()
+    assert (cpu.query, cpu.task_schedule, cpu.checkpoints, cpu.methods) == ("definition", "joint", (14,), ("base", "rag", "lora", "tokmem"))
+    assert (cpu.train_per_task, cpu.min_train_per_task, cpu.test_per_task, cpu.tokmem_epochs, cpu.lora_epochs) == (100, 20, 10, 2, 1)
     cpu = make_config("cpu", checkpoints=(1, 2), methods=("base",)).resolved()
-    assert (cpu.train_per_task, cpu.test_per_task, cpu.num_tasks, cpu.methods, cpu.lora_rank) == (20, 8, 2, ("base",), 8)
+    assert (cpu.num_tasks, cpu.methods, cpu.lora_rank) == (2, ("base",), 8)
     with pytest.raises(TokMemError, match="unknown method"):
         make_config("cpu", methods=("base", "magic")).resolved()
+
+
+def test_each_schedule_defaults_to_its_own_recipe_and_options_override_it(tmp_path):
+    joint = make_config(None, tasks_dir=str(tmp_path)).resolved()
+    sequential = make_config(None, tasks_dir=str(tmp_path), task_schedule="sequential").resolved()
+    assert (joint.tokmem_lr, joint.schedule, joint.methods) == (1e-3, "linear", JOINT_METHODS)  # the reference code
+    assert (sequential.tokmem_lr, sequential.schedule, sequential.methods) == (5e-3, "constant", METHODS)  # the paper's text
+    assert joint.tokmem_options()["lr"] == 1e-3 and joint.lora_options()["schedule"] == "linear"
+    mine = make_config(None, tasks_dir=str(tmp_path), tokmem_lr=0.02, schedule="constant").resolved()
+    assert (mine.tokmem_lr, mine.schedule) == (0.02, "constant")
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(methods=("lora", "replay")), "replay needs tasks that arrive one at a time"),
+    (dict(query="both"), "unknown query 'both'"),
+    (dict(task_schedule="random"), "unknown schedule 'random'"),
+    (dict(task_schedule="sequential", sample_efficiency=True), "joint schedule only"),
+    (dict(init="zeros"), "init must be one of mean, orthogonal"),
+])
+def test_settings_that_cannot_run_are_refused_before_any_work(tmp_path, options, message):
+    with pytest.raises(TokMemError, match=message):
+        make_config(None, tasks_dir=str(tmp_path), **options).resolved()
 
 
 def test_bench_atomic_command_writes_the_json_table_and_plot(sni_dir, tmp_path):
     path = tmp_path / "out.json"
     assert main(["bench", "atomic", "--tasks-dir", str(sni_dir), "--backbone", "tiny-random", "--device", "cpu",
                  "--methods", "base,tokmem", "--train-per-task", "4", "--test-per-task", "2", "--checkpoints", "1,3",
-                 "--max-new-tokens", "3", "--tokmem-lr", "0.02", "--quiet", "--json", str(path)]) == 0
+                 "--max-new-tokens", "3", "--tokmem-lr", "0.02", "--query", "input", "--schedule", "sequential",
+                 "--init", "orthogonal", "--lr-schedule", "linear", "--warmup", "0.2", "--renorm-every-step",
+                 "--tokmem-epochs", "2", "--lora-epochs", "3", "--quiet", "--json", str(path)]) == 0
     result = read_json(path)
-    assert result["config"]["tokmem_lr"] == 0.02
+    recorded = {k: result["config"][k] for k in ("tokmem_lr", "query", "task_schedule", "init", "schedule", "warmup",
+                                                   "renorm_every_step", "tokmem_epochs", "lora_epochs")}
+    assert recorded == {"tokmem_lr": 0.02, "query": "input", "task_schedule": "sequential", "init": "orthogonal",
+                        "schedule": "linear", "warmup": 0.2, "renorm_every_step": True, "tokmem_epochs": 2, "lora_epochs": 3}
+    assert "query = the instance input alone" in path.with_suffix(".md").read_text()
     assert [p["num_tasks"] for p in result["checkpoints"]] == [1, 3]
     assert list(result["checkpoints"][1]["methods"]) == ["base", "tokmem"]
     assert path.with_suffix(".md").is_file() and path.with_suffix(".png").is_file()
@@ -287,3 +332,86 @@ def test_learn_round_advances_the_bar_after_every_step_of_the_round(make, backbo
     steps = -(-2 * len(examples) // 2)
     assert len([n for n in bar.updates if n > 0]) == steps
     assert sum(bar.updates) == 2 * len(examples) and method.on_step is None
+
+
+def test_the_joint_schedule_trains_a_fresh_method_on_all_tasks_of_a_checkpoint_in_one_shuffled_round(config, backbone, sni_dir, tmp_path, monkeypatch):
+    rounds = []
+    learn = TokMem.learn
+
+    def recorded(self, examples):
+        rounds.append((len(self.model.bank), [e.id for e in examples], [e.procedures[0] for e in examples]))
+        learn(self, examples)
+
+    monkeypatch.setattr(TokMem, "learn", recorded)
+    result = run_atomic(replace(config, task_schedule="joint", methods=("tokmem",)), backbone, tmp_path / "joint.json", progress=False)
+    tasks = load_tasks(sni_dir, None, config.train_per_task, config.test_per_task)[0]
+    assert len(rounds) == 2  # one round per checkpoint (2 and 3 tasks)
+    for (rows_before, ids, procedures), n in zip(rounds, (2, 3)):
+        assert rows_before == 0  # a fresh bank
+        assert sorted(ids) == sorted(i.id for t in tasks[:n] for i in t.train)
+        assert procedures != sorted(procedures, key=NAMES.index)  # shuffled together, not task after task
+    assert [p["methods"]["tokmem"]["trainable_params"] for p in result["checkpoints"]] == [2 * backbone.hidden_size, 3 * backbone.hidden_size]
+    assert result["config"]["tokmem_lr"] == 1e-3 and result["config"]["schedule"] == "linear"
+    assert "schedule = joint: one run per checkpoint" in (tmp_path / "joint.md").read_text()
+
+
+@pytest.mark.parametrize("query", ["definition", "input"])
+def test_every_method_learns_and_is_asked_the_same_user_turn(config, backbone, tmp_path, monkeypatch, query):
+    learned, asked = defaultdict(list), defaultdict(list)
+    for cls in (Base, RAG, LoRA, TokMem):
+        def learn(self, examples, original=cls.learn):
+            learned[self.name] += [e.query for e in examples]
+            original(self, examples)
+
+        def answer(self, queries, original=cls.answer):
+            asked[self.name] += queries
+            return original(self, queries)
+
+        monkeypatch.setattr(cls, "learn", learn)
+        monkeypatch.setattr(cls, "answer", answer)
+    study = replace(config, query=query, task_schedule="joint", checkpoints=(3,), methods=("base", "rag", "lora", "tokmem"))
+    run_atomic(study, backbone, None, progress=False)
+    turn = (lambda name, text: f"Do {name}.\n\n{text}") if query == "definition" else (lambda name, text: text)
+    every = {turn(name, text) for name, pairs in TASKS.items() for text, _ in pairs}
+    tests = sorted(asked["tokmem"])
+    assert len(tests) == 6 and set(tests) <= every
+    assert all(sorted(asked[name]) == tests for name in ("base", "rag", "lora"))
+    trained = sorted(learned["tokmem"])
+    assert len(trained) == 12 and set(trained) <= every and not set(trained) & set(tests)
+    assert all(sorted(learned[name]) == trained for name in ("rag", "lora"))
+
+
+def test_a_study_on_task_files_of_both_layouts_says_which_tasks_had_no_language_fields(backbone, tmp_path):
+    study = AtomicConfig(tasks_dir=str(LAYOUTS), train_per_task=3, test_per_task=1, checkpoints=(2,), methods=("base", "tokmem"),
+                         backbone="tiny-random", max_new_tokens=2, device="cpu")
+    result = run_atomic(study, backbone, tmp_path / "layouts.json", progress=False)
+    assert result["tasks"] == [
+        {"name": "task901_current_layout", "train": 3, "test": 1},
+        {"name": "task902_older_layout", "train": 3, "test": 1,
+         "unknown_languages": ["Input_language", "Output_language", "Instruction_language"]},
+    ]
+    assert "kept without language fields (taken as English): task902_older_layout." in (tmp_path / "layouts.md").read_text()
+
+
+def test_a_joint_checkpoint_is_its_own_run_and_resume_redoes_only_the_unfinished_ones(config, backbone, tmp_path, monkeypatch):
+    joint = replace(config, task_schedule="joint", methods=("base", "tokmem"))
+    alone = run_atomic(replace(joint, checkpoints=(3,)), backbone, tmp_path / "alone" / "atomic.json", progress=False)
+    path = tmp_path / "resumed" / "atomic.json"
+    learn = TokMem.learn
+
+    def crash_on_three_tasks(self, examples):
+        if len({e.procedures[0] for e in examples}) == 3:
+            raise RuntimeError("simulated crash")
+        learn(self, examples)
+
+    monkeypatch.setattr(TokMem, "learn", crash_on_three_tasks)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_atomic(joint, backbone, path, progress=False)
+    assert [p["num_tasks"] for p in read_json(path)["checkpoints"]] == [2]
+    monkeypatch.undo()
+
+    resumed = run_atomic(joint, backbone, path, resume=True, progress=False)
+    assert [p["num_tasks"] for p in resumed["checkpoints"]] == [2, 3]
+    assert resumed["checkpoints"][1]["methods"]["tokmem"]["per_task"] == alone["checkpoints"][0]["methods"]["tokmem"]["per_task"]
+    mine, theirs = (load_file(p.parent / "atomic-state" / "3" / "tokmem" / "bank.safetensors") for p in (path, tmp_path / "alone" / "atomic.json"))
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)

@@ -1,24 +1,34 @@
 """Atomic recall on Super-Natural Instructions: TokMem against Base, RAG, fine-tuning and replay.
 
-Each SNI task is one procedure.  Tasks arrive one at a time in ascending task-id order (every
-method learns each task as one round, its examples shuffled); after the first k tasks (a
-checkpoint) every method answers the test queries of all k tasks.  A query is the instance input
-alone.  Scores: ROUGE-L (0–100, best over an instance's references), averaged per task, then over
-tasks; the routing accuracy of TokMem and the retrieval accuracy of RAG (in [0, 1]); the trainable
-parameter count of every method.
+Each SNI task is one procedure; tasks come in ascending task-id order and every method is asked the
+same user turn: ``{Definition}\n\n{input}`` (``query="definition"``, the paper's protocol as the
+reference code builds it) or the input alone (``query="input"``: the memory token must carry the
+instruction).  Two schedules:
 
-The sample-efficiency variant trains fresh methods on a mixture of the first 10 tasks (one round)
+- ``joint`` (the reference code, ``main_in_domain.py``): for every checkpoint k, every method is built
+  afresh and learns the training examples of the first k tasks shuffled together in one round (TokMem:
+  lr 1e-3, linear warm-up and decay by default);
+- ``sequential`` (the paper's text): tasks arrive one at a time, every method learns each task as one
+  round (TokMem: lr 5e-3, constant, renormalised after each round), and is asked after the first k.
+
+After a checkpoint every method answers the test queries of all k tasks.  The split is the reference
+code's (``tokmem.data.sni``: MD5 order, test first).  Scores: ROUGE-L (0–100, Porter-stemmed, against
+an instance's first output, as the reference scores), averaged per task, then over tasks; the routing
+accuracy of TokMem and the retrieval accuracy of RAG (in [0, 1]); the trainable parameter count.
+
+The sample-efficiency variant trains fresh methods on a mixture of the first 10 tasks (one joint round)
 with 10, 20, 50, … training examples per task, and scores them on the same test sets.
 
 Files: the JSON result (rewritten atomically after every checkpoint), a markdown table and a PNG
 plot beside it, and ``<name>-state/<k>/<method>/``: the state each method saved after checkpoint k
-(TokMem's bank, LoRA's adapter and replay buffer).  ``resume`` skips the finished checkpoints,
-restores the saved states, and rebuilds a method that saves none (Base, RAG) by learning the
-finished tasks again.
+(TokMem's bank, LoRA's adapter and replay buffer).  ``resume`` skips the finished checkpoints; in the
+sequential schedule it restores the saved states, and rebuilds a method that saves none (Base, RAG) by
+learning the finished tasks again.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -31,28 +41,41 @@ from tokmem.baselines.common import Answer, Method
 from tokmem.baselines.lora import LoRA, Replay
 from tokmem.baselines.memory import TokMem
 from tokmem.baselines.rag import RAG
-from tokmem.data.sni import Task, load_tasks
+from tokmem.data.procedures import Example
+from tokmem.data.sni import QUERIES, Task, load_tasks
 from tokmem.errors import TokMemError
 from tokmem.experiments.outputs import Panel, line_plot, lines, pivot_table, read_json, write_json_atomic, write_text_atomic
 from tokmem.experiments.settings import MethodSettings
 from tokmem.report import machine
+from tokmem.train import INITS, SCHEDULES as LR_SCHEDULES
 
 METHODS = ("base", "rag", "lora", "replay", "tokmem", "tokmem-dc")
+JOINT_METHODS = tuple(m for m in METHODS if m != "replay")  # replay is fine-tuning when every task trains in one round
 EFFICIENCY_METHODS = ("rag", "lora", "tokmem", "tokmem-dc")
+CLASSES = {"base": Base, "rag": RAG, "lora": LoRA, "replay": Replay, "tokmem": TokMem, "tokmem-dc": TokMem}
 EFFICIENCY_TASKS = 10
 RESUME_IGNORES = ("device", "preset")  # settings a resumed run may change
 ACCURACIES = {"retrieval_accuracy": "retrieval", "routing_accuracy": "routing"}
+RECIPES = {  # TokMem's learning rate and every trained method's lr schedule, by task schedule
+    "joint": dict(tokmem_lr=1e-3, schedule="linear"),  # the reference code
+    "sequential": dict(tokmem_lr=5e-3, schedule="constant"),  # the paper's text
+}
 
 
 @dataclass(frozen=True)
 class AtomicConfig(MethodSettings):
     tasks_dir: str | None = None
+    query: str = "definition"  # the user turn: "definition" (definition, blank line, input) or "input" alone
+    task_schedule: str = "joint"  # "joint" (one run per checkpoint on its tasks together) or "sequential" (a round per task)
     num_tasks: int | None = None  # default: the last checkpoint (10 for sample efficiency)
-    train_per_task: int = 500
+    train_per_task: int = 500  # at most; a task trains on fewer when its file has fewer
+    min_train_per_task: int | None = None  # a task with fewer training instances is skipped; at most (and default) train_per_task
     test_per_task: int = 50
     checkpoints: tuple[int, ...] = (10, 50, 200, 500, 1000)
-    methods: tuple[str, ...] | None = None  # default: METHODS (EFFICIENCY_METHODS for sample efficiency)
+    methods: tuple[str, ...] | None = None  # default: METHODS (sequential), JOINT_METHODS, EFFICIENCY_METHODS
     backbone: str = "smollm2-135m"
+    tokmem_lr: float | None = None  # default: RECIPES[task_schedule]
+    schedule: str | None = None  # lr schedule; default: RECIPES[task_schedule]
     lora_rank: int | None = None  # default: 8 (1 for sample efficiency, as the paper)
     rag_k: int = 2
     replay_ratio: float = 0.2
@@ -63,10 +86,20 @@ class AtomicConfig(MethodSettings):
 
     def resolved(self) -> "AtomicConfig":
         """Fill the settings whose default depends on the study; check the rest."""
-        efficiency = self.sample_efficiency
+        if self.query not in QUERIES:
+            raise TokMemError(f"unknown query '{self.query}': choose from {', '.join(QUERIES)}")
+        if self.task_schedule not in RECIPES:
+            raise TokMemError(f"unknown schedule '{self.task_schedule}': choose from {', '.join(RECIPES)}")
+        efficiency, joint = self.sample_efficiency, self.task_schedule == "joint"
+        if efficiency and not joint:
+            raise TokMemError("the sample-efficiency study trains one mixture of tasks: it has the joint schedule only")
+        recipe = RECIPES[self.task_schedule]
         config = replace(
             self,
-            methods=tuple(self.methods or (EFFICIENCY_METHODS if efficiency else METHODS)),
+            methods=tuple(self.methods or (EFFICIENCY_METHODS if efficiency else JOINT_METHODS if joint else METHODS)),
+            min_train_per_task=min(self.min_train_per_task or self.train_per_task, self.train_per_task),
+            tokmem_lr=self.tokmem_lr or recipe["tokmem_lr"],
+            schedule=self.schedule or recipe["schedule"],
             lora_rank=self.lora_rank or (1 if efficiency else 8),
             num_tasks=self.num_tasks or (EFFICIENCY_TASKS if efficiency else max(self.checkpoints)),
             checkpoints=tuple(sorted(set(self.checkpoints))),
@@ -75,6 +108,10 @@ class AtomicConfig(MethodSettings):
         unknown = [m for m in config.methods if m not in METHODS]
         if unknown:
             raise TokMemError(f"unknown method(s) {', '.join(unknown)}: choose from {', '.join(METHODS)}")
+        if joint and "replay" in config.methods:
+            raise TokMemError("replay needs tasks that arrive one at a time: use --schedule sequential (in one joint round it is fine-tuning)")
+        if config.init not in INITS or config.schedule not in LR_SCHEDULES:
+            raise TokMemError(f"init must be one of {', '.join(INITS)} and the lr schedule one of {', '.join(LR_SCHEDULES)}")
         if not config.tasks_dir:
             raise TokMemError("no SNI tasks folder: pass --tasks-dir (e.g. natural-instructions/tasks)")
         if min(config.checkpoints + config.budgets) < 1:
@@ -85,12 +122,15 @@ class AtomicConfig(MethodSettings):
 
 
 PRESETS = {
-    # the real SNI files beside the project, smollm2-135m: about 25 minutes on an idle 2-core CPU.  Three epochs
-    # (15 steps a task instead of 5) because 20 examples a task are far fewer than the paper's 500.  Sample
-    # efficiency trains each method afresh per budget, so its budgets stop at 20 (about as long again).
+    # the paper's protocol (definition queries, joint schedule) on the 14 SNI files beside the project and smollm2-135m,
+    # sized to about an hour on 2 CPU cores: 10 test and up to 100 training instances a task (the files hold 30–120;
+    # a task with fewer than 20 left would be skipped), one joint run on all 14 tasks (1,052 examples: TokMem 526
+    # steps in 2 epochs, LoRA 263 in 1), Base/RAG/LoRA/TokMem (TokMem+DC and replay as separate commands).  LoRA's
+    # lr is 1e-3, not the paper's 5e-5: 263 steps instead of the paper's ~125k (as the compositional cpu preset).
     "cpu": dict(
-        tasks_dir="../shared/data/sni/tasks", backbone="smollm2-135m", train_per_task=20, test_per_task=8,
-        checkpoints=(5, 10, 14), epochs=3, max_new_tokens=48, replay_buffer=100, replay_every=5, budgets=(5, 10, 20),
+        tasks_dir="../shared/data/sni/tasks", backbone="smollm2-135m", train_per_task=100, min_train_per_task=20,
+        test_per_task=10, checkpoints=(14,), methods=("base", "rag", "lora", "tokmem"), tokmem_epochs=2, lora_epochs=1,
+        lora_lr=1e-3, max_new_tokens=48, replay_buffer=100, replay_every=5, budgets=(5, 10, 20),
     ),
     # the paper's sizes (1,000 English tasks, 500 train / 50 test each); needs a GPU and the full natural-instructions
     "paper": dict(
@@ -144,38 +184,56 @@ def run(config: AtomicConfig, backbone=None, json_path=None, out_dir=None, resum
 
 def run_atomic(config: AtomicConfig, backbone=None, json_path=None, out_dir=None, resume: bool = False, progress: bool = True) -> dict:
     config = config.resolved()
-    tasks, skipped = load_tasks(config.tasks_dir, config.num_tasks, config.train_per_task, config.test_per_task, config.seed)
+    tasks, skipped = load_tasks(config.tasks_dir, config.num_tasks, config.train_per_task, config.test_per_task, config.min_train_per_task)
     _check_checkpoints(config, len(tasks))
     files = Files(json_path, out_dir)
     result = _start(config, ATOMIC, tasks, skipped, files, resume)
-    done = [point["num_tasks"] for point in result["checkpoints"]]
-    todo = [n for n in config.checkpoints if n not in done]
-    if not todo:
-        return result
-    methods = build_methods(config, backbone or _load_backbone(config))
-    start = done[-1] if done else 0
-    _restore(methods, tasks[:start], files.state(start) if start else None, progress)
-    bar = progress_bar(_atomic_units(methods, tasks, start, todo), progress)
+    todo = [n for n in config.checkpoints if n not in {point["num_tasks"] for point in result["checkpoints"]}]
+    if todo:
+        schedule = _joint if config.task_schedule == "joint" else _sequential
+        schedule(config, backbone or _load_backbone(config), tasks, todo, result, files, progress)
+    return result
+
+
+def _sequential(config: AtomicConfig, backbone, tasks: list[Task], todo: list[int], result: dict, files, progress: bool) -> None:
+    """One round per task, in order; every method is asked after each checkpoint's last task."""
+    methods = build_methods(config, backbone)
+    start = result["checkpoints"][-1]["num_tasks"] if result["checkpoints"] else 0
+    _restore(methods, tasks[:start], config.query, files.state(start) if start else None, progress)
+    rounds, last = [], start
     for n in todo:
-        previous = result["checkpoints"][-1]["methods"] if result["checkpoints"] else {}
+        rounds.append((sum(len(t.train) for t in tasks[last:n]), tasks[:n], tasks[:last]))
+        last = n
+    bar = progress_bar(_units(config, rounds), progress)
+    for n in todo:
+        previous = _previous(result)
         point = {"num_tasks": n, "methods": {}}
         for method in methods:
-            seconds = sum(learn_round(method, t.examples(), t.name, bar) for t in tasks[start:n])
-            reuse = {} if method.learns else previous.get(method.name, {}).get("per_task", {})
-            point["methods"][method.name] = evaluate(method, tasks[:n], config.eval_batch_size, bar, seconds, reuse)
+            seconds = sum(learn_round(method, t.examples(query=config.query), t.name, bar) for t in tasks[start:n])
+            point["methods"][method.name] = evaluate(method, tasks[:n], config.eval_batch_size, bar, seconds, _reuse(method, previous), config.query)
             if files.json:
                 method.save(files.state(n) / method.name)
         start = n
         _finish_point(result, ATOMIC, point, files, bar)
     bar.close()
-    return result
+
+
+def _joint(config: AtomicConfig, backbone, tasks: list[Task], todo: list[int], result: dict, files, progress: bool) -> None:
+    """One run per checkpoint: fresh methods learn its tasks' examples shuffled together, then are asked."""
+    done = [point["num_tasks"] for point in result["checkpoints"]]
+    asked_before = [max([d for d in done + todo if d < n], default=0) for n in todo]
+    bar = progress_bar(_units(config, [(sum(len(t.train) for t in tasks[:n]), tasks[:n], tasks[:b]) for n, b in zip(todo, asked_before)]), progress)
+    for n in todo:
+        examples = [e for t in tasks[:n] for e in t.examples(query=config.query)]
+        state = files.state(n) if files.json else None
+        scores = _fresh_round(config, backbone, examples, tasks[:n], f"{n} tasks jointly", bar, _previous(result), state)
+        _finish_point(result, ATOMIC, {"num_tasks": n, "methods": scores}, files, bar)
+    bar.close()
 
 
 def run_sample_efficiency(config: AtomicConfig, backbone=None, json_path=None, out_dir=None, resume: bool = False, progress: bool = True) -> dict:
     config = config.resolved()
-    tasks, skipped = load_tasks(
-        config.tasks_dir, config.num_tasks, max(config.budgets), config.test_per_task, config.seed, min_train=min(config.budgets)
-    )
+    tasks, skipped = load_tasks(config.tasks_dir, config.num_tasks, max(config.budgets), config.test_per_task, min(config.budgets))
     available = min(len(t.train) for t in tasks) if tasks else 0
     budgets = [b for b in config.budgets if b <= available]
     if not budgets:
@@ -187,17 +245,40 @@ def run_sample_efficiency(config: AtomicConfig, backbone=None, json_path=None, o
     if not todo:
         return result
     backbone = backbone or _load_backbone(config)
-    epochs = sum(m.epochs for m in build_methods(config, backbone))  # passes over a budget's mixture, all methods
-    bar = progress_bar(sum(_efficiency_units(config, tasks, b, epochs) for b in todo), progress)
+    answered = bool(result["budgets"])  # the test sets are the same at every budget
+    bar = progress_bar(_units(config, [(b * len(tasks), tasks, tasks if answered or b != todo[0] else []) for b in todo]), progress)
     for budget in todo:
-        point = {"train_per_task": budget, "methods": {}}
-        for method in build_methods(config, backbone):
-            mixture = [e for task in tasks for e in task.examples(task.train[:budget])]
-            seconds = learn_round(method, mixture, f"{len(tasks)} tasks × {budget}", bar)
-            point["methods"][method.name] = evaluate(method, tasks, config.eval_batch_size, bar, seconds)
-        _finish_point(result, EFFICIENCY, point, files, bar)
+        examples = [e for task in tasks for e in task.examples(task.train[:budget], config.query)]
+        scores = _fresh_round(config, backbone, examples, tasks, f"{len(tasks)} tasks × {budget}", bar, _previous(result, EFFICIENCY))
+        _finish_point(result, EFFICIENCY, {"train_per_task": budget, "methods": scores}, files, bar)
     bar.close()
     return result
+
+
+def _fresh_round(config: AtomicConfig, backbone, examples: list[Example], tasks: list[Task], what: str, bar, previous: dict,
+                state: Path | None = None) -> dict:
+    """Every method built afresh learns ``examples``, shuffled together, in one round, then is asked the test
+    queries of ``tasks`` (a method that learns nothing keeps its ``previous`` scores); saves each under ``state``."""
+    mixture = list(examples)
+    random.Random(f"{config.seed}:{what}").shuffle(mixture)
+    scores = {}
+    for method in build_methods(config, backbone):
+        seconds = learn_round(method, mixture, what, bar)
+        scores[method.name] = evaluate(method, tasks, config.eval_batch_size, bar, seconds, _reuse(method, previous), config.query)
+        if state:
+            method.save(state / method.name)
+    return scores
+
+
+def _previous(result: dict, study: Study = ATOMIC) -> dict:
+    """The methods' scores at the last finished point."""
+    points = result[study.key]
+    return points[-1]["methods"] if points else {}
+
+
+def _reuse(method: Method, previous: dict) -> dict:
+    """Earlier per-task scores a method may keep: those of a method whose answers never change."""
+    return {} if method.learns else previous.get(method.name, {}).get("per_task", {})
 
 
 # ---- setting up and resuming ----------------------------------------------------------------------------
@@ -253,18 +334,23 @@ def _start(config: AtomicConfig, study: Study, tasks: list[Task], skipped: list[
         "study": study.title,
         "config": settings,
         "machine": machine(),
-        "tasks": [{"name": t.name, "train": len(t.train), "test": len(t.test)} for t in tasks],
+        "tasks": [_task_entry(t) for t in tasks],
         "skipped_tasks": skipped,
         study.key: [],
     }
 
 
-def _restore(methods: list[Method], seen: list[Task], directory: Path | None, progress: bool) -> None:
+def _task_entry(task: Task) -> dict:
+    entry = {"name": task.name, "train": len(task.train), "test": len(task.test)}
+    return entry | ({"unknown_languages": list(task.unknown_languages)} if task.unknown_languages else {})
+
+
+def _restore(methods: list[Method], seen: list[Task], query: str, directory: Path | None, progress: bool) -> None:
     """Bring every method to where the last finished checkpoint left it: load its saved state, or learn the seen tasks again."""
     for method in methods:
         if seen and not method.load(directory / method.name):
             for task in tqdm(seen, desc=f"{method.name}: rebuilding", disable=not progress, leave=False):
-                method.learn(task.examples())
+                method.learn(task.examples(query=query))
 
 
 # ---- learning and answering ----------------------------------------------------------------------------
@@ -273,20 +359,18 @@ def progress_bar(total: int, progress: bool):
     return tqdm(total=total, unit="ex", disable=not progress, dynamic_ncols=True, smoothing=0.05)
 
 
-def _atomic_units(methods, tasks, start, todo) -> int:
-    """Work for the progress bar and its time estimate: training examples seen plus test queries answered."""
-    units, last = 0, start
-    for n in todo:
-        for method in methods:
-            units += method.epochs * sum(len(t.train) for t in tasks[last:n])
-            units += sum(len(t.test) for t in (tasks[:n] if method.learns else tasks[last:n]))
-        last = n
+def _units(config: AtomicConfig, points: list[tuple[int, list[Task], list[Task]]]) -> int:
+    """Work for the progress bar and its time estimate: training examples seen plus test queries answered.
+
+    ``points``: for each point to run, the examples a method learns before it, the tasks it is asked, and
+    the tasks asked before (a method that learns nothing answers only the others)."""
+    units = 0
+    for learned, asked, before in points:
+        known = {t.name for t in before}
+        for name in config.methods:
+            units += config.epochs_of(name) * learned
+            units += sum(len(t.test) for t in asked if CLASSES[name].learns or t.name not in known)
     return units
-
-
-def _efficiency_units(config: AtomicConfig, tasks: list[Task], budget: int, epochs: int) -> int:
-    """``epochs``: the methods' passes over the mixture, summed over the methods."""
-    return epochs * budget * len(tasks) + len(config.methods) * sum(len(t.test) for t in tasks)
 
 
 def learn_round(method: Method, examples, what: str, bar) -> float:
@@ -309,8 +393,10 @@ def learn_round(method: Method, examples, what: str, bar) -> float:
     return time.perf_counter() - start
 
 
-def evaluate(method: Method, tasks: list[Task], batch_size: int = 16, bar=None, train_seconds: float = 0.0, reuse: dict | None = None) -> dict:
-    """Answer every test query of ``tasks`` (those in ``reuse`` keep their earlier scores) and score them.
+def evaluate(method: Method, tasks: list[Task], batch_size: int = 16, bar=None, train_seconds: float = 0.0, reuse: dict | None = None,
+             query: str = "definition") -> dict:
+    """Ask every test query of ``tasks`` as the ``query`` mode's user turn (tasks in ``reuse`` keep their earlier
+    scores) and score the answers.
 
     Scores are averaged per task, then over tasks; ``Answer.choice`` is right when it names the query's task.
     """
@@ -319,7 +405,7 @@ def evaluate(method: Method, tasks: list[Task], batch_size: int = 16, bar=None, 
     bar = bar if bar is not None else tqdm(disable=True)
     todo = [t for t in tasks if t.name not in reuse]
     bar.set_description_str(f"{method.name}: answering {len(tasks)} tasks")
-    answers = answer_all(method, [i.input for t in todo for i in t.test], batch_size, bar)
+    answers = answer_all(method, [t.query(i, query) for t in todo for i in t.test], batch_size, bar)
     scores, first = {}, 0
     for task in todo:
         scores[task.name] = _task_scores(method, task, answers[first : first + len(task.test)])
@@ -349,8 +435,9 @@ def answer_all(method: Method, queries: list[str], batch_size: int, bar) -> list
 
 
 def _task_scores(method: Method, task: Task, answers: list[Answer]) -> dict:
-    """ROUGE-L (and the choice accuracy) over one task's test instances, plus its first answer to read."""
-    scores = {"rougeL": metrics.mean(metrics.rouge_l(a.text, list(i.outputs)) for a, i in zip(answers, task.test))}
+    """ROUGE-L against each instance's first output (and the choice accuracy) over one task's test instances, plus its
+    first answer to read."""
+    scores = {"rougeL": metrics.mean(metrics.rouge_l(a.text, i.reference) for a, i in zip(answers, task.test))}
     if method.choice_metric:
         scores[method.choice_metric] = metrics.routing_accuracy([a.choice for a in answers], [task.name] * len(answers))
     return scores | {"first_answer": answers[0].text if answers else None}
@@ -394,19 +481,44 @@ def _accuracy_series(result: dict, study: Study) -> dict[str, dict]:
     }
 
 
+QUERY_TEXT = {
+    "definition": "the task definition, a blank line, the instance input (the paper's protocol)",
+    "input": "the instance input alone (the memory token carries the instruction)",
+}
+SCHEDULE_TEXT = {
+    "joint": "joint: one run per checkpoint on its tasks' examples shuffled together (the reference code)",
+    "sequential": "sequential: one round per task in task-id order (the paper's text)",
+}
+
+
+def protocol(result: dict, study: Study) -> str:
+    """The protocol line of a table: query, schedule, split, scoring, the training recipes and the data."""
+    config, tasks = result["config"], result["tasks"]
+    short = [f"{t['name']} {t['train']}" for t in tasks if t["train"] < config["train_per_task"]]
+    train = f"up to {config['train_per_task']} training" + (f" (fewer where the file has fewer: {', '.join(short)})" if short else "")
+    sizes = f"{config['test_per_task']} test and {train} examples per task" if study is ATOMIC else f"{config['test_per_task']} test examples per task"
+    unknown = [t["name"] for t in tasks if t.get("unknown_languages")]
+    return (
+        f"Protocol: query = {QUERY_TEXT[config['query']]}; schedule = {SCHEDULE_TEXT[config['task_schedule']]}; "
+        "split = MD5 order of id‖input‖output[0], test first; ROUGE-L against output[0], Porter-stemmed.\n\n"
+        f"Training: TokMem lr {config['tokmem_lr']:g}, {config['init']} init, {config['tokmem_epochs'] or config['epochs']} "
+        f"epoch(s); fine-tuning LoRA r={config['lora_rank']}, lr {config['lora_lr']:g}, {config['lora_epochs'] or config['epochs']} "
+        f"epoch(s); {config['schedule']} lr schedule; batch {config['batch_size']}; seed {config['seed']}.\n\n"
+        f"Data: backbone `{config['backbone']}`; {len(tasks)} tasks from `{config['tasks_dir']}`; {sizes}"
+        + (f"; {len(result['skipped_tasks'])} task file(s) skipped" if result["skipped_tasks"] else "")
+        + (f"; kept without language fields (taken as English): {', '.join(unknown)}" if unknown else "") + ".\n\n"
+    )
+
+
 def markdown(result: dict, study: Study) -> str:
     """The paper's tables: ROUGE-L (methods × settings, with the average and the trainable parameters),
-    then the routing / retrieval accuracy."""
-    config = result["config"]
+    then the routing / retrieval accuracy; the protocol above them."""
     rouge, columns = _series(result, study, "rougeL")
     last = result[study.key][-1]["methods"] if result[study.key] else {}
     params = {s["label"]: f"{s['trainable_params']:,}" for s in last.values()}
-    train = f"{config['train_per_task']} training and " if study is ATOMIC else ""
     return (
         f"# {study.title}: ROUGE-L\n\n"
-        f"Columns: {study.xlabel.lower()}. Backbone `{config['backbone']}`; {len(result['tasks'])} tasks from "
-        f"`{config['tasks_dir']}`; {train}{config['test_per_task']} test examples per task; {config['epochs']} epoch(s); "
-        f"seed {config['seed']}.\n\n"
+        f"Columns: {study.xlabel.lower()}. " + protocol(result, study)
         + pivot_table(rouge, columns, average=True, extra={"Trainable params": params})
         + "\n## Routing / retrieval accuracy (%)\n\n"
         + pivot_table(_accuracy_series(result, study), columns)
