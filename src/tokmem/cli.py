@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     adapt.add_argument("--epochs", type=int, default=1)
     adapt.add_argument("--lr", type=float, default=5e-5, help="the LoRA weights' learning rate")
     adapt.add_argument("--rows-lr", type=float, default=5e-3, help="the temporary memory rows' learning rate")
+    adapt.add_argument("--dropout", type=float, default=0.1, help="LoRA dropout (0 is several times faster on CPU)")
     adapt.add_argument("--batch-size", type=int, default=4)
     adapt.add_argument("--max-length", type=int, default=1024)
     _common(adapt)
@@ -325,7 +326,7 @@ def cmd_adapt(args) -> None:
     rows = TrainConfig(lr=args.rows_lr, epochs=args.epochs, batch_size=args.batch_size, max_length=args.max_length,
                        seed=args.seed, progress=not args.quiet)
     backbone = load_backbone(args.backbone, device=args.device)
-    adapted = adapt(backbone, examples, AdaptConfig(lr=args.lr), rows, save_to=args.out, inplace=True)
+    adapted = adapt(backbone, examples, AdaptConfig(lr=args.lr, dropout=args.dropout), rows, save_to=args.out, inplace=True)
     procedures = len({p for e in examples for p in e.procedures})
     console.print(f"adapted {args.backbone} on {len(examples)} queries over {procedures} procedures; saved {adapted.name}")
     console.print(f"use it with --backbone {adapted.name}")
