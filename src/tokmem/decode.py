@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from tokmem.layout import chat_prefix, positions
+from tokmem.layout import Prompt, chat_prefix, positions
 from tokmem.model import TokMemModel
 
 
@@ -38,7 +38,7 @@ class Segment:
 
 @dataclass
 class Generation:
-    query: str
+    query: Prompt
     trace: list[Segment]
     memory_mass: float
     routed: bool = field(default=True)
@@ -68,7 +68,7 @@ def _batches(items, size):
         yield items[start : start + size]
 
 
-def _left_pad(model: TokMemModel, queries: list[str]):
+def _left_pad(model: TokMemModel, queries: list[Prompt]):
     tokenizer = model.backbone.tokenizer
     prefixes = [chat_prefix(tokenizer, q) for q in queries]
     width = max(map(len, prefixes))
@@ -100,8 +100,8 @@ def route(model: TokMemModel, queries: list[str], k: int = 3, batch_size: int = 
 
 
 @torch.no_grad()
-def generate(model: TokMemModel, queries: list[str], config: DecodeConfig | None = None, procedure: str | None = None) -> list[Generation]:
-    """Answer each query; ``procedure`` forces that memory token (routing skipped)."""
+def generate(model: TokMemModel, queries: list[Prompt], config: DecodeConfig | None = None, procedure: str | None = None) -> list[Generation]:
+    """Answer each query (or chat conversation); ``procedure`` forces that memory token (routing skipped)."""
     config = config or DecodeConfig()
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
     forced = None if procedure is None else model.memory_id(procedure)

@@ -21,12 +21,16 @@ from tokmem.data.procedures import Example
 IGNORE = -100
 
 
-def chat_prefix(tokenizer, query: str) -> list[int]:
-    """Token ids of the query as a user turn, ending where the assistant's answer starts."""
+Prompt = str | list[dict]  # a query (one user turn), or chat messages that end with the user's turn
+
+
+def chat_prefix(tokenizer, prompt: Prompt) -> list[int]:
+    """Token ids of the prompt as chat turns, ending where the assistant's answer starts."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     if tokenizer.chat_template:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": query}], tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     else:
-        text = f"{query}\n"
+        text = "".join(f"{m['content']}\n" for m in messages)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig, generate
+from tokmem.layout import Prompt
 from tokmem.model import TokMemModel
 
 
@@ -56,7 +57,7 @@ class Method:
         return False
 
 
-def plain_answers(model: TokMemModel, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[str]:
-    """Greedy answers of ``model``'s backbone (its bank must be empty) to chat-formatted prompts."""
+def plain_answers(model: TokMemModel, prompts: list[Prompt], max_new_tokens: int, batch_size: int) -> list[str]:
+    """Greedy answers of ``model``'s backbone (its bank must be empty) to prompts (queries or chat conversations)."""
     config = DecodeConfig(max_new_tokens=max_new_tokens, batch_size=batch_size)
     return [g.text for g in generate(model, prompts, config)]
