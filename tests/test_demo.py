@@ -1,0 +1,47 @@
+"""The demo's instructed baseline: the plain backbone given written instructions instead of memory tokens."""
+
+import tokmem
+from tokmem import Example, Step
+from tokmem.baselines.common import plain_answers
+from tokmem.data.builtin import instructed_prompt
+from tokmem.demo import DECODE, gold_procedures, instructed_scores, prompt_tokens
+
+QUERY = 'What is the first word of "apple river"?'
+
+
+def tokenizer_count(tokenizer, messages) -> int:
+    return len(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
+
+
+def test_prompt_tokens_are_the_tokenizers_count_of_the_chat_formatted_prompts(backbone):
+    tokenizer = backbone.tokenizer
+    instructed = instructed_prompt(["first_word", "quote_word"], QUERY)
+    expected = (tokenizer_count(tokenizer, [{"role": "user", "content": QUERY}]) + tokenizer_count(tokenizer, instructed)) / 2
+    assert prompt_tokens(tokenizer, [QUERY, instructed]) == expected
+
+
+def test_the_instructed_prompt_costs_more_tokens_than_the_query_alone(backbone):
+    tokenizer = backbone.tokenizer
+    one = prompt_tokens(tokenizer, [instructed_prompt(["first_word"], QUERY)])
+    two = prompt_tokens(tokenizer, [instructed_prompt(["first_word", "quote_word"], QUERY)])
+    assert prompt_tokens(tokenizer, [QUERY]) < one < two
+
+
+def test_instructed_scores_grade_the_answers_to_the_instructed_prompts(lively_backbone):
+    plain = tokmem.create(lively_backbone)
+    instructed = plain_answers(plain, [instructed_prompt(["first_word"], QUERY)], DECODE.max_new_tokens, 1)[0]
+    bare = plain_answers(plain, [QUERY], DECODE.max_new_tokens, 1)[0]
+    assert instructed != bare  # else this test could not tell the two prompts apart
+    examples = [
+        Example(QUERY, (Step("first_word", instructed),)),  # graded right only if the instruction was in the prompt
+        Example(QUERY, (Step("kebab_case", instructed + " and more"),)),
+        Example(QUERY, (Step("first_word", "apple"), Step("quote_word", '"apple"'))),
+    ]
+    scores = instructed_scores(plain, examples[:1] + examples[2:], gold_procedures)
+    assert scores["exact_match_per_procedure"] == {"first_word": 1.0}
+    assert scores["exact_match"] == 0.5 and scores["chain_exact_match"] == 0.0
+    assert scores["prompt_tokens"] == prompt_tokens(plain.backbone.tokenizer, [
+        instructed_prompt(["first_word"], QUERY), instructed_prompt(["first_word", "quote_word"], QUERY)])
+    every = instructed_scores(plain, examples[:2], lambda _: ["first_word"])
+    assert every["exact_match_per_procedure"] == {"first_word": 1.0, "kebab_case": 0.0}
+
