@@ -7,10 +7,14 @@ token (chaining, up to ``max_steps`` segments) or EOS.  Below the threshold the 
 any procedure and the model answers as the plain backbone (open set).
 
 Queries are decoded in batches (left-padded) with one KV cache: every step feeds one new token.
+With ``share_prefix``, the tokens all prompts start with (long instructions repeated in every
+prompt) are encoded once and their cache is copied into each batch.
 """
 
 from __future__ import annotations
 
+import copy
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +32,7 @@ class DecodeConfig:
     temperature: float = 0.0  # 0 = greedy
     batch_size: int = 16
     seed: int = 0
+    share_prefix: bool = False  # encode the tokens every prompt starts with once (prompts that repeat long instructions)
 
 
 @dataclass
@@ -69,15 +74,29 @@ def _batches(items, size):
 
 
 def _left_pad(model: TokMemModel, queries: list[Prompt]):
-    tokenizer = model.backbone.tokenizer
-    prefixes = [chat_prefix(tokenizer, q) for q in queries]
-    width = max(map(len, prefixes))
-    ids = torch.full((len(prefixes), width), tokenizer.pad_token_id, dtype=torch.long)
+    return _pad(model, [chat_prefix(model.backbone.tokenizer, q) for q in queries])
+
+
+def _pad(model: TokMemModel, rows: list[list[int]]):
+    """Token rows left-padded into one tensor, and its attention mask."""
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), model.backbone.tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
-    for i, p in enumerate(prefixes):
-        ids[i, width - len(p) :] = torch.tensor(p)
-        mask[i, width - len(p) :] = 1
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row)
+        mask[i, width - len(row) :] = 1
     return ids.to(model.device), mask.to(model.device)
+
+
+def _encode_shared_prefix(model: TokMemModel, rows: list[list[int]]) -> DynamicCache | None:
+    """The KV cache of the tokens every row starts with (leaving each row at least one), or None if there are none."""
+    shared = os.path.commonprefix(rows)[: min(map(len, rows)) - 1]
+    if not shared:
+        return None
+    ids = torch.tensor([shared], device=model.device)
+    mask = torch.ones_like(ids)
+    _, cache = model.hidden(ids, mask, positions(mask), DynamicCache(config=model.lm.config), model.memory_matrices()[1])
+    return cache
 
 
 @torch.no_grad()
@@ -105,9 +124,12 @@ def generate(model: TokMemModel, queries: list[Prompt], config: DecodeConfig | N
     config = config or DecodeConfig()
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
     forced = None if procedure is None else model.memory_id(procedure)
+    rows = [chat_prefix(model.backbone.tokenizer, q) for q in queries]
+    shared = _encode_shared_prefix(model, rows) if config.share_prefix and rows else None
     out = []
-    for chunk in _batches(queries, config.batch_size):
-        out += _generate_batch(model, chunk, config, forced, generator)
+    for start in range(0, len(queries), config.batch_size):
+        chunk = slice(start, start + config.batch_size)
+        out += _generate_batch(model, queries[chunk], rows[chunk], config, forced, generator, shared)
     return out
 
 
@@ -118,12 +140,18 @@ def _pick(logits: torch.Tensor, config: DecodeConfig, generator) -> torch.Tensor
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _generate_batch(model, queries, config, forced, generator) -> list[Generation]:
+def _generate_batch(model, queries, rows, config, forced, generator, shared) -> list[Generation]:
+    """Decode one batch; ``shared`` is the KV cache of a prefix all ``rows`` start with (or None)."""
     vocab, eos = model.vocab_size, model.backbone.eos_token_id
     index, steer = model.memory_matrices()
-    ids, mask = _left_pad(model, queries)
-    position_ids = positions(mask)
+    skip = 0 if shared is None else shared.get_seq_length()
+    ids, mask = _pad(model, [row[skip:] for row in rows])
     cache = DynamicCache(config=model.lm.config)
+    if shared is not None:
+        cache = copy.deepcopy(shared)
+        cache.batch_repeat_interleave(len(rows))
+        mask = torch.cat([mask.new_ones(len(rows), skip), mask], dim=-1)
+    position_ids = positions(mask)[:, skip:]
     hidden, cache = model.hidden(ids, mask, position_ids, cache, steer)
     logits = model.logits(hidden[:, -1], index).float()
     mass = logits.softmax(-1)[:, vocab:].sum(-1)

@@ -60,7 +60,7 @@ def instructed_scores(plain: TokMemModel, examples: list[Example], instructions:
     procedure (single-step queries), and prompt tokens per query."""
     prompts = [builtin.instructed_prompt(instructions(e), e.query) for e in examples]
     start = time.perf_counter()
-    answers = plain_answers(plain, prompts, config.max_new_tokens, config.batch_size)
+    answers = plain_answers(plain, prompts, config.max_new_tokens, config.batch_size, share_prefix=True)
     matches = [metrics.exact_match(a, e.response) for a, e in zip(answers, examples)]
     per_procedure = {}
     for example, match in zip(examples, matches):
