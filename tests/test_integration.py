@@ -16,7 +16,7 @@ from tokmem.evaluate import evaluate
 pytestmark = pytest.mark.slow
 
 FIRST = ["quote_word", "first_number", "year_of_date"]
-SECOND = ["date_slashes", "kebab_case"]
+SECOND = ["percent", "comma_list"]
 FEW_STEPS = TrainConfig(epochs=3, lr=2e-2, progress=False)
 
 
