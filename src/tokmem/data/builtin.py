@@ -47,13 +47,14 @@ def render(value) -> str:
     return str(value)
 
 
+# The input of each instruction's worked example, by input type: outside what the samplers draw,
+# so that an instruction never answers a held-out query.
+EXAMPLE_INPUTS = {"word": "sun", "text": "red fox", "numbers": [50, 40, 30], "number": 5000, "date": datetime.date(1990, 7, 4)}
+
+
 @dataclass(frozen=True)
 class BuiltinProcedure:
-    """One procedure: its written instruction (``description``), query templates, inputs and answers.
-
-    ``example`` is the input of the instruction's worked example, chosen outside what ``sample``
-    draws, so that the example never answers a held-out query.
-    """
+    """One procedure: its written instruction (``description``), query templates, inputs and answers."""
 
     name: str
     description: str
@@ -63,7 +64,10 @@ class BuiltinProcedure:
     follow_up: str
     sample: Callable[[random.Random], Any]
     apply: Callable[[Any], Any]
-    example: Any
+
+    @property
+    def example(self):
+        return EXAMPLE_INPUTS[self.input_type]
 
     def format(self, value) -> str:
         return render(value)
@@ -109,70 +113,70 @@ _ALL = (
     # Words.
     _P("quote_word", "Put the word in double quotes.", "word", "quoted",
        ("Put {x} in quotes.", "Wrap {x} in double quotes.", "Quote the word {x}."),
-       "then put it in quotes", _word, lambda w: f'"{w}"', "sun"),
+       "then put it in quotes", _word, lambda w: f'"{w}"'),
     _P("bracket_word", "Put the word in square brackets.", "word", "bracketed",
        ("Put {x} in square brackets.", "Wrap {x} in brackets.", "Enclose {x} in square brackets."),
-       "then put it in brackets", _word, lambda w: f"[{w}]", "sun"),
+       "then put it in brackets", _word, lambda w: f"[{w}]"),
     _P("parenthesize_word", "Put the word in parentheses.", "word", "parenthesized",
        ("Put {x} in parentheses.", "Wrap {x} in round brackets.", "Enclose {x} in parentheses."),
-       "then put it in parentheses", _word, lambda w: f"({w})", "sun"),
+       "then put it in parentheses", _word, lambda w: f"({w})"),
     _P("file_name", "Turn the word into a .txt file name.", "word", "file name",
        ("Make a .txt file name from {x}.", "Turn {x} into a text file name.", "Name a .txt file after {x}."),
-       "then make it a file name", _word, lambda w: f"{w}.txt", "sun"),
+       "then make it a file name", _word, lambda w: f"{w}.txt"),
     # Phrases.
     _P("first_word", "Give the first word of the phrase.", "text", "word",
        ('What is the first word of "{x}"?', 'Give the first word in "{x}".', 'Which word comes first in "{x}"?'),
-       "then take the first word", _text, lambda t: t.split()[0], "red fox"),
+       "then take the first word", _text, lambda t: t.split()[0]),
     _P("snake_case", "Join the words of the phrase with underscores.", "text", "word",
        ('Write "{x}" in snake case.', 'Join the words of "{x}" with underscores.', 'Turn "{x}" into a snake_case name.'),
-       "then join the words with underscores", _text, lambda t: "_".join(t.split()), "red fox"),
+       "then join the words with underscores", _text, lambda t: "_".join(t.split())),
     _P("kebab_case", "Join the words of the phrase with hyphens.", "text", "word",
        ('Write "{x}" in kebab case.', 'Join the words of "{x}" with hyphens.', 'Turn "{x}" into a kebab-case name.'),
-       "then join the words with hyphens", _text, lambda t: "-".join(t.split()), "red fox"),
+       "then join the words with hyphens", _text, lambda t: "-".join(t.split())),
     _P("comma_list", "Separate the words of the phrase with commas.", "text", "word list",
        ('Separate the words of "{x}" with commas.', 'List the words of "{x}" with commas.',
         'Put commas between the words of "{x}".'),
-       "then separate the words with commas", _text, lambda t: ", ".join(t.split()), "red fox"),
+       "then separate the words with commas", _text, lambda t: ", ".join(t.split())),
     _P("exclaim", "Add an exclamation mark to the end of the phrase.", "text", "exclamation",
        ('Add an exclamation mark to "{x}".', 'Turn "{x}" into an exclamation.', 'End "{x}" with an exclamation mark.'),
-       "then add an exclamation mark", _text, lambda t: f"{t}!", "red fox"),
+       "then add an exclamation mark", _text, lambda t: f"{t}!"),
     _P("question", "Add a question mark to the end of the phrase.", "text", "question",
        ('Add a question mark to "{x}".', 'Turn "{x}" into a question.', 'End "{x}" with a question mark.'),
-       "then add a question mark", _text, lambda t: f"{t}?", "red fox"),
+       "then add a question mark", _text, lambda t: f"{t}?"),
     # Lists of numbers.
     _P("first_number", "Give the first number of the list.", "numbers", "number",
        ("What is the first number in {x}?", "Give the first entry of {x}.", "Which number comes first in {x}?"),
-       "then take the first number", _numbers, lambda xs: xs[0], [50, 40, 30]),
+       "then take the first number", _numbers, lambda xs: xs[0]),
     _P("json_list", "Write the list of numbers as a JSON array.", "numbers", "json",
        ("Write {x} as a JSON list.", "Format {x} as a JSON array.", "Give {x} in JSON list form."),
-       "then write them as a JSON list", _numbers, json.dumps, [50, 40, 30]),
+       "then write them as a JSON list", _numbers, json.dumps),
     _P("semicolon_list", "Separate the numbers with semicolons.", "numbers", "semicolon list",
        ("Separate {x} with semicolons.", "List {x} with semicolons between them.", "Write {x} using semicolons."),
-       "then separate them with semicolons", _numbers, lambda xs: "; ".join(map(str, xs)), [50, 40, 30]),
+       "then separate them with semicolons", _numbers, lambda xs: "; ".join(map(str, xs))),
     # Numbers.
     _P("wrap_json", 'Wrap the number in a JSON object as {"value": number}.', "number", "json",
        ('Wrap {x} in JSON under the key "value".', "Return {x} as a JSON object.",
         "Give the JSON object for the value {x}."),
-       "then wrap it in JSON", _number, lambda n: json.dumps({"value": n}), 5000),
+       "then wrap it in JSON", _number, lambda n: json.dumps({"value": n})),
     _P("dollars", "Write the number as an amount in US dollars.", "number", "money",
        ("Write {x} as dollars.", "Give {x} as a dollar amount.", "Format {x} in US dollars."),
-       "then write it in dollars", _number, lambda n: f"${n}", 5000),
+       "then write it in dollars", _number, lambda n: f"${n}"),
     _P("percent", "Write the number as a percentage.", "number", "percentage",
        ("Write {x} as a percentage.", "Give {x} as a percent.", "Format {x} with a percent sign."),
-       "then write it as a percentage", _number, lambda n: f"{n}%", 5000),
+       "then write it as a percentage", _number, lambda n: f"{n}%"),
     _P("kilograms", "Write the number as a weight in kilograms (kg).", "number", "weight",
        ("Write {x} as kilograms.", "Give {x} as a weight in kg.", "Format {x} in kilograms."),
-       "then write it in kilograms", _number, lambda n: f"{n} kg", 5000),
+       "then write it in kilograms", _number, lambda n: f"{n} kg"),
     _P("negate", "Write the number with a minus sign.", "number", "negative",
        ("What is the negative of {x}?", "Put a minus sign before {x}.", "Write {x} as a negative number."),
-       "then make it negative", _number, lambda n: -n, 5000),
+       "then make it negative", _number, lambda n: -n),
     # Dates.
     _P("year_of_date", "Give the year of a YYYY-MM-DD date.", "date", "number",
        ("What year is {x}?", "Give the year of {x}.", "In which year is {x}?"),
-       "then take its year", _date, lambda d: d.year, datetime.date(1990, 7, 4)),
+       "then take its year", _date, lambda d: d.year),
     _P("date_slashes", "Write the YYYY-MM-DD date with slashes as YYYY/MM/DD.", "date", "slashed date",
        ("Write {x} with slashes.", "Give {x} as YYYY/MM/DD.", "Format {x} using slashes."),
-       "then write it with slashes", _date, lambda d: d.strftime("%Y/%m/%d"), datetime.date(1990, 7, 4)),
+       "then write it with slashes", _date, lambda d: d.strftime("%Y/%m/%d")),
 )
 PROCEDURES: dict[str, BuiltinProcedure] = {p.name: p for p in _ALL}
 
