@@ -11,10 +11,7 @@ import pytest
 import tokmem as tokmem_package
 from tokmem.bank import MemoryBank, metadata_path
 from tokmem.cli import main
-from tokmem.backbones import load_backbone
 from tokmem.data import Example, Step, save_examples
-from tokmem.data.builtin import demo_dataset, instructed_prompt
-from tokmem.demo import prompt_tokens
 
 WORDS = ["apple", "house", "table", "chair", "green", "water"]
 
@@ -121,33 +118,3 @@ def test_version_flag_prints_the_installed_version(capsys):
     assert exited.value.code == 0
     assert capsys.readouterr().out.strip() == f"tokmem {tokmem_package.__version__}"
 
-
-DEMO_PROCEDURES = ["first_word", "quote_word", "percent"]
-
-
-def test_demo_reports_accuracies_in_unit_range_and_saves_its_bank(tmp_path):
-    out, bank = tmp_path / "demo.json", tmp_path / "demo.safetensors"
-    assert tokmem("demo", "--backbone", "tiny-random", "--epochs", "1", "--batch-size", "32", "--train-per-procedure", "3",
-                  "--procedures", ",".join(DEMO_PROCEDURES), "--no-decoupled", "--device", "cpu", "--quiet",
-                  "--json", out, "--out", bank) == 0
-    result = json.loads(out.read_text())
-    assert result["train_examples"] == 3 * 3 + 40 and result["config"]["decoupled"] is False
-    assert {"backbone", "procedures", "routing_accuracy", "exact_match", "chain_accuracy", "train_seconds"} <= result.keys()
-    assert result["backbone"] == "tiny-random" and result["procedures"] == 3
-    rates = ("routing_accuracy", "exact_match", "chain_accuracy", "instruction_exact_match", "all_instructions_exact_match")
-    assert all(0 <= result[k] <= 1 for k in rates)
-    assert set(result["instruction_exact_match_per_procedure"]) == set(DEMO_PROCEDURES)
-    assert MemoryBank.load(bank).names == result["train"]["new_procedures"]
-    assert not MemoryBank.load(bank).decoupled
-
-    _, test = demo_dataset(seed=0, train_per_procedure=3, procedures=DEMO_PROCEDURES)
-    tokenizer = load_backbone("tiny-random").tokenizer
-    assert result["tokmem_prompt_tokens"] == prompt_tokens(tokenizer, [e.query for e in test])
-    assert result["instruction_prompt_tokens"] == prompt_tokens(tokenizer, [instructed_prompt(e.procedures, e.query) for e in test])
-    assert result["all_instructions_prompt_tokens"] == prompt_tokens(tokenizer, [instructed_prompt(DEMO_PROCEDURES, e.query) for e in test])
-    assert result["tokmem_prompt_tokens"] < result["instruction_prompt_tokens"] < result["all_instructions_prompt_tokens"]
-
-
-def test_demo_rejects_an_unknown_procedure(capsys):
-    assert tokmem("demo", "--backbone", "tiny-random", "--procedures", "first_word,no_such_procedure", "--quiet") == 2
-    assert "no_such_procedure" in capsys.readouterr().err

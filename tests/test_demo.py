@@ -1,9 +1,15 @@
-"""The demo's instructed baseline: the plain backbone given written instructions instead of memory tokens."""
+"""The demo end to end on tiny-random, and its instructed baseline: the plain backbone given written
+instructions instead of memory tokens."""
+
+import json
 
 import tokmem
 from tokmem import Example, Step
+from tokmem.backbones import load_backbone
+from tokmem.bank import MemoryBank
 from tokmem.baselines.common import plain_answers
-from tokmem.data.builtin import instructed_prompt
+from tokmem.cli import main
+from tokmem.data.builtin import demo_dataset, instructed_prompt
 from tokmem.demo import DECODE, gold_procedures, instructed_scores, prompt_tokens
 
 QUERY = 'What is the first word of "apple river"?'
@@ -45,3 +51,34 @@ def test_instructed_scores_grade_the_answers_to_the_instructed_prompts(lively_ba
     every = instructed_scores(plain, examples[:2], lambda _: ["first_word"])
     assert every["exact_match_per_procedure"] == {"first_word": 1.0, "kebab_case": 0.0}
 
+
+
+DEMO_PROCEDURES = ["first_word", "quote_word", "percent"]
+
+
+def test_demo_reports_accuracies_and_prompt_tokens_and_saves_its_bank(tmp_path):
+    out, bank = tmp_path / "demo.json", tmp_path / "demo.safetensors"
+    assert main(["demo", "--backbone", "tiny-random", "--epochs", "1", "--batch-size", "32", "--train-per-procedure", "3",
+                 "--procedures", ",".join(DEMO_PROCEDURES), "--no-decoupled", "--device", "cpu", "--quiet",
+                 "--json", str(out), "--out", str(bank)]) == 0
+    result = json.loads(out.read_text())
+    assert result["train_examples"] == 3 * 3 + 40 and result["config"]["decoupled"] is False
+    assert {"backbone", "procedures", "routing_accuracy", "exact_match", "chain_accuracy", "train_seconds"} <= result.keys()
+    assert result["backbone"] == "tiny-random" and result["procedures"] == 3
+    rates = ("routing_accuracy", "exact_match", "chain_accuracy", "instruction_exact_match", "all_instructions_exact_match")
+    assert all(0 <= result[k] <= 1 for k in rates)
+    assert set(result["instruction_exact_match_per_procedure"]) == set(DEMO_PROCEDURES)
+    assert MemoryBank.load(bank).names == result["train"]["new_procedures"]
+    assert not MemoryBank.load(bank).decoupled
+
+    _, test = demo_dataset(seed=0, train_per_procedure=3, procedures=DEMO_PROCEDURES)
+    tokenizer = load_backbone("tiny-random").tokenizer
+    assert result["tokmem_prompt_tokens"] == prompt_tokens(tokenizer, [e.query for e in test])
+    assert result["instruction_prompt_tokens"] == prompt_tokens(tokenizer, [instructed_prompt(e.procedures, e.query) for e in test])
+    assert result["all_instructions_prompt_tokens"] == prompt_tokens(tokenizer, [instructed_prompt(DEMO_PROCEDURES, e.query) for e in test])
+    assert result["tokmem_prompt_tokens"] < result["instruction_prompt_tokens"] < result["all_instructions_prompt_tokens"]
+
+
+def test_demo_rejects_an_unknown_procedure(capsys):
+    assert main(["demo", "--backbone", "tiny-random", "--procedures", "first_word,no_such_procedure", "--quiet"]) == 2
+    assert "no_such_procedure" in capsys.readouterr().err

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from tokmem.layout import Prompt, chat_prefix, positions
+from tokmem.layout import chat_prefix, positions
 from tokmem.model import TokMemModel
 
 
@@ -43,7 +43,7 @@ class Segment:
 
 @dataclass
 class Generation:
-    query: Prompt
+    query: str
     trace: list[Segment]
     memory_mass: float
     routed: bool = field(default=True)
@@ -73,24 +73,25 @@ def _batches(items, size):
         yield items[start : start + size]
 
 
-def _left_pad(model: TokMemModel, queries: list[Prompt]):
-    return _pad(model, [chat_prefix(model.backbone.tokenizer, q) for q in queries])
+def _left_pad(model: TokMemModel, queries: list[str]):
+    tokenizer = model.backbone.tokenizer
+    return left_pad([chat_prefix(tokenizer, q) for q in queries], tokenizer.pad_token_id, model.device)
 
 
-def _pad(model: TokMemModel, rows: list[list[int]]):
-    """Token rows left-padded into one tensor, and its attention mask."""
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), model.backbone.tokenizer.pad_token_id, dtype=torch.long)
+def left_pad(prefixes: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) of token lists padded on the left to one width."""
+    width = max(map(len, prefixes))
+    ids = torch.full((len(prefixes), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row) :] = torch.tensor(row)
-        mask[i, width - len(row) :] = 1
-    return ids.to(model.device), mask.to(model.device)
+    for i, p in enumerate(prefixes):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    return ids.to(device), mask.to(device)
 
 
-def _encode_shared_prefix(model: TokMemModel, rows: list[list[int]]) -> DynamicCache | None:
-    """The KV cache of the tokens every row starts with (leaving each row at least one), or None if there are none."""
-    shared = os.path.commonprefix(rows)[: min(map(len, rows)) - 1]
+def _encode_shared_prefix(model: TokMemModel, prompts: list[list[int]]) -> DynamicCache | None:
+    """The KV cache of the tokens every prompt starts with (leaving each at least one), or None if there are none."""
+    shared = os.path.commonprefix(prompts)[: min(map(len, prompts)) - 1]
     if not shared:
         return None
     ids = torch.tensor([shared], device=model.device)
@@ -119,17 +120,17 @@ def route(model: TokMemModel, queries: list[str], k: int = 3, batch_size: int = 
 
 
 @torch.no_grad()
-def generate(model: TokMemModel, queries: list[Prompt], config: DecodeConfig | None = None, procedure: str | None = None) -> list[Generation]:
+def generate(model: TokMemModel, queries: list[str], config: DecodeConfig | None = None, procedure: str | None = None) -> list[Generation]:
     """Answer each query (or chat conversation); ``procedure`` forces that memory token (routing skipped)."""
     config = config or DecodeConfig()
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
     forced = None if procedure is None else model.memory_id(procedure)
-    rows = [chat_prefix(model.backbone.tokenizer, q) for q in queries]
-    shared = _encode_shared_prefix(model, rows) if config.share_prefix and rows else None
+    prompts = [chat_prefix(model.backbone.tokenizer, q) for q in queries]
+    shared = _encode_shared_prefix(model, prompts) if config.share_prefix and prompts else None
     out = []
     for start in range(0, len(queries), config.batch_size):
         chunk = slice(start, start + config.batch_size)
-        out += _generate_batch(model, queries[chunk], rows[chunk], config, forced, generator, shared)
+        out += _generate_batch(model, queries[chunk], prompts[chunk], config, forced, generator, shared)
     return out
 
 
@@ -140,17 +141,17 @@ def _pick(logits: torch.Tensor, config: DecodeConfig, generator) -> torch.Tensor
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _generate_batch(model, queries, rows, config, forced, generator, shared) -> list[Generation]:
-    """Decode one batch; ``shared`` is the KV cache of a prefix all ``rows`` start with (or None)."""
+def _generate_batch(model, queries, prompts, config, forced, generator, shared) -> list[Generation]:
+    """Decode one batch: ``prompts`` are the queries' token ids, ``shared`` the KV cache of a prefix they all start with."""
     vocab, eos = model.vocab_size, model.backbone.eos_token_id
     index, steer = model.memory_matrices()
     skip = 0 if shared is None else shared.get_seq_length()
-    ids, mask = _pad(model, [row[skip:] for row in rows])
+    ids, mask = left_pad([p[skip:] for p in prompts], model.backbone.tokenizer.pad_token_id, model.device)
     cache = DynamicCache(config=model.lm.config)
     if shared is not None:
         cache = copy.deepcopy(shared)
-        cache.batch_repeat_interleave(len(rows))
-        mask = torch.cat([mask.new_ones(len(rows), skip), mask], dim=-1)
+        cache.batch_repeat_interleave(len(prompts))
+        mask = torch.cat([mask.new_ones(len(prompts), skip), mask], dim=-1)
     position_ids = positions(mask)[:, skip:]
     hidden, cache = model.hidden(ids, mask, position_ids, cache, steer)
     logits = model.logits(hidden[:, -1], index).float()

@@ -20,7 +20,7 @@ from tokmem.data import builtin
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig
 from tokmem.evaluate import evaluate
-from tokmem.layout import Prompt, chat_prefix
+from tokmem.layout import chat_prefix
 from tokmem.model import TokMemModel, create
 from tokmem.report import console, machine, percent, trace_table
 from tokmem.train import TrainConfig, learn
@@ -48,7 +48,7 @@ class DemoConfig:
     procedures: tuple[str, ...] | None = None  # a subset of the built-in procedures (default: all)
 
 
-def prompt_tokens(tokenizer, prompts: list[Prompt]) -> float:
+def prompt_tokens(tokenizer, prompts: list[str | list[dict]]) -> float:
     """Mean length in tokens of the prompts as the backbone reads them (chat template included)."""
     return metrics.mean(len(chat_prefix(tokenizer, p)) for p in prompts)
 

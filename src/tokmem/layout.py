@@ -17,21 +17,32 @@ from dataclasses import dataclass, field
 import torch
 
 from tokmem.data.procedures import Example
+from tokmem.errors import DataError, TokMemError
 
 IGNORE = -100
 
 
-Prompt = str | list[dict]  # a query (one user turn), or chat messages that end with the user's turn
+def chat_prefix(tokenizer, query: str | list[dict]) -> list[int]:
+    """Token ids of the query as a user turn, ending where the assistant's answer starts.
+
+    ``query`` may also be a whole conversation (chat messages with ``role`` and ``content``) that ends
+    with the user's turn; one user message is the same as its text.
+    """
+    return tokenizer("".join(_chat_texts(tokenizer, query)), add_special_tokens=False)["input_ids"]
 
 
-def chat_prefix(tokenizer, prompt: Prompt) -> list[int]:
-    """Token ids of the prompt as chat turns, ending where the assistant's answer starts."""
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    if tokenizer.chat_template:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    else:
-        text = "".join(f"{m['content']}\n" for m in messages)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+def _chat_texts(tokenizer, query: str | list[dict]) -> tuple[str, str]:
+    """The chat-formatted conversation and the assistant header (the generation prompt) as text."""
+    messages = [{"role": "user", "content": query}] if isinstance(query, str) else query
+    if not tokenizer.chat_template:
+        if len(messages) != 1:
+            raise DataError("this backbone has no chat template, so a query must be a single user message")
+        return f"{messages[0]['content']}\n", ""
+    turn = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    whole = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if not whole.startswith(turn):
+        raise TokMemError("the backbone's chat template does not end the user turn before the assistant header")
+    return turn, whole[len(turn) :]
 
 
 @dataclass

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig, generate
-from tokmem.layout import Prompt
 from tokmem.model import TokMemModel
 
 
@@ -57,7 +56,7 @@ class Method:
         return False
 
 
-def plain_answers(model: TokMemModel, prompts: list[Prompt], max_new_tokens: int, batch_size: int,
+def plain_answers(model: TokMemModel, prompts: list[str | list[dict]], max_new_tokens: int, batch_size: int,
                   share_prefix: bool = False) -> list[str]:
     """Greedy answers of ``model``'s backbone (its bank must be empty) to prompts (queries or chat conversations).
 
