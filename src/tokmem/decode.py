@@ -7,8 +7,6 @@ token (chaining, up to ``max_steps`` segments) or EOS.  Below the threshold the 
 any procedure and the model answers as the plain backbone (open set).
 
 Queries are decoded in batches (left-padded) with one KV cache: every step feeds one new token.
-With ``share_prefix``, the tokens all prompts start with (long instructions repeated in every
-prompt) are encoded once and their cache is copied into each batch.
 """
 
 from __future__ import annotations
@@ -73,6 +71,20 @@ def _batches(items, size):
         yield items[start : start + size]
 
 
+def _encode_shared_prefix(model: TokMemModel, prompts: list[list[int]]) -> DynamicCache | None:
+    """The KV cache of the tokens every prompt starts with (leaving each at least one), or None if there are none.
+
+    ``generate`` copies it into each batch (``DecodeConfig.share_prefix``), so prompts that repeat long
+    instructions encode them once."""
+    shared = os.path.commonprefix(prompts)[: min(map(len, prompts)) - 1]
+    if not shared:
+        return None
+    ids = torch.tensor([shared], device=model.device)
+    mask = torch.ones_like(ids)
+    _, cache = model.hidden(ids, mask, positions(mask), DynamicCache(config=model.lm.config), model.memory_matrices()[1])
+    return cache
+
+
 def _left_pad(model: TokMemModel, queries: list[str]):
     tokenizer = model.backbone.tokenizer
     return left_pad([chat_prefix(tokenizer, q) for q in queries], tokenizer.pad_token_id, model.device)
@@ -87,17 +99,6 @@ def left_pad(prefixes: list[list[int]], pad_id: int, device) -> tuple[torch.Tens
         ids[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
     return ids.to(device), mask.to(device)
-
-
-def _encode_shared_prefix(model: TokMemModel, prompts: list[list[int]]) -> DynamicCache | None:
-    """The KV cache of the tokens every prompt starts with (leaving each at least one), or None if there are none."""
-    shared = os.path.commonprefix(prompts)[: min(map(len, prompts)) - 1]
-    if not shared:
-        return None
-    ids = torch.tensor([shared], device=model.device)
-    mask = torch.ones_like(ids)
-    _, cache = model.hidden(ids, mask, positions(mask), DynamicCache(config=model.lm.config), model.memory_matrices()[1])
-    return cache
 
 
 @torch.no_grad()
