@@ -65,7 +65,8 @@ def test_demo_reports_accuracies_and_prompt_tokens_and_saves_its_bank(tmp_path):
     assert result["train_examples"] == 3 * 3 + 40 and result["config"]["decoupled"] is False
     assert {"backbone", "procedures", "routing_accuracy", "exact_match", "chain_accuracy", "train_seconds"} <= result.keys()
     assert result["backbone"] == "tiny-random" and result["procedures"] == 3
-    rates = ("routing_accuracy", "exact_match", "chain_accuracy", "instruction_exact_match", "all_instructions_exact_match")
+    rates = ("routing_accuracy", "exact_match", "chain_accuracy", "chain_exact_match", "instruction_exact_match",
+             "instruction_chain_exact_match", "all_instructions_exact_match", "all_instructions_chain_exact_match")
     assert all(0 <= result[k] <= 1 for k in rates)
     assert set(result["instruction_exact_match_per_procedure"]) == set(DEMO_PROCEDURES)
     assert MemoryBank.load(bank).names == result["train"]["new_procedures"]
