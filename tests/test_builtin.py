@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from tokmem.data.builtin import PROCEDURES, catalog, demo_dataset, make_example
+from tokmem.data.builtin import PROCEDURES, catalog, demo_dataset, instructed_prompt, make_example
 from tokmem.errors import DataError
 
-SUBSET = ["reverse_word", "uppercase_word", "count_vowels"]
+SUBSET = ["first_word", "kebab_case", "quote_word"]
 
 
 def parse(text, value_type):
@@ -26,8 +26,7 @@ def parse(text, value_type):
 def template_pattern(template, follow_ups=()):
     """A regex matching the template filled in, with any follow-ups before its final punctuation."""
     body = re.escape(template[:-1] + "".join(f", {f}" for f in follow_ups) + template[-1])
-    body = body.replace(r"\{x\}", "(?P<x>.+)").replace(r"\{a\}", r"(?P<a>\d+)").replace(r"\{b\}", r"(?P<b>\d+)")
-    return re.compile(body)
+    return re.compile(body.replace(r"\{x\}", "(?P<x>.+)"))
 
 
 def query_input(example):
@@ -36,48 +35,32 @@ def query_input(example):
     follow_ups = [p.follow_up for p in procs[1:]]
     for template in procs[0].templates:
         match = template_pattern(template, follow_ups).fullmatch(example.query)
-        if match and procs[0].input_type == "pair":
-            return int(match["a"]), int(match["b"])
         if match:
             return parse(match["x"], procs[0].input_type)
     raise AssertionError(f"no template of {procs[0].name} matches {example.query!r}")
 
 
 HAND_COMPUTED = [
-    ("reverse_word", "apple", "elppa"),
-    ("uppercase_word", "river", "RIVER"),
-    ("lowercase_word", "ApPlE", "apple"),
-    ("count_vowels", "umbrella", "3"),
-    ("count_letters", "garden", "6"),
-    ("sort_letters", "zebra", "aberz"),
-    ("remove_vowels", "banana", "bnn"),
-    ("acronym", "portable network graphics", "PNG"),
-    ("capitalize_words", "red fox runs", "Red Fox Runs"),
-    ("count_words", "one two three", "3"),
-    ("reverse_words", "red fox runs", "runs fox red"),
-    ("longest_word", "sun apple window tiger", "window"),
-    ("sort_numbers", [5, 2, 9], "2, 5, 9"),
-    ("max_number", [5, 2, 9], "9"),
-    ("min_number", [5, 2, 9], "2"),
-    ("sum_numbers", [5, 2, 9], "16"),
-    ("reverse_list", [5, 2, 9], "9, 2, 5"),
-    ("remove_duplicates", [3, 1, 3, 2, 1], "3, 1, 2"),
-    ("count_items", [5, 2, 9, 4], "4"),
-    ("filter_evens", [5, 2, 9, 4], "2, 4"),
-    ("add_numbers", (12, 30), "42"),
-    ("multiply_numbers", (6, 7), "42"),
-    ("subtract_numbers", (50, 8), "42"),
-    ("modulo", (47, 5), "2"),
-    ("square_number", 12, "144"),
-    ("double_number", 21, "42"),
-    ("sum_digits", 4096, "19"),
-    ("format_date", datetime.date(2024, 3, 5), "March 5, 2024"),
-    ("day_of_week", datetime.date(2024, 3, 5), "Tuesday"),
-    ("to_binary", 10, "1010"),
-    ("number_to_words", 42, "forty-two"),
-    ("number_to_words", 13, "thirteen"),
-    ("number_to_words", 70, "seventy"),
+    ("quote_word", "apple", '"apple"'),
+    ("bracket_word", "apple", "[apple]"),
+    ("parenthesize_word", "apple", "(apple)"),
+    ("file_name", "apple", "apple.txt"),
+    ("first_word", "red fox runs", "red"),
+    ("snake_case", "red fox runs", "red_fox_runs"),
+    ("kebab_case", "red fox runs", "red-fox-runs"),
+    ("comma_list", "red fox runs", "red, fox, runs"),
+    ("exclaim", "red fox runs", "red fox runs!"),
+    ("question", "red fox runs", "red fox runs?"),
+    ("first_number", [5, 2, 9], "5"),
+    ("json_list", [5, 2, 9], "[5, 2, 9]"),
+    ("semicolon_list", [5, 2, 9], "5; 2; 9"),
     ("wrap_json", 7, '{"value": 7}'),
+    ("dollars", 42, "$42"),
+    ("percent", 42, "42%"),
+    ("kilograms", 42, "42 kg"),
+    ("negate", 42, "-42"),
+    ("year_of_date", datetime.date(2024, 3, 5), "2024"),
+    ("date_slashes", datetime.date(2024, 3, 5), "2024/03/05"),
 ]
 
 
@@ -86,8 +69,8 @@ def all_examples(seed=0):
     return train + test
 
 
-def test_there_are_at_least_24_procedures_with_unique_snake_case_names():
-    assert len(PROCEDURES) >= 24
+def test_there_are_at_least_16_procedures_with_unique_snake_case_names():
+    assert len(PROCEDURES) >= 16
     for name, proc in PROCEDURES.items():
         assert proc.name == name
         assert re.fullmatch(r"[a-z]+(_[a-z]+)*", name)
@@ -103,9 +86,8 @@ def test_no_two_procedures_share_a_template_or_follow_up():
 def test_every_procedure_has_three_templates_with_a_slot_and_final_punctuation():
     for proc in PROCEDURES.values():
         assert len(proc.templates) >= 3
-        slots = ("{a}", "{b}") if proc.input_type == "pair" else ("{x}",)
         for template in proc.templates:
-            assert all(slot in template for slot in slots), template
+            assert "{x}" in template, template
             assert template[-1] in ".?", template
         assert proc.follow_up.startswith("then ")
 
@@ -127,9 +109,9 @@ def test_every_procedure_has_a_hand_computed_case():
 
 
 def test_inputs_render_the_same_way_in_queries_as_in_responses():
-    proc = PROCEDURES["sort_numbers"]
+    proc = PROCEDURES["first_number"]
     assert proc.query([3, 1, 2], random.Random(0)) in {t.format(x="3, 1, 2") for t in proc.templates}
-    assert PROCEDURES["format_date"].format(datetime.date(2024, 3, 5)) == "2024-03-05"
+    assert PROCEDURES["date_slashes"].format(datetime.date(2024, 3, 5)) == "2024-03-05"
 
 
 def test_every_step_answers_the_input_read_back_from_the_query_or_the_previous_step():
@@ -147,6 +129,29 @@ def test_no_step_returns_its_input_unchanged_or_empty():
         for step in example.steps:
             assert step.response and step.response != value, example
             value = step.response
+
+
+def test_the_instructed_prompt_gives_each_instruction_with_its_answered_example_then_the_query():
+    query = 'What is the first word of "apple river", then put it in quotes?'
+    turns = instructed_prompt(["first_word", "quote_word"], query)
+    assert [t["role"] for t in turns] == ["user", "assistant", "user", "assistant", "user"]
+    assert turns[0]["content"].startswith("Give the first word of the phrase.")
+    assert turns[0]["content"].endswith('What is the first word of "red fox"?') and turns[1]["content"] == "red"
+    assert turns[2]["content"].startswith("Put the word in double quotes.")
+    assert turns[2]["content"].endswith("Put sun in quotes.") and turns[3]["content"] == '"sun"'
+    assert turns[-1] == {"role": "user", "content": query}
+
+
+def test_instructed_prompt_rejects_unknown_procedures():
+    with pytest.raises(DataError, match="no_such_procedure"):
+        instructed_prompt(["no_such_procedure"], "Hi.")
+
+
+@pytest.mark.parametrize("name", list(PROCEDURES))
+def test_no_sampled_input_is_the_worked_example_of_the_instruction(name):
+    proc = PROCEDURES[name]
+    rng = random.Random(0)
+    assert proc.format(proc.example) not in {proc.format(proc.sample(rng)) for _ in range(500)}
 
 
 def test_the_same_seed_gives_the_same_dataset():
@@ -181,9 +186,9 @@ def test_each_split_has_the_requested_counts_per_procedure_and_of_chains():
 
 def test_ids_name_the_procedure_or_chain_the_split_and_an_index():
     train, test = demo_dataset(train_per_procedure=2, test_per_procedure=1, train_chains=2, test_chains=1)
-    assert [e.id for e in train[:2]] == ["reverse_word-train-0", "reverse_word-train-1"]
+    assert [e.id for e in train[:2]] == ["quote_word-train-0", "quote_word-train-1"]
     assert [e.id for e in train[-2:]] == ["chain-train-0", "chain-train-1"]
-    assert test[0].id == "reverse_word-test-0"
+    assert test[0].id == "quote_word-test-0"
     assert test[-1].id == "chain-test-0"
     assert len({e.id for e in train + test}) == len(train + test)
 
@@ -200,25 +205,17 @@ def test_chains_have_two_or_three_type_compatible_steps():
 
 
 def test_chain_queries_end_with_the_later_procedures_follow_ups():
-    example = make_example(["sort_numbers", "reverse_list", "max_number"], random.Random(0))
-    assert example.procedures == ["sort_numbers", "reverse_list", "max_number"]
-    assert example.query.endswith(", then reverse the list, then take the maximum.")
-    follow_ups = ["then reverse the list", "then take the maximum"]
-    assert any(template_pattern(t, follow_ups).fullmatch(example.query) for t in PROCEDURES["sort_numbers"].templates)
-
-
-def test_chains_skip_inputs_whose_intermediate_result_is_invalid():
-    rng = random.Random(0)
-    for _ in range(50):
-        square, words = make_example(["square_number", "number_to_words"], rng).steps
-        assert int(square.response) < 100
-        assert words.response.replace("-", "").isalpha()
+    example = make_example(["year_of_date", "negate"], random.Random(0))
+    assert example.procedures == ["year_of_date", "negate"]
+    assert example.query[:-1].endswith(", then make it negative")
+    follow_ups = ["then make it negative"]
+    assert any(template_pattern(t, follow_ups).fullmatch(example.query) for t in PROCEDURES["year_of_date"].templates)
 
 
 def test_one_procedure_makes_an_atomic_example():
-    example = make_example(["reverse_word"], random.Random(0))
-    assert example.procedures == ["reverse_word"]
-    assert example.response == query_input(example)[::-1]
+    example = make_example(["kebab_case"], random.Random(0))
+    assert example.procedures == ["kebab_case"]
+    assert example.response == query_input(example).replace(" ", "-")
 
 
 def test_a_procedures_subset_restricts_atomic_and_chain_examples():
@@ -229,21 +226,21 @@ def test_a_procedures_subset_restricts_atomic_and_chain_examples():
 
 
 def test_a_subset_that_does_not_compose_has_no_chains():
-    train, test = demo_dataset(procedures=["acronym", "format_date", "to_binary"])
+    train, test = demo_dataset(procedures=["quote_word", "exclaim", "date_slashes"])
     assert all(len(e.steps) == 1 for e in train + test)
     assert len(train) == 3 * 12 and len(test) == 3 * 4
 
 
 def test_unknown_procedure_names_are_rejected():
     with pytest.raises(DataError, match="no_such_procedure"):
-        demo_dataset(procedures=["reverse_word", "no_such_procedure"])
+        demo_dataset(procedures=["quote_word", "no_such_procedure"])
     with pytest.raises(DataError, match="no_such_procedure"):
         make_example(["no_such_procedure"], random.Random(0))
 
 
 def test_make_example_rejects_a_chain_whose_types_do_not_match():
     with pytest.raises(DataError, match="type mismatch"):
-        make_example(["reverse_word", "sort_numbers"], random.Random(0))
+        make_example(["first_word", "json_list"], random.Random(0))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

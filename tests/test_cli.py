@@ -133,20 +133,6 @@ def test_version_flag_prints_the_installed_version(capsys):
     assert exited.value.code == 0
     assert capsys.readouterr().out.strip() == f"tokmem {tokmem_package.__version__}"
 
-
-def test_demo_reports_accuracies_in_unit_range_and_saves_its_bank(tmp_path):
-    out, bank = tmp_path / "demo.json", tmp_path / "demo.safetensors"
-    assert tokmem("demo", "--backbone", "tiny-random", "--epochs", "1", "--batch-size", "32", "--train-per-procedure", "3",
-                  "--no-decoupled", "--device", "cpu", "--quiet", "--json", out, "--out", bank) == 0
-    result = json.loads(out.read_text())
-    assert result["train_examples"] == 32 * 3 + 40 and result["config"]["decoupled"] is False
-    assert {"backbone", "procedures", "routing_accuracy", "exact_match", "chain_accuracy", "train_seconds"} <= result.keys()
-    assert result["backbone"] == "tiny-random" and result["procedures"] == 32
-    assert all(0 <= result[k] <= 1 for k in ("routing_accuracy", "exact_match", "chain_accuracy"))
-    assert MemoryBank.load(bank).names == result["train"]["new_procedures"]
-    assert not MemoryBank.load(bank).decoupled
-
-
 @pytest.mark.parametrize("study", [["atomic"], ["placement", "--study", "gsm8k"], ["compositional"]])
 def test_a_study_without_its_extra_fails_at_once_naming_the_extra(study, monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(EXTRAS, "studies", ("matplotlib", "tokmem_no_such_module"))

@@ -4,6 +4,8 @@ These run on the livelier copy of tiny-random (see conftest): tiny-random itself
 which would make every comparison below pass trivially.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 from helpers import random_rows
@@ -121,6 +123,22 @@ def test_batched_generation_equals_one_query_at_a_time(model, threshold, batch_s
     assert [pairs(g) for g in batched] == [pairs(g) for g in single]
     assert [g.memory_mass for g in batched] == pytest.approx([g.memory_mass for g in single], abs=1e-5)
     assert len({g.text for g in single}) == len(QUERIES)  # the outputs differ, so the comparison means something
+
+
+TURNS = [{"role": "user", "content": "Put the word in quotes. Reply with the result only.\n\nPut sun in quotes."},
+         {"role": "assistant", "content": '"sun"'}]
+
+
+@pytest.mark.parametrize("threshold", [0.0, 1.01], ids=["routed", "plain"])
+@pytest.mark.parametrize("batch_size", [2, 16])
+def test_a_shared_prompt_prefix_encoded_once_gives_the_same_generations(model, threshold, batch_size):
+    conversations = [TURNS + [{"role": "user", "content": q}] for q in QUERIES]
+    config = DecodeConfig(max_new_tokens=24, threshold=threshold, batch_size=batch_size)
+    shared = tokmem.generate(model, conversations, replace(config, share_prefix=True))
+    separate = tokmem.generate(model, conversations, config)
+    assert [pairs(g) for g in shared] == [pairs(g) for g in separate]
+    assert [g.memory_mass for g in shared] == pytest.approx([g.memory_mass for g in separate], abs=1e-5)
+    assert len({g.text for g in separate}) == len(QUERIES)  # the outputs differ, so the comparison means something
 
 
 def test_left_padded_rows_count_positions_from_their_first_real_token():

@@ -15,8 +15,8 @@ from tokmem.evaluate import evaluate
 
 pytestmark = pytest.mark.slow
 
-FIRST = ["uppercase_word", "sort_numbers", "day_of_week"]
-SECOND = ["to_binary", "count_vowels"]
+FIRST = ["quote_word", "first_number", "year_of_date"]
+SECOND = ["percent", "comma_list"]
 FEW_STEPS = TrainConfig(epochs=3, lr=2e-2, progress=False)
 
 

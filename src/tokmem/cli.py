@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="separate index and steer matrices (TokMem+DC; the default)")
     demo.add_argument("--train-per-procedure", type=int, default=DemoConfig.train_per_procedure,
                       help="training queries per procedure")
+    demo.add_argument("--procedures", type=name_list, help="comma-separated built-in procedures to learn (default: all)")
     demo.add_argument("--out", help="also save the trained bank here (.safetensors)")
     _common(demo)
     demo.set_defaults(handler=cmd_demo)
@@ -293,7 +294,8 @@ def _learn_and_save(model, args, out_path) -> None:
 def cmd_demo(args) -> None:
     from tokmem.demo import run_demo
 
-    config = DemoConfig(args.backbone, args.epochs, args.batch_size, args.lr, args.decoupled, args.seed, args.train_per_procedure)
+    config = DemoConfig(args.backbone, args.epochs, args.batch_size, args.lr, args.decoupled, args.seed, args.train_per_procedure,
+                        args.procedures)
     result = run_demo(config, device=args.device, progress=not args.quiet, bank_path=args.out)
     if args.json:
         write_json(args.json, result)

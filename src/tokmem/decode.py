@@ -14,6 +14,8 @@ assistant header) with vocabulary tokens only: the studies that place the rows d
 
 from __future__ import annotations
 
+import copy
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +34,7 @@ class DecodeConfig:
     temperature: float = 0.0  # 0 = greedy
     batch_size: int = 16
     seed: int = 0
+    share_prefix: bool = False  # encode the tokens every prompt starts with once (prompts that repeat long instructions)
 
 
 @dataclass
@@ -72,6 +75,20 @@ def _batches(items, size):
         yield items[start : start + size]
 
 
+def _encode_shared_prefix(model: TokMemModel, prompts: list[list[int]]) -> DynamicCache | None:
+    """The KV cache of the tokens every prompt starts with (leaving each at least one), or None if there are none.
+
+    ``generate`` copies it into each batch (``DecodeConfig.share_prefix``), so prompts that repeat long
+    instructions encode them once."""
+    shared = os.path.commonprefix(prompts)[: min(map(len, prompts)) - 1]
+    if not shared:
+        return None
+    ids = torch.tensor([shared], device=model.device)
+    mask = torch.ones_like(ids)
+    _, cache = model.hidden(ids, mask, positions(mask), DynamicCache(config=model.lm.config), model.memory_matrices()[1])
+    return cache
+
+
 def _left_pad(model: TokMemModel, queries: list[str]):
     tokenizer = model.backbone.tokenizer
     return left_pad([chat_prefix(tokenizer, q) for q in queries], tokenizer.pad_token_id, model.device)
@@ -109,13 +126,16 @@ def route(model: TokMemModel, queries: list[str], k: int = 3, batch_size: int = 
 
 @torch.no_grad()
 def generate(model: TokMemModel, queries: list[str], config: DecodeConfig | None = None, procedure: str | None = None) -> list[Generation]:
-    """Answer each query; ``procedure`` forces that memory token (routing skipped)."""
+    """Answer each query (or chat conversation); ``procedure`` forces that memory token (routing skipped)."""
     config = config or DecodeConfig()
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
     forced = None if procedure is None else model.memory_id(procedure)
+    prompts = [chat_prefix(model.backbone.tokenizer, q) for q in queries]
+    shared = _encode_shared_prefix(model, prompts) if config.share_prefix and prompts else None
     out = []
-    for chunk in _batches(queries, config.batch_size):
-        out += _generate_batch(model, chunk, config, forced, generator)
+    for start in range(0, len(queries), config.batch_size):
+        chunk = slice(start, start + config.batch_size)
+        out += _generate_batch(model, queries[chunk], prompts[chunk], config, forced, generator, shared)
     return out
 
 
@@ -157,12 +177,18 @@ def next_tokens(logits, vocab, blocked, temperature, generator) -> torch.Tensor:
     return pick(logits, temperature, generator)
 
 
-def _generate_batch(model, queries, config, forced, generator) -> list[Generation]:
+def _generate_batch(model, queries, prompts, config, forced, generator, shared) -> list[Generation]:
+    """Decode one batch: ``prompts`` are the queries' token ids, ``shared`` the KV cache of a prefix they all start with."""
     vocab, eos = model.vocab_size, model.backbone.eos_token_id
     index, steer = model.memory_matrices()
-    ids, mask = _left_pad(model, queries)
-    position_ids = positions(mask)
+    skip = 0 if shared is None else shared.get_seq_length()
+    ids, mask = left_pad([p[skip:] for p in prompts], model.backbone.tokenizer.pad_token_id, model.device)
     cache = DynamicCache(config=model.lm.config)
+    if shared is not None:
+        cache = copy.deepcopy(shared)
+        cache.batch_repeat_interleave(len(prompts))
+        mask = torch.cat([mask.new_ones(len(prompts), skip), mask], dim=-1)
+    position_ids = positions(mask)[:, skip:]
     hidden, cache = model.hidden(ids, mask, position_ids, cache, steer)
     logits = model.logits(hidden[:, -1], index).float()
     rows = len(queries)

@@ -1,16 +1,31 @@
-"""The embedded demo: learn the built-in procedures, then route, answer and chain held-out queries."""
+"""The embedded demo: learn the built-in procedures, then route, answer and chain held-out queries.
+
+Beside TokMem, the same frozen backbone answers the same queries with written instructions in its
+prompt instead of memory tokens: the gold procedures' instructions (routing is then the oracle's), and
+every procedure's instructions (the backbone must pick the right one itself).  Prompt tokens per query
+show what the memory tokens save.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from rich.table import Table
+
+from tokmem import metrics
+from tokmem.baselines.common import plain_answers
 from tokmem.data import builtin
+from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig
 from tokmem.evaluate import evaluate
-from tokmem.model import create
-from tokmem.report import console, machine, scores_table, trace_table
+from tokmem.layout import chat_prefix
+from tokmem.model import TokMemModel, create
+from tokmem.report import console, machine, percent, trace_table
 from tokmem.train import TrainConfig, learn
+
+DECODE = DecodeConfig(max_new_tokens=32, max_steps=3)
 
 
 @dataclass
@@ -30,13 +45,46 @@ class DemoConfig:
     decoupled: bool = True
     seed: int = 0
     train_per_procedure: int = 36
+    procedures: tuple[str, ...] | None = None  # a subset of the built-in procedures (default: all)
+
+
+def prompt_tokens(tokenizer, prompts: list[str | list[dict]]) -> float:
+    """Mean length in tokens of the prompts as the backbone reads them (chat template included)."""
+    return metrics.mean(len(chat_prefix(tokenizer, p)) for p in prompts)
+
+
+def instructed_scores(plain: TokMemModel, examples: list[Example], instructions: Callable[[Example], list[str]],
+                      config: DecodeConfig = DECODE) -> dict:
+    """The plain backbone (``plain`` has an empty bank) answering each query after the written
+    instructions of the procedures ``instructions(example)`` names: exact match overall and per
+    procedure (single-step queries), and prompt tokens per query."""
+    prompts = [builtin.instructed_prompt(instructions(e), e.query) for e in examples]
+    start = time.perf_counter()
+    answers = plain_answers(plain, prompts, config.max_new_tokens, config.batch_size, share_prefix=True)
+    matches = [metrics.exact_match(a, e.response) for a, e in zip(answers, examples)]
+    per_procedure = {}
+    for example, match in zip(examples, matches):
+        if len(example.steps) == 1:
+            per_procedure.setdefault(example.procedures[0], []).append(match)
+    return {
+        "exact_match": metrics.mean(matches),
+        "chain_exact_match": metrics.mean(m for e, m in zip(examples, matches) if len(e.steps) > 1),
+        "exact_match_per_procedure": {name: metrics.mean(m) for name, m in sorted(per_procedure.items())},
+        "prompt_tokens": prompt_tokens(plain.backbone.tokenizer, prompts),
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def gold_procedures(example: Example) -> list[str]:
+    return example.procedures
 
 
 def run_demo(config: DemoConfig | None = None, device: str | None = None, progress: bool = True, bank_path=None) -> dict:
     config = config or DemoConfig()
-    train_set, test_set = builtin.demo_dataset(seed=config.seed, train_per_procedure=config.train_per_procedure)
+    names = list(config.procedures or builtin.PROCEDURES)
+    train_set, test_set = builtin.demo_dataset(seed=config.seed, train_per_procedure=config.train_per_procedure, procedures=names)
     console.print(
-        f"[bold]tokmem demo[/bold]: {len(builtin.PROCEDURES)} procedures, {len(train_set)} training and "
+        f"[bold]tokmem demo[/bold]: {len(names)} procedures, {len(train_set)} training and "
         f"{len(test_set)} held-out queries, backbone {config.backbone}"
     )
     model = create(config.backbone, decoupled=config.decoupled, device=device)
@@ -49,14 +97,21 @@ def run_demo(config: DemoConfig | None = None, device: str | None = None, progre
     if bank_path:
         console.print(f"saved {model.bank.save(bank_path)}")
     start = time.perf_counter()
-    result = evaluate(model, test_set, DecodeConfig(max_new_tokens=32, max_steps=3))
+    result = evaluate(model, test_set, DECODE)
     eval_seconds = time.perf_counter() - start
-    console.print(scores_table("held-out queries", result))
     chains = [r for r in result["predictions"] if len(r["gold"]) > 1]
-    console.print(trace_table("chained generations", chains))
+    plain = create(model.backbone)  # an empty bank: the plain backbone
+    instructed = instructed_scores(plain, test_set, gold_procedures)
+    catalog = instructed_scores(plain, test_set, lambda _: names)
+    tokmem_tokens = prompt_tokens(model.backbone.tokenizer, [e.query for e in test_set])
+    chain_exact_match = metrics.mean(r["exact_match"] for r in chains)
+    console.print(procedure_table(result, instructed, catalog))
+    console.print(trace_table("chained generations (TokMem)", chains))
+    console.print(method_table(result, chain_exact_match, tokmem_tokens, instructed, catalog))
     console.print(
-        f"routing accuracy {100 * result['routing_accuracy']:.1f}%, exact match {100 * result['exact_match']:.1f}%, "
-        f"chain accuracy {100 * (result['chain_accuracy'] or 0):.1f}% (evaluation {eval_seconds:.0f} s)"
+        f"TokMem: routing accuracy {100 * result['routing_accuracy']:.1f}%, exact match {100 * result['exact_match']:.1f}%, "
+        f"chain accuracy {100 * (result['chain_accuracy'] or 0):.1f}% (evaluation {eval_seconds:.0f} s; instructed "
+        f"backbone {instructed['seconds']:.0f} s, with all instructions {catalog['seconds']:.0f} s)"
     )
     return {
         "backbone": config.backbone,
@@ -67,11 +122,50 @@ def run_demo(config: DemoConfig | None = None, device: str | None = None, progre
         "exact_match": result["exact_match"],
         "rougeL": result["rougeL"],
         "chain_accuracy": result["chain_accuracy"],
+        "chain_exact_match": chain_exact_match,
         "exact_match_per_procedure": {n: r["exact_match"] for n, r in result["per_procedure"].items()},
+        "tokmem_prompt_tokens": tokmem_tokens,
+        "instruction_exact_match": instructed["exact_match"],
+        "instruction_prompt_tokens": instructed["prompt_tokens"],
+        "instruction_chain_exact_match": instructed["chain_exact_match"],
+        "instruction_exact_match_per_procedure": instructed["exact_match_per_procedure"],
+        "all_instructions_exact_match": catalog["exact_match"],
+        "all_instructions_chain_exact_match": catalog["chain_exact_match"],
+        "all_instructions_prompt_tokens": catalog["prompt_tokens"],
         "train_seconds": report.seconds,
         "eval_seconds": eval_seconds,
+        "instruction_eval_seconds": instructed["seconds"] + catalog["seconds"],
         "train": report.summary(),
         "config": asdict(config),
         "machine": machine(),
         "examples": chains[:6],
     }
+
+
+def procedure_table(result: dict, instructed: dict, catalog: dict) -> Table:
+    """Per procedure: TokMem's routing and exact match beside the instructed backbone's exact match."""
+    table = Table(title="held-out queries: exact match")
+    for column in ("procedure", "n", "TokMem routing", "TokMem", "+ its instruction", "+ all instructions"):
+        table.add_column(column, justify="left" if column == "procedure" else "right")
+    for name, row in result["per_procedure"].items():
+        table.add_row(name, str(row["examples"]), percent(row["routing_accuracy"]), percent(row["exact_match"]),
+                      percent(instructed["exact_match_per_procedure"][name]), percent(catalog["exact_match_per_procedure"][name]))
+    table.add_section()
+    table.add_row("[bold]all[/bold]", str(result["examples"]), percent(result["routing_accuracy"]), percent(result["exact_match"]),
+                  percent(instructed["exact_match"]), percent(catalog["exact_match"]))
+    return table
+
+
+def method_table(result: dict, chain_exact_match: float, tokmem_tokens: float, instructed: dict, catalog: dict) -> Table:
+    """TokMem against the same backbone reading written instructions instead of memory tokens."""
+    title = f"TokMem against the instructed backbone ({result['examples']} held-out queries, {result['chain_examples']} chains)"
+    table = Table(title=title)
+    for column in ("method", "routing", "exact match", "chains: exact match", "prompt tokens / query"):
+        table.add_column(column, justify="left" if column == "method" else "right")
+    table.add_row("TokMem (memory tokens)", percent(result["routing_accuracy"]), percent(result["exact_match"]),
+                  percent(chain_exact_match), f"{tokmem_tokens:.0f}")
+    table.add_row("backbone + its instruction(s)", "oracle", percent(instructed["exact_match"]),
+                  percent(instructed["chain_exact_match"]), f"{instructed['prompt_tokens']:.0f}")
+    table.add_row("backbone + all instructions", "–", percent(catalog["exact_match"]),
+                  percent(catalog["chain_exact_match"]), f"{catalog['prompt_tokens']:.0f}")
+    return table

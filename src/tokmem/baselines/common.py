@@ -57,7 +57,10 @@ class Method:
         return False
 
 
-def plain_answers(model: TokMemModel, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[str]:
-    """Greedy answers of ``model``'s backbone (its bank must be empty) to chat-formatted prompts."""
-    config = DecodeConfig(max_new_tokens=max_new_tokens, batch_size=batch_size)
+def plain_answers(model: TokMemModel, prompts: list[str | list[dict]], max_new_tokens: int, batch_size: int,
+                  share_prefix: bool = False) -> list[str]:
+    """Greedy answers of ``model``'s backbone (its bank must be empty) to prompts (queries or chat conversations).
+
+    ``share_prefix``: encode the tokens all prompts start with once (see ``DecodeConfig``)."""
+    config = DecodeConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, share_prefix=share_prefix)
     return [g.text for g in generate(model, prompts, config)]

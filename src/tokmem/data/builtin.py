@@ -2,12 +2,16 @@
 
 Each procedure renders a sampled input into one of its query templates and answers with
 ``format(apply(input))`` and nothing else, so exact match is a fair score.  A procedure whose
-output type is the next one's input type composes with it into a chain ("Sort the numbers
-5, 2, 9, then take the maximum."), one step per procedure, each answering the previous result.
+output type is the next one's input type composes with it into a chain ('What is the first word
+of "red fox", then put it in quotes?'), one step per procedure, each answering the previous result.
+
+The procedures are ones the default backbone (SmolLM2-135M-Instruct) performs when its written
+instruction is in the prompt (formatting, copying, picking), not arithmetic it cannot do at all:
+the demo compares TokMem with that instructed backbone, so the comparison is about memory.
 
 Values are plain Python: words and texts are ``str``, numbers ``int``, number lists
-``list[int]``, pairs ``tuple[int, int]``, dates ``datetime.date``.  Lists render as ``3, 1, 2``.
-Queries and answers stay short so that a 135M model learns the bank on a CPU in minutes.
+``list[int]``, dates ``datetime.date``.  Lists render as ``3, 1, 2``.  Queries and answers stay
+short so that a 135M model learns the bank on a CPU in minutes.
 """
 
 from __future__ import annotations
@@ -32,14 +36,8 @@ WORDS = (
     "parrot", "ribbon", "spider", "tunnel", "umbrella", "valley", "walrus", "zebra", "cloud", "stone",
     "music", "paper", "tiger", "honey",
 )
-VOWELS = "aeiou"
-MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
-          "October", "November", "December")
-WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
-SMALL_NUMBERS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
-                 "fourteen fifteen sixteen seventeen eighteen nineteen").split()
-TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
 MAX_TRIES = 200
+REPLY_RULE = "Reply with the result only."
 
 
 def render(value) -> str:
@@ -49,8 +47,15 @@ def render(value) -> str:
     return str(value)
 
 
+# The input of each instruction's worked example, by input type: outside what the samplers draw,
+# so that an instruction never answers a held-out query.
+EXAMPLE_INPUTS = {"word": "sun", "text": "red fox", "numbers": [50, 40, 30], "number": 5000, "date": datetime.date(1990, 7, 4)}
+
+
 @dataclass(frozen=True)
 class BuiltinProcedure:
+    """One procedure: its written instruction (``description``), query templates, inputs and answers."""
+
     name: str
     description: str
     input_type: str
@@ -60,25 +65,30 @@ class BuiltinProcedure:
     sample: Callable[[random.Random], Any]
     apply: Callable[[Any], Any]
 
+    @property
+    def example(self):
+        return EXAMPLE_INPUTS[self.input_type]
+
     def format(self, value) -> str:
         return render(value)
 
     def query(self, value, rng: random.Random) -> str:
-        """One of the templates filled with ``value`` ({x}; a pair also fills {a} and {b})."""
-        slots = {"x": self.format(value)}
-        if isinstance(value, tuple):
-            slots["a"], slots["b"] = value
-        return rng.choice(self.templates).format(**slots)
+        return rng.choice(self.templates).format(x=self.format(value))
+
+    def instruction(self) -> list[dict]:
+        """The written instruction as chat turns: the description with a worked example, and its answer.
+
+        SmolLM2-135M answers a bare instruction in full sentences ("The first word of … is …"); one
+        worked example makes it reply with the result alone (measured: see the README).
+        """
+        request = f"{self.description} {REPLY_RULE}\n\n{self.templates[0].format(x=self.format(self.example))}"
+        return [{"role": "user", "content": request}, {"role": "assistant", "content": self.format(self.apply(self.example))}]
 
 
 # Input samplers.
 
 def _word(rng):
     return rng.choice(WORDS)
-
-
-def _mixed_case_word(rng):
-    return "".join(c.upper() if rng.random() < 0.5 else c for c in rng.choice(WORDS))
 
 
 def _text(rng):
@@ -90,164 +100,83 @@ def _numbers(rng):
     return [rng.randint(1, 20) for _ in range(rng.randint(3, 4))]
 
 
-def _numbers_with_repeat(rng):
-    numbers = _numbers(rng)
-    numbers.insert(rng.randrange(len(numbers) + 1), rng.choice(numbers))
-    return numbers
-
-
-def _number(low, high):
-    return lambda rng: rng.randint(low, high)
-
-
-def _pair(first, second):
-    """Two numbers drawn from the inclusive ranges ``first`` and ``second``."""
-    return lambda rng: (rng.randint(*first), rng.randint(*second))
-
-
-def _descending_pair(rng):
-    return tuple(sorted(rng.sample(range(2, 100), 2), reverse=True))
+def _number(rng):
+    return rng.randint(1, 999)
 
 
 def _date(rng):
     return datetime.date(2000, 1, 1) + datetime.timedelta(days=rng.randrange(30 * 365))
 
 
-# Operations that need more than a lambda.
-
-def _count_vowels(word):
-    return sum(c in VOWELS for c in word.lower())
-
-
-def _remove_vowels(word):
-    return "".join(c for c in word if c.lower() not in VOWELS)
-
-
-def _number_words(n):
-    if not 0 <= n < 100:
-        raise ValueError(f"only 0..99 are spelled out, not {n}")
-    if n < 20:
-        return SMALL_NUMBERS[n]
-    tens, ones = divmod(n, 10)
-    return TENS[tens] + (f"-{SMALL_NUMBERS[ones]}" if ones else "")
-
-
-def _binary(n):
-    if n < 0:
-        raise ValueError(f"no binary form for negative {n}")
-    return format(n, "b")
-
-
-def _long_date(day):
-    return f"{MONTHS[day.month - 1]} {day.day}, {day.year}"
-
-
 _P = BuiltinProcedure
 _ALL = (
     # Words.
-    _P("reverse_word", "Writes a word backwards.", "word", "word",
-       ("Reverse the word {x}.", "What is {x} spelled backwards?", "Write {x} in reverse."),
-       "then reverse it", _word, lambda w: w[::-1]),
-    _P("uppercase_word", "Converts a word to capital letters.", "word", "word",
-       ("Convert {x} to uppercase.", "Write {x} in capital letters.", "What is {x} in all caps?"),
-       "then make it uppercase", _word, str.upper),
-    _P("lowercase_word", "Converts a word to small letters.", "word", "word",
-       ("Convert {x} to lowercase.", "Write {x} in small letters.", "What is {x} with no capital letters?"),
-       "then make it lowercase", _mixed_case_word, str.lower),
-    _P("count_vowels", "Counts the vowels (a, e, i, o, u) in a word.", "word", "number",
-       ("How many vowels are in {x}?", "Count the vowels in {x}.", "What is the vowel count of {x}?"),
-       "then count its vowels", _word, _count_vowels),
-    _P("count_letters", "Counts the characters of a word.", "word", "number",
-       ("How many letters does {x} have?", "How long is the word {x}?", "Count the characters in {x}."),
-       "then count its letters", _word, len),
-    _P("sort_letters", "Sorts the letters of a word alphabetically.", "word", "word",
-       ("Sort the letters of {x} alphabetically.", "Put the letters of {x} in alphabetical order.",
-        "Arrange the letters in {x} from a to z."),
-       "then sort its letters", _word, lambda w: "".join(sorted(w))),
-    _P("remove_vowels", "Deletes every vowel from a word.", "word", "word",
-       ("Remove the vowels from {x}.", "Write {x} without its vowels.", "Drop every vowel in {x}."),
-       "then remove its vowels", _word, _remove_vowels),
+    _P("quote_word", "Put the word in double quotes.", "word", "quoted",
+       ("Put {x} in quotes.", "Wrap {x} in double quotes.", "Quote the word {x}."),
+       "then put it in quotes", _word, lambda w: f'"{w}"'),
+    _P("bracket_word", "Put the word in square brackets.", "word", "bracketed",
+       ("Put {x} in square brackets.", "Wrap {x} in brackets.", "Enclose {x} in square brackets."),
+       "then put it in brackets", _word, lambda w: f"[{w}]"),
+    _P("parenthesize_word", "Put the word in parentheses.", "word", "parenthesized",
+       ("Put {x} in parentheses.", "Wrap {x} in round brackets.", "Enclose {x} in parentheses."),
+       "then put it in parentheses", _word, lambda w: f"({w})"),
+    _P("file_name", "Turn the word into a .txt file name.", "word", "file name",
+       ("Make a .txt file name from {x}.", "Turn {x} into a text file name.", "Name a .txt file after {x}."),
+       "then make it a file name", _word, lambda w: f"{w}.txt"),
     # Phrases.
-    _P("acronym", "Forms an uppercase acronym from the first letters of a phrase.", "text", "word",
-       ('Make an acronym from "{x}".', 'What are the initials of "{x}"?', 'Abbreviate "{x}" to its first letters.'),
-       "then make an acronym of it", _text, lambda t: "".join(w[0] for w in t.split()).upper()),
-    _P("capitalize_words", "Capitalises the first letter of every word of a phrase.", "text", "text",
-       ('Capitalize each word in "{x}".', 'Write "{x}" in title case.', 'Give "{x}" with every word capitalized.'),
-       "then capitalize each word", _text, lambda t: " ".join(w.capitalize() for w in t.split())),
-    _P("count_words", "Counts the words of a phrase.", "text", "number",
-       ('How many words are in "{x}"?', 'Count the words in "{x}".', 'What is the word count of "{x}"?'),
-       "then count the words", _text, lambda t: len(t.split())),
-    _P("reverse_words", "Reverses the order of the words of a phrase.", "text", "text",
-       ('Reverse the order of the words in "{x}".', 'Write "{x}" with the words backwards.',
-        'Say "{x}" last word first.'),
-       "then reverse the word order", _text, lambda t: " ".join(reversed(t.split()))),
-    _P("longest_word", "Finds the longest word of a phrase (the first one on a tie).", "text", "word",
-       ('Which word in "{x}" is the longest?', 'Find the longest word in "{x}".', 'What is the longest word of "{x}"?'),
-       "then take the longest word", _text, lambda t: max(t.split(), key=len)),
+    _P("first_word", "Give the first word of the phrase.", "text", "word",
+       ('What is the first word of "{x}"?', 'Give the first word in "{x}".', 'Which word comes first in "{x}"?'),
+       "then take the first word", _text, lambda t: t.split()[0]),
+    _P("snake_case", "Join the words of the phrase with underscores.", "text", "word",
+       ('Write "{x}" in snake case.', 'Join the words of "{x}" with underscores.', 'Turn "{x}" into a snake_case name.'),
+       "then join the words with underscores", _text, lambda t: "_".join(t.split())),
+    _P("kebab_case", "Join the words of the phrase with hyphens.", "text", "word",
+       ('Write "{x}" in kebab case.', 'Join the words of "{x}" with hyphens.', 'Turn "{x}" into a kebab-case name.'),
+       "then join the words with hyphens", _text, lambda t: "-".join(t.split())),
+    _P("comma_list", "Separate the words of the phrase with commas.", "text", "word list",
+       ('Separate the words of "{x}" with commas.', 'List the words of "{x}" with commas.',
+        'Put commas between the words of "{x}".'),
+       "then separate the words with commas", _text, lambda t: ", ".join(t.split())),
+    _P("exclaim", "Add an exclamation mark to the end of the phrase.", "text", "exclamation",
+       ('Add an exclamation mark to "{x}".', 'Turn "{x}" into an exclamation.', 'End "{x}" with an exclamation mark.'),
+       "then add an exclamation mark", _text, lambda t: f"{t}!"),
+    _P("question", "Add a question mark to the end of the phrase.", "text", "question",
+       ('Add a question mark to "{x}".', 'Turn "{x}" into a question.', 'End "{x}" with a question mark.'),
+       "then add a question mark", _text, lambda t: f"{t}?"),
     # Lists of numbers.
-    _P("sort_numbers", "Sorts a list of numbers in ascending order.", "numbers", "numbers",
-       ("Sort the numbers {x}.", "Put {x} in ascending order.", "Arrange {x} from smallest to largest."),
-       "then sort them", _numbers, sorted),
-    _P("max_number", "Finds the largest number of a list.", "numbers", "number",
-       ("What is the largest of {x}?", "Find the maximum of {x}.", "Which number is biggest among {x}?"),
-       "then take the maximum", _numbers, max),
-    _P("min_number", "Finds the smallest number of a list.", "numbers", "number",
-       ("What is the smallest of {x}?", "Find the minimum of {x}.", "Which number is lowest among {x}?"),
-       "then take the minimum", _numbers, min),
-    _P("sum_numbers", "Adds up a list of numbers.", "numbers", "number",
-       ("Add up the numbers {x}.", "What is the total of {x}?", "Compute the sum of {x}."),
-       "then add them up", _numbers, sum),
-    _P("reverse_list", "Reverses the order of a list of numbers.", "numbers", "numbers",
-       ("Reverse the list {x}.", "Write the list {x} backwards.", "Give {x} in the opposite order."),
-       "then reverse the list", _numbers, lambda xs: xs[::-1]),
-    _P("remove_duplicates", "Drops repeated numbers from a list, keeping first occurrences.", "numbers", "numbers",
-       ("Remove the duplicates from {x}.", "List {x} without repeats.", "Keep one copy of each number in {x}."),
-       "then drop the duplicates", _numbers_with_repeat, lambda xs: list(dict.fromkeys(xs))),
-    _P("count_items", "Counts the numbers in a list.", "numbers", "number",
-       ("How many numbers are in the list {x}?", "Count the items in {x}.", "Tell me how many entries {x} has."),
-       "then count them", _numbers, len),
-    _P("filter_evens", "Keeps only the even numbers of a list.", "numbers", "numbers",
-       ("Keep only the even numbers in {x}.", "Which of {x} are even?", "Filter {x} down to its even numbers."),
-       "then keep the even ones", _numbers, lambda xs: [x for x in xs if x % 2 == 0]),
-    # Arithmetic.
-    _P("add_numbers", "Adds two numbers.", "pair", "number",
-       ("What is {a} plus {b}?", "Add {a} and {b}.", "Compute {a} + {b}."),
-       "then add the two numbers", _pair((2, 99), (2, 99)), lambda p: p[0] + p[1]),
-    _P("multiply_numbers", "Multiplies two numbers.", "pair", "number",
-       ("What is {a} times {b}?", "Multiply {a} by {b}.", "Compute {a} * {b}."),
-       "then multiply the two numbers", _pair((2, 20), (2, 20)), lambda p: p[0] * p[1]),
-    _P("subtract_numbers", "Subtracts the second number from the first.", "pair", "number",
-       ("What is {a} minus {b}?", "Subtract {b} from {a}.", "Compute {a} - {b}."),
-       "then subtract the second from the first", _descending_pair, lambda p: p[0] - p[1]),
-    _P("modulo", "Gives the remainder of dividing the first number by the second.", "pair", "number",
-       ("What is {a} mod {b}?", "Find the remainder when {a} is divided by {b}.", "Compute {a} modulo {b}."),
-       "then take the remainder", _pair((10, 99), (2, 9)), lambda p: p[0] % p[1]),
-    _P("square_number", "Multiplies a number by itself.", "number", "number",
-       ("What is {x} squared?", "Square the number {x}.", "Compute {x} to the power of two."),
-       "then square it", _number(2, 30), lambda n: n * n),
-    _P("double_number", "Multiplies a number by two.", "number", "number",
-       ("Double the number {x}.", "What is twice {x}?", "Give two times {x}."),
-       "then double it", _number(2, 99), lambda n: 2 * n),
-    _P("sum_digits", "Adds up the decimal digits of a number.", "number", "number",
-       ("What is the digit sum of {x}?", "Add the digits of {x}.", "Sum up the digits in {x}."),
-       "then add up its digits", _number(10, 9999), lambda n: sum(map(int, str(n)))),
-    # Formatting.
-    _P("format_date", "Writes a YYYY-MM-DD date as 'Month day, year'.", "date", "long_date",
-       ("Write the date {x} out in full.", "Format {x} as month day, year.", "How is {x} written as a long date?"),
-       "then write it as a long date", _date, _long_date),
-    _P("day_of_week", "Names the weekday of a YYYY-MM-DD date.", "date", "weekday",
-       ("What day of the week was {x}?", "Name the weekday of {x}.", "On which weekday does {x} fall?"),
-       "then name its weekday", _date, lambda d: WEEKDAYS[d.weekday()]),
-    _P("to_binary", "Writes a number in base 2.", "number", "binary",
-       ("Convert {x} to binary.", "What is {x} in base 2?", "Write {x} as a binary number."),
-       "then convert it to binary", _number(1, 63), _binary),
-    _P("number_to_words", "Spells out a number from 0 to 99 in English words.", "number", "words",
-       ("Spell out the number {x}.", "Write {x} in English words.", "How do you say {x} in words?"),
-       "then spell it out", _number(0, 99), _number_words),
-    _P("wrap_json", 'Wraps a number in a JSON object as {"value": x}.', "number", "json",
+    _P("first_number", "Give the first number of the list.", "numbers", "number",
+       ("What is the first number in {x}?", "Give the first entry of {x}.", "Which number comes first in {x}?"),
+       "then take the first number", _numbers, lambda xs: xs[0]),
+    _P("json_list", "Write the list of numbers as a JSON array.", "numbers", "json",
+       ("Write {x} as a JSON list.", "Format {x} as a JSON array.", "Give {x} in JSON list form."),
+       "then write them as a JSON list", _numbers, json.dumps),
+    _P("semicolon_list", "Separate the numbers with semicolons.", "numbers", "semicolon list",
+       ("Separate {x} with semicolons.", "List {x} with semicolons between them.", "Write {x} using semicolons."),
+       "then separate them with semicolons", _numbers, lambda xs: "; ".join(map(str, xs))),
+    # Numbers.
+    _P("wrap_json", 'Wrap the number in a JSON object as {"value": number}.', "number", "json",
        ('Wrap {x} in JSON under the key "value".', "Return {x} as a JSON object.",
         "Give the JSON object for the value {x}."),
-       "then wrap it in JSON", _number(1, 999), lambda n: json.dumps({"value": n})),
+       "then wrap it in JSON", _number, lambda n: json.dumps({"value": n})),
+    _P("dollars", "Write the number as an amount in US dollars.", "number", "money",
+       ("Write {x} as dollars.", "Give {x} as a dollar amount.", "Format {x} in US dollars."),
+       "then write it in dollars", _number, lambda n: f"${n}"),
+    _P("percent", "Write the number as a percentage.", "number", "percentage",
+       ("Write {x} as a percentage.", "Give {x} as a percent.", "Format {x} with a percent sign."),
+       "then write it as a percentage", _number, lambda n: f"{n}%"),
+    _P("kilograms", "Write the number as a weight in kilograms (kg).", "number", "weight",
+       ("Write {x} as kilograms.", "Give {x} as a weight in kg.", "Format {x} in kilograms."),
+       "then write it in kilograms", _number, lambda n: f"{n} kg"),
+    _P("negate", "Write the number with a minus sign.", "number", "negative",
+       ("What is the negative of {x}?", "Put a minus sign before {x}.", "Write {x} as a negative number."),
+       "then make it negative", _number, lambda n: -n),
+    # Dates.
+    _P("year_of_date", "Give the year of a YYYY-MM-DD date.", "date", "number",
+       ("What year is {x}?", "Give the year of {x}.", "In which year is {x}?"),
+       "then take its year", _date, lambda d: d.year),
+    _P("date_slashes", "Write the YYYY-MM-DD date with slashes as YYYY/MM/DD.", "date", "slashed date",
+       ("Write {x} with slashes.", "Give {x} as YYYY/MM/DD.", "Format {x} using slashes."),
+       "then write it with slashes", _date, lambda d: d.strftime("%Y/%m/%d")),
 )
 PROCEDURES: dict[str, BuiltinProcedure] = {p.name: p for p in _ALL}
 
@@ -257,13 +186,10 @@ def catalog() -> dict[str, str]:
 
 
 def _run(procs, value) -> list | None:
-    """Each step's result, or None when a step fails or is trivial (empty, or leaves its input unchanged)."""
+    """Each step's result, or None when a step is trivial (empty, or leaves its input unchanged)."""
     results = []
     for proc in procs:
-        try:
-            output = proc.apply(value)
-        except ValueError:
-            return None
+        output = proc.apply(value)
         if not render(output) or render(output) == render(value):
             return None
         results.append(output)
@@ -377,3 +303,13 @@ def demo_dataset(
     train = _split(names, pipelines, "train", train_per_procedure, train_chains, rng, taken)
     test = _split(names, pipelines, "test", test_per_procedure, test_chains, rng, taken)
     return train, test
+
+
+def instructed_prompt(procedure_names, query: str) -> list[dict]:
+    """The query after the written instruction of each named procedure, as chat turns.
+
+    This is what a memory token replaces: the demo gives it to the plain backbone for comparison.
+    """
+    _check_known(procedure_names)
+    turns = [turn for name in procedure_names for turn in PROCEDURES[name].instruction()]
+    return turns + [{"role": "user", "content": query}]
