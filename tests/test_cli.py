@@ -65,7 +65,7 @@ def test_run_and_eval_report_json(data):
     assert tokmem("eval", "--bank", path, "--data", data / "first.jsonl", "--max-new-tokens", 4, "--device", "cpu", "--json", data / "eval.json") == 0
     result = json.loads((data / "eval.json").read_text())
     assert result["examples"] == 12 and 0.0 <= result["routing_accuracy"] <= 1.0
-    assert set(result["per_procedure"]) == {"reverse", "upper"}
+    assert set(result["per_procedure"]) == {"reverse", "upper"} and result["calls"] is None
 
 
 def test_bank_show_rm_rename_merge(data, capsys):

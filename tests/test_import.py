@@ -378,3 +378,17 @@ def test_the_real_complexfuncbench_and_bfcl_multi_turn_files_import_whole():
     assert bfcl.records == 200 and len(bfcl.examples) + bfcl.skipped["turns with no calls"] == 734
     assert set(bfcl.catalog) <= set(import_bfcl(SHARED / "bfcl").catalog) and len(bfcl.catalog) == 81
     assert not set(bfcl.catalog) & set(cfb.catalog)
+
+
+def test_import_then_train_then_eval_reports_tool_argument_and_call_f1(nestful_file, tmp_path, capsys):
+    out, catalog, bank = tmp_path / "cfb.jsonl", tmp_path / "tools.jsonl", tmp_path / "bank.safetensors"
+    assert main(["data", "import", "--format", "nestful", str(nestful_file), "--out", str(out), "--catalog", str(catalog)]) == 0
+    assert main(["train", "--data", str(out), "--catalog", str(catalog), "--out", str(bank), "--backbone", "tiny-random",
+                 "--device", "cpu", "--epochs", "1", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--bank", str(bank), "--data", str(out), "--max-new-tokens", "8", "--device", "cpu",
+                 "--json", str(tmp_path / "eval.json")]) == 0
+    assert "Argument F1" in capsys.readouterr().out
+    calls = json.loads((tmp_path / "eval.json").read_text())["calls"]
+    assert set(calls) == {"tool_f1", "arg_f1", "call_f1"} and set(calls["tool_f1"]) == {"1", "2", "avg"}
+    assert all(0 <= calls[m][n] <= 100 for m in calls for n in calls[m])

@@ -16,7 +16,9 @@ from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
 from tokmem.extras import require_extra
 from tokmem.experiments import compositional, placement
-from tokmem.report import console, error_console, machine, percent, scores_table, trace_table, write_json
+from tokmem.report import (
+    call_scores_table, console, error_console, machine, percent, scores_table, trace_table, write_json,
+)
 from tokmem.train import INITS, SCHEDULES
 
 
@@ -97,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(run)
     run.set_defaults(handler=cmd_run)
 
-    evaluate = commands.add_parser("eval", help="routing accuracy, exact match and ROUGE-L on a JSONL file")
+    evaluate = commands.add_parser(
+        "eval", help="routing accuracy, exact match and ROUGE-L on a JSONL file; tool, argument and call F1 for tool calls"
+    )
     evaluate.add_argument("--bank", required=True)
     evaluate.add_argument("--data", required=True)
     _decode_options(evaluate)
@@ -367,6 +371,8 @@ def cmd_eval(args) -> None:
     examples = load_examples(args.data, known_procedures=model.bank.names)
     result = evaluate(model, examples, _decode_config(args))
     console.print(scores_table(f"{args.data} ({len(examples)} examples)", result))
+    if result["calls"]:
+        console.print(call_scores_table("tool calls (F1, 0–100)", result["calls"]))
     if result["chain_examples"]:
         console.print(trace_table("chained examples", [r for r in result["predictions"] if len(r["gold"]) > 1]))
         console.print(f"chain accuracy {percent(result['chain_accuracy'])} over {result['chain_examples']} chains")

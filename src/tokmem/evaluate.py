@@ -1,4 +1,5 @@
-"""Score a model on held-out examples: routing, chaining, exact match and ROUGE-L."""
+"""Score a model on held-out examples: routing, chaining, exact match and ROUGE-L; tool, argument and call F1
+when the examples are tool calls."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections import defaultdict
 
 from tokmem import metrics
 from tokmem.data.procedures import Example
-from tokmem.decode import DecodeConfig, generate
+from tokmem.decode import DecodeConfig, Generation, generate
 from tokmem.model import TokMemModel
 
 
@@ -17,6 +18,8 @@ def evaluate(model: TokMemModel, examples: list[Example], config: DecodeConfig |
     chain_accuracy:   the whole chosen sequence equals the gold sequence (examples with ≥ 2 steps).
     exact_match / rougeL: the generated answer against the gold answer (segments one per line).
     per_procedure:    the same scores for the single-step examples of each procedure.
+    calls:            when every gold step is a tool call (``{"name", "arguments"}`` JSON), tool / argument /
+                      call F1 by number of calls (``metrics.call_scores``); else None.
     """
     generations = generate(model, [e.query for e in examples], config)
     rows = [_score(e, g) for e, g in zip(examples, generations)]
@@ -30,6 +33,7 @@ def evaluate(model: TokMemModel, examples: list[Example], config: DecodeConfig |
         "chain_accuracy": metrics.mean([r["chain_right"] for r in chains]) if chains else None,
         "open_set_fallbacks": sum(not r["routed"] for r in rows),
         "per_procedure": _per_procedure([r for r in rows if len(r["gold"]) == 1]),
+        "calls": tool_call_scores(examples, generations) if are_tool_calls(examples) else None,
         "predictions": rows,
     }
 
@@ -50,6 +54,18 @@ def _score(example: Example, generation) -> dict:
         "exact_match": metrics.exact_match(generation.text, example.response),
         "rougeL": metrics.rouge_l(generation.text, example.response),
     }
+
+
+def are_tool_calls(examples: list[Example]) -> bool:
+    """Whether every gold step of ``examples`` is a tool call, so that call F1 means something."""
+    return bool(examples) and all(metrics.parse_call(step.response) for e in examples for step in e.steps)
+
+
+def tool_call_scores(examples: list[Example], generations: list[Generation]) -> dict:
+    """Each segment is one call; its tool is the memory token's procedure, or the name its text gives when the
+    plain backbone answered (open set)."""
+    predicted = [[metrics.read_call(s.text, s.procedure) for s in g.trace] for g in generations]
+    return metrics.call_scores([[step.response for step in e.steps] for e in examples], predicted)
 
 
 def _per_procedure(rows: list[dict]) -> dict:

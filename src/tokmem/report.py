@@ -57,6 +57,21 @@ def scores_table(title: str, result: dict) -> Table:
     return table
 
 
+def call_scores_table(title: str, calls: dict) -> Table:
+    """Tool / argument / call F1 (``metrics.call_scores``): one row per score, one column per number of calls."""
+    from tokmem.metrics import CALL_METRICS
+
+    columns = [c for c in calls["tool_f1"] if c != "avg"]
+    table = Table(title=title)
+    table.add_column("score")
+    for column in columns:
+        table.add_column(f"{column} calls", justify="right")
+    table.add_column("avg", justify="right")
+    for metric, name in CALL_METRICS.items():
+        table.add_row(name, *(f"{calls[metric][c]:.1f}" for c in [*columns, "avg"]))
+    return table
+
+
 def trace_table(title: str, rows: list[dict], limit: int = 6) -> Table:
     table = Table(title=title, show_lines=True)
     for column in ("query", "trace (procedure → segment)", "reference"):
