@@ -10,7 +10,7 @@ from tokmem import Example, Step
 from tokmem.baselines.common import Answer
 from tokmem.decode import Segment
 from tokmem.baselines.memory import UnfrozenTokMem
-from tokmem.baselines.tools import ICL, ToolRAG, first_block, tool_prompt
+from tokmem.baselines.tools import ICL, ToolRAG, compact_schema, first_block, tool_prompt
 from tokmem.cli import main
 from tokmem.data.tools import call_json, catalog, split_tools
 from tokmem.errors import TokMemError
@@ -137,6 +137,22 @@ def test_icl_shows_every_tool_and_the_first_two_compositional_demonstrations(bac
     prompt = tool_prompt(icl.schemas, icl.demonstrations, "Compute 5 factorial.")
     assert all(json.dumps(s, separators=(",", ":")) in prompt for s in tools.values())
     assert prompt.endswith("Request: Compute 5 factorial.\nCalls:") and first.response in prompt and single.response not in prompt
+
+
+def test_icl_shows_compact_schemas_when_the_full_ones_do_not_fit_the_context_window(backbone):
+    tools = catalog(split_tools()[1])  # 25 full schemas: more characters (the tiny model's tokens) than its 2,048
+    icl = ICL(backbone, tools)
+    assert icl.label == "ICL (compact schemas)" and [s["name"] for s in icl.schemas] == list(tools)
+    median = next(s for s in icl.schemas if s["name"] == "calculate_median")
+    assert median == {"name": "calculate_median", "description": tools["calculate_median"]["description"],
+                      "parameters": {"numbers": "array"}}
+    assert ICL(backbone, catalog(split_tools()[1][:2])).label == "ICL"
+
+
+def test_a_compact_schema_lists_required_parameters_first_and_marks_optional_ones():
+    schema = {"name": "f", "description": "d", "parameters": {"type": "object", "required": ["b"], "properties": {
+        "a": {"type": "integer", "description": "long words"}, "b": {"type": "string"}, "c": {}}}}
+    assert compact_schema(schema) == {"name": "f", "description": "d", "parameters": {"b": "string", "a?": "integer", "c?": "any"}}
 
 
 def test_rag_retrieves_the_tools_whose_descriptions_match_the_query(backbone):

@@ -21,7 +21,10 @@ The answer ends at its first blank line, the prompt's separator between requests
 left alone, a small backbone goes on to invent the next request).
 
 ICL shows every tool and the first ``shots`` training examples that call two or more different
-tools.  RAG shows the ``k`` tools whose descriptions are most similar to the query and the
+tools; all its prompts share that prefix, which is encoded once.  When every tool's full schema does not
+fit the backbone's context window with room for the answer (ComplexFuncBench's 38 schemas are ~8,000
+tokens), ICL shows them compact (``compact_schema``: names, descriptions, parameter names and types) and
+says so in its label.  RAG shows the ``k`` tools whose descriptions are most similar to the query and the
 ``shots`` training examples whose queries are most similar to it (Sentence-BERT cosine).
 """
 
@@ -44,14 +47,25 @@ def tool_prompt(schemas: list[dict], demonstrations: list[Example], query: str) 
     return f"You can call these tools:\n{tools}\n\n{INSTRUCTION}\n\n{shots}Request: {query}\nCalls:"
 
 
+def compact_schema(schema: dict) -> dict:
+    """A schema without its parameters' descriptions: ``{"name", "description", "parameters": {name: type}}``,
+    the required parameters first, the optional ones marked ``?``."""
+    parameters = schema.get("parameters", {})
+    properties, required = parameters.get("properties", {}), set(parameters.get("required", []))
+    order = sorted(properties, key=lambda name: name not in required)
+    types = {(name if name in required else f"{name}?"): properties[name].get("type", "any") for name in order}
+    return {"name": schema["name"], "description": schema.get("description", ""), "parameters": types}
+
+
 def first_block(text: str) -> str:
     """The text up to its first blank line."""
     return text.strip().split("\n\n", 1)[0]
 
 
-def answers(model, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[Answer]:
+def answers(model, prompts: list[str], max_new_tokens: int, batch_size: int, share_prefix: bool = False) -> list[Answer]:
     """The backbone's answers to the prompts, each cut at its first blank line."""
-    return [Answer(first_block(text)) for text in plain_answers(model, prompts, max_new_tokens, batch_size)]
+    texts = plain_answers(model, prompts, max_new_tokens, batch_size, share_prefix=share_prefix)
+    return [Answer(first_block(text)) for text in texts]
 
 
 def compositional(examples: list[Example]) -> list[Example]:
@@ -66,6 +80,9 @@ class ICL(Method):
     def __init__(self, backbone: Backbone, tools: dict[str, dict], shots: int = 2, max_new_tokens: int = 128, eval_batch_size: int = 16):
         self.model = create(backbone)  # an empty bank: the plain backbone
         self.schemas = list(tools.values())
+        if not fits(backbone, tool_prompt(self.schemas, [], ""), max_new_tokens):
+            self.schemas = [compact_schema(schema) for schema in self.schemas]
+            self.label = "ICL (compact schemas)"
         self.shots = shots
         self.max_new_tokens, self.eval_batch_size = max_new_tokens, eval_batch_size
         self.demonstrations: list[Example] = []
@@ -76,7 +93,7 @@ class ICL(Method):
 
     def answer(self, queries: list[str]) -> list[Answer]:
         prompts = [tool_prompt(self.schemas, self.demonstrations, q) for q in queries]
-        return answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size)
+        return answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size, share_prefix=True)
 
 
 class ToolRAG(RAG):
@@ -99,6 +116,13 @@ class ToolRAG(RAG):
     def answer(self, queries: list[str]) -> list[Answer]:
         prompts = [tool_prompt(t, d, q) for t, d, q in zip(self.retrieve_tools(queries), self.retrieve(queries), queries)]
         return answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size)
+
+
+def fits(backbone: Backbone, prompt: str, max_new_tokens: int, room: float = 0.75) -> bool:
+    """Whether ``prompt`` takes at most ``room`` of the context window left after ``max_new_tokens`` (the rest is
+    for the demonstrations and the query)."""
+    window = getattr(backbone.model.config, "max_position_embeddings", None)
+    return window is None or len(backbone.tokenizer(prompt).input_ids) <= room * (window - max_new_tokens)
 
 
 def describe(schema: dict) -> str:

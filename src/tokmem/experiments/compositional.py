@@ -26,8 +26,11 @@ that does not parse matches no gold call: it lowers argument F1 and names no too
 TokMem with adaptation (the default TokMem, as in the paper) learns its memory tokens on a backbone
 adapted once per study (`tokmem.adapt`) on the held-out adaptation tools; its trainable parameters
 are its memory rows (the adaptation's LoRA, merged on other tools, is not counted, as in the paper).
-The data is the built-in catalog (`tokmem.data.tools`) or an xLAM file (as in the reference code:
-ranks 1..adapt_tools adapt, the next ``tools`` ranks evaluate).
+The data is the built-in catalog (`tokmem.data.tools`), an xLAM file (as in the reference code:
+ranks 1..adapt_tools adapt, the next ``tools`` ranks evaluate) or, with ``dataset="complexfuncbench"``, real
+data nobody here wrote (`tokmem.data.realtools`): ComplexFuncBench's records over 38 Booking.com tools
+(split by query hash; ``train_multi`` / ``test_multi`` records) to evaluate, BFCL's multi-turn tools
+(``adapt_multi`` turns) to adapt; main and recipe studies.
 
 `add_parser` adds the ``compositional`` subcommand (``tokmem bench compositional``).
 """
@@ -35,6 +38,7 @@ ranks 1..adapt_tools adapt, the next ``tools`` ranks evaluate).
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections import Counter, defaultdict
@@ -50,6 +54,7 @@ from tokmem.baselines.memory import TokMem, UnfrozenTokMem
 from tokmem.baselines.tools import ICL, ToolRAG
 from tokmem.cli_types import int_list, name_list
 from tokmem.data.procedures import Example
+from tokmem.data.realtools import RealData, complexfuncbench_data, function_calling_dir
 from tokmem.data.tools import ToolData, split_tools, tool_dataset, tool_examples
 from tokmem.data.xlam import xlam_dataset
 from tokmem.errors import TokMemError
@@ -79,6 +84,8 @@ STUDIES = {  # study → (default methods, methods it accepts)
 }
 RECIPE_OPTIONS = {"init": ("mean", "orthogonal"), "schedule": ("constant", "linear"), "tool_segments": ("arguments", "call")}
 XLAM_TOOLS = 50  # the paper's 50 evaluation + 50 adaptation tools, when the data is an xLAM file
+DATASETS = ("builtin", "complexfuncbench")
+REAL_DATA_STUDIES = ("main", "recipe")
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,10 @@ class CompositionalConfig(MethodSettings):
     methods: tuple[str, ...] | None = None  # default: the study's
     backbone: str = DEFAULT_BACKBONE
     xlam: str | None = None  # an xLAM file; default: the built-in catalog
+    dataset: str = "builtin"  # or "complexfuncbench": real data (tokmem.data.realtools)
+    data_dir: str | None = None  # complexfuncbench: the folder with complexfuncbench/ and bfcl/
+    test_data: str | None = None  # complexfuncbench: a NESTFUL file to test on instead of the hash split's test side
+    test_fraction: float = 0.2  # complexfuncbench: the share of records the hash split tests on
     tools: int | None = None  # evaluation tools (default: all 25 built-in, or 50 from xLAM)
     adapt_tools: int | None = None  # adaptation tools (likewise)
     per_tool: int = 50
@@ -115,6 +126,12 @@ class CompositionalConfig(MethodSettings):
         if self.study not in STUDIES:
             raise TokMemError(f"unknown study '{self.study}': choose from {', '.join(STUDIES)}")
         defaults, accepted = STUDIES[self.study]
+        if self.dataset not in DATASETS:
+            raise TokMemError(f"unknown dataset '{self.dataset}': choose from {', '.join(DATASETS)} (or pass --xlam FILE)")
+        if self.dataset != "builtin":
+            return self._resolved_real(defaults, accepted)
+        if self.test_data:
+            raise TokMemError("--test-data needs --dataset complexfuncbench")
         adaptation, evaluation = (XLAM_TOOLS, XLAM_TOOLS) if self.xlam else map(len, split_tools())
         config = replace(self, methods=tuple(self.methods or defaults), tools=self.tools or evaluation,
                          adapt_tools=self.adapt_tools or adaptation)
@@ -127,6 +144,17 @@ class CompositionalConfig(MethodSettings):
         if config.study == "forgetting" and not 1 <= config.rounds <= config.tools // 2:
             raise TokMemError(f"cannot split {config.tools} tools into {config.rounds} rounds: "
                               "a round needs two tools or more to compose its test queries")
+        return config
+
+    def _resolved_real(self, defaults, accepted) -> "CompositionalConfig":
+        if self.xlam:
+            raise TokMemError(f"--xlam and --dataset {self.dataset} are two data sources: pass one")
+        if self.study not in REAL_DATA_STUDIES:
+            raise TokMemError(f"--dataset {self.dataset} runs the {' and '.join(REAL_DATA_STUDIES)} studies, not {self.study}")
+        config = replace(self, methods=tuple(self.methods or defaults))
+        unknown = [m for m in config.methods if m not in accepted]
+        if unknown:
+            raise TokMemError(f"the {self.study} study cannot run {', '.join(unknown)}: choose from {', '.join(accepted)}")
         return config
 
 
@@ -146,6 +174,11 @@ PRESETS = {
         ),
         "generalization": dict(test_multi=32),
         "forgetting": dict(per_tool=14, train_multi=20, test_multi=8),
+        # ComplexFuncBench's records with 2–4 calls (as the paper's queries): 150 to train, 24 to test; 300 BFCL
+        # multi-turn turns to adapt.  Arguments-only sequences of these records reach ~320 tokens (p95), whole
+        # calls a little more: max_length 512 keeps them whole.
+        "complexfuncbench": dict(train_multi=150, test_multi=24, adapt_multi=300, tokmem_epochs=6, max_length=512,
+                                 max_new_tokens=384),
     },
     # the paper's sizes and the reference code's recipe; a GPU (and, for 50 + 50 tools, the xLAM file: --xlam)
     "paper": {
@@ -161,7 +194,8 @@ def make_config(preset: str | None = "cpu", study: str = "main", **options) -> C
     if preset is not None and preset not in PRESETS:
         raise TokMemError(f"unknown preset '{preset}': choose from {', '.join(PRESETS)}")
     sizes = PRESETS.get(preset, {})
-    settings = {**sizes.get("common", {}), **sizes.get(study, {}), **{k: v for k, v in options.items() if v is not None}}
+    dataset = sizes.get(options.get("dataset") or "builtin", {})
+    settings = {**sizes.get("common", {}), **sizes.get(study, {}), **dataset, **{k: v for k, v in options.items() if v is not None}}
     return CompositionalConfig(study=study, preset=preset, **settings)
 
 
@@ -169,6 +203,8 @@ def make_config(preset: str | None = "cpu", study: str = "main", **options) -> C
 def tool_data(config: CompositionalConfig, ranks: tuple[int, int], train_max_calls: int | None = None) -> ToolData:
     """Train and test queries over the evaluation tools ranked ``ranks`` (1-based, inclusive, among the evaluation
     tools: in an xLAM file they follow the adaptation tools, as in the reference code)."""
+    if config.dataset == "complexfuncbench":
+        return real_data(config).data
     sizes = dict(per_tool=config.per_tool, train_multi=config.train_multi, test_multi=config.test_multi,
                  max_calls=config.max_calls, train_max_calls=train_max_calls, seed=config.seed)
     if config.xlam:
@@ -180,12 +216,22 @@ def tool_data(config: CompositionalConfig, ranks: tuple[int, int], train_max_cal
 
 def adaptation_examples(config: CompositionalConfig) -> list[Example]:
     """The adaptation phase's data: single and composed queries over the held-out adaptation tools."""
+    if config.dataset == "complexfuncbench":
+        return real_data(config).adaptation
     if config.xlam:
         ranks = (1, config.adapt_tools)
         return xlam_dataset(config.xlam, ranks, per_tool=config.adapt_per_tool, train_multi=config.adapt_multi, test_multi=0,
                             max_calls=config.max_calls, test_fraction=0.0, seed=config.seed).train
     tools = split_tools()[0][: config.adapt_tools]
     return tool_examples(tools, config.adapt_per_tool, config.adapt_multi, config.max_calls, config.seed)
+
+
+@functools.lru_cache(maxsize=2)
+def real_data(config: CompositionalConfig) -> RealData:
+    """ComplexFuncBench to evaluate and BFCL multi-turn to adapt (``tokmem.data.realtools``), read once per config."""
+    folder = function_calling_dir(config.data_dir)
+    return complexfuncbench_data(folder, config.max_calls, config.test_fraction, config.train_multi, config.test_multi,
+                                 config.adapt_multi, config.test_data, config.seed)
 
 
 def groups(config: CompositionalConfig) -> list[tuple[int, int]]:
@@ -219,7 +265,8 @@ def build_method(name: str, config: CompositionalConfig, backbones: dict, tools:
     base, adapted = backbones["base"], backbones.get("adapted")
     decode, lora = config.decode_options(), config.lora_options()
     memory = config.tokmem_options() | dict(max_steps=config.max_calls, name=name, label=TOKMEM_LABELS.get(name))
-    replay = dict(ratio=config.replay_ratio, buffer_size=config.replay_buffer, refresh_every=max(1, config.tools // config.rounds))
+    replay = dict(ratio=config.replay_ratio, buffer_size=config.replay_buffer,
+                  refresh_every=max(1, (config.tools or len(tools)) // config.rounds))
     factories = {
         "icl": lambda: ICL(base, tools, config.shots, **decode),
         "rag": lambda: ToolRAG(base, tools, config.rag_k, config.shots, **decode),
@@ -400,14 +447,22 @@ def _start(config: CompositionalConfig, datasets: list[ToolData], adaptation: di
         "config": asdict(config),
         "machine": machine(),
         "data": {
-            "source": config.xlam or "built-in catalog",
+            "source": data_source(config),
             "tools": [name for d in datasets for name in d.tools],
             "train": sum(len(d.train) for d in datasets),
             "test": len(tests),
             "test_by_calls": {str(n): c for n, c in sorted(Counter(len(e.steps) for e in tests).items())},
+            **(real_data(config).summary() if config.dataset == "complexfuncbench" else {}),
         },
         "adaptation": adaptation,
     }
+
+
+def data_source(config: CompositionalConfig) -> str:
+    if config.dataset == "complexfuncbench":
+        test = f"tested on {config.test_data}" if config.test_data else f"split by query hash, {config.test_fraction:.0%} test"
+        return f"ComplexFuncBench ({test}); BFCL v4 multi-turn to adapt"
+    return config.xlam or "built-in catalog"
 
 
 def _save(result: dict, json_path) -> None:
@@ -448,6 +503,9 @@ def _note(result: dict) -> str:
     train = data["train"]
     if isinstance(train, dict):
         train = f"{'/'.join(map(str, train.values()))} (capped at {'/'.join(train)} calls)"
+    if "train_calls" in data:  # real data: how many calls its training records make, and what was left out
+        train = f"{train} ({', '.join(f'{c} with {n} calls' for n, c in data['train_calls'].items())})"
+        adapted += " Left out: " + "; ".join(f"{n} {why}" for why, n in data["left_out"].items()) + "."
     return (f"Backbone `{config['backbone']}`; {len(data['tools'])} tools ({data['source']}); {train} training "
             f"and {data['test']} test queries ({calls}); seed {config['seed']}.{adapted}\n\n{_protocol(config)}\n\n"
             "Tool F1: the tools called (TokMem's from its memory tokens); argument F1: the paper's, argument objects "
@@ -603,13 +661,20 @@ OPTIONS = {  # option → (type, help); each overrides the preset's value
     "methods": (None, "comma-separated methods (main: icl,rag,lora,tokmem-noadapt,tokmem; generalization: lora,tokmem; "
                       "forgetting: replay,tokmem,tokmem-norenorm,tokmem-unfrozen, also lora,tokmem-noadapt)"),
     "xlam": (str, "an xLAM / APIGen JSON file (default: the built-in 25 + 25 tool catalog)"),
+    "dataset": (str, "builtin (default) or complexfuncbench: ComplexFuncBench's tools to evaluate, BFCL multi-turn's to "
+                     "adapt (real data; main and recipe studies)"),
+    "data_dir": (str, "complexfuncbench: the folder with complexfuncbench/ and bfcl/ (default $TOKMEM_FUNCTION_CALLING "
+                      "or shared/data/function-calling in or above the working directory)"),
+    "test_data": (str, "complexfuncbench: a NESTFUL file to test on (your own split) instead of the query-hash split"),
+    "test_fraction": (float, "complexfuncbench: share of records the query-hash split tests on (default 0.2)"),
+    "max_calls": (int, "most calls in a query (complexfuncbench: longer records are left out and counted)"),
     "tools": (int, "evaluation tools (default: all 25 built-in, or 50 from --xlam)"),
     "adapt_tools": (int, "adaptation tools (likewise)"),
     "per_tool": (int, "single-tool samples per tool"),
-    "train_multi": (int, "composed training queries (forgetting: per round)"),
-    "test_multi": (int, "composed test queries (forgetting: per round)"),
+    "train_multi": (int, "composed training queries (forgetting: per round; complexfuncbench: training records)"),
+    "test_multi": (int, "composed test queries (forgetting: per round; complexfuncbench: test records)"),
     "adapt_per_tool": (int, "single-tool samples per adaptation tool"),
-    "adapt_multi": (int, "composed adaptation queries"),
+    "adapt_multi": (int, "composed adaptation queries (complexfuncbench: BFCL multi-turn turns)"),
     "train_max_calls": (None, "generalization: caps on the calls of a training query, e.g. 1,2,3,4"),
     "rounds": (int, "forgetting: rounds (groups of tools)"),
     "epochs": (int, "epochs over the training queries"),

@@ -1,0 +1,137 @@
+"""The compositional study on real data: ComplexFuncBench's tools to evaluate, BFCL's multi-turn tools to adapt.
+
+ComplexFuncBench (NESTFUL format, 38 Booking.com tools, 2–11 calls a query) gives the evaluation procedures;
+BFCL v4's multi-turn conversations (file-system, trading, travel… tools, disjoint from Booking.com's) give the
+adaptation phase's.  Both are the files of ``shared/data/function-calling`` (see its README), found in
+``--data-dir``, ``$TOKMEM_FUNCTION_CALLING`` or a ``shared/data/function-calling`` folder in or above the
+working directory.
+
+Records are split into train and test by a stable hash of the query (md5), so a record's side never
+depends on the seed, the order of the file or the other records.  ``test_data`` replaces the test side
+with a file of the same format (a user's own split); then every record of the data file trains.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tokmem.data.bfcl import import_bfcl
+from tokmem.data.nestful import import_nestful
+from tokmem.data.procedures import Example
+from tokmem.data.tools import ToolData
+from tokmem.errors import DataError
+
+DATA_ENV = "TOKMEM_FUNCTION_CALLING"
+SHARED = Path("shared/data/function-calling")
+CFB_DATA = Path("complexfuncbench/complexfuncbench-data.json.gz")
+BFCL_MULTI_TURN = Path("bfcl/BFCL_v4_multi_turn_base.json")
+
+
+def function_calling_dir(explicit: str | None = None) -> Path:
+    """The folder holding ``complexfuncbench/`` and ``bfcl/``: ``explicit``, ``$TOKMEM_FUNCTION_CALLING``,
+    or ``shared/data/function-calling`` in the working directory or one of its parents."""
+    if explicit or os.environ.get(DATA_ENV):
+        folder = Path(explicit or os.environ[DATA_ENV])
+        where = "--data-dir" if explicit else f"${DATA_ENV}"
+    else:
+        here = Path.cwd().resolve()
+        folder = next((p / SHARED for p in (here, *here.parents) if (p / SHARED).is_dir()), None)
+        where = None
+        if folder is None:
+            raise DataError(f"the real function-calling data was not found: pass --data-dir DIR (the folder with "
+                            f"{CFB_DATA} and {BFCL_MULTI_TURN}) or set ${DATA_ENV}")
+    for needed in (CFB_DATA, BFCL_MULTI_TURN):
+        if not (folder / needed).is_file():
+            raise DataError(f"{folder / needed} not found ({where or 'found by searching the working directory'}): "
+                            f"the folder must hold {CFB_DATA} and {BFCL_MULTI_TURN}")
+    return folder
+
+
+def query_hash(query: str) -> float:
+    """A stable number in [0, 1) for a query: its md5 read as a fraction."""
+    return int(hashlib.md5(query.encode("utf-8")).hexdigest(), 16) / 16**32
+
+
+def hash_split(examples: list[Example], test_fraction: float) -> tuple[list[Example], list[Example]]:
+    """(train, test): a query is a test query when its hash is below ``test_fraction``; both in hash order."""
+    ordered = sorted(examples, key=lambda e: query_hash(e.query))
+    cut = sum(query_hash(e.query) < test_fraction for e in ordered)
+    return ordered[cut:], ordered[:cut]
+
+
+@dataclass
+class RealData:
+    """The study's data and what was left out of it, by reason (for the result file)."""
+
+    data: ToolData
+    adaptation: list[Example]
+    left_out: Counter = field(default_factory=Counter)
+
+    def summary(self) -> dict:
+        return {"left_out": dict(self.left_out),
+                "train_calls": dict(sorted(Counter(len(e.steps) for e in self.data.train).items()))}
+
+
+def complexfuncbench_data(
+    folder: Path,
+    max_calls: int = 4,
+    test_fraction: float = 0.2,
+    train_size: int | None = None,
+    test_size: int | None = None,
+    adapt_samples: int = 5000,
+    test_data: str | None = None,
+    seed: int = 0,
+) -> RealData:
+    """ComplexFuncBench's records with at most ``max_calls`` calls, split by query hash (or tested on
+    ``test_data``); at most ``train_size`` training records (a seeded sample) and the first ``test_size`` test
+    records in hash order; and up to ``adapt_samples`` BFCL multi-turn turns with at most ``max_calls`` calls."""
+    left_out: Counter = Counter()
+    imported = import_nestful(folder / CFB_DATA)
+    records = _at_most(imported.examples, max_calls, left_out, "ComplexFuncBench")
+    if test_data:
+        test_import = import_nestful(test_data)
+        train, test = records, _at_most(test_import.examples, max_calls, left_out, str(test_data))
+        catalog = {**test_import.catalog, **imported.catalog}
+    else:
+        train, test = hash_split(records, test_fraction)
+        catalog = imported.catalog
+    rng = random.Random(seed)
+    if train_size is not None and train_size < len(train):
+        left_out[f"training records beyond {train_size}"] += len(train) - train_size
+        train = rng.sample(train, train_size)
+    if test_size is not None and test_size < len(test):
+        left_out[f"test records beyond {test_size}"] += len(test) - test_size
+        test = test[:test_size]
+    if not train or not test:
+        raise DataError(f"{folder / CFB_DATA}: {len(train)} training and {len(test)} test records with at most "
+                        f"{max_calls} calls: both must be non-empty (raise --max-calls or --test-fraction)")
+    tools = list(dict.fromkeys(p for e in train + test for p in e.procedures))
+    adaptation = _adaptation(folder, max_calls, adapt_samples, set(tools), rng, left_out)
+    return RealData(ToolData(train, test, {name: catalog[name] for name in tools}), adaptation, left_out)
+
+
+def _at_most(examples: list[Example], max_calls: int, left_out: Counter, source: str) -> list[Example]:
+    kept = [e for e in examples if len(e.steps) <= max_calls]
+    if len(kept) < len(examples):
+        left_out[f"{source} records with more than {max_calls} calls"] += len(examples) - len(kept)
+    return kept
+
+
+def _adaptation(folder: Path, max_calls: int, samples: int, evaluation_tools: set[str], rng: random.Random,
+                left_out: Counter) -> list[Example]:
+    """BFCL multi-turn turns (each a query and its calls) with at most ``max_calls`` calls, ``samples`` of them."""
+    turns = import_bfcl(folder / BFCL_MULTI_TURN).examples
+    shared = evaluation_tools & {p for e in turns for p in e.procedures}
+    if shared:
+        raise DataError(f"{folder / BFCL_MULTI_TURN}: the adaptation tools must be disjoint from the evaluation "
+                        f"tools, but both have {', '.join(sorted(shared))}")
+    turns = _at_most(turns, max_calls, left_out, "BFCL multi-turn")
+    if samples < len(turns):
+        left_out[f"BFCL multi-turn turns beyond {samples}"] += len(turns) - samples
+        turns = rng.sample(turns, samples)
+    return turns

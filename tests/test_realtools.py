@@ -1,0 +1,88 @@
+"""The compositional study on real data: ComplexFuncBench to evaluate, BFCL multi-turn to adapt."""
+
+from pathlib import Path
+
+import pytest
+
+from tokmem.data.procedures import Example, Step
+from tokmem.data.realtools import complexfuncbench_data, function_calling_dir, hash_split, query_hash
+from tokmem.errors import DataError, TokMemError
+from tokmem.experiments import compositional
+from tokmem.experiments.compositional import make_config
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "function-calling"
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} is absent")
+
+
+def examples(n):
+    return [Example(f"query {k}", (Step("f", '{"name":"f","arguments":{}}'),)) for k in range(n)]
+
+
+def test_the_hash_split_depends_on_each_query_alone_not_on_order_or_neighbours():
+    train, test = hash_split(examples(200), 0.2)
+    assert 20 < len(test) < 60 and len(train) + len(test) == 200
+    assert all(query_hash(e.query) < 0.2 for e in test) and all(query_hash(e.query) >= 0.2 for e in train)
+    assert hash_split(examples(200)[::-1], 0.2) == (train, test)
+    assert set(hash_split(examples(100), 0.2)[1]) == {e for e in test if int(e.query.split()[1]) < 100}
+
+
+def test_a_missing_data_folder_says_which_flag_or_variable_to_set(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TOKMEM_FUNCTION_CALLING", raising=False)
+    with pytest.raises(DataError, match="pass --data-dir DIR"):
+        function_calling_dir()
+    with pytest.raises(DataError, match=r"complexfuncbench-data.json.gz not found \(--data-dir\)"):
+        function_calling_dir(str(tmp_path))
+    monkeypatch.setenv("TOKMEM_FUNCTION_CALLING", str(tmp_path))
+    with pytest.raises(DataError, match=r"\$TOKMEM_FUNCTION_CALLING"):
+        function_calling_dir()
+
+
+def test_real_data_is_a_main_or_recipe_study_from_one_source():
+    with pytest.raises(TokMemError, match="runs the main and recipe studies, not forgetting"):
+        make_config(None, "forgetting", dataset="complexfuncbench").resolved()
+    with pytest.raises(TokMemError, match="two data sources"):
+        make_config(None, "main", dataset="complexfuncbench", xlam="x.json").resolved()
+    with pytest.raises(TokMemError, match="unknown dataset 'cfb'"):
+        make_config(None, "main", dataset="cfb").resolved()
+    with pytest.raises(TokMemError, match="--test-data needs --dataset complexfuncbench"):
+        make_config(None, "main", test_data="mine.json").resolved()
+
+
+def test_the_cpu_preset_takes_the_real_datas_own_sizes():
+    config = make_config("cpu", "main", dataset="complexfuncbench")
+    assert (config.train_multi, config.test_multi, config.max_calls) == (150, 24, 4)
+    assert make_config("cpu", "main").train_multi == 120
+
+
+@needs_shared
+def test_complexfuncbench_trains_and_tests_on_disjoint_records_and_adapts_on_disjoint_bfcl_tools():
+    real = complexfuncbench_data(SHARED, max_calls=4, train_size=150, test_size=24, adapt_samples=300)
+    data = real.data
+    assert (len(data.train), len(data.test), len(real.adaptation)) == (150, 24, 300)
+    assert not {e.query for e in data.train} & {e.query for e in data.test}
+    assert all(2 <= len(e.steps) <= 4 for e in data.train + data.test)
+    assert {p for e in data.train + data.test for p in e.procedures} == set(data.tools)
+    assert not {p for e in real.adaptation for p in e.procedures} & set(data.tools)
+    assert real.left_out["ComplexFuncBench records with more than 4 calls"] == 786 - 306
+    assert real.left_out["test records beyond 24"] + 24 + real.left_out["training records beyond 150"] + 150 == 306
+
+
+@needs_shared
+def test_a_users_own_test_file_replaces_the_hash_splits_test_side(tmp_path):
+    mine = SHARED / "complexfuncbench" / "complexfuncbench-data.json.gz"
+    real = complexfuncbench_data(SHARED, max_calls=2, test_size=5, adapt_samples=3, test_data=str(mine))
+    assert len(real.data.train) == 63 and len(real.data.test) == 5  # every 2-call record trains
+
+
+@needs_shared
+def test_the_real_data_main_study_runs_end_to_end_on_the_tiny_model(backbone):
+    config = make_config(None, "main", dataset="complexfuncbench", data_dir=str(SHARED), methods=("rag", "tokmem"),
+                         backbone="tiny-random", max_calls=2, train_multi=4, test_multi=2, adapt_multi=2, max_length=96,
+                         max_new_tokens=4, device="cpu", rag_k=2)
+    result = compositional.run(config, backbone, progress=False)
+    assert result["data"]["source"].startswith("ComplexFuncBench (split by query hash")
+    assert (result["data"]["train"], result["data"]["test"], result["adaptation"]["examples"]) == (4, 2, 2)
+    assert result["data"]["train_calls"] == {2: 4} and "ComplexFuncBench records with more than 2 calls" in result["data"]["left_out"]
+    assert set(result["methods"]) == {"rag", "tokmem"} and result["methods"]["tokmem"]["trainable_params"] > 0
+    assert "Left out:" in compositional.markdown(result)
