@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 
 from tokmem.errors import BankError
 
@@ -196,27 +196,35 @@ class MemoryBank:
         tensors = {"index": self.index.contiguous()}
         if self.decoupled:
             tensors["steer"] = self.steer.contiguous()
-        _atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "tokmem-bank"}))
+        atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "tokmem-bank"}))
         text = json.dumps(self.metadata(), indent=2, ensure_ascii=False)
-        _atomic_write(metadata_path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+        atomic_write(metadata_path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
         return path
 
     @classmethod
     def load(cls, path, backbone=None) -> "MemoryBank":
         """Load and validate a bank; with ``backbone`` given, refuse a bank trained for another one."""
         path = Path(path)
-        meta = _read_metadata(path)
-        tensors = _read_tensors(path)
+        meta_file = _existing_metadata(path)
+        return cls.from_bytes(path.read_bytes(), meta_file.read_bytes(), backbone, where=path)
+
+    @classmethod
+    def from_bytes(cls, tensors: bytes, metadata: bytes, backbone=None, where="<bank>") -> "MemoryBank":
+        """A bank from the contents of its two files, validated as ``load`` validates them (an upload is checked
+        before anything is written); errors name ``where`` (the .safetensors path; the metadata's is ``where.json``)."""
+        where = Path(where)
+        meta = _parse_metadata(metadata, metadata_path(where))
+        tensors = _parse_tensors(tensors, where)
         bank = cls(meta["hidden_size"], decoupled=meta["decoupled"], backbone=meta.get("backbone", {}))
         bank.names = list(meta["names"])
         bank.descriptions = list(meta.get("descriptions") or [""] * len(bank.names))
         bank.kinds = list(meta.get("kinds") or ["text"] * len(bank.names))
-        bank.index = _checked(tensors, "index", path, meta)
+        bank.index = _checked(tensors, "index", where, meta)
         if bank.decoupled:
-            bank.steer = _checked(tensors, "steer", path, meta)
+            bank.steer = _checked(tensors, "steer", where, meta)
         bank.trainable = torch.zeros(len(bank.names), dtype=torch.bool)
         if backbone is not None:
-            check_backbone(bank, backbone, path)
+            check_backbone(bank, backbone, where)
         return bank
 
 
@@ -227,7 +235,8 @@ def metadata_path(path) -> Path:
 
 def read_backbone_name(path) -> str:
     """The backbone spec a bank file was trained for (from its metadata)."""
-    meta = _read_metadata(Path(path))
+    meta_file = _existing_metadata(Path(path))
+    meta = _parse_metadata(meta_file.read_bytes(), meta_file)
     name = (meta.get("backbone") or {}).get("name")
     if not name:
         raise BankError(f"{metadata_path(path)}: field 'backbone.name' is missing; pass the backbone explicitly")
@@ -255,7 +264,8 @@ def _check_kind(kind) -> None:
         raise BankError(f"invalid row kind {kind!r}: choose from {', '.join(KINDS)}")
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
+    """``write(tmp)`` a temporary file beside ``path`` (hidden: ``.NAME.*.tmp``), then rename it to ``path``."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
@@ -266,14 +276,19 @@ def _atomic_write(path: Path, write) -> None:
         raise
 
 
-def _read_metadata(path: Path) -> dict:
+def _existing_metadata(path: Path) -> Path:
+    """The metadata file of the bank ``path``, after checking that both files exist."""
     meta_file = metadata_path(path)
     if not path.is_file():
         raise BankError(f"{path}: bank file not found")
     if not meta_file.is_file():
         raise BankError(f"{meta_file}: bank metadata not found (a bank is the .safetensors file plus its .json)")
+    return meta_file
+
+
+def _parse_metadata(text: bytes, meta_file: Path) -> dict:
     try:
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        meta = json.loads(text.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise BankError(f"{meta_file}: corrupted metadata ({err})") from None
     if not isinstance(meta, dict) or meta.get("format") != "tokmem-bank":
@@ -294,9 +309,9 @@ def _read_metadata(path: Path) -> dict:
     return meta
 
 
-def _read_tensors(path: Path) -> dict:
+def _parse_tensors(data: bytes, path: Path) -> dict:
     try:
-        return load_file(path)
+        return load(data)
     except (SafetensorError, OSError, ValueError) as err:
         raise BankError(f"{path}: corrupted or truncated bank file ({err})") from None
 

@@ -213,9 +213,11 @@ def create_app(registry: BankRegistry, engine: Engine, limits: Limits | None = N
         return await answer(COMPLETION, body, request, prompts[0], prompts[0], body.max_tokens)
 
     @app.put("/v1/banks/{name:path}", dependencies=[Depends(authorized)])
-    def put_bank(name: str, tensors: UploadFile = File(description="the bank's .safetensors"),
-                 metadata: UploadFile = File(description="the bank's .safetensors.json")):
-        version = registry.put(name, tensors.file.read(), metadata.file.read())
+    async def put_bank(name: str, tensors: UploadFile = File(description="the bank's .safetensors"),
+                       metadata: UploadFile = File(description="the bank's .safetensors.json")):
+        # validating and writing a bank of kilobytes takes about a millisecond: done here, not in a worker thread,
+        # whose hand-offs cost more than the work when the machine is busy
+        version = registry.put(name, await tensors.read(), await metadata.read())
         return {"id": name, "object": "bank", "revision": version.revision, "procedures": version.model.bank.names}
 
     @app.delete("/v1/banks/{name:path}", dependencies=[Depends(authorized)])

@@ -3,8 +3,9 @@
 A bank named ``NAME`` is ``DIR/NAME.safetensors`` plus ``DIR/NAME.safetensors.json`` (the layout
 ``MemoryBank.save`` writes).  Each load or upload makes an immutable ``BankVersion``; a request holds
 the version it started with, so replacing or deleting a bank never changes a running answer.
-Uploads are staged as hidden files in ``DIR``, validated by ``MemoryBank.load`` itself, then
-renamed into place; a rejected upload leaves ``DIR`` as it was.
+Uploads are validated from their bytes as ``MemoryBank.load`` validates files (``MemoryBank.from_bytes``),
+then each file is written to a hidden temporary file in ``DIR`` and renamed into place; a rejected upload
+leaves ``DIR`` as it was.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from tokmem.backbones import Backbone
-from tokmem.bank import MemoryBank, metadata_path
+from tokmem.bank import MemoryBank, atomic_write, metadata_path
 from tokmem.errors import BankError
 from tokmem.model import TokMemModel
 
@@ -97,23 +97,16 @@ class BankRegistry:
             return version
 
     def put(self, name: str, tensors: bytes, metadata: bytes) -> BankVersion:
-        """Validate an uploaded bank (its safetensors and JSON) and make it the current version."""
+        """Validate an uploaded bank (its safetensors and JSON) from its bytes, write it and make it current."""
         path = self.path(name)
-        staged = self.directory / f".{name}.{uuid.uuid4().hex}.upload{SUFFIX}"  # hidden: never listed or served
         try:
-            staged.write_bytes(tensors)
-            metadata_path(staged).write_bytes(metadata)
-            try:
-                bank = MemoryBank.load(staged, backbone=self._identity)
-            except BankError as err:
-                raise BankError(f"upload of bank '{name}': {str(err).replace(str(staged), path.name)}") from None
-            with self._lock:
-                metadata_path(staged).replace(metadata_path(path))
-                staged.replace(path)
-                return self._install(name, path, bank, revision(tensors, metadata))
-        finally:
-            staged.unlink(missing_ok=True)
-            metadata_path(staged).unlink(missing_ok=True)
+            bank = MemoryBank.from_bytes(tensors, metadata, backbone=self._identity, where=path.name)
+        except BankError as err:
+            raise BankError(f"upload of bank '{name}': {err}") from None
+        with self._lock:
+            atomic_write(metadata_path(path), lambda tmp: Path(tmp).write_bytes(metadata))
+            atomic_write(path, lambda tmp: Path(tmp).write_bytes(tensors))
+            return self._install(name, path, bank, revision(tensors, metadata))
 
     def delete(self, name: str) -> None:
         path = self.path(name)
