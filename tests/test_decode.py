@@ -12,7 +12,8 @@ from helpers import random_rows
 
 import tokmem
 from tokmem import DecodeConfig
-from tokmem.decode import complete
+from tokmem.baselines.tools import first_block
+from tokmem.decode import BlankLineStop, complete
 from tokmem.layout import chat_prefix, chat_turns, positions
 
 QUERIES = ["Reverse apple.", "hi", "What is the weather like today?", "Write house in capitals.", "Double water, please."]
@@ -244,3 +245,27 @@ def test_a_tool_rows_segment_comes_back_as_the_whole_call(lively_backbone):
     call = tokmem.generate(model, ["hi"], config, procedure="text_row")[0].trace[0]
     assert call.procedure == "text_row"
     assert call.text == '{"name":"text_row","arguments":' + plain.text + "}"
+
+
+@pytest.mark.parametrize("text, stop", [
+    ("\n\nab\ncd\n\nef", 8),  # leading blank lines are not the end: the answer has not started
+    ("ab\n\n", 3),  # within the text
+    ("a\n \nb\n\n", 6),  # a line of spaces is not a blank line
+    ("abc", None),
+])
+def test_blank_line_stop_finds_the_first_blank_line_after_some_text(backbone, text, stop):
+    ids = backbone.tokenizer(text, add_special_tokens=False).input_ids
+    assert len(ids) == len(text)  # the tiny model's tokenizer: one token a byte
+    stopper = BlankLineStop(backbone.tokenizer, backbone.vocab_size, "cpu")
+    stops = [bool(stopper.update(torch.tensor([i]))) for i in ids]
+    assert (stops.index(True) if True in stops else None) == stop
+
+
+def test_stopping_at_a_blank_line_keeps_the_text_up_to_it(lively_backbone):
+    model = tokmem.create(lively_backbone)
+    queries = [f"Write two paragraphs about {w}." for w in ("tea", "rain", "bees", "maps")]
+    config = DecodeConfig(max_new_tokens=48, batch_size=4)
+    whole = [g.text for g in tokmem.generate(model, queries, config)]
+    stopped = [g.text for g in tokmem.generate(model, queries, replace(config, stop_at_blank_line=True))]
+    assert [first_block(t) for t in stopped] == [first_block(t) for t in whole]
+    assert all(whole_text.startswith(text) for text, whole_text in zip(stopped, whole))

@@ -15,6 +15,7 @@ assistant header) with vocabulary tokens only: the studies that place the rows d
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from dataclasses import dataclass, field
 
@@ -35,6 +36,7 @@ class DecodeConfig:
     batch_size: int = 16
     seed: int = 0
     share_prefix: bool = False  # encode the tokens every prompt starts with once (prompts that repeat long instructions)
+    stop_at_blank_line: bool = False  # end a row at its first blank line after some text (prompted answers' separator)
 
 
 @dataclass
@@ -177,6 +179,41 @@ def next_tokens(logits, vocab, blocked, temperature, generator) -> torch.Tensor:
     return pick(logits, temperature, generator)
 
 
+class BlankLineStop:
+    """Finds the rows whose text has reached a blank line (``"\n\n"``) after its first non-blank character.
+
+    Prompted baselines separate requests with a blank line and keep an answer's text up to it (``first_block``),
+    so decoding a row further is wasted work.  A blank line lies within one token or across two (one ending,
+    the next starting with a newline); the tables say which tokens do what, over the vocabulary's texts.
+    """
+
+    def __init__(self, tokenizer, vocab: int, device):
+        self.vocab = vocab
+        self.tables = [table.to(device) for table in _newline_tables(tokenizer, vocab)]
+        self.started = self.after_newline = None  # per row: some text seen; the text so far ends with a newline
+
+    def update(self, token: torch.Tensor) -> torch.Tensor:
+        """Feed each row's new token; True for the rows whose text now has a blank line after some text."""
+        is_text = token < self.vocab  # memory tokens are no text
+        t = token.clamp(max=self.vocab - 1)
+        blank, blank_after_text, has_text, ends, starts = (table[t] & is_text for table in self.tables)
+        if self.started is None:
+            self.started, self.after_newline = torch.zeros_like(is_text), torch.zeros_like(is_text)
+        stop = torch.where(self.started, blank | (self.after_newline & starts), blank_after_text)
+        self.started = self.started | has_text
+        self.after_newline = torch.where(is_text, ends, self.after_newline)
+        return stop
+
+
+@functools.lru_cache(maxsize=4)
+def _newline_tables(tokenizer, vocab: int) -> tuple[torch.Tensor, ...]:
+    """Per token: has a blank line; has one after its first non-blank character; has a non-blank character;
+    ends with a newline; starts with one."""
+    texts = [tokenizer.decode([i]) for i in range(vocab)]
+    rows = [("\n\n" in t, "\n\n" in t.lstrip(), bool(t.strip()), t.endswith("\n"), t.startswith("\n")) for t in texts]
+    return tuple(torch.tensor(column, dtype=torch.bool) for column in zip(*rows))
+
+
 def _generate_batch(model, queries, prompts, config, forced, generator, shared) -> list[Generation]:
     """Decode one batch: ``prompts`` are the queries' token ids, ``shared`` the KV cache of a prefix they all start with."""
     vocab, eos = model.vocab_size, model.backbone.eos_token_id
@@ -197,7 +234,8 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
     token, plain, mass = first_tokens(logits, vocab, config.threshold, has_rows, forced, config.temperature, generator)
 
     steps = model.is_memory(token).long()
-    done = token == eos
+    stop = BlankLineStop(model.backbone.tokenizer, vocab, ids.device) if config.stop_at_blank_line else None
+    done = (token == eos) | (stop.update(token) if stop else False)
     generated = [token]
     for _ in range(config.max_new_tokens - 1):
         if done.all():
@@ -210,8 +248,8 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
         blocked = plain | (steps >= config.max_steps)
         token = next_tokens(logits, vocab, blocked, config.temperature, generator).masked_fill(done, eos)
         steps += model.is_memory(token).long()
-        done |= token == eos
         generated.append(token)
+        done |= (token == eos) | (stop.update(token) if stop else False)
     rows = torch.stack(generated, dim=1).tolist()
     return [_trace(model, q, row, float(m), not p) for q, row, m, p in zip(queries, rows, mass.tolist(), plain.tolist())]
 

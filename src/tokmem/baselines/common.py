@@ -58,9 +58,10 @@ class Method:
 
 
 def plain_answers(model: TokMemModel, prompts: list[str | list[dict]], max_new_tokens: int, batch_size: int,
-                  share_prefix: bool = False) -> list[str]:
+                  share_prefix: bool = False, stop_at_blank_line: bool = False) -> list[str]:
     """Greedy answers of ``model``'s backbone (its bank must be empty) to prompts (queries or chat conversations).
 
-    ``share_prefix``: encode the tokens all prompts start with once (see ``DecodeConfig``)."""
-    config = DecodeConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, share_prefix=share_prefix)
+    ``share_prefix``, ``stop_at_blank_line``: see ``DecodeConfig``."""
+    config = DecodeConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, share_prefix=share_prefix,
+                          stop_at_blank_line=stop_at_blank_line)
     return [g.text for g in generate(model, prompts, config)]

@@ -18,7 +18,7 @@ backbone answer with the calls, one JSON object a line::
     Calls:
 
 The answer ends at its first blank line, the prompt's separator between requests (a stop sequence:
-left alone, a small backbone goes on to invent the next request).
+left alone, a small backbone goes on to invent the next request); decoding stops there too.
 
 ICL shows every tool and the first ``shots`` training examples that call two or more different
 tools; all its prompts share that prefix, which is encoded once.  When every tool's full schema does not
@@ -63,8 +63,8 @@ def first_block(text: str) -> str:
 
 
 def answers(model, prompts: list[str], max_new_tokens: int, batch_size: int, share_prefix: bool = False) -> list[Answer]:
-    """The backbone's answers to the prompts, each cut at its first blank line."""
-    texts = plain_answers(model, prompts, max_new_tokens, batch_size, share_prefix=share_prefix)
+    """The backbone's answers to the prompts, each cut at its first blank line (where decoding stops)."""
+    texts = plain_answers(model, prompts, max_new_tokens, batch_size, share_prefix=share_prefix, stop_at_blank_line=True)
     return [Answer(first_block(text)) for text in texts]
 
 
