@@ -696,12 +696,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``compositional`` to a ``bench`` subcommand group."""
     parser = subparsers.add_parser(
         "compositional", help="compositional tool calling: TokMem vs ICL, RAG, fine-tuning (Table 3, generalisation, forgetting)",
-        description="The cpu preset takes about 45 (main), 60 (generalization) and 55 (forgetting) minutes on 2 busy CPU "
-        "cores with smollm2-135m, about half that on idle ones.",
+        description="The cpu preset's main study took 63 minutes alone on 2 CPU cores with smollm2-135m (54 with "
+        "--dataset complexfuncbench), both before ICL and RAG stopped decoding at the end of their answers; the "
+        "generalization and forgetting studies have not been timed with the reference recipe yet.",
     )
     parser.add_argument("--study", choices=tuple(STUDIES), default="main")
     parser.add_argument("--preset", choices=tuple(PRESETS), default="cpu",
-                        help="cpu: 10 tools, ~220 training and 48 test queries on smollm2-135m; paper: the paper's sizes "
+                        help="cpu: 10 tools, 220 training and 40 test queries on smollm2-135m (complexfuncbench: 150 and 24 "
+                        "records); paper: the paper's sizes "
                         "(Llama-3.2-1B-Instruct, 5000/500 queries; 50 + 50 tools with --xlam), for a GPU")
     types = {"methods": name_list, "train_max_calls": int_list}
     for name, (kind, text) in OPTIONS.items():
