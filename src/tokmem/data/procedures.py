@@ -9,12 +9,18 @@ One step is atomic recall; several steps are a chain.  A catalog file gives
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tokmem.errors import DataError
 from tokmem.experiments.outputs import write_text_atomic
+
+
+def stable_hash(text: str) -> int:
+    """The MD5 of ``text`` as a 128-bit number: the same on every machine and run (splits that never move)."""
+    return int(hashlib.md5(text.encode("utf-8")).hexdigest(), 16)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ with a file of the same format (a user's own split); then every record of the da
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 from collections import Counter
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from tokmem.data.bfcl import import_bfcl
 from tokmem.data.nestful import import_nestful
-from tokmem.data.procedures import Example
+from tokmem.data.procedures import Example, stable_hash
 from tokmem.data.tools import ToolData
 from tokmem.errors import DataError
 
@@ -54,14 +53,14 @@ def function_calling_dir(explicit: str | None = None) -> Path:
 
 def query_hash(query: str) -> float:
     """A stable number in [0, 1) for a query: its md5 read as a fraction."""
-    return int(hashlib.md5(query.encode("utf-8")).hexdigest(), 16) / 16**32
+    return stable_hash(query) / 16**32
 
 
 def hash_split(examples: list[Example], test_fraction: float) -> tuple[list[Example], list[Example]]:
     """(train, test): a query is a test query when its hash is below ``test_fraction``; both in hash order."""
-    ordered = sorted(examples, key=lambda e: query_hash(e.query))
-    cut = sum(query_hash(e.query) < test_fraction for e in ordered)
-    return ordered[cut:], ordered[:cut]
+    ranked = sorted((query_hash(e.query), k) for k, e in enumerate(examples))
+    test = [examples[k] for h, k in ranked if h < test_fraction]
+    return [examples[k] for h, k in ranked if h >= test_fraction], test
 
 
 @dataclass

@@ -22,13 +22,12 @@ memory token must then carry the instruction).  Training answers and ROUGE-L use
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokmem.data.procedures import Example, Step
+from tokmem.data.procedures import Example, Step, stable_hash
 from tokmem.errors import DataError
 
 LANGUAGE_FIELDS = ("Input_language", "Output_language", "Instruction_language")
@@ -144,7 +143,7 @@ def reference_order(instances: list[Instance]) -> list[Instance]:
     """The instances sorted by the MD5 of ``id||input||output[0]`` (the reference code's stable split order)."""
     def rank(instance: Instance) -> int:
         key = f"{instance.id}||{instance.input}||{instance.reference}"
-        return int(hashlib.md5(key.encode("utf-8")).hexdigest(), 16)
+        return stable_hash(key)
 
     return sorted(instances, key=rank)
 

@@ -125,36 +125,34 @@ class CompositionalConfig(MethodSettings):
         """Fill the defaults that depend on the study and the data; check the rest."""
         if self.study not in STUDIES:
             raise TokMemError(f"unknown study '{self.study}': choose from {', '.join(STUDIES)}")
-        defaults, accepted = STUDIES[self.study]
         if self.dataset not in DATASETS:
             raise TokMemError(f"unknown dataset '{self.dataset}': choose from {', '.join(DATASETS)} (or pass --xlam FILE)")
-        if self.dataset != "builtin":
-            return self._resolved_real(defaults, accepted)
+        defaults, accepted = STUDIES[self.study]
+        unknown = [m for m in self.methods or defaults if m not in accepted]
+        if unknown:
+            raise TokMemError(f"the {self.study} study cannot run {', '.join(unknown)}: choose from {', '.join(accepted)}")
+        config = replace(self, methods=tuple(self.methods or defaults))
+        return config._checked_real() if self.dataset != "builtin" else config._with_tool_counts()
+
+    def _checked_real(self) -> "CompositionalConfig":
+        if self.xlam:
+            raise TokMemError(f"--xlam and --dataset {self.dataset} are two data sources: pass one")
+        if self.study not in REAL_DATA_STUDIES:
+            raise TokMemError(f"--dataset {self.dataset} runs the {' and '.join(REAL_DATA_STUDIES)} studies, not {self.study}")
+        return self
+
+    def _with_tool_counts(self) -> "CompositionalConfig":
+        """The built-in catalog or an xLAM file: the numbers of evaluation and adaptation tools, checked."""
         if self.test_data:
             raise TokMemError("--test-data needs --dataset complexfuncbench")
         adaptation, evaluation = (XLAM_TOOLS, XLAM_TOOLS) if self.xlam else map(len, split_tools())
-        config = replace(self, methods=tuple(self.methods or defaults), tools=self.tools or evaluation,
-                         adapt_tools=self.adapt_tools or adaptation)
-        unknown = [m for m in config.methods if m not in accepted]
-        if unknown:
-            raise TokMemError(f"the {self.study} study cannot run {', '.join(unknown)}: choose from {', '.join(accepted)}")
+        config = replace(self, tools=self.tools or evaluation, adapt_tools=self.adapt_tools or adaptation)
         if not self.xlam and (config.tools > evaluation or config.adapt_tools > adaptation):
             raise TokMemError(f"the built-in catalog has {evaluation} evaluation and {adaptation} adaptation tools; "
                               "pass --xlam for more")
         if config.study == "forgetting" and not 1 <= config.rounds <= config.tools // 2:
             raise TokMemError(f"cannot split {config.tools} tools into {config.rounds} rounds: "
                               "a round needs two tools or more to compose its test queries")
-        return config
-
-    def _resolved_real(self, defaults, accepted) -> "CompositionalConfig":
-        if self.xlam:
-            raise TokMemError(f"--xlam and --dataset {self.dataset} are two data sources: pass one")
-        if self.study not in REAL_DATA_STUDIES:
-            raise TokMemError(f"--dataset {self.dataset} runs the {' and '.join(REAL_DATA_STUDIES)} studies, not {self.study}")
-        config = replace(self, methods=tuple(self.methods or defaults))
-        unknown = [m for m in config.methods if m not in accepted]
-        if unknown:
-            raise TokMemError(f"the {self.study} study cannot run {', '.join(unknown)}: choose from {', '.join(accepted)}")
         return config
 
 
