@@ -1,6 +1,7 @@
 """The compositional tool-calling studies on the tiny-random backbone: every method through each study,
 the result shapes, the scoring by number of calls, the prompting baselines and the forgetting records."""
 
+import argparse
 import json
 
 import pytest
@@ -331,3 +332,17 @@ def test_bench_compositional_command_writes_the_json_table_and_plot(tmp_path):
     assert list(result["methods"]) == ["icl", "tokmem-noadapt"] and result["adaptation"] is None
     assert result["methods"]["tokmem-noadapt"]["label"] == TOKMEM_LABELS["tokmem-noadapt"]
     assert path.with_suffix(".md").is_file() and path.with_suffix(".png").is_file()
+
+
+def test_every_recipe_option_on_the_command_line_reaches_the_config():
+    parser = argparse.ArgumentParser()
+    compositional.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["compositional", "--json", "x.json", "--tokmem-epochs", "3", "--lora-epochs", "5",
+                              "--warmup", "0.2", "--no-renorm-every-step", "--init", "mean", "--lr-schedule", "constant"])
+    config = compositional.config_from_args(args)
+    assert (config.tokmem_epochs, config.lora_epochs, config.warmup) == (3, 5, 0.2)
+    assert (config.renorm_every_step, config.init, config.schedule) == (False, "mean", "constant")
+
+
+def test_the_recipe_preset_trains_tokmem_fewer_epochs_than_the_main_study():
+    assert make_config("cpu", "recipe").tokmem_epochs < make_config("cpu", "main").tokmem_epochs
