@@ -503,11 +503,9 @@ def plot_memorization(result: dict, path) -> Path:
 
 
 # ---- the command -------------------------------------------------------------------------------------------
-# cpu, smollm2-135m on 2 idle cores (measured: a step on 256 text tokens ≈ 0.85 s; a GSM8K step of 4
-# problems ≈ 3.2 s, 5% more in the reference layout; 16 answers of 256 tokens ≈ 26 s, the same through
-# decode.complete): memorisation ≈ 20 minutes (24 runs of 60 steps); GSM8K ≈ 42 minutes at most
-# (2 × 216 training steps ≈ 24 min; 4 runs × 3 epochs × 32 validation answers ≈ 10 min; 4 × 64 test
-# answers ≈ 7 min; every batch of answers counted at the full 256 tokens).
+# cpu, smollm2-135m on 2 cores (measured: a step on 256 text tokens ≈ 0.85 s): memorisation ≈ 20 minutes (24 runs
+# of 60 steps).  GSM8K measured 60 minutes (the two 100% runs 40 min alone): a step of 4 problems ≈ 4.7 s in the
+# reference layout, 16 answers of up to 256 tokens ≈ 36–43 s, so each run's 3 validations and its test ≈ 8 min.
 PRESETS = {
     "memorization": {
         "paper": MemorizationConfig(),
