@@ -183,7 +183,7 @@ def _bench_atomic(studies) -> None:
     )
     parser.add_argument("--preset", choices=["cpu", "paper"], default="cpu",
                         help="cpu = the paper's protocol on the 14 SNI files in ../shared/data/sni/tasks, smollm2-135m, "
-                        "Base/RAG/LoRA/TokMem (default, about an hour on 2 CPU cores); paper = 1000 tasks × 500/50, "
+                        "Base/RAG/LoRA/TokMem (default, 45 min on 2 CPU cores, measured); paper = 1000 tasks × 500/50, "
                         "Qwen2.5-0.5B-Instruct (GPU, full natural-instructions)")
     parser.add_argument("--query", choices=QUERIES,
                         help="the user turn: definition = the task definition, a blank line and the input (the paper's "
