@@ -188,6 +188,9 @@ def test_recipe_study_trains_tokmem_as_configured_and_with_each_option_switched_
     assert changes == [{}, {"init": "mean"}, {"schedule": "linear"}, {"tool_segments": "call"}]
     for point in result["variants"].values():
         assert_scores(point["methods"]["tokmem"])
+    adapted_anew = [label for label, point in result["variants"].items() if "adaptation" in point]
+    assert adapted_anew == ["tool_segments: call (not arguments)"]  # the adaptation phase teaches the segments' layout
+    assert result["variants"][adapted_anew[0]]["adaptation"]["directory"] != result["adaptation"]["directory"]
     _, markdown, plot = compositional.write_outputs(result, tmp_path_factory.mktemp("recipe") / "recipe.json")
     assert "| init: mean (not orthogonal) | TokMem (w/ adapt) |" in markdown.read_text() and plot.stat().st_size > 0
 

@@ -254,7 +254,7 @@ def prepare_backbones(config: CompositionalConfig, backbone: Backbone | None, pr
                        weight_decay=config.lora_weight_decay)
     rows = TrainConfig(lr=config.tokmem_lr, epochs=config.adapt_epochs, batch_size=config.batch_size,
                        max_length=config.max_length, seed=config.seed, init=config.init, schedule=config.schedule,
-                       warmup=config.warmup, progress=progress)
+                       warmup=config.warmup, tool_segments=config.tool_segments, progress=progress)
     start = time.perf_counter()
     adapted, directory, cached = cached_adapt(base, examples, lora, rows, config.adapt_cache)
     info = {"tools": list(dict.fromkeys(p for e in examples for p in e.procedures)), "examples": len(examples),
@@ -381,8 +381,11 @@ def run_recipe(config: CompositionalConfig, backbone=None, progress: bool = True
     bar = progress_bar(len(variants) * sum(config.epochs_of(m) * len(data.train) + len(data.test) for m in config.methods), progress)
     for label, change in variants.items():
         point = result["variants"][label] = {"change": change, "methods": {}}
+        variant, variant_backbones = replace(config, **change), backbones
+        if variant.tool_segments != config.tool_segments:  # the adaptation phase teaches the layout: adapt for this one
+            variant_backbones, point["adaptation"] = prepare_backbones(variant, backbones["base"], progress)
         for name in config.methods:
-            method = build_method(name, replace(config, **change), backbones, data.tools)
+            method = build_method(name, variant, variant_backbones, data.tools)
             point["methods"][name] = learn_and_evaluate(method, data, config, bar)
             bar.write(f"{label}: " + summary_line(name, point["methods"][name]))
             _save(result, json_path)
