@@ -241,13 +241,22 @@ def test_forgetting_scores_every_seen_group_after_each_round(forgetting):
 def test_forgetting_records_the_norms_of_each_rounds_new_rows_and_renormalises_them(forgetting):
     methods = forgetting[0]["methods"]
     assert all(p["new_rows"] is None for p in methods["replay"]["rounds"])
-    for name in ("tokmem", "tokmem-norenorm", "tokmem-unfrozen"):
+    for name in ("tokmem", "tokmem-roundnorm", "tokmem-norenorm", "tokmem-unfrozen"):
         for point in methods[name]["rounds"]:
             norms = point["new_rows"]["norms"]
             assert len(norms) == 2 and point["new_rows"]["mean"] == pytest.approx(sum(norms) / 2)
     renormed, raw = methods["tokmem"]["rounds"], methods["tokmem-norenorm"]["rounds"]
     assert renormed[1]["new_rows"]["mean"] == pytest.approx(renormed[0]["new_rows"]["mean"], rel=1e-5)
     assert raw[1]["new_rows"]["mean"] != pytest.approx(raw[0]["new_rows"]["mean"], rel=1e-5)
+
+
+def test_the_round_renormalised_variant_renormalises_after_the_round_only_whatever_the_config(backbone):
+    config = make_config(None, "forgetting", **TINY, renorm_every_step=True)
+    built = {name: compositional.build_method(name, config, {"base": backbone, "adapted": backbone}, {}).train_config
+             for name in ("tokmem", "tokmem-roundnorm", "tokmem-norenorm")}
+    assert built["tokmem"].renormalize and built["tokmem"].renorm_every_step
+    assert built["tokmem-roundnorm"].renormalize and not built["tokmem-roundnorm"].renorm_every_step
+    assert not built["tokmem-norenorm"].renormalize
 
 
 def test_forgetting_keeps_each_groups_first_answer_per_round_and_shows_group_1s_in_the_markdown(forgetting):
@@ -323,6 +332,7 @@ def test_the_cpu_preset_takes_the_forgetting_studys_own_sizes():
     main_config, forgetting_config = make_config("cpu", "main"), make_config("cpu", "forgetting", per_tool=7)
     assert main_config.tools == forgetting_config.tools == 10
     assert forgetting_config.test_multi < main_config.test_multi and forgetting_config.per_tool == 7
+    assert forgetting_config.tokmem_epochs < main_config.tokmem_epochs  # five methods in five rounds fit the hour
 
 
 def test_bench_compositional_command_writes_the_json_table_and_plot(tmp_path):
