@@ -174,7 +174,8 @@ PRESETS = {
             adapt_multi=500, max_new_tokens=176, epochs=2, tokmem_epochs=10, batch_size=2, lora_lr=1e-3, adapt_lr=1e-3,
             replay_buffer=100, init="orthogonal", schedule="linear", renorm_every_step=True, adapt_dropout=0.0,
         ),
-        "generalization": dict(test_multi=32),
+        # four training caps, each trained afresh: TokMem 4 epochs (the recipe study's budget), not the main study's 10
+        "generalization": dict(test_multi=32, tokmem_epochs=4),
         # 5 rounds of 2 tools, 48 training queries a round; TokMem's four variants at 4 epochs (96 updates a round,
         # ~10 minutes a variant) so that the five methods fit the hour (measured: 43 min alone on 2 cores)
         "forgetting": dict(per_tool=14, train_multi=20, test_multi=8, tokmem_epochs=4),
