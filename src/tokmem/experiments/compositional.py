@@ -176,8 +176,8 @@ PRESETS = {
         ),
         # four training caps, each trained afresh: TokMem 4 epochs (the recipe study's budget), not the main study's 10
         "generalization": dict(test_multi=32, tokmem_epochs=4),
-        # 5 rounds of 2 tools, 48 training queries a round; TokMem's four variants at 4 epochs (96 updates a round,
-        # ~10 minutes a variant) so that the five methods fit the hour (measured: 43 min alone on 2 cores)
+        # 5 rounds of 2 tools, 42 training queries a round; TokMem's four variants at 4 epochs (84 updates a round,
+        # 7–10 minutes a variant) so that the five methods fit the hour (measured: 43 min alone on 2 cores)
         "forgetting": dict(per_tool=14, train_multi=20, test_multi=8, tokmem_epochs=4),
         # four TokMem runs (as configured, then init, schedule and segments switched alone) at 4 epochs each, not the
         # main study's 10: ~10 minutes a variant, so the ablation fits the hour
