@@ -29,7 +29,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx2
 import torch
 from transformers import DynamicCache
 
@@ -41,7 +40,6 @@ from tokmem.data.builtin import catalog, make_example
 from tokmem.decode import left_pad
 from tokmem.layout import chat_prefix, positions
 from tokmem.report import console, machine, write_json
-from tokmem.serve.api import create_app
 from tokmem.serve.banks import BankRegistry
 from tokmem.serve.engine import Engine, Request, bank_tables
 
@@ -77,8 +75,15 @@ def decode_steps(engine: Engine, registry: BankRegistry, pool: int, wave: int, p
     while not all(h.finished for h in handles):
         start = time.perf_counter()
         engine.step()
+        synchronize(engine.model.device)
         steps.append(time.perf_counter() - start)
     return steps
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a host clock times it (a GPU runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 @torch.no_grad()
@@ -96,6 +101,7 @@ def bare_steps(backbone: Backbone, prompts: list[list[int]], tokens: int) -> lis
         out = backbone.model(input_ids=token.unsqueeze(-1), attention_mask=mask, position_ids=position,
                              past_key_values=cache, use_cache=True)
         token = out.logits[:, -1].argmax(-1)
+        synchronize(token.device)
         steps.append(time.perf_counter() - start)
     return steps
 
@@ -117,6 +123,7 @@ def bank_cost_us(engine: Engine, registry: BankRegistry, pool: int, rows: int, r
         for _ in range(repeats):
             start = time.perf_counter()
             step()
+            synchronize(model.device)
             times.append(time.perf_counter() - start)
         return 1e6 * statistics.median(times)
 
@@ -129,6 +136,8 @@ def decode_rates(backbone, engine, registry, prompts, texts, tokens, waves) -> t
     machine whose load drifts slows every setting alike."""
     steps = {pool: [] for pool in POOLS}
     bare = []
+    decode_steps(engine, registry, 1, 0, prompts, texts, tokens)  # warm-up: kernels, allocator, caches
+    bare_steps(backbone, prompts, tokens)
     for wave in range(waves):
         for pool in POOLS:
             steps[pool] += decode_steps(engine, registry, pool, wave, prompts, texts, tokens)
@@ -142,6 +151,8 @@ def decode_rates(backbone, engine, registry, prompts, texts, tokens, waves) -> t
 
 async def http_measurements(app, directory: Path, puts: int, tokens: int, repeats: int, seed: int) -> dict:
     """p50 of PUT until the new revision serves; TokMem vs RAG end-to-end latency at equal output length."""
+    import httpx2
+
     uploads = [(p.read_bytes(), metadata_path(p).read_bytes()) for p in (directory / "bank0.safetensors", directory / "bank1.safetensors")]
     rng = random.Random(seed)
     procedure = sorted(catalog())[0]  # bank0's first row is named after it, with the suffix "-0"
@@ -174,6 +185,17 @@ async def http_measurements(app, directory: Path, puts: int, tokens: int, repeat
     }
 
 
+def serve_http(registry, engine, directory: Path, args) -> dict:
+    from tokmem.serve.api import create_app
+
+    app = create_app(registry, engine)
+    engine.start()
+    try:
+        return asyncio.run(http_measurements(app, directory, args.puts, args.tokens, args.repeats, args.seed))
+    finally:
+        engine.stop()
+
+
 async def answer(http, body: dict) -> dict:
     response = await http.post("/v1/completions", json=body)
     response.raise_for_status()
@@ -195,15 +217,10 @@ def run(args) -> dict:
         rates, bare = decode_rates(backbone, engine, registry, prompts, texts, args.tokens, args.waves)
         console.print(f"decode tokens/s by banks in the run: {rates}; bare backbone: {bare}")
         bank_us = {str(pool): bank_cost_us(engine, registry, pool, args.batch) for pool in POOLS}
-        app = create_app(registry, engine)
-        engine.start()
-        try:
-            http = asyncio.run(http_measurements(app, directory, args.puts, args.tokens, args.repeats, args.seed))
-        finally:
-            engine.stop()
+        http = {} if args.no_http else serve_http(registry, engine, directory, args)
     overhead = {k: round(1000 * (1 / v - 1 / bare), 3) for k, v in rates.items()}
     return {
-        "backbone": args.backbone, "batch": args.batch, "tokens_per_request": args.tokens, "waves": args.waves,
+        "backbone": args.backbone, "device": str(backbone.device), "dtype": str(backbone.model.dtype), "batch": args.batch, "tokens_per_request": args.tokens, "waves": args.waves,
         "bank_rows": args.rows, "tokens_per_s": rates, "ratio": {k: round(v / rates["1"], 3) for k, v in rates.items()},
         "ratio_1000": round(rates["1000"] / rates["1"], 3), "bare_tokens_per_s": bare,
         "added_ms_per_token": overhead, "bank_us_per_step": bank_us, **http, "machine": machine(),
@@ -216,6 +233,8 @@ def table(result: dict) -> str:
     for k, rate in result["tokens_per_s"].items():
         rows.append(f"| {k} | {rate} | {result['ratio'][k]} | {result['added_ms_per_token'][k]} | {result['bank_us_per_step'][k]} |")
     rows.append(f"| bare backbone | {result['bare_tokens_per_s']} | | | |")
+    if "latency_ms" not in result:
+        return "\n".join(rows)
     latency, prompt = result["latency_ms"], result["prompt_tokens"]
     return "\n".join(rows + [
         "",
@@ -238,6 +257,7 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dir", help="where the bank folder goes (default: the system's temporary folder)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--no-http", action="store_true", help="decode measurements only (no upload or latency over HTTP)")
     parser.add_argument("--json", metavar="PATH", required=True)
     args = parser.parse_args(argv)
     result = run(args)

@@ -6,7 +6,7 @@ from helpers import random_rows
 
 import tokmem
 from tokmem import Example, Step, TrainConfig
-from tokmem.errors import BankError
+from tokmem.errors import BackboneError, BankError
 from tokmem.layout import IGNORE, collate, encode
 
 
@@ -113,3 +113,8 @@ def test_loss_with_the_query_prefix_cached_equals_the_full_sequence_loss_and_gra
     assert cached.item() == pytest.approx(full.item(), rel=1e-5)
     for a, b in zip(cached_grads, full_grads):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_an_unknown_random_shape_is_refused_with_the_known_ones():
+    with pytest.raises(BackboneError, match="llama-3.2-1b"):
+        tokmem.load_backbone("random:no-such-shape", device="cpu")

@@ -8,7 +8,7 @@ from tokmem import Example, Step, TrainConfig
 from tokmem.bank import MemoryBank
 from tokmem.errors import TokMemError
 from tokmem.layout import collate, encode
-from tokmem.train import initial_rows, lr_scheduler
+from tokmem.train import example_order, initial_rows, lr_scheduler
 
 
 def config(**options) -> TrainConfig:
@@ -229,3 +229,26 @@ def test_tool_segments_call_keeps_every_row_text(model):
     calls = [Example("Weather in Oslo?", (Step("weather", '{"name": "weather", "arguments": {"city": "Oslo"}}'),))]
     tokmem.learn(model, calls, config(max_steps=1, tool_segments="call"))
     assert model.bank.kinds == ["text"]
+
+
+def padding(order: list[int], lengths: list[int], batch_size: int) -> int:
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    return sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in batches)
+
+
+def test_length_grouped_order_is_a_seeded_permutation_with_less_padding_than_a_shuffle():
+    lengths = [int(x) for x in torch.randint(5, 200, (400,), generator=torch.Generator().manual_seed(0))]
+    config = TrainConfig(batch_size=8, epochs=2, length_grouped=True)
+    grouped = example_order(lengths, config)
+    assert sorted(grouped[:400]) == sorted(grouped[400:]) == list(range(400))
+    assert grouped == example_order(lengths, config)
+    assert grouped[:400] != grouped[400:]  # each epoch its own order
+    shuffled = example_order(lengths, TrainConfig(batch_size=8))
+    assert padding(grouped[:400], lengths, 8) < 0.1 * padding(shuffled, lengths, 8)
+
+
+def test_length_grouped_batches_do_not_come_sorted_by_length():
+    lengths = list(range(400))
+    order = example_order(lengths, TrainConfig(batch_size=8, length_grouped=True))
+    firsts = [lengths[order[i]] for i in range(0, 400, 8)]
+    assert firsts != sorted(firsts) and firsts != sorted(firsts, reverse=True)

