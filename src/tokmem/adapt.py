@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from tokmem import distributed
 from tokmem.backbones import ADAPTATION_KEY, Backbone, cache_dir, freeze, load_backbone
 from tokmem.bank import MemoryBank
 from tokmem.data.procedures import Example
@@ -114,8 +115,16 @@ def _digest(base_fingerprint: str, lora: list[torch.nn.Parameter]) -> str:
 
 def save_backbone(backbone: Backbone, directory) -> Backbone:
     """Save the model and tokenizer to a new ``directory`` (written aside, then renamed into place);
-    returns the backbone named by the directory's absolute path, which ``load_backbone`` takes."""
+    returns the backbone named by the directory's absolute path, which ``load_backbone`` takes.
+    Under a launcher the main process writes and the others wait for it."""
     target = Path(directory).resolve()
+    if distributed.is_main():
+        _write_backbone(backbone, target)
+    distributed.barrier()
+    return Backbone(str(target), backbone.model, backbone.tokenizer)
+
+
+def _write_backbone(backbone: Backbone, target: Path) -> None:
     if target.exists():
         raise BackboneError(f"{target} already exists: save the backbone to a new directory")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +136,6 @@ def save_backbone(backbone: Backbone, directory) -> Backbone:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return Backbone(str(target), backbone.model, backbone.tokenizer)
 
 
 def adaptation_key(backbone: Backbone, examples: list[Example], config: AdaptConfig, train_config: TrainConfig) -> str:

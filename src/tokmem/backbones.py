@@ -88,7 +88,10 @@ def cache_dir() -> Path:
 
 
 def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """This process's GPU under a launcher (torchrun, accelerate), else the GPU where there is one, else the CPU."""
+    from tokmem.distributed import local_device
+
+    return local_device() or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def default_dtype(device: str) -> torch.dtype:

@@ -275,12 +275,15 @@ def _decode_config(args):
 
 
 def _learn_and_save(model, args, out_path) -> None:
+    from tokmem import distributed
     from tokmem.data import load_catalog, load_examples
     from tokmem.train import learn
 
     examples = load_examples(args.data)
     descriptions = load_catalog(args.catalog) if args.catalog else None
     report = learn(model, examples, _train_config(args, out_path), descriptions=descriptions)
+    if not distributed.is_main():  # under torchrun / accelerate every rank holds the same bank: one writes it
+        return
     model.bank.save(out_path)
     summary = report.summary()
     console.print(
@@ -320,6 +323,7 @@ def cmd_add(args) -> None:
 def cmd_adapt(args) -> None:
     from pathlib import Path
 
+    from tokmem import distributed
     from tokmem.adapt import AdaptConfig, adapt
     from tokmem.backbones import load_backbone
     from tokmem.data import load_examples
@@ -333,6 +337,8 @@ def cmd_adapt(args) -> None:
                        seed=args.seed, progress=not args.quiet)
     backbone = load_backbone(args.backbone, device=args.device)
     adapted = adapt(backbone, examples, AdaptConfig(lr=args.lr, dropout=args.dropout), rows, save_to=args.out, inplace=True)
+    if not distributed.is_main():
+        return
     procedures = len({p for e in examples for p in e.procedures})
     console.print(f"adapted {args.backbone} on {len(examples)} queries over {procedures} procedures; saved {adapted.name}")
     console.print(f"use it with --backbone {adapted.name}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from tokmem import distributed
 from tokmem.data.procedures import Example, tool_procedures
 from tokmem.errors import TokMemError
 from tokmem.layout import Encoded, TruncationCount, collate, encode
@@ -144,18 +145,20 @@ def fit(model: TokMemModel, encoded: list[Encoded], config: TrainConfig | None =
     config = config or TrainConfig()
     _require_trainable_rows(model)
     _seed(config.seed)
+    distributed.start(model.device)
     report = TrainReport() if report is None else report
     order = example_order([len(e.input_ids) for e in encoded], config)
-    step_size = config.batch_size * config.grad_accum
+    step_size = config.batch_size * config.grad_accum * distributed.world_size()
     total = math.ceil(len(order) / step_size)
     params = model.unfreeze_rows()
     optimizer = torch.optim.AdamW([{"params": params}, *param_groups], lr=config.lr, weight_decay=config.weight_decay)
     scheduler = lr_scheduler(optimizer, total, config.schedule, config.warmup)
-    bar = tqdm(total=total, desc="training memory", unit="step", disable=not config.progress, dynamic_ncols=True)
+    bar = tqdm(total=total, desc="training memory", unit="step", disable=not (config.progress and distributed.is_main()),
+               dynamic_ncols=True)
     start = time.perf_counter()
     try:
         for first in range(0, total * step_size, step_size):
-            chunk = [encoded[i] for i in order[first : first + step_size]]
+            chunk = distributed.shard([encoded[i] for i in order[first : first + step_size]])
             loss = _step(model, optimizer, chunk, config, report)
             scheduler.step()
             report.steps += 1
@@ -167,7 +170,8 @@ def fit(model: TokMemModel, encoded: list[Encoded], config: TrainConfig | None =
                 on_step(report.steps, total)
             if config.checkpoint and config.checkpoint_every and report.steps % config.checkpoint_every == 0:
                 model.write_rows()
-                model.bank.save(config.checkpoint)
+                if distributed.is_main():
+                    model.bank.save(config.checkpoint)
     finally:
         bar.close()
         model.commit_rows()
@@ -206,11 +210,13 @@ def _require_trainable_rows(model: TokMemModel) -> None:
 
 
 def _step(model, optimizer, chunk, config, report) -> float:
-    """One optimiser step over ``grad_accum`` micro-batches; the loss is averaged over all target tokens."""
+    """One optimiser step over ``grad_accum`` micro-batches (of this rank's share of the step); the loss
+    is averaged over all target tokens of the step, on every rank."""
     pad = model.backbone.tokenizer.pad_token_id
     micro = [chunk[i : i + config.batch_size] for i in range(0, len(chunk), config.batch_size)]
     batches = [collate(m, pad) for m in micro]
-    targets = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
+    local_targets = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
+    targets = distributed.global_sum(local_targets, model.device)
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for batch in batches:
@@ -221,9 +227,10 @@ def _step(model, optimizer, chunk, config, report) -> float:
         total += loss.item() * count / targets
         report.tokens += int(batch["attention_mask"].sum())
         report.examples += len(batch["input_ids"])
-    report.target_tokens += targets
+    report.target_tokens += local_targets
+    distributed.sum_gradients([p for group in optimizer.param_groups for p in group["params"]])
     optimizer.step()
-    return total
+    return distributed.global_sum(total, model.device)
 
 
 def example_order(lengths: list[int], config: TrainConfig) -> list[int]:

@@ -1,0 +1,85 @@
+"""Data-parallel training under ``torchrun`` / ``accelerate launch``: the few collective operations it needs.
+
+Every process holds the whole frozen backbone and the same bank, so nothing is broadcast and no DDP
+wrapper is needed: each rank takes its share of every optimiser step's examples, the loss is
+normalised by the step's global count of target tokens, and the trainable parameters' gradients (the
+bank rows, and LoRA weights where they train too) are summed across ranks before the optimiser step.
+N processes at batch b then take the same steps as one process at batch N·b.
+
+A launcher sets ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK`` and the rendezvous address; the process group
+starts on first use (NCCL with CUDA, gloo on CPU).  Without a launcher every function here is the
+single-process identity.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def launched() -> bool:
+    """Whether a launcher started this process as one of several."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def start(device: torch.device) -> None:
+    """Join the launcher's process group, once (a no-op for a single process)."""
+    if launched() and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def is_main() -> bool:
+    """The process that writes files and shows progress."""
+    return rank() == 0
+
+
+def local_device() -> str | None:
+    """This process's GPU under a launcher (``cuda:LOCAL_RANK``); None where the default applies."""
+    if launched() and torch.cuda.is_available():
+        return f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    return None
+
+
+def shard(items: list, rank_: int | None = None, world: int | None = None) -> list:
+    """This rank's contiguous share of one optimiser step's items (the first ranks take one more when uneven)."""
+    rank_ = rank() if rank_ is None else rank_
+    world = world_size() if world is None else world
+    size, extra = divmod(len(items), world)
+    start_at = rank_ * size + min(rank_, extra)
+    return items[start_at : start_at + size + (rank_ < extra)]
+
+
+def global_sum(value: int | float, device: torch.device) -> float:
+    """``value`` summed over all ranks."""
+    if world_size() == 1:
+        return value
+    total = torch.tensor(float(value), dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return total.item()
+
+
+def sum_gradients(parameters: list[torch.nn.Parameter]) -> None:
+    """Sum the gradients of ``parameters`` over all ranks, in one flat collective."""
+    if world_size() == 1:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    for p, piece in zip(parameters, flat.split([g.numel() for g in grads])):
+        p.grad = piece.view_as(p).to(p.dtype)
+
+
+def barrier() -> None:
+    """Wait until every rank is here (e.g. until the main process has written a file the others read)."""
+    if world_size() > 1:
+        dist.barrier()
