@@ -20,7 +20,7 @@ from tokmem import create
 from tokmem.cli import int_list
 from tokmem.data.builtin import demo_dataset
 from tokmem.decode import _left_pad
-from tokmem.layout import positions
+from tokmem.sequences import positions
 from tokmem.report import console, machine, write_json
 
 

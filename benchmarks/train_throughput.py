@@ -19,7 +19,7 @@ import torch
 
 from tokmem import create, load_backbone
 from tokmem.data.builtin import demo_dataset
-from tokmem.layout import collate, encode
+from tokmem.sequences import collate, encode
 from tokmem.report import console, machine, write_json
 
 

@@ -12,19 +12,19 @@ import torch
 from safetensors.torch import load_file
 
 from tokmem import Example, Step
-from tokmem.baselines.base import Base
-from tokmem.baselines.common import Answer, Method
-from tokmem.baselines.lora import LoRA, Replay
-from tokmem.baselines.memory import TokMem
-from tokmem.baselines.rag import RAG
+from tokmem.methods.base import Base
+from tokmem.methods.method import Answer, Method
+from tokmem.methods.lora import LoRA, Replay
+from tokmem.methods.tokmem import TokMem
+from tokmem.methods.rag import RAG
 from tokmem.cli import main
 from tokmem.data.sni import Instance, Task, load_tasks
 from tokmem.errors import TokMemError
-from tokmem.experiments.atomic import (
+from tokmem.studies.atomic import (
     JOINT_METHODS, METHODS, AtomicConfig, evaluate, learn_round, make_config, run, run_atomic, run_sample_efficiency,
 )
-from tokmem.experiments.outputs import read_json
-from tokmem.layout import collate, encode
+from tokmem.studies.outputs import read_json
+from tokmem.sequences import collate, encode
 
 TASKS = {
     "task001_upper": [(w, w.upper()) for w in ("apple", "house", "table", "chair", "green", "water")],

@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from tokmem import Example, Step
-from tokmem.baselines.common import Answer
+from tokmem.methods.method import Answer
 from tokmem.decode import Segment
-from tokmem.baselines.memory import UnfrozenTokMem
-from tokmem.baselines.tools import ICL, ToolRAG, compact_schema, first_block, tool_prompt
+from tokmem.methods.tokmem import UnfrozenTokMem
+from tokmem.methods.tools import ICL, ToolRAG, compact_schema, first_block, tool_prompt
 from tokmem.cli import main
 from tokmem.data.tools import call_json, catalog, split_tools
 from tokmem.errors import TokMemError
-from tokmem.experiments import compositional
-from tokmem.experiments.compositional import (
+from tokmem.studies import compositional
+from tokmem.studies.compositional import (
     METRICS, STUDIES, TOKMEM_LABELS, forgetting_panels, make_config, predicted_calls, score,
 )
 

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from tokmem import metrics
-from tokmem.metrics import (
+from tokmem.eval import metrics
+from tokmem.eval.metrics import (
     argument_f1,
     call_f1,
     call_scores,

@@ -7,8 +7,8 @@ import pytest
 from tokmem.data.procedures import Example, Step
 from tokmem.data.realtools import complexfuncbench_data, function_calling_dir, hash_split, query_hash
 from tokmem.errors import DataError, TokMemError
-from tokmem.experiments import compositional
-from tokmem.experiments.compositional import make_config
+from tokmem.studies import compositional
+from tokmem.studies.compositional import make_config
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "function-calling"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} is absent")

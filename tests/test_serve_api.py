@@ -13,7 +13,7 @@ import tokmem
 from tokmem import DecodeConfig
 from tokmem.cli import main
 from tokmem.extras import EXTRAS
-from tokmem.layout import chat_prefix
+from tokmem.sequences import chat_prefix
 from tokmem.serve.api import Deltas, Limits, create_app
 from tokmem.serve.banks import BankRegistry
 from tokmem.serve.engine import Engine

@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from tokmem.data.procedures import assemble_call
-from tokmem.layout import chat_prefix, positions
+from tokmem.sequences import chat_prefix, positions
 from tokmem.model import TokMemModel
 
 

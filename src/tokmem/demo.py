@@ -14,13 +14,13 @@ from dataclasses import asdict, dataclass
 
 from rich.table import Table
 
-from tokmem import metrics
-from tokmem.baselines.common import plain_answers
+from tokmem.eval import metrics
+from tokmem.methods.method import plain_answers
 from tokmem.data import builtin
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig
-from tokmem.evaluate import evaluate
-from tokmem.layout import chat_prefix
+from tokmem.eval.evaluate import evaluate
+from tokmem.sequences import chat_prefix
 from tokmem.model import TokMemModel, create
 from tokmem.report import console, machine, percent, trace_table
 from tokmem.train import TrainConfig, learn

@@ -13,7 +13,7 @@ from transformers import DynamicCache
 
 from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
-from tokmem.layout import IGNORE, positions
+from tokmem.sequences import IGNORE, positions
 
 
 class TokMemModel(nn.Module):

@@ -59,7 +59,7 @@ def scores_table(title: str, result: dict) -> Table:
 
 def call_scores_table(title: str, calls: dict) -> Table:
     """Tool / argument / call F1 (``metrics.call_scores``): one row per score, one column per number of calls."""
-    from tokmem.metrics import CALL_METRICS
+    from tokmem.eval.metrics import CALL_METRICS
 
     columns = [c for c in calls["tool_f1"] if c != "avg"]
     table = Table(title=title)

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from tokmem.data.procedures import Example, tool_procedures
 from tokmem.errors import TokMemError
-from tokmem.layout import Encoded, TruncationCount, collate, encode
+from tokmem.sequences import Encoded, TruncationCount, collate, encode
 from tokmem.model import TokMemModel
 
 

@@ -11,11 +11,11 @@ from rich.markup import escape
 from rich.table import Table
 
 import tokmem
-from tokmem.cli_types import int_list, name_list
+from tokmem.cli.types import int_list, name_list
 from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
 from tokmem.extras import require_extra
-from tokmem.experiments import compositional, placement
+from tokmem.studies import compositional, placement
 from tokmem.report import (
     call_scores_table, console, error_console, machine, percent, scores_table, trace_table, write_json,
 )
@@ -171,8 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _bench_atomic(studies) -> None:
     from tokmem.data.sni import QUERIES
-    from tokmem.experiments import atomic
-    from tokmem.experiments.settings import add_recipe_arguments
+    from tokmem.studies import atomic
+    from tokmem.studies.settings import add_recipe_arguments
 
     parser = studies.add_parser(
         "atomic", help="atomic recall on SNI: TokMem vs Base, RAG, LoRA, replay, TokMem+DC",
@@ -364,7 +364,7 @@ def cmd_run(args) -> None:
 
 def cmd_eval(args) -> None:
     from tokmem.data import load_examples
-    from tokmem.evaluate import evaluate
+    from tokmem.eval.evaluate import evaluate
     from tokmem.model import load
 
     model = load(args.bank, device=args.device)
@@ -381,7 +381,7 @@ def cmd_eval(args) -> None:
 
 
 def cmd_bench_atomic(args) -> None:
-    from tokmem.experiments import atomic
+    from tokmem.studies import atomic
 
     options = {f.name: getattr(args, f.name) for f in fields(atomic.AtomicConfig) if f.name != "preset" and hasattr(args, f.name)}
     config = atomic.make_config(args.preset, **options)

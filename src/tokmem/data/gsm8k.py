@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tokmem.data.procedures import _json_lines
 from tokmem.errors import DataError
-from tokmem.metrics import gsm8k_strictly_compliant
+from tokmem.eval.metrics import gsm8k_strictly_compliant
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tokmem.errors import DataError
-from tokmem.experiments.outputs import write_text_atomic
+from tokmem.studies.outputs import write_text_atomic
 
 
 def stable_hash(text: str) -> int:

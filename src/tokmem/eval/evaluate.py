@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from tokmem import metrics
+from tokmem.eval import metrics
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig, Generation, generate
 from tokmem.model import TokMemModel

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tokmem
 from tokmem.backbones import Backbone
-from tokmem.baselines.common import Answer, Method, plain_answers
+from tokmem.methods.method import Answer, Method, plain_answers
 
 
 class Base(Method):

@@ -1,7 +1,7 @@
 """Fine-tuning baselines: LoRA on the attention's query and value projections, and LoRA with replay.
 
 The training sequence is TokMem's without the memory token (``chat(query) response EOS``, loss on
-the response and EOS only), batched and masked by the same ``layout.encode`` / ``collate`` and scored
+the response and EOS only), batched and masked by the same ``sequences.encode`` / ``collate`` and scored
 by the same ``TokMemModel.loss`` (on an empty bank).  Rounds are sequential: each ``learn`` call
 trains on its examples with a fresh AdamW, carrying the adapter weights over from the last round.
 
@@ -30,9 +30,9 @@ from safetensors.torch import load_file, save_file
 
 import tokmem
 from tokmem.backbones import Backbone
-from tokmem.baselines.common import Answer, Method, plain_answers
+from tokmem.methods.method import Answer, Method, plain_answers
 from tokmem.data.procedures import Example, Step
-from tokmem.layout import collate, encode
+from tokmem.sequences import collate, encode
 from tokmem.train import lr_scheduler
 
 ADAPTER = "default"

@@ -25,7 +25,7 @@ import torch
 
 import tokmem
 from tokmem.backbones import Backbone, default_device
-from tokmem.baselines.common import Answer, Method, plain_answers
+from tokmem.methods.method import Answer, Method, plain_answers
 from tokmem.data.procedures import Example
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import tokmem
 from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
-from tokmem.baselines.common import Answer, Method
-from tokmem.baselines.lora import LoRA
+from tokmem.methods.method import Answer, Method
+from tokmem.methods.lora import LoRA
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig, generate
 from tokmem.model import TokMemModel

@@ -33,8 +33,8 @@ from __future__ import annotations
 import json
 
 from tokmem.backbones import Backbone
-from tokmem.baselines.common import Answer, Method, plain_answers
-from tokmem.baselines.rag import RAG
+from tokmem.methods.method import Answer, Method, plain_answers
+from tokmem.methods.rag import RAG
 from tokmem.data.procedures import Example
 from tokmem.model import create
 

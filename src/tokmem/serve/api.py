@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
 from tokmem.errors import TokMemError
-from tokmem.layout import chat_prefix
+from tokmem.sequences import chat_prefix
 from tokmem.serve.banks import BankNotFound, BankRegistry
 from tokmem.serve.engine import Engine, Handle, Overloaded
 from tokmem.serve.engine import Request as EngineRequest

@@ -30,7 +30,7 @@ from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
 from tokmem.decode import Generation, _trace, first_tokens, left_pad, next_tokens
 from tokmem.errors import BackboneError, TokMemError
-from tokmem.layout import positions
+from tokmem.sequences import positions
 from tokmem.model import TokMemModel
 from tokmem.serve.banks import BankVersion
 

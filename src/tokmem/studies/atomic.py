@@ -35,17 +35,17 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from tokmem import metrics
-from tokmem.baselines.base import Base
-from tokmem.baselines.common import Answer, Method
-from tokmem.baselines.lora import LoRA, Replay
-from tokmem.baselines.memory import TokMem
-from tokmem.baselines.rag import RAG
+from tokmem.eval import metrics
+from tokmem.methods.base import Base
+from tokmem.methods.method import Answer, Method
+from tokmem.methods.lora import LoRA, Replay
+from tokmem.methods.tokmem import TokMem
+from tokmem.methods.rag import RAG
 from tokmem.data.procedures import Example
 from tokmem.data.sni import QUERIES, Task, load_tasks
 from tokmem.errors import TokMemError
-from tokmem.experiments.outputs import Panel, line_plot, lines, pivot_table, read_json, write_json_atomic, write_text_atomic
-from tokmem.experiments.settings import MethodSettings
+from tokmem.studies.outputs import Panel, line_plot, lines, pivot_table, read_json, write_json_atomic, write_text_atomic
+from tokmem.studies.settings import MethodSettings
 from tokmem.report import machine
 from tokmem.train import INITS, SCHEDULES as LR_SCHEDULES
 

@@ -17,11 +17,11 @@ Each tool is one procedure; a query needs 2–4 calls, answered as calls one JSO
   the test queries of every group seen so far.  TokMem (renormalised as configured, a continual ``learn`` a
   round) against fine-tuning with replay, TokMem renormalised only after each round (the reference code
   renormalises after every step too), TokMem without renormalisation (whose new rows' L2 norms show the
-  norm inflation), and TokMem with an unfrozen backbone (`tokmem.baselines.memory.UnfrozenTokMem`).
+  norm inflation), and TokMem with an unfrozen backbone (`tokmem.methods.tokmem.UnfrozenTokMem`).
 
 Scores, per number of gold calls and their mean over those numbers ("avg", as the paper averages):
 tool-selection F1 (multiset F1 of the called tools' names) and argument F1 (multiset F1 of whole
-calls after AST normalisation), 0–100, averaged over queries (`tokmem.metrics`).  A predicted call
+calls after AST normalisation), 0–100, averaged over queries (`tokmem.eval.metrics`).  A predicted call
 that does not parse matches no gold call: it lowers argument F1 and names no tool.
 
 TokMem with adaptation (the default TokMem, as in the paper) learns its memory tokens on a backbone
@@ -46,22 +46,22 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from tokmem import metrics
+from tokmem.eval import metrics
 from tokmem.adapt import AdaptConfig, cached_adapt
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone, load_backbone
-from tokmem.baselines.common import Answer, Method
-from tokmem.baselines.lora import LoRA, Replay
-from tokmem.baselines.memory import TokMem, UnfrozenTokMem
-from tokmem.baselines.tools import ICL, ToolRAG
-from tokmem.cli_types import int_list, name_list
+from tokmem.methods.method import Answer, Method
+from tokmem.methods.lora import LoRA, Replay
+from tokmem.methods.tokmem import TokMem, UnfrozenTokMem
+from tokmem.methods.tools import ICL, ToolRAG
+from tokmem.cli.types import int_list, name_list
 from tokmem.data.procedures import Example
 from tokmem.data.realtools import RealData, complexfuncbench_data, function_calling_dir
 from tokmem.data.tools import ToolData, split_tools, tool_dataset, tool_examples
 from tokmem.data.xlam import xlam_dataset
 from tokmem.errors import TokMemError
-from tokmem.experiments.atomic import answer_all, learn_round, progress_bar
-from tokmem.experiments.outputs import Panel, line_plot, lines, markdown_table, pivot_table, write_json_atomic, write_text_atomic
-from tokmem.experiments.settings import RECIPE_OPTIONS, MethodSettings, add_recipe_arguments
+from tokmem.studies.atomic import answer_all, learn_round, progress_bar
+from tokmem.studies.outputs import Panel, line_plot, lines, markdown_table, pivot_table, write_json_atomic, write_text_atomic
+from tokmem.studies.settings import RECIPE_OPTIONS, MethodSettings, add_recipe_arguments
 from tokmem.report import console, machine
 from tokmem.train import TrainConfig
 

@@ -11,7 +11,7 @@ and steps.  TokMem-n is n consecutive memory tokens of one procedure: bank rows 
 after the query.  The memory tokens are inputs here, not targets (there is nothing to route to),
 so in both methods only the response is a target.  The rows of TokMem stay output classes of its
 LM head as always (on smollm2-135m they hold ~1e-7 of the probability at the text positions, so
-perplexities compare), prefix rows never are (`tokmem.baselines.prefix`).
+perplexities compare), prefix rows never are (`tokmem.methods.prefix`).
 
 Two studies, each a function returning a result dict:
 
@@ -54,14 +54,14 @@ import torch
 from tqdm.auto import tqdm
 
 import tokmem
-from tokmem import metrics
+from tokmem.eval import metrics
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone, load_backbone
-from tokmem.baselines import prefix
+from tokmem.methods import prefix
 from tokmem.data.gsm8k import Problem, load_gsm8k
 from tokmem.decode import DecodeConfig, complete
 from tokmem.errors import DataError, TokMemError
-from tokmem.experiments.outputs import Panel, line_plot, markdown_table, read_json, write_json_atomic, write_text_atomic
-from tokmem.layout import IGNORE, Encoded, chat_prefix, chat_turns, collate
+from tokmem.studies.outputs import Panel, line_plot, markdown_table, read_json, write_json_atomic, write_text_atomic
+from tokmem.sequences import IGNORE, Encoded, chat_prefix, chat_turns, collate
 from tokmem.model import TokMemModel
 from tokmem.report import console, machine
 from tokmem.train import TrainConfig, fit
