@@ -150,7 +150,7 @@ def test_lora_trains_its_adapters_but_leaves_the_shared_backbone_bit_identical(l
     modules = [(name, type(m)) for name, m in model.named_modules()]
     examples = words("echo", 8)
     method = LoRA(lively_backbone, lr=0.05, epochs=4)
-    initial = {k: v.clone() for k, v in method.weights.items()}
+    initial = {k: v.clone() for k, v in method.adapter.weights.items()}
     method.learn(examples)
     method.answer(["echo 3"])
 
@@ -161,7 +161,7 @@ def test_lora_trains_its_adapters_but_leaves_the_shared_backbone_bit_identical(l
         with method.attached():
             adapted = method.model.loss(batch)[0]
     assert adapted < plain  # the adapters learned the examples and are live while attached
-    assert any(not torch.equal(initial[k], method.weights[k]) for k in initial)
+    assert any(not torch.equal(initial[k], method.adapter.weights[k]) for k in initial)
     after = model.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
     assert [(name, type(m)) for name, m in model.named_modules()] == modules

@@ -7,7 +7,6 @@ to the old rows' mean norm (unless told not to) and frozen in turn.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from contextlib import nullcontext
@@ -131,32 +130,34 @@ def train(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
 
 
 def fit(model: TokMemModel, encoded: list[Encoded], config: TrainConfig | None = None, report: TrainReport | None = None, on_step=None,
-        param_groups=()) -> TrainReport:
+        param_groups=(), steps: list[list[int]] | None = None) -> TrainReport:
     """The training loop over sequences already laid out: ``train`` lays them out the TokMem way,
     baselines and studies that place the rows elsewhere bring their own.
 
     ``on_step(step, total)`` runs after every optimiser step (of ``total``) while the trained rows are live (the model's
     ``loss`` and ``memory_matrices`` see them), e.g. to record an evaluation curve.
-    ``param_groups``: more optimiser parameter groups that train alongside the rows (the LoRA weights
-    of the adaptation phase, with their own lr); the rows' group takes the config's lr and weight decay.
+    ``param_groups``: more optimiser parameter groups that train alongside the rows (LoRA weights, with their own lr);
+    the rows' group takes the config's lr and weight decay.  A model without trainable rows trains the groups alone.
+    ``steps``: the indices into ``encoded`` of each optimiser step, for a caller that composes its batches itself
+    (replay adds old examples to each); default: ``epoch_order`` in steps of batch size × ``grad_accum``.
     """
     config = config or TrainConfig()
-    _require_trainable_rows(model)
+    if not param_groups:
+        _require_trainable_rows(model)
     _seed(config.seed)
     report = TrainReport() if report is None else report
-    order = _order(len(encoded), config)
-    step_size = config.batch_size * config.grad_accum
-    total = math.ceil(len(order) / step_size)
-    params = model.unfreeze_rows()
-    optimizer = torch.optim.AdamW([{"params": params}, *param_groups], lr=config.lr, weight_decay=config.weight_decay)
+    steps = steps if steps is not None else _steps(len(encoded), config)
+    total = len(steps)
+    rows = model.unfreeze_rows() if model.bank.trainable.any() else []
+    groups = [{"params": rows}] if rows else []
+    optimizer = torch.optim.AdamW([*groups, *param_groups], lr=config.lr, weight_decay=config.weight_decay)
     scheduler = lr_scheduler(optimizer, total, config.schedule, config.warmup)
     autocast = _autocast(model.device, config.bf16)
     bar = tqdm(total=total, desc="training memory", unit="step", disable=not config.progress, dynamic_ncols=True)
     start = time.perf_counter()
     try:
-        for first in range(0, total * step_size, step_size):
-            chunk = [encoded[i] for i in order[first : first + step_size]]
-            loss = _step(model, optimizer, chunk, config, autocast, report)
+        for step in steps:
+            loss = _step(model, optimizer, [encoded[i] for i in step], config, autocast, report)
             scheduler.step()
             report.steps += 1
             report.losses.append(loss)
@@ -170,7 +171,8 @@ def fit(model: TokMemModel, encoded: list[Encoded], config: TrainConfig | None =
                 model.bank.save(config.checkpoint)
     finally:
         bar.close()
-        model.commit_rows()
+        if rows:
+            model.commit_rows()
     return report
 
 
@@ -206,10 +208,11 @@ def _require_trainable_rows(model: TokMemModel) -> None:
 
 
 def _step(model, optimizer, chunk, config, autocast, report) -> float:
-    """One optimiser step over ``grad_accum`` micro-batches; the loss is averaged over all target tokens."""
+    """One optimiser step over ``grad_accum`` micro-batches of ``batch_size``; the loss is averaged over all target
+    tokens.  Without accumulation the step is one batch, whatever its size (replay adds examples to a batch)."""
     pad = model.backbone.tokenizer.pad_token_id
-    micro = [chunk[i : i + config.batch_size] for i in range(0, len(chunk), config.batch_size)]
-    batches = [collate(m, pad) for m in micro]
+    size = config.batch_size if config.grad_accum > 1 else len(chunk)
+    batches = [collate(chunk[i : i + size], pad) for i in range(0, len(chunk), size)]
     targets = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
@@ -226,16 +229,23 @@ def _step(model, optimizer, chunk, config, autocast, report) -> float:
     return total
 
 
-def _order(n: int, config: TrainConfig) -> list[int]:
-    rng = random.Random(config.seed)
+def epoch_order(n: int, epochs: int, seed) -> list[int]:
+    """``epochs`` passes over ``n`` examples, each shuffled by one generator seeded with ``seed`` (any hashable)."""
+    rng = random.Random(seed)
     order = []
-    for _ in range(config.epochs):
+    for _ in range(epochs):
         epoch = list(range(n))
         rng.shuffle(epoch)
         order += epoch
-    if config.max_steps is not None:
-        order = order[: config.max_steps * config.batch_size * config.grad_accum]
     return order
+
+
+def _steps(n: int, config: TrainConfig) -> list[list[int]]:
+    order = epoch_order(n, config.epochs, config.seed)
+    step_size = config.batch_size * config.grad_accum
+    if config.max_steps is not None:
+        order = order[: config.max_steps * step_size]
+    return [order[i : i + step_size] for i in range(0, len(order), step_size)]
 
 
 def _seed(seed: int) -> None:
