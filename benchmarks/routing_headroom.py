@@ -17,7 +17,7 @@ import random
 import torch
 
 from tokmem import create
-from tokmem.cli import int_list
+from tokmem.cli.options import int_list
 from tokmem.data.builtin import demo_dataset
 from tokmem.decode import _left_pad
 from tokmem.sequences import positions

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from tokmem.config import option
 from tokmem.data.procedures import assemble_call
 from tokmem.sequences import chat_prefix, positions
 from tokmem.model import TokMemModel
@@ -29,14 +30,16 @@ from tokmem.model import TokMemModel
 
 @dataclass
 class DecodeConfig:
-    max_new_tokens: int = 128
-    max_steps: int = 4  # segments (memory tokens) per answer
-    threshold: float = 0.5  # open-set rule: minimum memory mass at the routing position
-    temperature: float = 0.0  # 0 = greedy
-    batch_size: int = 16
-    seed: int = 0
-    share_prefix: bool = False  # encode the tokens every prompt starts with once (prompts that repeat long instructions)
-    stop_at_blank_line: bool = False  # end a row at its first blank line after some text (prompted answers' separator)
+    max_new_tokens: int = option(128, "tokens an answer may generate")
+    max_steps: int = option(4, "most segments (memory tokens) per answer")
+    threshold: float = option(0.5, "open-set rule: the least memory mass at the routing position that routes")
+    temperature: float = option(0.0, "0 = greedy")
+    batch_size: int = option(16, "queries answered together")
+    seed: int = option(0, "seed of the sampler (temperature > 0)")
+    share_prefix: bool = option(False, "encode the tokens every prompt starts with once (prompts that repeat long "
+                                 "instructions)")
+    stop_at_blank_line: bool = option(False, "end an answer at its first blank line after some text (prompted "
+                                       "answers' separator)")
 
 
 @dataclass

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 
 from rich.table import Table
 
+from tokmem.backbones import DEFAULT_BACKBONE
+from tokmem.config import option
 from tokmem.eval import metrics
 from tokmem.methods.method import plain_answers
 from tokmem.data import builtin
@@ -38,14 +40,14 @@ class DemoConfig:
     see the README).
     """
 
-    backbone: str = "smollm2-135m"
-    epochs: int = 3
-    batch_size: int = 32
-    lr: float = 5e-3
-    decoupled: bool = True
-    seed: int = 0
-    train_per_procedure: int = 36
-    procedures: tuple[str, ...] | None = None  # a subset of the built-in procedures (default: all)
+    backbone: str = option(DEFAULT_BACKBONE, "backbone spec")
+    epochs: int = option(3, "passes over the training queries")
+    batch_size: int = option(32, "training queries per step")
+    lr: float = option(TrainConfig.lr, "learning rate of the memory rows")
+    decoupled: bool = option(True, "separate index and steer matrices (TokMem+DC; the default)")
+    seed: int = TrainConfig.seed
+    train_per_procedure: int = option(36, "training queries per procedure")
+    procedures: tuple[str, ...] | None = option(None, "comma-separated built-in procedures to learn (default: all)")
 
 
 def prompt_tokens(tokenizer, prompts: list[str | list[dict]]) -> float:

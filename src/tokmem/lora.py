@@ -17,6 +17,7 @@ import torch
 from peft import LoraConfig, LoraModel
 from safetensors.torch import load_file, save_file
 
+from tokmem.config import option
 from tokmem.errors import BackboneError
 
 ADAPTER = "default"
@@ -27,12 +28,13 @@ WEIGHTS_FILE = "adapter.safetensors"
 class LoRASettings:
     """Rank 8 on the attention's query and value projections, AdamW with lr 5e-5 and weight decay 1e-2."""
 
-    rank: int = 8
-    alpha: int | None = None  # None: 2 × rank, which keeps the adapter's scale the same at every rank
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
-    lr: float = 5e-5
-    weight_decay: float = 1e-2
+    rank: int = option(8, "LoRA rank")
+    alpha: int | None = option(None, "LoRA alpha (default: 2 × rank, which keeps the adapter's scale the same at "
+                               "every rank)")
+    dropout: float = option(0.0, "LoRA dropout")
+    target_modules: tuple[str, ...] = option(("q_proj", "v_proj"), "comma-separated modules that get adapters")
+    lr: float = option(5e-5, "learning rate of the LoRA weights")
+    weight_decay: float = option(1e-2, "AdamW weight decay of the LoRA weights")
 
     def peft_config(self) -> LoraConfig:
         alpha = 2 * self.rank if self.alpha is None else self.alpha

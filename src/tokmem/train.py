@@ -11,44 +11,50 @@ import random
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import torch
 from tqdm.auto import tqdm
 
+from tokmem.config import option
 from tokmem.data.procedures import Example, tool_procedures
 from tokmem.errors import TokMemError
 from tokmem.sequences import Encoded, TruncationCount, collate, encode
 from tokmem.model import TokMemModel
 
 
-INITS = ("mean", "orthogonal")
-SCHEDULES = ("constant", "linear")
-TOOL_SEGMENTS = ("arguments", "call")
+Init = Literal["mean", "orthogonal"]
+Schedule = Literal["constant", "linear"]
+ToolSegments = Literal["arguments", "call"]
+INITS, SCHEDULES, TOOL_SEGMENTS = get_args(Init), get_args(Schedule), get_args(ToolSegments)
 
 
 @dataclass
 class TrainConfig:
     """Paper defaults: AdamW, lr 5e-3, weight decay 0, one epoch, batch 4, max length 1024."""
 
-    lr: float = 5e-3
-    weight_decay: float = 0.0
-    epochs: int = 1
-    batch_size: int = 4
-    grad_accum: int = 1
-    max_length: int = 1024
-    max_steps: int | None = None
-    seed: int = 0
-    renormalize: bool = True
-    renorm_every_step: bool = False  # also renormalise the new rows after every optimiser step (reference code)
+    lr: float = option(5e-3, "learning rate of the memory rows")
+    weight_decay: float = option(0.0, "AdamW weight decay of the memory rows")
+    epochs: int = option(1, "passes over the training examples")
+    batch_size: int = option(4, "examples per micro-batch")
+    grad_accum: int = option(1, "micro-batches per optimiser step")
+    max_length: int = option(1024, "longest training sequence in tokens (longer queries are cut from the left)")
+    max_steps: int | None = option(None, "stop after this many optimiser steps")
+    seed: int = option(0, "seed of the data order and the new rows")
+    renormalize: bool = option(True, "renormalise the new rows to the old rows' mean norm after the round",
+                                flag="--renorm")
+    renorm_every_step: bool = option(False, "renormalise the new rows after every optimiser step too (the reference code)")
     eps: float = 1e-8
-    init: str = "mean"  # new rows: "mean" embedding (the paper's text) or "orthogonal" (the reference code)
-    schedule: str = "constant"  # "constant" lr, or "linear": warm-up over ``warmup`` of the steps, then decay to 0
-    warmup: float = 0.1
-    tool_segments: str = "arguments"  # after a tool's memory token: its "arguments" only (reference code), or the whole "call"
-    bf16: bool | None = None  # None: bf16 autocast on CUDA, full precision on CPU
+    init: Init = option("mean", "new rows: the mean embedding (the paper's text) or orthogonal (the reference code)")
+    schedule: Schedule = option("constant", "learning rate: constant, or linear (warm-up over --warmup of the steps, "
+                                 "then decay to 0; the reference code)", flag="--lr-schedule")
+    warmup: float = option(0.1, "warm-up fraction of the linear schedule")
+    tool_segments: ToolSegments = option("arguments", "after a tool's memory token: its arguments only (the reference "
+                                          "code) or the whole call")
+    bf16: bool | None = option(None, "bf16 autocast (default: on CUDA only)")
     progress: bool = True
     checkpoint: str | None = None  # save the bank here every ``checkpoint_every`` optimiser steps
-    checkpoint_every: int = 0
+    checkpoint_every: int = option(0, "save the bank every N optimiser steps")
 
     def __post_init__(self):
         for field_name, allowed in (("init", INITS), ("schedule", SCHEDULES), ("tool_segments", TOOL_SEGMENTS)):

@@ -53,7 +53,7 @@ from tokmem.methods.method import Answer, Method
 from tokmem.methods.lora import LoRA, Replay
 from tokmem.methods.tokmem import TokMem, UnfrozenTokMem
 from tokmem.methods.tools import ICL, ToolRAG
-from tokmem.cli.types import int_list, name_list
+from tokmem.cli.options import int_list, name_list
 from tokmem.data.procedures import Example
 from tokmem.data.realtools import RealData, complexfuncbench_data, function_calling_dir
 from tokmem.data.tools import ToolData, split_tools, tool_dataset, tool_examples
