@@ -23,7 +23,7 @@ from tokmem.errors import TokMemError
 from tokmem.studies.atomic import (
     JOINT_METHODS, METHODS, AtomicConfig, evaluate, learn_round, make_config, run, run_atomic, run_sample_efficiency,
 )
-from tokmem.studies.outputs import read_json
+from tokmem.io import read_json
 from tokmem.sequences import collate, encode
 
 TASKS = {

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokmem.data.procedures import _json_lines
+from tokmem.io import read_jsonl
 from tokmem.errors import DataError
 from tokmem.eval.metrics import gsm8k_strictly_compliant
 
@@ -22,7 +22,7 @@ class Problem:
 def load_gsm8k(path) -> list[Problem]:
     """Read a GSM8K JSONL file; a bad line is a DataError naming its file, line and field."""
     path = Path(path)
-    problems = [_parse(obj, path, number) for number, obj in _json_lines(path)]
+    problems = [_parse(obj, path, number) for number, obj in read_jsonl(path)]
     if not problems:
         raise DataError(f"{path}: no problems (the file is empty)")
     return problems

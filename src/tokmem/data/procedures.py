@@ -8,14 +8,13 @@ One step is atomic recall; several steps are a chain.  A catalog file gives
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tokmem.errors import DataError
-from tokmem.studies.outputs import write_text_atomic
+from tokmem.io import read_jsonl, write_text_atomic
 
 
 def stable_hash(text: str) -> int:
@@ -125,32 +124,6 @@ def parse_example(obj, path="<data>", line: int = 1) -> Example:
     return Example(query=query, steps=tuple(parsed), id=None if ex_id is None else str(ex_id))
 
 
-def read_text(path: Path) -> str:
-    """A data file's text (gunzipped when its name ends in .gz), or a DataError that names the file and what is wrong."""
-    try:
-        data = path.read_bytes()
-        return (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    except IsADirectoryError:
-        raise DataError(f"{path}: is a folder, not a file") from None
-    except (gzip.BadGzipFile, EOFError) as err:
-        raise DataError(f"{path}: not a gzip file ({err})") from None
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-
-
-def _json_lines(path: Path):
-    text = read_text(path)
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            yield number, json.loads(raw)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}:{number}: invalid JSON ({err.msg}, column {err.colno})") from None
-
-
 def load_examples(path, known_procedures=None) -> list[Example]:
     """Read a procedures JSONL file.
 
@@ -160,7 +133,7 @@ def load_examples(path, known_procedures=None) -> list[Example]:
     path = Path(path)
     known = None if known_procedures is None else set(known_procedures)
     examples = []
-    for number, obj in _json_lines(path):
+    for number, obj in read_jsonl(path):
         example = parse_example(obj, path, number)
         if known is not None:
             for k, name in enumerate(example.procedures):
@@ -189,7 +162,7 @@ def load_catalog(path) -> dict[str, str]:
     """Read ``{"name", "description"}`` lines into a name → description dict."""
     path = Path(path)
     catalog = {}
-    for number, obj in _json_lines(path):
+    for number, obj in read_jsonl(path):
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{number}: expected a JSON object")
         name, description = obj.get("name"), obj.get("description", "")

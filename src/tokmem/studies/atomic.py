@@ -44,7 +44,8 @@ from tokmem.methods.rag import RAG
 from tokmem.data.procedures import Example
 from tokmem.data.sni import QUERIES, Task, load_tasks
 from tokmem.errors import TokMemError
-from tokmem.studies.outputs import Panel, line_plot, lines, pivot_table, read_json, write_json_atomic, write_text_atomic
+from tokmem.io import read_json, write_json_atomic, write_text_atomic
+from tokmem.studies.outputs import Panel, line_plot, lines, pivot_table
 from tokmem.studies.settings import MethodSettings
 from tokmem.report import machine
 from tokmem.train import INITS, SCHEDULES as LR_SCHEDULES

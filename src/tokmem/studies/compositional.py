@@ -60,7 +60,8 @@ from tokmem.data.tools import ToolData, split_tools, tool_dataset, tool_examples
 from tokmem.data.xlam import xlam_dataset
 from tokmem.errors import TokMemError
 from tokmem.studies.atomic import answer_all, learn_round, progress_bar
-from tokmem.studies.outputs import Panel, line_plot, lines, markdown_table, pivot_table, write_json_atomic, write_text_atomic
+from tokmem.io import write_json_atomic, write_text_atomic
+from tokmem.studies.outputs import Panel, line_plot, lines, markdown_table, pivot_table
 from tokmem.studies.settings import RECIPE_OPTIONS, MethodSettings, add_recipe_arguments
 from tokmem.report import console, machine
 from tokmem.train import TrainConfig

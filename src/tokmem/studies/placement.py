@@ -60,7 +60,8 @@ from tokmem.methods import prefix
 from tokmem.data.gsm8k import Problem, load_gsm8k
 from tokmem.decode import DecodeConfig, complete
 from tokmem.errors import DataError, TokMemError
-from tokmem.studies.outputs import Panel, line_plot, markdown_table, read_json, write_json_atomic, write_text_atomic
+from tokmem.io import read_json, write_json_atomic, write_text_atomic
+from tokmem.studies.outputs import Panel, line_plot, markdown_table
 from tokmem.sequences import IGNORE, Encoded, chat_prefix, chat_turns, collate
 from tokmem.model import TokMemModel
 from tokmem.report import console, machine
