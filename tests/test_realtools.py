@@ -28,13 +28,13 @@ def test_the_hash_split_depends_on_each_query_alone_not_on_order_or_neighbours()
 
 def test_a_missing_data_folder_says_which_flag_or_variable_to_set(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("TOKMEM_FUNCTION_CALLING", raising=False)
+    monkeypatch.delenv("TOKMEM_SHARED_DATA", raising=False)
     with pytest.raises(DataError, match="pass --data-dir DIR"):
         function_calling_dir()
     with pytest.raises(DataError, match=r"complexfuncbench-data.json.gz not found \(--data-dir\)"):
         function_calling_dir(str(tmp_path))
-    monkeypatch.setenv("TOKMEM_FUNCTION_CALLING", str(tmp_path))
-    with pytest.raises(DataError, match=r"\$TOKMEM_FUNCTION_CALLING"):
+    monkeypatch.setenv("TOKMEM_SHARED_DATA", str(tmp_path))
+    with pytest.raises(DataError, match=r"\$TOKMEM_SHARED_DATA"):
         function_calling_dir()
 
 

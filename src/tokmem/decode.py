@@ -94,7 +94,7 @@ def _encode_shared_prefix(model: TokMemModel, prompts: list[list[int]]) -> Dynam
     return cache
 
 
-def _left_pad(model: TokMemModel, queries: list[str]):
+def pad_queries(model: TokMemModel, queries: list[str]):
     tokenizer = model.backbone.tokenizer
     return left_pad([chat_prefix(tokenizer, q) for q in queries], tokenizer.pad_token_id, model.device)
 
@@ -118,7 +118,7 @@ def route(model: TokMemModel, queries: list[str], k: int = 3, batch_size: int = 
     k = min(k, len(model.bank))
     index, steer = model.memory_matrices()
     for chunk in _batches(queries, batch_size):
-        ids, mask = _left_pad(model, chunk)
+        ids, mask = pad_queries(model, chunk)
         hidden, _ = model.hidden(ids, mask, positions(mask), steer=steer)
         probs = model.logits(hidden[:, -1], index).float().softmax(-1)
         mass = probs[:, vocab:].sum(-1)
@@ -254,10 +254,10 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
         generated.append(token)
         done |= (token == eos) | (stop.update(token) if stop else False)
     rows = torch.stack(generated, dim=1).tolist()
-    return [_trace(model, q, row, float(m), not p) for q, row, m, p in zip(queries, rows, mass.tolist(), plain.tolist())]
+    return [to_generation(model, q, row, float(m), not p) for q, row, m, p in zip(queries, rows, mass.tolist(), plain.tolist())]
 
 
-def _trace(model, query, row, mass, routed) -> Generation:
+def to_generation(model, query, row, mass, routed) -> Generation:
     """Split one generated row into (procedure, text) segments at its memory tokens, up to EOS.  A tool's
     segment is its generated arguments, returned as the whole call (``assemble_call``)."""
     vocab, eos, tokenizer, bank = model.vocab_size, model.backbone.eos_token_id, model.backbone.tokenizer, model.bank

@@ -28,7 +28,7 @@ from transformers import DynamicCache
 
 from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
-from tokmem.decode import DecodeConfig, Generation, _trace, first_tokens, left_pad, next_tokens
+from tokmem.decode import DecodeConfig, Generation, to_generation, first_tokens, left_pad, next_tokens
 from tokmem.errors import BackboneError, TokMemError
 from tokmem.sequences import positions
 from tokmem.model import TokMemModel
@@ -92,7 +92,7 @@ class Handle:
     def generation(self, tokens: list[int] | None = None) -> Generation:
         """The answer so far (or of ``tokens``), split into segments by ``tokmem.decode``."""
         model = self.request.bank.model
-        return _trace(model, self.request.query, self.tokens if tokens is None else tokens, self.memory_mass, not self.plain)
+        return to_generation(model, self.request.query, self.tokens if tokens is None else tokens, self.memory_mass, not self.plain)
 
     def _add(self, token: int, eos: int) -> None:
         self.tokens.append(token)

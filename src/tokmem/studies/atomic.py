@@ -42,6 +42,7 @@ from tokmem.methods.lora import LoRA, Replay
 from tokmem.methods.tokmem import TokMem
 from tokmem.methods.rag import RAG
 from tokmem.data.procedures import Example
+from tokmem.data.shared import shared_data
 from tokmem.data.sni import QUERIES, Task, load_tasks
 from tokmem.errors import TokMemError
 from tokmem.io import read_json, write_json_atomic, write_text_atomic
@@ -129,7 +130,7 @@ PRESETS = {
     # steps in 2 epochs, LoRA 263 in 1), Base/RAG/LoRA/TokMem (TokMem+DC and replay as separate commands).  LoRA's
     # lr is 1e-3, not the paper's 5e-5: 263 steps instead of the paper's ~125k (as the compositional cpu preset).
     "cpu": dict(
-        tasks_dir="../shared/data/sni/tasks", backbone="smollm2-135m", train_per_task=100, min_train_per_task=20,
+        tasks_dir=str(shared_data("sni", "tasks")), backbone="smollm2-135m", train_per_task=100, min_train_per_task=20,
         test_per_task=10, checkpoints=(14,), methods=("base", "rag", "lora", "tokmem"), tokmem_epochs=2, lora_epochs=1,
         lora_lr=1e-3, max_new_tokens=48, replay_buffer=100, replay_every=5, budgets=(5, 10, 20),
     ),

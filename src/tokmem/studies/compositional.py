@@ -677,8 +677,8 @@ OPTIONS = {  # option → (type, help); each overrides the preset's value
     "xlam": (str, "an xLAM / APIGen JSON file (default: the built-in 25 + 25 tool catalog)"),
     "dataset": (str, "builtin (default) or complexfuncbench: ComplexFuncBench's tools to evaluate, BFCL multi-turn's to "
                      "adapt (real data; main and recipe studies)"),
-    "data_dir": (str, "complexfuncbench: the folder with complexfuncbench/ and bfcl/ (default $TOKMEM_FUNCTION_CALLING "
-                      "or shared/data/function-calling in or above the working directory)"),
+    "data_dir": (str, "complexfuncbench: the folder with complexfuncbench/ and bfcl/ (default: function-calling in "
+                      "$TOKMEM_SHARED_DATA or the shared/data folder found from the working directory up)"),
     "test_data": (str, "complexfuncbench: a NESTFUL file to test on (your own split) instead of the query-hash split"),
     "test_fraction": (float, "complexfuncbench: share of records the query-hash split tests on (default 0.2)"),
     "max_calls": (int, "most calls in a query (complexfuncbench: longer records are left out and counted)"),

@@ -58,6 +58,7 @@ from tokmem.eval import metrics
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone, load_backbone
 from tokmem.methods import prefix
 from tokmem.data.gsm8k import Problem, load_gsm8k
+from tokmem.data.shared import shared_data
 from tokmem.decode import DecodeConfig, complete
 from tokmem.errors import DataError, TokMemError
 from tokmem.io import read_json, write_json_atomic, write_text_atomic
@@ -69,7 +70,6 @@ from tokmem.train import TrainConfig, fit
 
 METHODS = ("prefix", "tokmem")
 LABELS = {"prefix": "Prefix tuning", "tokmem": "TokMem"}
-SHARED = Path("../shared")  # the project's shared data, next to the repository
 
 
 # ---- the two placements --------------------------------------------------------------------------
@@ -137,7 +137,7 @@ class MemorizationConfig:
     """Defaults are the paper's setup (its batches of 8–32 sequences are the whole text at each step)."""
 
     backbone: str = DEFAULT_BACKBONE
-    text: str = str(SHARED / "paper" / "tokmem.tex")
+    text: str = str(shared_data().parent / "paper" / "tokmem.tex")
     text_tokens: tuple[int, ...] = (1024, 2048, 4096)
     memory_tokens: tuple[int, ...] = (1, 2, 5)
     sequence_length: int = 128
@@ -279,7 +279,7 @@ class GSM8KConfig:
     training set (less the validation split; 20% and 100% of it) and the whole test set."""
 
     backbone: str = DEFAULT_BACKBONE
-    data: str = str(SHARED / "data" / "gsm8k")
+    data: str = str(shared_data("gsm8k"))
     layout: str = "reference"
     train_examples: int | None = None  # the training subset: the first N problems after the validation split (None: all)
     validation_examples: int = 500  # held out: the last N problems of train.jsonl
