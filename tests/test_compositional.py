@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from tokmem import Example, Step
+from tokmem.eval.evaluate import predicted_calls
+from tokmem.eval.evaluate import score_calls as score
 from tokmem.methods.method import Answer
 from tokmem.decode import Segment
 from tokmem.methods.tokmem import UnfrozenTokMem
@@ -17,7 +19,7 @@ from tokmem.data.tools import call_json, catalog, split_tools
 from tokmem.errors import TokMemError
 from tokmem.studies import compositional
 from tokmem.studies.compositional import (
-    METRICS, STUDIES, TOKMEM_LABELS, forgetting_panels, make_config, predicted_calls, score,
+    METRICS, STUDIES, TOKMEM_LABELS, forgetting_panels, make_config,
 )
 
 TINY = dict(

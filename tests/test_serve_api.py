@@ -6,7 +6,6 @@ import json
 import httpx2
 import openai
 import pytest
-import torch
 from helpers import SERVED_BANKS, bank_files, write_bank, write_served_banks
 
 import tokmem

@@ -42,14 +42,14 @@ import argparse
 import functools
 import statistics
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from tokmem.eval import metrics
 from tokmem.adapt import AdaptConfig, cached_adapt
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone, load_backbone
-from tokmem.methods.method import Answer, Method
+from tokmem.methods.method import Method
 from tokmem.methods.lora import LoRA, Replay
 from tokmem.methods.tokmem import TokMem, UnfrozenTokMem
 from tokmem.methods.tools import ICL, ToolRAG
@@ -59,6 +59,7 @@ from tokmem.data.realtools import RealData, complexfuncbench_data, function_call
 from tokmem.data.tools import ToolData, split_tools, tool_dataset, tool_examples
 from tokmem.data.xlam import xlam_dataset
 from tokmem.errors import TokMemError
+from tokmem.eval.evaluate import predicted_calls, score_calls
 from tokmem.studies.atomic import answer_all, learn_round, progress_bar
 from tokmem.io import write_json_atomic, write_text_atomic
 from tokmem.studies.outputs import Panel, line_plot, lines, markdown_table, pivot_table
@@ -291,20 +292,6 @@ def build_method(name: str, config: CompositionalConfig, backbones: dict, tools:
 
 
 # ---- scoring ------------------------------------------------------------------------------------------
-def predicted_calls(answer: Answer) -> list[tuple[str, str | None]]:
-    """(call text, tool) pairs: TokMem's segments, one call each, with the tool its memory token chose; or else
-    the calls found in the answer's text, whose tool is the name they give."""
-    if answer.segments is not None:
-        return [(segment.text, segment.procedure) for segment in answer.segments]
-    return [(text, None) for text in metrics.split_calls(answer.text)]
-
-
-def score(examples: list[Example], predictions: list[list[tuple[str, str | None]]]) -> dict:
-    """Tool, argument and call F1 (``metrics.call_scores``) of ``predicted_calls`` against the gold calls."""
-    calls = [[metrics.read_call(text, tool) for text, tool in predicted] for predicted in predictions]
-    return metrics.call_scores([[step.response for step in e.steps] for e in examples], calls)
-
-
 def evaluate(method: Method, examples: list[Example], batch_size: int, bar, samples: int = 3) -> dict:
     """Scores of the method's answers to ``examples``, its trainable parameters and a few answers to read."""
     start = time.perf_counter()
@@ -312,7 +299,7 @@ def evaluate(method: Method, examples: list[Example], batch_size: int, bar, samp
     predictions = [predicted_calls(a) for a in answer_all(method, [e.query for e in examples], batch_size, bar)]
     return {
         "label": method.label,
-        **score(examples, predictions),
+        **score_calls(examples, predictions),
         "trainable_params": method.trainable_params(),
         "eval_seconds": round(time.perf_counter() - start, 2),
         "samples": answer_samples(examples[:samples], predictions),
@@ -439,7 +426,7 @@ def evaluate_groups(method: Method, datasets: list[ToolData], batch_size: int, b
     scores, samples, first = {}, {}, 0
     for g, data in enumerate(datasets, 1):
         predicted = predictions[first : first + len(data.test)]
-        scores[str(g)], samples[str(g)] = score(data.test, predicted), answer_samples(data.test[:1], predicted)
+        scores[str(g)], samples[str(g)] = score_calls(data.test, predicted), answer_samples(data.test[:1], predicted)
         first += len(data.test)
     return scores, samples
 
