@@ -17,6 +17,7 @@ from tokmem.methods.tools import ICL, ToolRAG, compact_schema, first_block, tool
 from tokmem.cli import main
 from tokmem.data.tools import call_json, catalog, split_tools
 from tokmem.errors import TokMemError
+from tokmem.cli import bench
 from tokmem.studies import compositional
 from tokmem.studies.compositional import (
     METRICS, STUDIES, TOKMEM_LABELS, forgetting_panels, make_config,
@@ -356,10 +357,10 @@ def test_bench_compositional_command_writes_the_json_table_and_plot(tmp_path):
 
 def test_every_recipe_option_on_the_command_line_reaches_the_config():
     parser = argparse.ArgumentParser()
-    compositional.add_parser(parser.add_subparsers())
+    bench.add_compositional(parser.add_subparsers())
     args = parser.parse_args(["compositional", "--json", "x.json", "--tokmem-epochs", "3", "--lora-epochs", "5",
                               "--warmup", "0.2", "--no-renorm-every-step", "--init", "mean", "--lr-schedule", "constant"])
-    config = compositional.config_from_args(args)
+    config = bench.compositional_config(args)
     assert (config.tokmem_epochs, config.lora_epochs, config.warmup) == (3, 5, 0.2)
     assert (config.renorm_every_step, config.init, config.schedule) == (False, "mean", "constant")
 

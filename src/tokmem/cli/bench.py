@@ -1,31 +1,42 @@
-"""``tokmem bench``: the paper's studies (atomic recall, compositional tool calling, memory placement)."""
+"""``tokmem bench``: the paper's studies, each a config dataclass whose fields are its options.
+
+Every study option defaults to None on the command line: an option given overrides the preset's value,
+one not given leaves it (or the config's default) alone.
+"""
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from rich.markdown import Markdown
 
-from tokmem.cli.options import int_list, name_list
+from tokmem.cli.options import add_options, values
+from tokmem.errors import TokMemError
 from tokmem.report import console
-from tokmem.studies import compositional, placement
+from tokmem.studies import atomic, compositional, placement
 
 
 def add_commands(commands) -> None:
     bench = commands.add_parser("bench", help="the paper's studies: atomic recall, memory placement")
     studies = bench.add_subparsers(metavar="STUDY")
-    _bench_atomic(studies)
-    placement.add_parser(studies)
-    compositional.add_parser(studies)
+    add_atomic(studies)
+    add_placement(studies)
+    add_compositional(studies)
     for study in studies.choices.values():
         study.set_defaults(extra="studies")  # plots, and Sentence-BERT for RAG
 
 
-def _bench_atomic(studies) -> None:
-    from tokmem.data.sni import QUERIES
-    from tokmem.studies import atomic
-    from tokmem.studies.settings import add_recipe_arguments
+def _outputs(parser, what: str) -> None:
+    parser.add_argument("--json", metavar="PATH", required=True, help=f"the result file ({what})")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
+
+def _written(paths) -> None:
+    console.print(f"wrote {', '.join(map(str, paths))}", markup=False, highlight=False)
+
+
+# ---- atomic ------------------------------------------------------------------------------------------------
+def add_atomic(studies) -> None:
     parser = studies.add_parser(
         "atomic", help="atomic recall on SNI: TokMem vs Base, RAG, LoRA, replay, TokMem+DC",
         description="Every SNI task is a procedure. After each checkpoint (the first k tasks in task-id order) every "
@@ -33,53 +44,84 @@ def _bench_atomic(studies) -> None:
         "round (one run per checkpoint), with --schedule sequential one round per task. Writes the JSON (after every "
         "checkpoint), a markdown table and a PNG plot.",
     )
-    parser.add_argument("--preset", choices=["cpu", "paper"], default="cpu",
-                        help="cpu = the paper's protocol on the 14 SNI files in ../shared/data/sni/tasks, smollm2-135m, "
-                        "Base/RAG/LoRA/TokMem (default, 45 min on 2 CPU cores, measured); paper = 1000 tasks × 500/50, "
-                        "Qwen2.5-0.5B-Instruct (GPU, full natural-instructions)")
-    parser.add_argument("--query", choices=QUERIES,
-                        help="the user turn: definition = the task definition, a blank line and the input (the paper's "
-                        "protocol, default); input = the input alone (the memory token must carry the instruction)")
-    parser.add_argument("--schedule", dest="task_schedule", choices=tuple(atomic.RECIPES),
-                        help="joint = one run per checkpoint on all its tasks shuffled together (the reference code; "
-                        "default; TokMem lr 1e-3, linear schedule); sequential = tasks arrive one at a time (the paper's "
-                        "text; lr 5e-3, constant)")
-    parser.add_argument("--tasks-dir", help="folder of SNI task files (natural-instructions/tasks)")
-    parser.add_argument("--num-tasks", type=int, help="tasks to load (default: the last checkpoint)")
-    parser.add_argument("--train-per-task", type=int, help="training examples per task, at most (cpu 100, paper 500)")
-    parser.add_argument("--min-train-per-task", type=int, help="skip a task with fewer training examples (default: --train-per-task)")
-    parser.add_argument("--test-per-task", type=int)
-    parser.add_argument("--checkpoints", type=int_list, help="numbers of tasks to evaluate after, e.g. 5,10,14")
-    parser.add_argument("--methods", type=name_list, help="comma-separated subset of base,rag,lora,replay,tokmem,tokmem-dc")
-    parser.add_argument("--backbone")
-    parser.add_argument("--epochs", type=int)
-    parser.add_argument("--max-new-tokens", type=int)
-    parser.add_argument("--eval-batch-size", type=int)
-    parser.add_argument("--rag-k", type=int, help="demonstrations RAG retrieves (default 2)")
-    parser.add_argument("--lora-rank", type=int, help="default 8 (1 with --sample-efficiency)")
-    parser.add_argument("--tokmem-lr", type=float, help="learning rate of the memory rows (default 1e-3 joint, 5e-3 sequential)")
-    parser.add_argument("--lora-lr", type=float, help="learning rate of LoRA and replay (cpu preset 1e-3, paper 5e-5)")
-    add_recipe_arguments(parser)
-    parser.add_argument("--sample-efficiency", action="store_true", default=None,
-                        help="10 tasks learned as one mixture with 10/20/50/100/200/500 training examples per task")
-    parser.add_argument("--budgets", type=int_list, help="training examples per task for --sample-efficiency")
+    parser.add_argument("--preset", choices=tuple(atomic.PRESETS), default="cpu",
+                        help="cpu = the paper's protocol on the 14 SNI files of the shared data, smollm2-135m, "
+                        "Base/RAG/LoRA/TokMem (default); paper = 1000 tasks × 500/50, Qwen2.5-0.5B-Instruct (GPU, full "
+                        "natural-instructions)")
+    add_options(parser, atomic.AtomicConfig, unset=True)
     parser.add_argument("--out-dir", help="where the table, plot and method states go (default: beside --json)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --json: skip its finished checkpoints")
-    parser.add_argument("--json", metavar="PATH", required=True, help="the result file (written after every checkpoint)")
-    parser.add_argument("--device", help="cpu, cuda, … (default: cuda when available)")
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.set_defaults(handler=cmd_bench_atomic)
+    _outputs(parser, "written after every checkpoint")
+    parser.set_defaults(handler=cmd_atomic)
 
 
-
-def cmd_bench_atomic(args) -> None:
-    from tokmem.studies import atomic
-
-    options = {f.name: getattr(args, f.name) for f in fields(atomic.AtomicConfig) if f.name != "preset" and hasattr(args, f.name)}
-    config = atomic.make_config(args.preset, **options)
+def cmd_atomic(args) -> None:
+    config = atomic.make_config(args.preset, **values(args, atomic.AtomicConfig))
     result = atomic.run(config, json_path=args.json, out_dir=args.out_dir, resume=args.resume, progress=not args.quiet)
     study = atomic.EFFICIENCY if config.sample_efficiency else atomic.ATOMIC
     console.print(Markdown(atomic.markdown(result, study)))
     files = atomic.Files(args.json, args.out_dir)
-    console.print(f"[dim]wrote {files.json}, {files.markdown}, {files.plot}[/dim]")
+    _written([files.json, files.markdown, files.plot])
+
+
+# ---- compositional -----------------------------------------------------------------------------------------
+def add_compositional(studies) -> None:
+    parser = studies.add_parser(
+        "compositional", help="compositional tool calling: TokMem vs ICL, RAG, fine-tuning (Table 3, generalisation, "
+        "forgetting)")
+    parser.add_argument("--study", choices=tuple(compositional.STUDIES), default="main")
+    parser.add_argument("--preset", choices=tuple(compositional.PRESETS), default="cpu",
+                        help="cpu: 10 tools, 220 training and 40 test queries on smollm2-135m (complexfuncbench: 150 and "
+                        "24 records); paper: the paper's sizes (Llama-3.2-1B-Instruct, 5000/500 queries; 50 + 50 tools "
+                        "with --xlam), for a GPU")
+    add_options(parser, compositional.CompositionalConfig, unset=True)
+    _outputs(parser, "saved after every step; .md and .png go beside it")
+    parser.set_defaults(handler=cmd_compositional)
+
+
+def compositional_config(args) -> compositional.CompositionalConfig:
+    """The study's config: the preset's settings, overridden by every option given on the command line."""
+    return compositional.make_config(args.preset, args.study, **values(args, compositional.CompositionalConfig))
+
+
+def cmd_compositional(args) -> None:
+    result = compositional.run(compositional_config(args), progress=not args.quiet, json_path=args.json)
+    written = compositional.write_outputs(result, args.json)
+    console.print(compositional.markdown(result), markup=False, highlight=False, soft_wrap=True)
+    _written(written)
+
+
+# ---- placement ---------------------------------------------------------------------------------------------
+PLACEMENT_CONFIGS = (placement.MemorizationConfig, placement.GSM8KConfig)
+
+
+def add_placement(studies) -> None:
+    parser = studies.add_parser("placement", help="memory placement: TokMem's infix memory vs prefix tuning")
+    parser.add_argument("--study", choices=tuple(placement.PRESETS), default="memorization")
+    parser.add_argument("--preset", choices=("cpu", "paper"), default="cpu",
+                        help="cpu: smaller sizes for a CPU; paper: the paper's sizes")
+    seen = set()
+    for config in PLACEMENT_CONFIGS:  # the options of both studies; each names the study it applies to
+        add_options(parser, config, skip=seen, unset=True)
+        seen |= {f.name for f in fields(config)}
+    parser.add_argument("--resume", action="store_true", help="gsm8k: continue the run in --json, skipping its finished runs")
+    _outputs(parser, "the markdown table (.md) and plot (.png) go beside it")
+    parser.set_defaults(handler=cmd_placement)
+
+
+def placement_config(args):
+    """The preset's config with the options given on the command line; an option of the other study is an error."""
+    config = placement.PRESETS[args.study][args.preset]
+    given = {name: value for config_type in PLACEMENT_CONFIGS for name, value in values(args, config_type).items()}
+    foreign = sorted(set(given) - {f.name for f in fields(config)})
+    if foreign:
+        raise TokMemError(f"--{', --'.join(k.replace('_', '-') for k in foreign)} does not apply to --study {args.study}")
+    return replace(config, **given, progress=not args.quiet)
+
+
+def cmd_placement(args) -> None:
+    if args.resume and args.study != "gsm8k":
+        raise TokMemError(f"--resume does not apply to --study {args.study}")
+    result = placement.run_study(args.study, placement_config(args), args.json, args.resume)
+    console.print(placement.markdown(args.study, result), markup=False, highlight=False, soft_wrap=True)
+    _written(placement.outputs(args.study, args.json))

@@ -12,9 +12,6 @@ from tokmem.errors import TokMemError
 from tokmem.report import console, machine, write_json
 from tokmem.train import TrainConfig
 
-INTERNAL = ("eps", "progress", "checkpoint", "seed")  # TrainConfig fields no command sets directly
-
-
 def add_commands(commands) -> None:
     demo = commands.add_parser("demo", help="learn the built-in procedures and report routing, answers and chains")
     add_options(demo, DemoConfig, skip=("seed",))
@@ -57,7 +54,7 @@ def _add_adapt(commands) -> None:
 
 def _training_options(parser) -> None:
     parser.add_argument("--catalog", help="JSONL of {name, description} per procedure")
-    add_options(parser, TrainConfig, skip=INTERNAL)
+    add_options(parser, TrainConfig, skip=("seed",))  # --seed is common
     add_common(parser)
 
 

@@ -27,11 +27,11 @@ def name_list(text: str) -> tuple[str, ...]:
 
 def add_options(parser, config: type, names=None, skip=(), prefix: str = "", flags: dict | None = None,
                 unset: bool = False) -> None:
-    """Add an option per field of the dataclass ``config`` (those in ``names``, in that order; default: all but
-    ``skip``).  ``prefix`` goes before each destination and flag; ``flags`` renames options (field → flag).
+    """Add an option per field of the dataclass ``config`` that has help (those in ``names``, in that order; default:
+    all but ``skip``).  ``prefix`` goes before each destination and flag; ``flags`` renames options (field → flag).
     ``unset``: every default is None, so that a preset (or the dataclass) decides what an unset option means."""
     hints = typing.get_type_hints(config)
-    by_name = {f.name: f for f in fields(config)}
+    by_name = {f.name: f for f in fields(config) if "help" in f.metadata}
     for name in names or [n for n in by_name if n not in skip]:
         field = by_name[name]
         flag = (flags or {}).get(name) or field.metadata.get("flag") or f"--{(prefix + name).replace('_', '-')}"
@@ -41,14 +41,10 @@ def add_options(parser, config: type, names=None, skip=(), prefix: str = "", fla
 
 
 def values(args: argparse.Namespace, config: type, prefix: str = "") -> dict:
-    """The options ``add_options`` added for ``config``, by field name; those not given on the command line
-    (None) are left out when the field's own default is not None, so the dataclass's default applies."""
-    out = {}
-    for field in fields(config):
-        value = getattr(args, prefix + field.name, MISSING)
-        if value is not MISSING and (value is not None or _default(field) is None):
-            out[field.name] = value
-    return out
+    """The options ``add_options`` added for ``config``, by field name, leaving out those that are None (not given:
+    the dataclass's or the preset's default applies)."""
+    found = {f.name: getattr(args, prefix + f.name, None) for f in fields(config) if "help" in f.metadata}
+    return {name: value for name, value in found.items() if value is not None}
 
 
 def _default(field: Field):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import asdict, dataclass, replace
+from typing import Literal
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -41,6 +42,8 @@ from tokmem.methods.method import Answer, Method
 from tokmem.methods.lora import LoRA, Replay
 from tokmem.methods.tokmem import TokMem
 from tokmem.methods.rag import RAG
+from tokmem.backbones import DEFAULT_BACKBONE
+from tokmem.config import option
 from tokmem.data.procedures import Example
 from tokmem.data.shared import shared_data
 from tokmem.data.sni import QUERIES, Task, load_tasks
@@ -49,7 +52,7 @@ from tokmem.io import read_json, write_json_atomic, write_text_atomic
 from tokmem.studies.outputs import Panel, line_plot, lines, pivot_table
 from tokmem.studies.settings import MethodSettings
 from tokmem.report import machine
-from tokmem.train import INITS, SCHEDULES as LR_SCHEDULES
+from tokmem.train import INITS, SCHEDULES as LR_SCHEDULES, Schedule
 
 METHODS = ("base", "rag", "lora", "replay", "tokmem", "tokmem-dc")
 JOINT_METHODS = tuple(m for m in METHODS if m != "replay")  # replay is fine-tuning when every task trains in one round
@@ -58,6 +61,8 @@ CLASSES = {"base": Base, "rag": RAG, "lora": LoRA, "replay": Replay, "tokmem": T
 EFFICIENCY_TASKS = 10
 RESUME_IGNORES = ("device", "preset")  # settings a resumed run may change
 ACCURACIES = {"retrieval_accuracy": "retrieval", "routing_accuracy": "routing"}
+Query = Literal[QUERIES]
+TaskSchedule = Literal["joint", "sequential"]
 RECIPES = {  # TokMem's learning rate and every trained method's lr schedule, by task schedule
     "joint": dict(tokmem_lr=1e-3, schedule="linear"),  # the reference code
     "sequential": dict(tokmem_lr=5e-3, schedule="constant"),  # the paper's text
@@ -66,25 +71,30 @@ RECIPES = {  # TokMem's learning rate and every trained method's lr schedule, by
 
 @dataclass(frozen=True)
 class AtomicConfig(MethodSettings):
-    tasks_dir: str | None = None
-    query: str = "definition"  # the user turn: "definition" (definition, blank line, input) or "input" alone
-    task_schedule: str = "joint"  # "joint" (one run per checkpoint on its tasks together) or "sequential" (a round per task)
-    num_tasks: int | None = None  # default: the last checkpoint (10 for sample efficiency)
-    train_per_task: int = 500  # at most; a task trains on fewer when its file has fewer
-    min_train_per_task: int | None = None  # a task with fewer training instances is skipped; at most (and default) train_per_task
-    test_per_task: int = 50
-    checkpoints: tuple[int, ...] = (10, 50, 200, 500, 1000)
-    methods: tuple[str, ...] | None = None  # default: METHODS (sequential), JOINT_METHODS, EFFICIENCY_METHODS
-    backbone: str = "smollm2-135m"
-    tokmem_lr: float | None = None  # default: RECIPES[task_schedule]
-    schedule: str | None = None  # lr schedule; default: RECIPES[task_schedule]
-    lora_rank: int | None = None  # default: 8 (1 for sample efficiency, as the paper)
-    rag_k: int = 2
-    replay_ratio: float = 0.2
-    replay_buffer: int = 500
-    replay_every: int = 10
-    sample_efficiency: bool = False
-    budgets: tuple[int, ...] = (10, 20, 50, 100, 200, 500)  # training examples per task (sample efficiency)
+    tasks_dir: str | None = option(None, "folder of SNI task files (natural-instructions/tasks)")
+    query: Query = option("definition", "the user turn: definition = the task definition, a blank line and the input "
+                          "(the paper's protocol); input = the input alone (the memory token must carry the instruction)")
+    task_schedule: TaskSchedule = option(
+        "joint", "joint = one run per checkpoint on all its tasks shuffled together (the reference code; TokMem lr 1e-3, "
+        "linear schedule); sequential = tasks arrive one at a time (the paper's text; lr 5e-3, constant)", flag="--schedule")
+    num_tasks: int | None = option(None, "tasks to load (default: the last checkpoint; 10 for sample efficiency)")
+    train_per_task: int = option(500, "training examples per task, at most (a task trains on fewer when its file has fewer)")
+    min_train_per_task: int | None = option(None, "skip a task with fewer training examples (default: --train-per-task)")
+    test_per_task: int = option(50, "test examples per task")
+    checkpoints: tuple[int, ...] = option((10, 50, 200, 500, 1000), "numbers of tasks to evaluate after, e.g. 5,10,14")
+    methods: tuple[str, ...] | None = option(None, f"comma-separated subset of {','.join(METHODS)}")
+    backbone: str = option(DEFAULT_BACKBONE, "backbone spec")
+    tokmem_lr: float | None = option(None, "learning rate of the memory rows (default 1e-3 joint, 5e-3 sequential)")
+    schedule: Schedule | None = option(None, "learning rate of every trained method: constant, or linear (10% warm-up, "
+                                       "then decay); default: the task schedule's", flag="--lr-schedule")
+    lora_rank: int | None = option(None, "LoRA rank (default 8; 1 with --sample-efficiency, as the paper)")
+    rag_k: int = option(2, "demonstrations RAG retrieves")
+    replay_ratio: float = option(0.2, "share of replayed examples in a batch")
+    replay_buffer: int = option(500, "examples the replay buffer keeps")
+    replay_every: int = option(10, "procedures between refreshes of the replay buffer")
+    sample_efficiency: bool = option(False, "10 tasks learned as one mixture with 10/20/50/100/200/500 training "
+                                     "examples per task")
+    budgets: tuple[int, ...] = option((10, 20, 50, 100, 200, 500), "training examples per task for --sample-efficiency")
 
     def resolved(self) -> "AtomicConfig":
         """Fill the settings whose default depends on the study; check the rest."""

@@ -32,13 +32,10 @@ ranks 1..adapt_tools adapt, the next ``tools`` ranks evaluate) or, with ``datase
 data nobody here wrote (`tokmem.data.realtools`): ComplexFuncBench's records over 38 Booking.com tools
 (split by query hash; ``train_multi`` / ``test_multi`` records) to evaluate, BFCL's multi-turn tools
 (``adapt_multi`` turns) to adapt; main and recipe studies.
-
-`add_parser` adds the ``compositional`` subcommand (``tokmem bench compositional``).
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import statistics
 import time
@@ -53,18 +50,18 @@ from tokmem.methods.method import Method
 from tokmem.methods.lora import LoRA, Replay
 from tokmem.methods.tokmem import TokMem, UnfrozenTokMem
 from tokmem.methods.tools import ICL, ToolRAG
-from tokmem.cli.options import int_list, name_list
 from tokmem.data.procedures import Example
 from tokmem.data.realtools import RealData, complexfuncbench_data, function_calling_dir
 from tokmem.data.tools import ToolData, split_tools, tool_dataset, tool_examples
 from tokmem.data.xlam import xlam_dataset
+from tokmem.config import option
 from tokmem.errors import TokMemError
 from tokmem.eval.evaluate import predicted_calls, score_calls
 from tokmem.studies.atomic import answer_all, learn_round, progress_bar
 from tokmem.io import write_json_atomic, write_text_atomic
 from tokmem.studies.outputs import Panel, line_plot, lines, markdown_table, pivot_table
-from tokmem.studies.settings import RECIPE_OPTIONS, MethodSettings, add_recipe_arguments
-from tokmem.report import console, machine
+from tokmem.studies.settings import MethodSettings
+from tokmem.report import machine
 from tokmem.train import TrainConfig
 
 METRICS = metrics.CALL_METRICS
@@ -100,32 +97,40 @@ class CompositionalConfig(MethodSettings):
     they are per group (each round's tools get ``per_tool``, ``train_multi`` and ``test_multi`` of their own)."""
 
     study: str = "main"
-    methods: tuple[str, ...] | None = None  # default: the study's
-    backbone: str = DEFAULT_BACKBONE
-    xlam: str | None = None  # an xLAM file; default: the built-in catalog
-    dataset: str = "builtin"  # or "complexfuncbench": real data (tokmem.data.realtools)
-    data_dir: str | None = None  # complexfuncbench: the folder with complexfuncbench/ and bfcl/
-    test_data: str | None = None  # complexfuncbench: a NESTFUL file to test on instead of the hash split's test side
-    test_fraction: float = 0.2  # complexfuncbench: the share of records the hash split tests on
-    tools: int | None = None  # evaluation tools (default: all 25 built-in, or 50 from xLAM)
-    adapt_tools: int | None = None  # adaptation tools (likewise)
-    per_tool: int = 50
-    train_multi: int = 5000
-    test_multi: int = 500
-    max_calls: int = 4
-    adapt_per_tool: int = 50
-    adapt_multi: int = 3750  # with 50 single-tool samples of each of 25 tools: the reference's 5,000 samples
-    train_max_calls: tuple[int, ...] = (1, 2, 3, 4)  # generalization
-    rounds: int = 5  # forgetting
-    adapt_epochs: int = 1
-    max_new_tokens: int = 512  # four calls with long arguments
-    adapt_lr: float = 5e-5  # the adaptation phase's LoRA (rank lora_rank, alpha 32, dropout 0.1 as the reference's)
-    adapt_dropout: float = 0.1  # the adaptation LoRA's dropout (the reference code's)
-    adapt_cache: str | None = None  # where adapted backbones are kept (default <tokmem cache>/adapted)
-    rag_k: int = 4  # tools RAG retrieves
-    shots: int = 2  # demonstrations ICL and RAG show
-    replay_ratio: float = 0.2
-    replay_buffer: int = 1000
+    methods: tuple[str, ...] | None = option(
+        None, "comma-separated methods (main: icl,rag,lora,tokmem-noadapt,tokmem; generalization: lora,tokmem; "
+        "forgetting: replay,tokmem,tokmem-roundnorm,tokmem-norenorm,tokmem-unfrozen, also lora,tokmem-noadapt)")
+    backbone: str = option(DEFAULT_BACKBONE, "backbone spec")
+    xlam: str | None = option(None, "an xLAM / APIGen JSON file (default: the built-in 25 + 25 tool catalog)")
+    dataset: str = option("builtin", "builtin or complexfuncbench: ComplexFuncBench's tools to evaluate, BFCL "
+                          "multi-turn's to adapt (real data; main and recipe studies)")
+    data_dir: str | None = option(None, "complexfuncbench: the folder with complexfuncbench/ and bfcl/ (default: "
+                                  "function-calling in the shared data, tokmem.data.shared)")
+    test_data: str | None = option(None, "complexfuncbench: a NESTFUL file to test on (your own split) instead of the "
+                                   "query-hash split")
+    test_fraction: float = option(0.2, "complexfuncbench: share of records the query-hash split tests on")
+    tools: int | None = option(None, "evaluation tools (default: all 25 built-in, or 50 from --xlam)")
+    adapt_tools: int | None = option(None, "adaptation tools (likewise)")
+    per_tool: int = option(50, "single-tool samples per tool")
+    train_multi: int = option(5000, "composed training queries (forgetting: per round; complexfuncbench: training records)")
+    test_multi: int = option(500, "composed test queries (forgetting: per round; complexfuncbench: test records)")
+    max_calls: int = option(4, "most calls in a query (complexfuncbench: longer records are left out and counted)")
+    adapt_per_tool: int = option(50, "single-tool samples per adaptation tool")
+    adapt_multi: int = option(3750, "composed adaptation queries (with 50 single-tool samples of each of 25 tools: "
+                              "the reference's 5,000 samples; complexfuncbench: BFCL multi-turn turns)")
+    train_max_calls: tuple[int, ...] = option((1, 2, 3, 4), "generalization: caps on the calls of a training query")
+    rounds: int = option(5, "forgetting: rounds (groups of tools)")
+    adapt_epochs: int = option(1, "epochs of the adaptation phase")
+    max_new_tokens: int = option(512, "tokens an answer may generate (four calls with long arguments)")
+    adapt_lr: float = option(AdaptConfig.lr, "learning rate of the adaptation phase's LoRA (rank --lora-rank, "
+                             "alpha 32, as the reference's)")
+    adapt_dropout: float = option(AdaptConfig.dropout, "dropout of the adaptation phase's LoRA (0 is several times "
+                                  "faster on CPU)")
+    adapt_cache: str | None = option(None, "directory of cached adapted backbones (default <tokmem cache>/adapted)")
+    rag_k: int = option(4, "tools RAG retrieves")
+    shots: int = option(2, "demonstrations ICL and RAG show")
+    replay_ratio: float = option(0.2, "share of replayed examples in a batch")
+    replay_buffer: int = option(1000, "examples the replay buffer keeps")
 
     def resolved(self) -> "CompositionalConfig":
         """Fill the defaults that depend on the study and the data; check the rest."""
@@ -360,9 +365,9 @@ def run_generalization(config: CompositionalConfig, backbone=None, progress: boo
 def recipe_variants(config: CompositionalConfig) -> dict[str, dict]:
     """"as configured" and, for each recipe option, the config with that option switched to its alternative."""
     variants = {"as configured": {}}
-    for option, values in ABLATION.items():
-        other = next(v for v in values if v != getattr(config, option))
-        variants[f"{option}: {other} (not {getattr(config, option)})"] = {option: other}
+    for name, values in ABLATION.items():
+        other = next(v for v in values if v != getattr(config, name))
+        variants[f"{name}: {other} (not {getattr(config, name)})"] = {name: other}
     return variants
 
 
@@ -654,80 +659,3 @@ def forgetting_panels(result: dict) -> list[Panel]:
     if norms:
         panels.append(Panel("New memory rows", "round", "mean L2 norm", lines(norms), ylim=(0, None)))
     return panels
-
-
-# ---- the command -------------------------------------------------------------------------------------------
-OPTIONS = {  # option → (type, help); each overrides the preset's value
-    "backbone": (str, f"backbone spec (default {DEFAULT_BACKBONE})"),
-    "methods": (None, "comma-separated methods (main: icl,rag,lora,tokmem-noadapt,tokmem; generalization: lora,tokmem; "
-                      "forgetting: replay,tokmem,tokmem-roundnorm,tokmem-norenorm,tokmem-unfrozen, also lora,tokmem-noadapt)"),
-    "xlam": (str, "an xLAM / APIGen JSON file (default: the built-in 25 + 25 tool catalog)"),
-    "dataset": (str, "builtin (default) or complexfuncbench: ComplexFuncBench's tools to evaluate, BFCL multi-turn's to "
-                     "adapt (real data; main and recipe studies)"),
-    "data_dir": (str, "complexfuncbench: the folder with complexfuncbench/ and bfcl/ (default: function-calling in "
-                      "$TOKMEM_SHARED_DATA or the shared/data folder found from the working directory up)"),
-    "test_data": (str, "complexfuncbench: a NESTFUL file to test on (your own split) instead of the query-hash split"),
-    "test_fraction": (float, "complexfuncbench: share of records the query-hash split tests on (default 0.2)"),
-    "max_calls": (int, "most calls in a query (complexfuncbench: longer records are left out and counted)"),
-    "tools": (int, "evaluation tools (default: all 25 built-in, or 50 from --xlam)"),
-    "adapt_tools": (int, "adaptation tools (likewise)"),
-    "per_tool": (int, "single-tool samples per tool"),
-    "train_multi": (int, "composed training queries (forgetting: per round; complexfuncbench: training records)"),
-    "test_multi": (int, "composed test queries (forgetting: per round; complexfuncbench: test records)"),
-    "adapt_per_tool": (int, "single-tool samples per adaptation tool"),
-    "adapt_multi": (int, "composed adaptation queries (complexfuncbench: BFCL multi-turn turns)"),
-    "train_max_calls": (None, "generalization: caps on the calls of a training query, e.g. 1,2,3,4"),
-    "rounds": (int, "forgetting: rounds (groups of tools)"),
-    "epochs": (int, "epochs over the training queries"),
-    "adapt_epochs": (int, "epochs of the adaptation phase"),
-    "tokmem_lr": (float, "learning rate of the memory rows (default 5e-3)"),
-    "lora_lr": (float, "learning rate of fine-tuning and replay (cpu preset 1e-3, paper 5e-5)"),
-    "adapt_lr": (float, "learning rate of the adaptation phase's LoRA (cpu preset 1e-3, paper 5e-5)"),
-    "adapt_dropout": (float, "dropout of the adaptation phase's LoRA (paper 0.1; cpu preset 0: 5.8x faster on CPU)"),
-    "max_new_tokens": (int, "tokens an answer may generate"),
-    "max_length": (int, "longest training sequence in tokens (longer queries are cut from the left)"),
-    "eval_batch_size": (int, "queries answered together"),
-    "rag_k": (int, "tools RAG retrieves"),
-    "device": (str, "cpu, cuda, … (default: cuda when available)"),
-    "seed": (int, "seed of the data and training"),
-}
-
-
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Add ``compositional`` to a ``bench`` subcommand group."""
-    parser = subparsers.add_parser(
-        "compositional", help="compositional tool calling: TokMem vs ICL, RAG, fine-tuning (Table 3, generalisation, forgetting)",
-        description="The cpu preset's main study took 63 minutes alone on 2 CPU cores with smollm2-135m (54 with "
-        "--dataset complexfuncbench), both before ICL and RAG stopped decoding at the end of their answers; the recipe "
-        "study 40 minutes (4 variants of TokMem at 4 epochs), the forgetting study 43 (5 methods, TokMem 4 epochs a round); "
-        "the generalization study 44 (TokMem 24 and fine-tuning 20, measured as two runs).",
-    )
-    parser.add_argument("--study", choices=tuple(STUDIES), default="main")
-    parser.add_argument("--preset", choices=tuple(PRESETS), default="cpu",
-                        help="cpu: 10 tools, 220 training and 40 test queries on smollm2-135m (complexfuncbench: 150 and 24 "
-                        "records); paper: the paper's sizes "
-                        "(Llama-3.2-1B-Instruct, 5000/500 queries; 50 + 50 tools with --xlam), for a GPU")
-    types = {"methods": name_list, "train_max_calls": int_list}
-    for name, (kind, text) in OPTIONS.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=types.get(name, kind), help=text)
-    add_recipe_arguments(parser)
-    parser.add_argument("--adapt-cache", help="directory of cached adapted backbones (default <tokmem cache>/adapted)")
-    parser.add_argument("--json", metavar="PATH", required=True, help="results (saved after every step); .md and .png go beside it")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.set_defaults(handler=run_command)
-    return parser
-
-
-def config_from_args(args) -> CompositionalConfig:
-    """The study's config: the preset's settings, overridden by every option given on the command line."""
-    options = {name: getattr(args, name) for name in [*OPTIONS, *RECIPE_OPTIONS, "adapt_cache"]}
-    return make_config(args.preset, args.study, **options)
-
-
-def run_command(args) -> None:
-    config = config_from_args(args)
-    result = run(config, progress=not args.quiet, json_path=args.json)
-    written = write_outputs(result, args.json)
-    console.print(markdown(result), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"wrote {', '.join(map(str, written))}", markup=False, highlight=False)
-

@@ -1,57 +1,44 @@
 """The settings the atomic and compositional studies share: how their methods train and answer.
 
-Each study's config inherits them and adds its data, its methods and the defaults of its own.
+Each study's config inherits them and adds its data, its methods and the defaults of its own; the defaults
+here are those of `TrainConfig`, `DecodeConfig` and `LoRASettings`.
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
-from tokmem.train import INITS, SCHEDULES, TOOL_SEGMENTS
+from tokmem.config import option
+from tokmem.decode import DecodeConfig
+from tokmem.lora import LoRASettings
+from tokmem.train import Init, Schedule, ToolSegments, TrainConfig
 
-RECIPE_OPTIONS = {  # MethodSettings field → argparse keywords; every one overrides the preset's value
-    "tokmem_epochs": dict(type=int, help="epochs of TokMem's rows (default: --epochs)"),
-    "lora_epochs": dict(type=int, help="epochs of fine-tuning and replay (default: --epochs)"),
-    "init": dict(choices=INITS, help="TokMem's new rows: mean embedding (the paper's text) or orthogonal (the reference code)"),
-    "schedule": dict(flag="--lr-schedule", choices=SCHEDULES,
-                     help="learning rate: constant, or linear (10%% warm-up, then decay; the reference code)"),
-    "warmup": dict(type=float, help="warm-up fraction of the linear schedule (default 0.1)"),
-    "renorm_every_step": dict(action=argparse.BooleanOptionalAction,
-                              help="renormalise TokMem's new rows after every step too (the reference code)"),
-    "tool_segments": dict(choices=TOOL_SEGMENTS, help="after a tool's memory token: its arguments only (the reference "
-                          "code) or the whole call"),
-}
-
-
-def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
-    """The training-recipe options every study takes (``--init``, ``--lr-schedule``, …); default None = the preset's."""
-    for name, keywords in RECIPE_OPTIONS.items():
-        keywords = dict(keywords)
-        flag = keywords.pop("flag", f"--{name.replace('_', '-')}")
-        parser.add_argument(flag, dest=name, default=None, **keywords)
+T, D, L = TrainConfig, DecodeConfig, LoRASettings  # every default below is theirs
 
 
 @dataclass(frozen=True)
 class MethodSettings:
-    epochs: int = 1
-    tokmem_epochs: int | None = None  # TokMem's rows; default ``epochs``
-    lora_epochs: int | None = None  # fine-tuning and replay; default ``epochs``
-    init: str = "mean"  # TokMem's new rows: "mean" (the paper's text) or "orthogonal" (the reference code)
-    schedule: str = "constant"  # every trained method: "constant" or "linear" (warm-up, then linear decay)
-    warmup: float = 0.1
-    renorm_every_step: bool = False  # TokMem: renormalise new rows after every step (the reference code), not only after the round
-    tool_segments: str = "arguments"  # TokMem: after a tool's memory token its "arguments" only (reference code), or the whole "call"
-    batch_size: int = 4
-    max_length: int = 1024
-    max_new_tokens: int = 128
-    eval_batch_size: int = 16
-    tokmem_lr: float = 5e-3
-    lora_lr: float = 5e-5
-    lora_weight_decay: float = 0.01
-    lora_rank: int | None = 8
-    seed: int = 0
-    device: str | None = None
+    epochs: int = option(T.epochs, "epochs over the training examples")
+    tokmem_epochs: int | None = option(None, "epochs of TokMem's rows (default: --epochs)")
+    lora_epochs: int | None = option(None, "epochs of fine-tuning and replay (default: --epochs)")
+    init: Init = option(T.init, "TokMem's new rows: mean embedding (the paper's text) or orthogonal (the reference code)")
+    schedule: Schedule = option(T.schedule, "learning rate of every trained method: constant, or linear (10% warm-up, "
+                                "then decay; the reference code)", flag="--lr-schedule")
+    warmup: float = option(T.warmup, "warm-up fraction of the linear schedule")
+    renorm_every_step: bool = option(T.renorm_every_step, "renormalise TokMem's new rows after every step too (the "
+                                     "reference code), not only after the round")
+    tool_segments: ToolSegments = option(T.tool_segments, "after a tool's memory token: its arguments only (the "
+                                         "reference code) or the whole call")
+    batch_size: int = option(T.batch_size, "training examples per step")
+    max_length: int = option(T.max_length, "longest training sequence in tokens (longer queries are cut from the left)")
+    max_new_tokens: int = option(D.max_new_tokens, "tokens an answer may generate")
+    eval_batch_size: int = option(D.batch_size, "queries answered together")
+    tokmem_lr: float = option(T.lr, "learning rate of the memory rows")
+    lora_lr: float = option(L.lr, "learning rate of fine-tuning and replay")
+    lora_weight_decay: float = option(L.weight_decay, "weight decay of fine-tuning and replay")
+    lora_rank: int | None = option(L.rank, "LoRA rank of fine-tuning and replay")
+    seed: int = option(T.seed, "seed of the data and training")
+    device: str | None = option(None, "cpu, cuda, … (default: cuda when available)")
     preset: str | None = None
 
     def epochs_of(self, method: str) -> int:
