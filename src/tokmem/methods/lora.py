@@ -25,6 +25,7 @@ from itertools import accumulate
 from pathlib import Path
 
 import tokmem
+from tokmem.decode import DecodeConfig
 from tokmem.backbones import Backbone
 from tokmem.data.procedures import Example, Step
 from tokmem.lora import Adapter, LoRASettings
@@ -42,8 +43,8 @@ class LoRA(Method):
     def __init__(
         self, backbone: Backbone, rank: int = LoRASettings.rank, lr: float = LoRASettings.lr,
         weight_decay: float = LoRASettings.weight_decay, epochs: int = TrainConfig.epochs,
-        batch_size: int = TrainConfig.batch_size, max_length: int = TrainConfig.max_length, max_new_tokens: int = 128,
-        eval_batch_size: int = 16, seed: int = TrainConfig.seed, target_modules: tuple[str, ...] = LoRASettings.target_modules,
+        batch_size: int = TrainConfig.batch_size, max_length: int = TrainConfig.max_length, max_new_tokens: int = DecodeConfig.max_new_tokens,
+        eval_batch_size: int = DecodeConfig.batch_size, seed: int = TrainConfig.seed, target_modules: tuple[str, ...] = LoRASettings.target_modules,
         schedule: str = TrainConfig.schedule, warmup: float = TrainConfig.warmup,
     ):
         self.backbone = backbone

@@ -29,9 +29,10 @@ class TokMem(Method):
     choice_metric = "routing_accuracy"
 
     def __init__(
-        self, backbone: Backbone, decoupled: bool = False, lr: float = 5e-3, epochs: int = 1, batch_size: int = 4,
-        max_length: int = 1024, max_new_tokens: int = 128, eval_batch_size: int = 16, seed: int = 0,
-        max_steps: int = 1, renormalize: bool = True, name: str | None = None, label: str | None = None, **recipe,
+        self, backbone: Backbone, decoupled: bool = False, lr: float = TrainConfig.lr, epochs: int = TrainConfig.epochs,
+        batch_size: int = TrainConfig.batch_size, max_length: int = TrainConfig.max_length,
+        max_new_tokens: int = DecodeConfig.max_new_tokens, eval_batch_size: int = DecodeConfig.batch_size, seed: int = TrainConfig.seed,
+        max_steps: int = 1, renormalize: bool = TrainConfig.renormalize, name: str | None = None, label: str | None = None, **recipe,
     ):
         """``recipe``: more TrainConfig fields (init, schedule, warmup, renorm_every_step)."""
         self.name, self.label = ("tokmem-dc", "TokMem+DC") if decoupled else ("tokmem", "TokMem")
