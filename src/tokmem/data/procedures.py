@@ -98,13 +98,19 @@ def _where(path, line: int, field_name: str | None = None) -> str:
     return f"{loc}: field '{field_name}'" if field_name else loc
 
 
+def _text(obj: dict, key: str, path, line: int, within: str = "") -> str:
+    """``obj[key]``, which must be a non-empty string; ``within`` names the object in the error (``steps[0].``)."""
+    value = obj.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{_where(path, line, within + key)}: missing or empty (must be a non-empty string)")
+    return value
+
+
 def parse_example(obj, path="<data>", line: int = 1) -> Example:
     """Validate one decoded JSON object against the contract; errors name file, line and field."""
     if not isinstance(obj, dict):
         raise DataError(f"{_where(path, line)}: expected a JSON object, got {type(obj).__name__}")
-    query = obj.get("query")
-    if not isinstance(query, str) or not query.strip():
-        raise DataError(f"{_where(path, line, 'query')}: missing or empty (must be a non-empty string)")
+    query = _text(obj, "query", path, line)
     steps = obj.get("steps")
     if not isinstance(steps, list) or not steps:
         raise DataError(f"{_where(path, line, 'steps')}: missing or empty (must be a non-empty list)")
@@ -113,13 +119,8 @@ def parse_example(obj, path="<data>", line: int = 1) -> Example:
         where = f"steps[{k}]"
         if not isinstance(step, dict):
             raise DataError(f"{_where(path, line, where)}: expected an object with 'procedure' and 'response'")
-        name = step.get("procedure")
-        if not isinstance(name, str) or not name.strip():
-            raise DataError(f"{_where(path, line, where + '.procedure')}: missing or empty")
-        response = step.get("response")
-        if not isinstance(response, str) or not response.strip():
-            raise DataError(f"{_where(path, line, where + '.response')}: missing or empty")
-        parsed.append(Step(name.strip(), response))
+        name = _text(step, "procedure", path, line, f"{where}.")
+        parsed.append(Step(name.strip(), _text(step, "response", path, line, f"{where}.")))
     ex_id = obj.get("id")
     return Example(query=query, steps=tuple(parsed), id=None if ex_id is None else str(ex_id))
 

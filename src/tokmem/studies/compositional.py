@@ -52,7 +52,7 @@ from tokmem.methods.tokmem import TokMem, UnfrozenTokMem
 from tokmem.methods.tools import ICL, ToolRAG
 from tokmem.data.procedures import Example
 from tokmem.data.realtools import RealData, complexfuncbench_data, function_calling_dir
-from tokmem.data.tools import ToolData, split_tools, tool_dataset, tool_examples
+from tokmem.data.tools import StudySizes, ToolData, split_tools, tool_dataset, tool_examples
 from tokmem.data.xlam import xlam_dataset
 from tokmem.config import option
 from tokmem.errors import TokMemError
@@ -111,11 +111,11 @@ class CompositionalConfig(MethodSettings):
     test_fraction: float = option(0.2, "complexfuncbench: share of records the query-hash split tests on")
     tools: int | None = option(None, "evaluation tools (default: all 25 built-in, or 50 from --xlam)")
     adapt_tools: int | None = option(None, "adaptation tools (likewise)")
-    per_tool: int = option(50, "single-tool samples per tool")
-    train_multi: int = option(5000, "composed training queries (forgetting: per round; complexfuncbench: training records)")
-    test_multi: int = option(500, "composed test queries (forgetting: per round; complexfuncbench: test records)")
-    max_calls: int = option(4, "most calls in a query (complexfuncbench: longer records are left out and counted)")
-    adapt_per_tool: int = option(50, "single-tool samples per adaptation tool")
+    per_tool: int = option(StudySizes.per_tool, "single-tool samples per tool")
+    train_multi: int = option(StudySizes.train_multi, "composed training queries (forgetting: per round; complexfuncbench: training records)")
+    test_multi: int = option(StudySizes.test_multi, "composed test queries (forgetting: per round; complexfuncbench: test records)")
+    max_calls: int = option(StudySizes.max_calls, "most calls in a query (complexfuncbench: longer records are left out and counted)")
+    adapt_per_tool: int = option(StudySizes.per_tool, "single-tool samples per adaptation tool")
     adapt_multi: int = option(3750, "composed adaptation queries (with 50 single-tool samples of each of 25 tools: "
                               "the reference's 5,000 samples; complexfuncbench: BFCL multi-turn turns)")
     train_max_calls: tuple[int, ...] = option((1, 2, 3, 4), "generalization: caps on the calls of a training query")
