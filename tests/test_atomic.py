@@ -21,9 +21,10 @@ from tokmem.cli import main
 from tokmem.data.sni import Instance, Task, load_tasks
 from tokmem.errors import TokMemError
 from tokmem.studies.atomic import (
-    JOINT_METHODS, METHODS, AtomicConfig, evaluate, learn_round, make_config, run_atomic, run_sample_efficiency,
+    JOINT_METHODS, METHODS, AtomicConfig, evaluate, make_config, run_atomic, run_sample_efficiency,
 )
 from tokmem.io import read_json
+from tokmem.studies.harness import learn_round
 from tokmem.sequences import collate, encode
 
 TASKS = {

@@ -89,13 +89,7 @@ def run_demo(config: DemoConfig | None = None, device: str | None = None, progre
         f"[bold]tokmem demo[/bold]: {len(names)} procedures, {len(train_set)} training and "
         f"{len(test_set)} held-out queries, backbone {config.backbone}"
     )
-    model = create(config.backbone, decoupled=config.decoupled, device=device)
-    train_config = TrainConfig(epochs=config.epochs, batch_size=config.batch_size, lr=config.lr, seed=config.seed, progress=progress)
-    report = learn(model, train_set, train_config, descriptions=builtin.catalog())
-    console.print(
-        f"trained {len(model.bank)} memory tokens ({model.bank.parameter_count():,} "
-        f"parameters) in {report.seconds:.0f} s, {report.tokens_per_s:.0f} tokens/s, final loss {report.losses[-1]:.3f}"
-    )
+    model, report = learn_builtin(config, train_set, device, progress)
     if bank_path:
         console.print(f"saved {model.bank.save(bank_path)}")
     start = time.perf_counter()
@@ -142,6 +136,18 @@ def run_demo(config: DemoConfig | None = None, device: str | None = None, progre
         "machine": machine(),
         "examples": chains[:6],
     }
+
+
+def learn_builtin(config: DemoConfig, train_set: list[Example], device: str | None, progress: bool):
+    """A fresh bank on the backbone, trained on the built-in procedures' queries: the model and the report."""
+    model = create(config.backbone, decoupled=config.decoupled, device=device)
+    train_config = TrainConfig(epochs=config.epochs, batch_size=config.batch_size, lr=config.lr, seed=config.seed, progress=progress)
+    report = learn(model, train_set, train_config, descriptions=builtin.catalog())
+    console.print(
+        f"trained {len(model.bank)} memory tokens ({model.bank.parameter_count():,} "
+        f"parameters) in {report.seconds:.0f} s, {report.tokens_per_s:.0f} tokens/s, final loss {report.losses[-1]:.3f}"
+    )
+    return model, report
 
 
 def procedure_table(result: dict, instructed: dict, catalog: dict) -> Table:

@@ -48,7 +48,8 @@ from tokmem.data.procedures import Example
 from tokmem.data.shared import shared_data
 from tokmem.data.sni import QUERIES, Task, load_tasks
 from tokmem.errors import TokMemError
-from tokmem.io import read_json, write_json_atomic, write_text_atomic
+from tokmem.io import write_json_atomic, write_text_atomic
+from tokmem.studies.harness import answer_all, learn_round, progress_bar, resumed
 from tokmem.studies.outputs import Panel, line_plot, lines, pivot_table
 from tokmem.studies.settings import MethodSettings
 from tokmem.report import machine
@@ -333,15 +334,9 @@ def _config_dict(config: AtomicConfig) -> dict:
 def _start(config: AtomicConfig, study: Study, tasks: list[Task], skipped: list[dict], files: Files, resume: bool) -> dict:
     """The result so far: the saved JSON when resuming (its settings must match), else a fresh one."""
     settings = _config_dict(config)
-    if resume and files.json and files.json.is_file():
-        result = read_json(files.json)
-        changed = [k for k in settings if k not in RESUME_IGNORES and result["config"].get(k) != settings[k]]
-        if changed:
-            raise TokMemError(
-                f"cannot resume {files.json}: it was run with other settings ({', '.join(changed)}); "
-                "use the same options, or drop --resume to start over"
-            )
-        return result
+    saved = resumed(files.json if resume else None, study.title, settings, RESUME_IGNORES)
+    if saved is not None:
+        return saved
     return {
         "study": study.title,
         "config": settings,
@@ -366,11 +361,6 @@ def _restore(methods: list[Method], seen: list[Task], query: str, directory: Pat
 
 
 # ---- learning and answering ----------------------------------------------------------------------------
-def progress_bar(total: int, progress: bool):
-    """One bar for the whole run: its rate and time left count training examples and test queries alike."""
-    return tqdm(total=total, unit="ex", disable=not progress, dynamic_ncols=True, smoothing=0.05)
-
-
 def _units(config: AtomicConfig, points: list[tuple[int, list[Task], list[Task]]]) -> int:
     """Work for the progress bar and its time estimate: training examples seen plus test queries answered.
 
@@ -383,26 +373,6 @@ def _units(config: AtomicConfig, points: list[tuple[int, list[Task], list[Task]]
             units += config.epochs_of(name) * learned
             units += sum(len(t.test) for t in asked if CLASSES[name].learns or t.name not in known)
     return units
-
-
-def learn_round(method: Method, examples, what: str, bar) -> float:
-    """One round of learning, the bar advancing after each of its steps; returns the seconds it took."""
-    start = time.perf_counter()
-    bar.set_description_str(f"{method.name}: learning {what}")
-    units, shown = method.epochs * len(examples), 0
-
-    def advance(fraction: float) -> None:
-        nonlocal shown
-        bar.update(round(units * fraction) - shown)
-        shown = round(units * fraction)
-
-    method.on_step = advance
-    try:
-        method.learn(examples)
-    finally:
-        method.on_step = None
-    bar.update(units - shown)
-    return time.perf_counter() - start
 
 
 def evaluate(method: Method, tasks: list[Task], batch_size: int = 16, bar=None, train_seconds: float = 0.0, reuse: dict | None = None,
@@ -432,18 +402,6 @@ def evaluate(method: Method, tasks: list[Task], batch_size: int = 16, bar=None, 
         "eval_seconds": round(time.perf_counter() - start, 2),
         "per_task": per_task,
     }
-
-
-def answer_all(method: Method, queries: list[str], batch_size: int, bar) -> list[Answer]:
-    """Answers in query order, asked in batches of similar length (less padding)."""
-    order = sorted(range(len(queries)), key=lambda i: len(queries[i]))
-    answers: list[Answer | None] = [None] * len(queries)
-    for first in range(0, len(order), batch_size):
-        chunk = order[first : first + batch_size]
-        for i, answer in zip(chunk, method.answer([queries[i] for i in chunk])):
-            answers[i] = answer
-        bar.update(len(chunk))
-    return answers
 
 
 def _task_scores(method: Method, task: Task, answers: list[Answer]) -> dict:

@@ -57,7 +57,7 @@ from tokmem.data.xlam import xlam_dataset
 from tokmem.config import option
 from tokmem.errors import TokMemError
 from tokmem.eval.evaluate import predicted_calls, score_calls
-from tokmem.studies.atomic import answer_all, learn_round, progress_bar
+from tokmem.studies.harness import answer_all, learn_round, progress_bar
 from tokmem.io import write_json_atomic, write_text_atomic
 from tokmem.studies.outputs import Panel, line_plot, lines, markdown_table, pivot_table
 from tokmem.studies.settings import MethodSettings

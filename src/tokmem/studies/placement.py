@@ -62,7 +62,8 @@ from tokmem.data.gsm8k import Problem, load_gsm8k
 from tokmem.data.shared import shared_data
 from tokmem.decode import DecodeConfig, complete
 from tokmem.errors import DataError, TokMemError
-from tokmem.io import read_json, write_json_atomic, write_text_atomic
+from tokmem.io import write_json_atomic, write_text_atomic
+from tokmem.studies.harness import resumed
 from tokmem.studies.outputs import Panel, line_plot, markdown_table
 from tokmem.sequences import IGNORE, Encoded, chat_prefix, chat_turns, collate
 from tokmem.model import TokMemModel
@@ -329,14 +330,8 @@ def run_gsm8k(config: GSM8KConfig, json_path=None, resume: bool = False) -> dict
 def _gsm8k_start(config: GSM8KConfig, json_path, resume: bool) -> dict:
     """The result so far: the saved JSON when resuming (its settings must match but for the device), else an empty one."""
     settings = json.loads(json.dumps(asdict(config)))  # as the JSON holds them: tuples become lists
-    if resume and json_path is not None and Path(json_path).is_file():
-        saved = read_json(json_path)
-        changed = [key for key in settings if key not in ("device", "progress") and saved.get("config", {}).get(key) != settings[key]]
-        if saved.get("study") != "gsm8k" or changed:
-            raise TokMemError(
-                f"cannot resume {json_path}: it was run with other settings ({', '.join(changed) or 'another study'}); "
-                "use the same options, or drop --resume to start over"
-            )
+    saved = resumed(json_path if resume else None, "gsm8k", settings, ("device", "progress"))
+    if saved is not None:
         return saved
     return {"study": "gsm8k", "gsm8k": {}, "seconds": 0.0, "config": settings, "tokmem": tokmem.__version__, "machine": machine()}
 
