@@ -7,7 +7,7 @@ import pytest
 from tokmem.data.procedures import Example, Step
 from tokmem.data.realtools import complexfuncbench_data, function_calling_dir, hash_split, query_hash
 from tokmem.errors import DataError, TokMemError
-from tokmem.studies import compositional
+from tokmem.studies import compositional, compositional_report
 from tokmem.studies.compositional import make_config
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "function-calling"
@@ -85,4 +85,4 @@ def test_the_real_data_main_study_runs_end_to_end_on_the_tiny_model(backbone):
     assert (result["data"]["train"], result["data"]["test"], result["adaptation"]["examples"]) == (4, 2, 2)
     assert result["data"]["train_calls"] == {2: 4} and "ComplexFuncBench records with more than 2 calls" in result["data"]["left_out"]
     assert set(result["methods"]) == {"rag", "tokmem"} and result["methods"]["tokmem"]["trainable_params"] > 0
-    assert "Left out:" in compositional.markdown(result)
+    assert "Left out:" in compositional_report.markdown(result)

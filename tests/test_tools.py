@@ -295,7 +295,8 @@ def test_an_xlam_file_that_is_not_records_is_a_data_error(tmp_path):
 
 
 def test_an_xlam_study_adapts_on_the_first_ranks_and_evaluates_on_the_next(xlam_file):
-    from tokmem.studies.compositional import adaptation_examples, make_config, tool_data
+    from tokmem.studies.compositional import make_config
+    from tokmem.studies.tool_setup import adaptation_examples, tool_data
 
     config = make_config(None, "main", xlam=str(xlam_file), tools=2, adapt_tools=2, per_tool=4, train_multi=2,
                          test_multi=2, adapt_per_tool=2, adapt_multi=0).resolved()

@@ -13,7 +13,7 @@ from rich.markdown import Markdown
 from tokmem.cli.options import add_options, values
 from tokmem.errors import TokMemError
 from tokmem.report import console
-from tokmem.studies import atomic, compositional, placement
+from tokmem.studies import atomic, compositional, compositional_report, placement
 
 
 def add_commands(commands) -> None:
@@ -86,8 +86,8 @@ def compositional_config(args) -> compositional.CompositionalConfig:
 
 def cmd_compositional(args) -> None:
     result = compositional.run(compositional_config(args), progress=not args.quiet, json_path=args.json)
-    written = compositional.write_outputs(result, args.json)
-    console.print(compositional.markdown(result), markup=False, highlight=False, soft_wrap=True)
+    written = compositional_report.write_outputs(result, args.json)
+    console.print(compositional_report.markdown(result), markup=False, highlight=False, soft_wrap=True)
     _written(written)
 
 
