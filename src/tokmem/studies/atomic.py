@@ -135,8 +135,8 @@ class AtomicConfig(MethodSettings):
 
 
 PRESETS = {
-    # the paper's protocol (definition queries, joint schedule) on the 14 SNI files beside the project and smollm2-135m,
-    # measured 44 min 38 s alone on 2 CPU cores: 10 test and up to 100 training instances a task (the files hold 30–120;
+    # the paper's protocol (definition queries, joint schedule) on the 14 SNI files of the shared data and smollm2-135m,
+    # for a CPU (run time: docs/studies.md): 10 test and up to 100 training instances a task (the files hold 30–120;
     # a task with fewer than 20 left would be skipped), one joint run on all 14 tasks (1,052 examples: TokMem 526
     # steps in 2 epochs, LoRA 263 in 1), Base/RAG/LoRA/TokMem (TokMem+DC and replay as separate commands).  LoRA's
     # lr is 1e-3, not the paper's 5e-5: 263 steps instead of the paper's ~125k (as the compositional cpu preset).

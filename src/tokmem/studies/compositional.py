@@ -156,8 +156,7 @@ PRESETS = {
     # queries.  TokMem's rows train 10 epochs (~1,100 updates, 10× the earlier preset's 110); fine-tuning 2 epochs (it
     # learns faster, and 2 were enough for 91.5 tool F1 before).  LoRA's lrs are 20× the paper's for the small data.
     # The adaptation phase (1,000 queries over the 25 built-in adaptation tools, 1 epoch) is cached on disk; its LoRA
-    # has no dropout here: on this CPU, dropout 0.1 made a step of 2 queries 5.8x slower (9.26 s against 1.60 s,
-    # /tmp/time_adapt.py, 6 steps each, near-idle machine).
+    # has no dropout here: on a CPU, dropout makes a step several times slower (docs/studies.md).
     "cpu": {
         "common": dict(
             backbone=DEFAULT_BACKBONE, tools=10, per_tool=12, train_multi=120, test_multi=40, adapt_per_tool=20,
@@ -166,11 +165,11 @@ PRESETS = {
         ),
         # four training caps, each trained afresh: TokMem 4 epochs (the recipe study's budget), not the main study's 10
         "generalization": dict(test_multi=32, tokmem_epochs=4),
-        # 5 rounds of 2 tools, 42 training queries a round; TokMem's four variants at 4 epochs (84 updates a round,
-        # 7–10 minutes a variant) so that the five methods fit the hour (measured: 43 min alone on 2 cores)
+        # 5 rounds of 2 tools, 42 training queries a round; TokMem's four variants at 4 epochs (84 updates a round)
+        # so that the five methods fit a CPU budget (run times: docs/studies.md)
         "forgetting": dict(per_tool=14, train_multi=20, test_multi=8, tokmem_epochs=4),
         # four TokMem runs (as configured, then init, schedule and segments switched alone) at 4 epochs each, not the
-        # main study's 10: ~10 minutes a variant, so the ablation fits the hour
+        # main study's 10, so that the ablation fits a CPU budget
         "recipe": dict(tokmem_epochs=4),
         # ComplexFuncBench's records with 2–4 calls (as the paper's queries): 150 to train, 24 to test; 300 BFCL
         # multi-turn turns to adapt.  Arguments-only sequences of these records reach ~320 tokens (p95), whole

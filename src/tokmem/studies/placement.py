@@ -502,10 +502,9 @@ def plot_memorization(result: dict, path) -> Path:
     return line_plot(path, panels)
 
 
-# ---- the command -------------------------------------------------------------------------------------------
-# cpu, smollm2-135m on 2 cores (measured: a step on 256 text tokens ≈ 0.85 s): memorisation ≈ 20 minutes (24 runs
-# of 60 steps).  GSM8K measured 60 minutes (the two 100% runs 40 min alone): a step of 4 problems ≈ 4.7 s in the
-# reference layout, 16 answers of up to 256 tokens ≈ 36–43 s, so each run's 3 validations and its test ≈ 8 min.
+# ---- presets and outputs -----------------------------------------------------------------------------------
+# cpu: smollm2-135m on a CPU, memorisation in 24 runs of 60 steps, GSM8K on 240 training problems (run times:
+# docs/studies.md).
 PRESETS = {
     "memorization": {
         "paper": MemorizationConfig(),
