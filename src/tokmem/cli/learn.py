@@ -7,6 +7,7 @@ from pathlib import Path
 from tokmem.adapt import AdaptConfig
 from tokmem.backbones import DEFAULT_BACKBONE
 from tokmem.cli.options import add_common, add_options, values
+from tokmem.data.tools import ADAPTATION_SAMPLES
 from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
 from tokmem.report import console, machine, write_json
@@ -44,7 +45,8 @@ def _add_adapt(commands) -> None:
     adapt.add_argument("--backbone", default=DEFAULT_BACKBONE)
     adapt.add_argument("--out", required=True, help="new directory for the adapted backbone (use it as --backbone later)")
     adapt.add_argument("--data", help="procedures JSONL of held-out procedures (default: the built-in adaptation tools)")
-    adapt.add_argument("--samples", type=int, default=5000, help="built-in data: queries in all (50 single-tool samples a tool)")
+    adapt.add_argument("--samples", type=int, default=ADAPTATION_SAMPLES,
+                       help="built-in data: queries in all (50 single-tool samples a tool)")
     add_options(adapt, AdaptConfig)
     add_options(adapt, TrainConfig, names=("lr",), prefix="rows_")
     add_options(adapt, TrainConfig, names=("epochs", "batch_size", "max_length"))

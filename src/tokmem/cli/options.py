@@ -13,6 +13,8 @@ import types
 import typing
 from dataclasses import MISSING, Field, fields
 
+from tokmem.train import TrainConfig
+
 
 def int_list(text: str) -> tuple[int, ...]:
     try:
@@ -79,5 +81,5 @@ def add_common(parser) -> None:
     """The options of every command that computes: where its numbers go, the device, the seed, the progress bars."""
     parser.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
     parser.add_argument("--device", help="cpu, cuda, … (default: cuda when available)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=TrainConfig.seed, help="seed of the data order, the new rows and sampling")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")

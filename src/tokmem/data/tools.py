@@ -576,6 +576,9 @@ def catalog(tools=None) -> dict[str, dict]:
 
 # ---- datasets ---------------------------------------------------------------------------------------------
 
+ADAPTATION_SAMPLES = 5000  # the reference code's adaptation set
+
+
 @dataclass(frozen=True)
 class StudySizes:
     """How a tool-calling study is built (``assemble``); the defaults are the paper's."""
@@ -615,7 +618,7 @@ def tool_examples(tools, n_single: int = 50, n_multi: int = 2500, max_calls: int
     return singles + compose(pools, n_multi, max_calls, random.Random(f"{seed}:multi"), taken, "multi")
 
 
-def adaptation_examples(samples: int = StudySizes.train_multi, per_tool: int = StudySizes.per_tool,
+def adaptation_examples(samples: int = ADAPTATION_SAMPLES, per_tool: int = StudySizes.per_tool,
                         max_calls: int = StudySizes.max_calls, seed: int = StudySizes.seed) -> list[Example]:
     """The reference code's adaptation set over the built-in adaptation tools: ``per_tool`` single-tool samples
     of each (fewer when ``samples`` is too small for that), then composed queries up to ``samples`` in all."""

@@ -141,7 +141,7 @@ PRESETS = {
     # steps in 2 epochs, LoRA 263 in 1), Base/RAG/LoRA/TokMem (TokMem+DC and replay as separate commands).  LoRA's
     # lr is 1e-3, not the paper's 5e-5: 263 steps instead of the paper's ~125k (as the compositional cpu preset).
     "cpu": dict(
-        tasks_dir=str(shared_data("sni", "tasks")), backbone="smollm2-135m", train_per_task=100, min_train_per_task=20,
+        tasks_dir=str(shared_data("sni", "tasks")), backbone=DEFAULT_BACKBONE, train_per_task=100, min_train_per_task=20,
         test_per_task=10, checkpoints=(14,), methods=("base", "rag", "lora", "tokmem"), tokmem_epochs=2, lora_epochs=1,
         lora_lr=1e-3, max_new_tokens=48, replay_buffer=100, replay_every=5, budgets=(5, 10, 20),
     ),
