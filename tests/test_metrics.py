@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from tokmem.data.gsm8k import extract_final_number, gsm8k_compliant, gsm8k_strictly_compliant
 from tokmem.eval import metrics
 from tokmem.eval.metrics import (
     argument_f1,
@@ -14,10 +15,7 @@ from tokmem.eval.metrics import (
     read_call,
     exact_match,
     exact_match_any,
-    extract_final_number,
-    gsm8k_compliant,
     gsm8k_exact_match,
-    gsm8k_strictly_compliant,
     mean,
     multiset_f1,
     normalize_answer,

@@ -8,13 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokmem.data.gsm8k import Problem, load_gsm8k
+from tokmem.data.gsm8k import Problem, gsm8k_strictly_compliant, load_gsm8k
 from tokmem.errors import DataError, TokMemError
 from tokmem.cli import bench
 from tokmem.studies import placement
 from tokmem.studies.placement import GSM8KConfig, MemorizationConfig, steps_at_90
 from tokmem.sequences import IGNORE, chat_prefix
-from tokmem.eval.metrics import gsm8k_strictly_compliant
 from tokmem.train import TrainConfig, fit
 
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"

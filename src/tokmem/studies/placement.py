@@ -58,7 +58,7 @@ from tokmem.eval import metrics
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone, load_backbone
 from tokmem.methods import prefix
 from tokmem.config import option
-from tokmem.data.gsm8k import Problem, load_gsm8k
+from tokmem.data.gsm8k import Problem, gsm8k_compliant, gsm8k_strictly_compliant, load_gsm8k
 from tokmem.data.shared import shared_data
 from tokmem.decode import DecodeConfig, complete
 from tokmem.errors import DataError, TokMemError
@@ -366,8 +366,8 @@ def gsm8k_encode(model: TokMemModel, method: str, layout: str, problem: Problem)
 def gsm8k_scores(answers: list[str], problems: list[Problem]) -> dict:
     """Compliance (the reference rule: ``#### `` anywhere), strict compliance (ends with ``#### <number>``) and exact match."""
     return {
-        "compliance": metrics.mean(map(metrics.gsm8k_compliant, answers)),
-        "strict_compliance": metrics.mean(map(metrics.gsm8k_strictly_compliant, answers)),
+        "compliance": metrics.mean(map(gsm8k_compliant, answers)),
+        "strict_compliance": metrics.mean(map(gsm8k_strictly_compliant, answers)),
         "em": metrics.mean(metrics.gsm8k_exact_match(a, p.answer) for a, p in zip(answers, problems)),
     }
 
