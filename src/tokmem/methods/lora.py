@@ -2,12 +2,13 @@
 
 The training sequence is TokMem's without the memory token (``chat(query) response EOS``, loss on
 the response and EOS only), batched and masked by the same ``sequences.encode`` / ``collate`` and scored
-by the same ``TokMemModel.loss`` (on an empty bank).  Rounds are sequential: each ``learn`` call
-trains on its examples with a fresh AdamW, carrying the adapter weights over from the last round.
+by the same ``TokMemModel.loss`` (on an empty bank), in the one training loop (``train.fit``, the adapter
+weights as its parameter group).  Rounds are sequential: each ``learn`` call trains on its examples with a
+fresh AdamW, carrying the adapter weights over from the last round.
 
-The backbone object is shared with every other method of a study, so the adapters are injected
-into it (PEFT ``LoraModel``) only for the duration of a round or an answer and taken out again
-(``unload``, no merge) afterwards; between uses they live in ``weights``.  The backbone's own
+The backbone object is shared with every other method of a study, so the adapters (`tokmem.lora.Adapter`)
+are injected into it only for the duration of a round or an answer and taken out again (no merge)
+afterwards; between uses they live in ``adapter.weights``.  The backbone's own
 weights never get ``requires_grad`` and stay bit-identical.
 
 Replay keeps a uniform sample (reservoir) of every training example seen so far; every
