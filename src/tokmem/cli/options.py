@@ -27,18 +27,17 @@ def name_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def add_options(parser, config: type, names=None, skip=(), prefix: str = "", flags: dict | None = None,
-                unset: bool = False) -> None:
+def add_options(parser, config: type, names=None, skip=(), prefix: str = "", unset: bool = False) -> None:
     """Add an option per field of the dataclass ``config`` that has help (those in ``names``, in that order; default:
-    all but ``skip``).  ``prefix`` goes before each destination and flag; ``flags`` renames options (field → flag).
+    all but ``skip``).  ``prefix`` goes before each destination and flag (``metadata["flag"]`` renames one).
     ``unset``: every default is None, so that a preset (or the dataclass) decides what an unset option means."""
     hints = typing.get_type_hints(config)
     by_name = {f.name: f for f in fields(config) if "help" in f.metadata}
     for name in names or [n for n in by_name if n not in skip]:
         field = by_name[name]
-        flag = (flags or {}).get(name) or field.metadata.get("flag") or f"--{(prefix + name).replace('_', '-')}"
+        flag = field.metadata.get("flag") or f"--{(prefix + name).replace('_', '-')}"
         default = None if unset else _default(field)
-        parser.add_argument(flag, dest=prefix + name, default=default, help=_help(field, default, unset),
+        parser.add_argument(flag, dest=prefix + name, default=default, help=_help(field, unset),
                             **_kind(hints[name]))
 
 
@@ -55,12 +54,14 @@ def _default(field: Field):
     return field.default_factory() if field.default_factory is not MISSING else None
 
 
-def _help(field: Field, default, unset: bool) -> str:
-    text = field.metadata.get("help", "")
-    if unset or default is None or isinstance(default, bool):
+def _help(field: Field, unset: bool) -> str:
+    """The field's help and its default; with ``unset``, the preset may set another."""
+    text, own = field.metadata.get("help", ""), _default(field)
+    if own is None or isinstance(own, bool):
         return text.replace("%", "%%")
-    shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-    return f"{text} (default {shown})".lstrip().replace("%", "%%")
+    shown = ",".join(map(str, own)) if isinstance(own, tuple) else own
+    where = f"the preset's, else {shown}" if unset else shown
+    return f"{text} (default {where})".replace("%", "%%")
 
 
 def _kind(annotation) -> dict:
