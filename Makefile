@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo lint test test-fast bench clean
 
 $(BIN)/tokmem: pyproject.toml requirements.txt
 	$(PY) -m venv $(VENV)
@@ -19,8 +19,12 @@ install: $(BIN)/tokmem
 demo: install
 	$(BIN)/tokmem demo
 
+lint: install
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
 # pytest exits 5 when it collects no tests: that must fail, not pass silently.
-test: install
+test: lint
 	$(BIN)/python -m pytest -q tests; s=$$?; [ $$s -ne 5 ] || echo "no tests collected" >&2; [ $$s -eq 0 ]
 
 test-fast: install

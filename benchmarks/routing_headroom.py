@@ -17,10 +17,10 @@ import random
 import torch
 
 from tokmem import create
-from tokmem.cli import int_list
+from tokmem.cli.options import int_list
 from tokmem.data.builtin import demo_dataset
-from tokmem.decode import _left_pad
-from tokmem.layout import positions
+from tokmem.decode import pad_queries
+from tokmem.sequences import positions
 from tokmem.report import console, machine, write_json
 
 
@@ -30,7 +30,7 @@ def routing_states(model, queries: list[str], batch_size: int = 32) -> torch.Ten
     empty = torch.zeros(0, model.backbone.hidden_size)
     out = []
     for i in range(0, len(queries), batch_size):
-        ids, mask = _left_pad(model, queries[i : i + batch_size])
+        ids, mask = pad_queries(model, queries[i : i + batch_size])
         hidden, _ = model.hidden(ids, mask, positions(mask), steer=empty)
         out.append(hidden[:, -1].float())
     return torch.cat(out)

@@ -35,10 +35,10 @@ from transformers import DynamicCache
 import tokmem
 from tokmem.backbones import Backbone, load_backbone
 from tokmem.bank import metadata_path
-from tokmem.baselines.rag import demonstration_prompt
+from tokmem.methods.rag import demonstration_prompt
 from tokmem.data.builtin import catalog, make_example
 from tokmem.decode import left_pad
-from tokmem.layout import chat_prefix, positions
+from tokmem.sequences import chat_prefix, positions
 from tokmem.report import console, machine, write_json
 from tokmem.serve.banks import BankRegistry
 from tokmem.serve.engine import Engine, Request, bank_tables

@@ -31,7 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tokmem import TrainConfig, create, load_backbone
 from tokmem.data.builtin import demo_dataset
-from tokmem.layout import collate, encode
+from tokmem.sequences import collate, encode
 from tokmem.report import console, machine, write_json
 from tokmem.train import example_order, step_context
 

@@ -12,19 +12,20 @@ import torch
 from safetensors.torch import load_file
 
 from tokmem import Example, Step
-from tokmem.baselines.base import Base
-from tokmem.baselines.common import Answer, Method
-from tokmem.baselines.lora import LoRA, Replay
-from tokmem.baselines.memory import TokMem
-from tokmem.baselines.rag import RAG
+from tokmem.methods.base import Base
+from tokmem.methods.method import Answer, Method
+from tokmem.methods.lora import LoRA, Replay
+from tokmem.methods.tokmem import TokMem
+from tokmem.methods.rag import RAG
 from tokmem.cli import main
 from tokmem.data.sni import Instance, Task, load_tasks
 from tokmem.errors import TokMemError
-from tokmem.experiments.atomic import (
-    JOINT_METHODS, METHODS, AtomicConfig, evaluate, learn_round, make_config, run, run_atomic, run_sample_efficiency,
+from tokmem.studies.atomic import (
+    JOINT_METHODS, METHODS, AtomicConfig, evaluate, make_config, run_atomic, run_sample_efficiency,
 )
-from tokmem.experiments.outputs import read_json
-from tokmem.layout import collate, encode
+from tokmem.io import read_json
+from tokmem.studies.harness import learn_round
+from tokmem.sequences import collate, encode
 
 TASKS = {
     "task001_upper": [(w, w.upper()) for w in ("apple", "house", "table", "chair", "green", "water")],
@@ -150,7 +151,7 @@ def test_lora_trains_its_adapters_but_leaves_the_shared_backbone_bit_identical(l
     modules = [(name, type(m)) for name, m in model.named_modules()]
     examples = words("echo", 8)
     method = LoRA(lively_backbone, lr=0.05, epochs=4)
-    initial = {k: v.clone() for k, v in method.weights.items()}
+    initial = {k: v.clone() for k, v in method.adapter.weights.items()}
     method.learn(examples)
     method.answer(["echo 3"])
 
@@ -161,7 +162,7 @@ def test_lora_trains_its_adapters_but_leaves_the_shared_backbone_bit_identical(l
         with method.attached():
             adapted = method.model.loss(batch)[0]
     assert adapted < plain  # the adapters learned the examples and are live while attached
-    assert any(not torch.equal(initial[k], method.weights[k]) for k in initial)
+    assert any(not torch.equal(initial[k], method.adapter.weights[k]) for k in initial)
     after = model.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
     assert [(name, type(m)) for name, m in model.named_modules()] == modules

@@ -8,17 +8,20 @@ import pytest
 import torch
 
 from tokmem import Example, Step
-from tokmem.baselines.common import Answer
+from tokmem.eval.evaluate import predicted_calls
+from tokmem.eval.evaluate import score_calls as score
+from tokmem.methods.method import Answer
 from tokmem.decode import Segment
-from tokmem.baselines.memory import UnfrozenTokMem
-from tokmem.baselines.tools import ICL, ToolRAG, compact_schema, first_block, tool_prompt
+from tokmem.methods.tokmem import UnfrozenTokMem
+from tokmem.methods.tools import ICL, ToolRAG, compact_schema, first_block, tool_prompt
 from tokmem.cli import main
 from tokmem.data.tools import call_json, catalog, split_tools
 from tokmem.errors import TokMemError
-from tokmem.experiments import compositional
-from tokmem.experiments.compositional import (
-    METRICS, STUDIES, TOKMEM_LABELS, forgetting_panels, make_config, predicted_calls, score,
-)
+from tokmem.cli import bench
+from tokmem.studies import compositional, compositional_report, tool_setup
+from tokmem.studies.compositional import METRICS, STUDIES, make_config
+from tokmem.studies.compositional_report import forgetting_panels
+from tokmem.studies.tool_setup import TOKMEM_LABELS
 
 TINY = dict(
     backbone="tiny-random", tools=4, adapt_tools=2, per_tool=4, train_multi=4, test_multi=4, max_calls=3, adapt_per_tool=2,
@@ -28,7 +31,7 @@ TINY = dict(
 
 def run_study(study, backbone, tmp_path_factory):
     result = compositional.run(make_config(None, study, **TINY), backbone, progress=False)
-    paths = compositional.write_outputs(result, tmp_path_factory.mktemp(study) / f"{study}.json")
+    paths = compositional_report.write_outputs(result, tmp_path_factory.mktemp(study) / f"{study}.json")
     return result, paths
 
 
@@ -191,15 +194,15 @@ def test_recipe_study_trains_tokmem_as_configured_and_with_each_option_switched_
     adapted_anew = [label for label, point in result["variants"].items() if "adaptation" in point]
     assert adapted_anew == ["tool_segments: call (not arguments)"]  # the adaptation phase teaches the segments' layout
     assert result["variants"][adapted_anew[0]]["adaptation"]["directory"] != result["adaptation"]["directory"]
-    _, markdown, plot = compositional.write_outputs(result, tmp_path_factory.mktemp("recipe") / "recipe.json")
+    _, markdown, plot = compositional_report.write_outputs(result, tmp_path_factory.mktemp("recipe") / "recipe.json")
     assert "| init: mean (not orthogonal) | TokMem (w/ adapt) |" in markdown.read_text() and plot.stat().st_size > 0
 
 
 def test_the_main_study_gives_tokmem_its_own_epochs(backbone):
     config = make_config(None, "main", **TINY, epochs=1, tokmem_epochs=3)
-    method = compositional.build_method("tokmem", config, {"base": backbone, "adapted": backbone}, {})
+    method = tool_setup.build_method("tokmem", config, {"base": backbone, "adapted": backbone}, {})
     assert method.epochs == method.train_config.epochs == 3
-    assert compositional.build_method("lora", config, {"base": backbone}, {}).epochs == 1
+    assert tool_setup.build_method("lora", config, {"base": backbone}, {}).epochs == 1
 
 
 def test_main_study_writes_table_3_and_a_plot(main_study):
@@ -252,7 +255,7 @@ def test_forgetting_records_the_norms_of_each_rounds_new_rows_and_renormalises_t
 
 def test_the_round_renormalised_variant_renormalises_after_the_round_only_whatever_the_config(backbone):
     config = make_config(None, "forgetting", **TINY, renorm_every_step=True)
-    built = {name: compositional.build_method(name, config, {"base": backbone, "adapted": backbone}, {}).train_config
+    built = {name: tool_setup.build_method(name, config, {"base": backbone, "adapted": backbone}, {}).train_config
              for name in ("tokmem", "tokmem-roundnorm", "tokmem-norenorm")}
     assert built["tokmem"].renormalize and built["tokmem"].renorm_every_step
     assert built["tokmem-roundnorm"].renormalize and not built["tokmem-roundnorm"].renorm_every_step
@@ -354,10 +357,10 @@ def test_bench_compositional_command_writes_the_json_table_and_plot(tmp_path):
 
 def test_every_recipe_option_on_the_command_line_reaches_the_config():
     parser = argparse.ArgumentParser()
-    compositional.add_parser(parser.add_subparsers())
+    bench.add_compositional(parser.add_subparsers())
     args = parser.parse_args(["compositional", "--json", "x.json", "--tokmem-epochs", "3", "--lora-epochs", "5",
                               "--warmup", "0.2", "--no-renorm-every-step", "--init", "mean", "--lr-schedule", "constant"])
-    config = compositional.config_from_args(args)
+    config = bench.compositional_config(args)
     assert (config.tokmem_epochs, config.lora_epochs, config.warmup) == (3, 5, 0.2)
     assert (config.renorm_every_step, config.init, config.schedule) == (False, "mean", "constant")
 

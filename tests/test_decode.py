@@ -12,9 +12,9 @@ from helpers import random_rows
 
 import tokmem
 from tokmem import DecodeConfig
-from tokmem.baselines.tools import first_block
+from tokmem.methods.tools import first_block
 from tokmem.decode import BlankLineStop, complete
-from tokmem.layout import chat_prefix, chat_turns, positions
+from tokmem.sequences import chat_prefix, chat_turns, positions
 
 QUERIES = ["Reverse apple.", "hi", "What is the weather like today?", "Write house in capitals.", "Double water, please."]
 

@@ -7,7 +7,7 @@ import tokmem
 from tokmem import Example, Step
 from tokmem.backbones import load_backbone
 from tokmem.bank import MemoryBank
-from tokmem.baselines.common import plain_answers
+from tokmem.methods.method import plain_answers
 from tokmem.cli import main
 from tokmem.data.builtin import demo_dataset, instructed_prompt
 from tokmem.demo import DECODE, gold_procedures, instructed_scores, prompt_tokens

@@ -2,7 +2,7 @@ import json
 
 from tokmem.data.procedures import Example, Step
 from tokmem.decode import Generation, Segment
-from tokmem.evaluate import are_tool_calls, tool_call_scores
+from tokmem.eval.evaluate import are_tool_calls, tool_call_scores
 
 
 def call(name, **arguments):

@@ -11,7 +11,7 @@ import tokmem
 from tokmem import DecodeConfig, TrainConfig
 from tokmem.bank import MemoryBank
 from tokmem.data import builtin
-from tokmem.evaluate import evaluate
+from tokmem.eval.evaluate import evaluate
 
 pytestmark = pytest.mark.slow
 

@@ -5,8 +5,9 @@ import math
 
 import pytest
 
-from tokmem import metrics
-from tokmem.metrics import (
+from tokmem.data.gsm8k import extract_final_number, gsm8k_compliant, gsm8k_strictly_compliant
+from tokmem.eval import metrics
+from tokmem.eval.metrics import (
     argument_f1,
     call_f1,
     call_scores,
@@ -14,10 +15,7 @@ from tokmem.metrics import (
     read_call,
     exact_match,
     exact_match_any,
-    extract_final_number,
-    gsm8k_compliant,
     gsm8k_exact_match,
-    gsm8k_strictly_compliant,
     mean,
     multiset_f1,
     normalize_answer,

@@ -7,7 +7,7 @@ from helpers import random_rows
 import tokmem
 from tokmem import Example, Step, TrainConfig
 from tokmem.errors import BackboneError, BankError
-from tokmem.layout import IGNORE, collate, encode
+from tokmem.sequences import IGNORE, collate, encode
 
 
 @pytest.fixture(params=[False, True], ids=["coupled", "decoupled"])

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokmem.data.gsm8k import Problem, load_gsm8k
+from tokmem.data.gsm8k import Problem, gsm8k_strictly_compliant, load_gsm8k
 from tokmem.errors import DataError, TokMemError
-from tokmem.experiments import placement
-from tokmem.experiments.placement import GSM8KConfig, MemorizationConfig, steps_at_90
-from tokmem.layout import IGNORE, chat_prefix
-from tokmem.metrics import gsm8k_strictly_compliant
+from tokmem.cli import bench
+from tokmem.studies import placement
+from tokmem.studies.placement import GSM8KConfig, MemorizationConfig, steps_at_90
+from tokmem.sequences import IGNORE, chat_prefix
 from tokmem.train import TrainConfig, fit
 
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
@@ -99,19 +99,19 @@ def test_memorization_refuses_a_text_shorter_than_asked(tmp_path):
 
 def _cli(*argv):
     parser = argparse.ArgumentParser()
-    placement.add_parser(parser.add_subparsers())
+    bench.add_placement(parser.add_subparsers())
     return parser.parse_args(["placement", *argv])
 
 
 def test_command_line_options_override_the_preset():
-    config = placement.study_config(_cli("--backbone", "tiny-random", "--seeds", "3", "--quiet", "--json", "x.json"))
+    config = bench.placement_config(_cli("--backbone", "tiny-random", "--seeds", "3", "--quiet", "--json", "x.json"))
     assert config == replace(placement.PRESETS["memorization"]["cpu"], backbone="tiny-random", seeds=3, progress=False)
-    assert placement.study_config(_cli("--study", "gsm8k", "--preset", "paper", "--json", "x.json")) == GSM8KConfig()
+    assert bench.placement_config(_cli("--study", "gsm8k", "--preset", "paper", "--json", "x.json")) == GSM8KConfig()
 
 
 def test_an_option_of_the_other_study_is_an_error():
     with pytest.raises(TokMemError, match="--steps does not apply to --study gsm8k"):
-        placement.study_config(_cli("--study", "gsm8k", "--steps", "5", "--json", "x.json"))
+        bench.placement_config(_cli("--study", "gsm8k", "--steps", "5", "--json", "x.json"))
 
 
 @pytest.mark.skipif(not GSM8K.is_dir(), reason="no GSM8K data in ../shared/data/gsm8k")
@@ -278,7 +278,7 @@ def test_gsm8k_study_trains_both_methods_per_fraction_keeps_the_best_epoch_and_s
 
 def test_gsm8k_options_reach_the_config_and_the_layout_is_checked():
     args = _cli("--study", "gsm8k", "--layout", "assistant", "--epochs", "2", "--validation-examples", "9", "--json", "x.json")
-    config = placement.study_config(args)
+    config = bench.placement_config(args)
     assert (config.layout, config.epochs, config.validation_examples) == ("assistant", 2, 9)
     assert placement.PRESETS["gsm8k"]["paper"].layout == placement.PRESETS["gsm8k"]["cpu"].layout == "reference"
     with pytest.raises(TokMemError, match="unknown GSM8K layout 'suffix'"):
@@ -307,4 +307,4 @@ def test_a_resumed_gsm8k_study_skips_the_runs_its_json_holds_and_refuses_other_s
 
 def test_resume_applies_to_the_gsm8k_study_only():
     with pytest.raises(TokMemError, match="--resume does not apply to --study memorization"):
-        placement.run_command(_cli("--resume", "--json", "x.json"))
+        bench.cmd_placement(_cli("--resume", "--json", "x.json"))

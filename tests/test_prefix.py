@@ -5,9 +5,9 @@ import torch
 
 from helpers import random_rows
 from tokmem import DecodeConfig, TrainConfig
-from tokmem.baselines import prefix
-from tokmem.experiments.placement import build
-from tokmem.layout import IGNORE, chat_prefix, collate
+from tokmem.methods import prefix
+from tokmem.studies.placement import build
+from tokmem.sequences import IGNORE, chat_prefix, collate
 
 
 def test_only_the_prefix_rows_get_gradients(lively_backbone, examples):

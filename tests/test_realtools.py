@@ -7,8 +7,8 @@ import pytest
 from tokmem.data.procedures import Example, Step
 from tokmem.data.realtools import complexfuncbench_data, function_calling_dir, hash_split, query_hash
 from tokmem.errors import DataError, TokMemError
-from tokmem.experiments import compositional
-from tokmem.experiments.compositional import make_config
+from tokmem.studies import compositional, compositional_report
+from tokmem.studies.compositional import make_config
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "function-calling"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} is absent")
@@ -28,13 +28,13 @@ def test_the_hash_split_depends_on_each_query_alone_not_on_order_or_neighbours()
 
 def test_a_missing_data_folder_says_which_flag_or_variable_to_set(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("TOKMEM_FUNCTION_CALLING", raising=False)
+    monkeypatch.delenv("TOKMEM_SHARED_DATA", raising=False)
     with pytest.raises(DataError, match="pass --data-dir DIR"):
         function_calling_dir()
     with pytest.raises(DataError, match=r"complexfuncbench-data.json.gz not found \(--data-dir\)"):
         function_calling_dir(str(tmp_path))
-    monkeypatch.setenv("TOKMEM_FUNCTION_CALLING", str(tmp_path))
-    with pytest.raises(DataError, match=r"\$TOKMEM_FUNCTION_CALLING"):
+    monkeypatch.setenv("TOKMEM_SHARED_DATA", str(tmp_path))
+    with pytest.raises(DataError, match=r"\$TOKMEM_SHARED_DATA"):
         function_calling_dir()
 
 
@@ -85,4 +85,4 @@ def test_the_real_data_main_study_runs_end_to_end_on_the_tiny_model(backbone):
     assert (result["data"]["train"], result["data"]["test"], result["adaptation"]["examples"]) == (4, 2, 2)
     assert result["data"]["train_calls"] == {2: 4} and "ComplexFuncBench records with more than 2 calls" in result["data"]["left_out"]
     assert set(result["methods"]) == {"rag", "tokmem"} and result["methods"]["tokmem"]["trainable_params"] > 0
-    assert "Left out:" in compositional.markdown(result)
+    assert "Left out:" in compositional_report.markdown(result)

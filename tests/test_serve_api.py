@@ -6,14 +6,13 @@ import json
 import httpx2
 import openai
 import pytest
-import torch
 from helpers import SERVED_BANKS, bank_files, write_bank, write_served_banks
 
 import tokmem
 from tokmem import DecodeConfig
 from tokmem.cli import main
 from tokmem.extras import EXTRAS
-from tokmem.layout import chat_prefix
+from tokmem.sequences import chat_prefix
 from tokmem.serve.api import Deltas, Limits, create_app
 from tokmem.serve.banks import BankRegistry
 from tokmem.serve.engine import Engine

@@ -11,7 +11,7 @@ from helpers import SERVED_BANKS, bank_files, write_bank, write_served_banks
 import tokmem
 from tokmem import DecodeConfig
 from tokmem.errors import BankError
-from tokmem.layout import chat_prefix
+from tokmem.sequences import chat_prefix
 from tokmem.serve.banks import BankNotFound, BankRegistry
 from tokmem.serve.engine import Engine, Overloaded, Request, bank_tables
 

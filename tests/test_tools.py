@@ -13,7 +13,7 @@ from tokmem.data.tools import (
 )
 from tokmem.data.xlam import load_xlam, rank_tools, xlam_dataset
 from tokmem.errors import DataError
-from tokmem.metrics import parse_call
+from tokmem.eval.metrics import parse_call
 
 JSON_TYPES = {"integer", "number", "string", "boolean", "array"}
 PAPER_TOOLS = {"calculate_factorial", "binary_search", "cosine_similarity", "format_date", "is_valid_ip_address",
@@ -295,7 +295,8 @@ def test_an_xlam_file_that_is_not_records_is_a_data_error(tmp_path):
 
 
 def test_an_xlam_study_adapts_on_the_first_ranks_and_evaluates_on_the_next(xlam_file):
-    from tokmem.experiments.compositional import adaptation_examples, make_config, tool_data
+    from tokmem.studies.compositional import make_config
+    from tokmem.studies.tool_setup import adaptation_examples, tool_data
 
     config = make_config(None, "main", xlam=str(xlam_file), tools=2, adapt_tools=2, per_tool=4, train_multi=2,
                          test_multi=2, adapt_per_tool=2, adapt_multi=0).resolved()

@@ -7,7 +7,7 @@ import tokmem
 from tokmem import Example, Step, TrainConfig
 from tokmem.bank import MemoryBank
 from tokmem.errors import TokMemError
-from tokmem.layout import collate, encode
+from tokmem.sequences import collate, encode
 from tokmem.train import example_order, initial_rows, lr_scheduler
 
 

@@ -29,8 +29,10 @@ import torch
 from tokmem import distributed
 from tokmem.backbones import ADAPTATION_KEY, Backbone, cache_dir, freeze, load_backbone
 from tokmem.bank import MemoryBank
+from tokmem.config import option
 from tokmem.data.procedures import Example
 from tokmem.errors import BackboneError
+from tokmem.lora import LoRASettings, inject, lora_parameters
 from tokmem.model import TokMemModel
 from tokmem.train import TrainConfig, initial_rows, row_kinds, train
 
@@ -38,17 +40,13 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class AdaptConfig:
-    """LoRA settings; the defaults are the reference code's adaptation phase (rank 8, alpha 32, dropout 0.1
-    on the query and value projections, AdamW with lr 5e-5 and weight decay 1e-2).  The temporary rows train
-    as TokMem's rows do, with the TrainConfig given to ``adapt`` (lr 5e-3, no weight decay, one epoch, batch 4)."""
+class AdaptConfig(LoRASettings):
+    """The reference code's adaptation phase: `LoRASettings` (rank 8 on the query and value projections, lr 5e-5,
+    weight decay 1e-2) with alpha 32 and dropout 0.1.  The temporary rows train as TokMem's rows do, with the
+    TrainConfig given to ``adapt``."""
 
-    rank: int = 8
-    alpha: int = 32
-    dropout: float = 0.1
-    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
-    lr: float = 5e-5
-    weight_decay: float = 1e-2
+    alpha: int | None = option(32, "LoRA alpha")
+    dropout: float = option(0.1, "LoRA dropout (0 is several times faster on CPU)")
 
 
 def adapt(
@@ -65,26 +63,19 @@ def adapt(
     in memory); ``inplace=True`` merges into ``backbone``'s own model.  ``save_to``: a new directory to
     save the adapted model and tokenizer in, which then names the returned backbone.
     """
-    from peft import LoraConfig, get_peft_model
-
     config = config or AdaptConfig()
     train_config = train_config or TrainConfig()
     if isinstance(backbone, str):
         backbone = load_backbone(backbone)
     base_fingerprint = backbone.fingerprint()
     torch.manual_seed(train_config.seed)  # the LoRA initialisation
-    lora_config = LoraConfig(r=config.rank, lora_alpha=config.alpha, target_modules=list(config.target_modules),
-                             lora_dropout=config.dropout, bias="none", task_type="CAUSAL_LM")
-    try:
-        wrapped = get_peft_model(backbone.model if inplace else copy.deepcopy(backbone.model), lora_config)
-    except ValueError as err:
-        raise BackboneError(f"cannot put LoRA on backbone '{backbone.name}': {err}") from None
-    lora = [p for p in wrapped.parameters() if p.requires_grad]
-    wrapped.train()  # LoRA dropout; ``freeze`` below puts the merged model back in eval mode
-    _train_with_temporary_rows(backbone, wrapped.get_base_model(), examples, train_config,
-                               {"params": lora, "lr": config.lr, "weight_decay": config.weight_decay})
+    model = backbone.model if inplace else copy.deepcopy(backbone.model)
+    tuner = inject(model, config, backbone.name)
+    lora = list(lora_parameters(model).values())
+    model.train()  # LoRA dropout; ``freeze`` below puts the merged model back in eval mode
+    _train_with_temporary_rows(backbone, model, examples, train_config, config.param_group(lora))
     digest = _digest(base_fingerprint, lora)
-    merged = wrapped.merge_and_unload()
+    merged = tuner.merge_and_unload()
     freeze(merged)
     setattr(merged.config, ADAPTATION_KEY, digest)
     adapted = Backbone(f"{backbone.name}+adapted-{digest[:8]}", merged, backbone.tokenizer)
@@ -94,8 +85,7 @@ def adapt(
 def _train_with_temporary_rows(backbone, lora_model, examples, train_config, lora_group) -> None:
     """Train a fresh bank of every procedure in ``examples`` together with the LoRA weights; the bank is dropped.
 
-    The TokMemModel wraps the transformers model inside the PEFT wrapper (whose ``base_model`` is
-    the decoder stack, with the LoRA layers injected), not the wrapper (whose ``base_model`` is PEFT's).
+    ``lora_model`` is the transformers model with the LoRA layers injected (``tokmem.lora.inject``).
     """
     model = TokMemModel(Backbone(backbone.name, lora_model, backbone.tokenizer), MemoryBank(backbone.hidden_size))
     names = list(dict.fromkeys(p for e in examples for p in e.procedures))

@@ -16,8 +16,6 @@ Version 1 files (before kinds) load with every row ``text``.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -25,6 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load, save_file
 
 from tokmem.errors import BankError
+from tokmem.io import atomic_write
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -262,18 +261,6 @@ def _check_name(name) -> None:
 def _check_kind(kind) -> None:
     if kind not in KINDS:
         raise BankError(f"invalid row kind {kind!r}: choose from {', '.join(KINDS)}")
-
-
-def atomic_write(path: Path, write) -> None:
-    """``write(tmp)`` a temporary file beside ``path`` (hidden: ``.NAME.*.tmp``), then rename it to ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _existing_metadata(path: Path) -> Path:

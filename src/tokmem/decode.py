@@ -22,21 +22,24 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from tokmem.config import option
 from tokmem.data.procedures import assemble_call
-from tokmem.layout import chat_prefix, positions
+from tokmem.sequences import chat_prefix, positions
 from tokmem.model import TokMemModel
 
 
 @dataclass
 class DecodeConfig:
-    max_new_tokens: int = 128
-    max_steps: int = 4  # segments (memory tokens) per answer
-    threshold: float = 0.5  # open-set rule: minimum memory mass at the routing position
-    temperature: float = 0.0  # 0 = greedy
-    batch_size: int = 16
-    seed: int = 0
-    share_prefix: bool = False  # encode the tokens every prompt starts with once (prompts that repeat long instructions)
-    stop_at_blank_line: bool = False  # end a row at its first blank line after some text (prompted answers' separator)
+    max_new_tokens: int = option(128, "tokens an answer may generate")
+    max_steps: int = option(4, "most segments (memory tokens) per answer")
+    threshold: float = option(0.5, "open-set rule: the least memory mass at the routing position that routes")
+    temperature: float = option(0.0, "0 = greedy")
+    batch_size: int = option(16, "queries answered together")
+    seed: int = option(0, "seed of the sampler (temperature > 0)")
+    share_prefix: bool = option(False, "encode the tokens every prompt starts with once (prompts that repeat long "
+                                 "instructions)")
+    stop_at_blank_line: bool = option(False, "end an answer at its first blank line after some text (prompted "
+                                       "answers' separator)")
 
 
 @dataclass
@@ -91,7 +94,7 @@ def _encode_shared_prefix(model: TokMemModel, prompts: list[list[int]]) -> Dynam
     return cache
 
 
-def _left_pad(model: TokMemModel, queries: list[str]):
+def pad_queries(model: TokMemModel, queries: list[str]):
     tokenizer = model.backbone.tokenizer
     return left_pad([chat_prefix(tokenizer, q) for q in queries], tokenizer.pad_token_id, model.device)
 
@@ -115,7 +118,7 @@ def route(model: TokMemModel, queries: list[str], k: int = 3, batch_size: int = 
     k = min(k, len(model.bank))
     index, steer = model.memory_matrices()
     for chunk in _batches(queries, batch_size):
-        ids, mask = _left_pad(model, chunk)
+        ids, mask = pad_queries(model, chunk)
         hidden, _ = model.hidden(ids, mask, positions(mask), steer=steer)
         probs = model.logits(hidden[:, -1], index).float().softmax(-1)
         mass = probs[:, vocab:].sum(-1)
@@ -251,10 +254,10 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
         generated.append(token)
         done |= (token == eos) | (stop.update(token) if stop else False)
     rows = torch.stack(generated, dim=1).tolist()
-    return [_trace(model, q, row, float(m), not p) for q, row, m, p in zip(queries, rows, mass.tolist(), plain.tolist())]
+    return [to_generation(model, q, row, float(m), not p) for q, row, m, p in zip(queries, rows, mass.tolist(), plain.tolist())]
 
 
-def _trace(model, query, row, mass, routed) -> Generation:
+def to_generation(model, query, row, mass, routed) -> Generation:
     """Split one generated row into (procedure, text) segments at its memory tokens, up to EOS.  A tool's
     segment is its generated arguments, returned as the whole call (``assemble_call``)."""
     vocab, eos, tokenizer, bank = model.vocab_size, model.backbone.eos_token_id, model.backbone.tokenizer, model.bank

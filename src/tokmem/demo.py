@@ -14,13 +14,15 @@ from dataclasses import asdict, dataclass
 
 from rich.table import Table
 
-from tokmem import metrics
-from tokmem.baselines.common import plain_answers
+from tokmem.backbones import DEFAULT_BACKBONE
+from tokmem.config import option
+from tokmem.eval import metrics
+from tokmem.methods.method import plain_answers
 from tokmem.data import builtin
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig
-from tokmem.evaluate import evaluate
-from tokmem.layout import chat_prefix
+from tokmem.eval.evaluate import evaluate
+from tokmem.sequences import chat_prefix
 from tokmem.model import TokMemModel, create
 from tokmem.report import console, machine, percent, trace_table
 from tokmem.train import TrainConfig, learn
@@ -35,17 +37,17 @@ class DemoConfig:
     The paper trains one epoch at batch 4 on hundreds of examples per procedure.  On smollm2-135m in a
     CPU budget, the demo routes best with the decoupled variant (the index rows then learn from the
     routing positions alone), three dozen queries per procedure, batch 32 and three epochs (measured:
-    see the README).
+    docs/studies.md).
     """
 
-    backbone: str = "smollm2-135m"
-    epochs: int = 3
-    batch_size: int = 32
-    lr: float = 5e-3
-    decoupled: bool = True
-    seed: int = 0
-    train_per_procedure: int = 36
-    procedures: tuple[str, ...] | None = None  # a subset of the built-in procedures (default: all)
+    backbone: str = option(DEFAULT_BACKBONE, "backbone spec")
+    epochs: int = option(3, "passes over the training queries")
+    batch_size: int = option(32, "training queries per step")
+    lr: float = option(TrainConfig.lr, "learning rate of the memory rows")
+    decoupled: bool = option(True, "separate index and steer matrices (TokMem+DC; the default)")
+    seed: int = TrainConfig.seed
+    train_per_procedure: int = option(36, "training queries per procedure")
+    procedures: tuple[str, ...] | None = option(None, "comma-separated built-in procedures to learn (default: all)")
 
 
 def prompt_tokens(tokenizer, prompts: list[str | list[dict]]) -> float:
@@ -87,13 +89,7 @@ def run_demo(config: DemoConfig | None = None, device: str | None = None, progre
         f"[bold]tokmem demo[/bold]: {len(names)} procedures, {len(train_set)} training and "
         f"{len(test_set)} held-out queries, backbone {config.backbone}"
     )
-    model = create(config.backbone, decoupled=config.decoupled, device=device)
-    train_config = TrainConfig(epochs=config.epochs, batch_size=config.batch_size, lr=config.lr, seed=config.seed, progress=progress)
-    report = learn(model, train_set, train_config, descriptions=builtin.catalog())
-    console.print(
-        f"trained {len(model.bank)} memory tokens ({model.bank.parameter_count():,} "
-        f"parameters) in {report.seconds:.0f} s, {report.tokens_per_s:.0f} tokens/s, final loss {report.losses[-1]:.3f}"
-    )
+    model, report = learn_builtin(config, train_set, device, progress)
     if bank_path:
         console.print(f"saved {model.bank.save(bank_path)}")
     start = time.perf_counter()
@@ -140,6 +136,18 @@ def run_demo(config: DemoConfig | None = None, device: str | None = None, progre
         "machine": machine(),
         "examples": chains[:6],
     }
+
+
+def learn_builtin(config: DemoConfig, train_set: list[Example], device: str | None, progress: bool):
+    """A fresh bank on the backbone, trained on the built-in procedures' queries: the model and the report."""
+    model = create(config.backbone, decoupled=config.decoupled, device=device)
+    train_config = TrainConfig(epochs=config.epochs, batch_size=config.batch_size, lr=config.lr, seed=config.seed, progress=progress)
+    report = learn(model, train_set, train_config, descriptions=builtin.catalog())
+    console.print(
+        f"trained {len(model.bank)} memory tokens ({model.bank.parameter_count():,} "
+        f"parameters) in {report.seconds:.0f} s, {report.tokens_per_s:.0f} tokens/s, final loss {report.losses[-1]:.3f}"
+    )
+    return model, report
 
 
 def procedure_table(result: dict, instructed: dict, catalog: dict) -> Table:

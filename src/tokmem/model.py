@@ -11,9 +11,9 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from tokmem.backbones import Backbone
+from tokmem.backbones import DEFAULT_BACKBONE, Backbone
 from tokmem.bank import MemoryBank
-from tokmem.layout import IGNORE, positions
+from tokmem.sequences import IGNORE, positions
 
 
 class TokMemModel(nn.Module):
@@ -166,7 +166,7 @@ class TokMemModel(nn.Module):
         return torch.cat([routing[:, -1:], hidden[:, :-1]], dim=1), labels
 
 
-def create(backbone: str | Backbone = "smollm2-135m", decoupled: bool = False, **load_options) -> TokMemModel:
+def create(backbone: str | Backbone = DEFAULT_BACKBONE, decoupled: bool = False, **load_options) -> TokMemModel:
     """A model with an empty bank tied to ``backbone`` (a spec or a loaded Backbone)."""
     from tokmem.backbones import load_backbone
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
-from pathlib import Path
 
 import torch
 from rich.console import Console
 from rich.table import Table
+
+from tokmem.io import write_json_atomic
 
 console = Console(stderr=False)
 error_console = Console(stderr=True, soft_wrap=True)
@@ -32,10 +32,7 @@ def machine() -> dict:
 
 
 def write_json(path, data: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
-    console.print(f"[dim]wrote {path}[/dim]")
+    console.print(f"[dim]wrote {write_json_atomic(path, data)}[/dim]")
 
 
 def percent(value) -> str:
@@ -59,7 +56,7 @@ def scores_table(title: str, result: dict) -> Table:
 
 def call_scores_table(title: str, calls: dict) -> Table:
     """Tool / argument / call F1 (``metrics.call_scores``): one row per score, one column per number of calls."""
-    from tokmem.metrics import CALL_METRICS
+    from tokmem.eval.metrics import CALL_METRICS
 
     columns = [c for c in calls["tool_f1"] if c != "avg"]
     table = Table(title=title)

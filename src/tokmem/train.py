@@ -7,51 +7,56 @@ to the old rows' mean norm (unless told not to) and frozen in turn.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import torch
 from tqdm.auto import tqdm
 
 from tokmem import distributed
+from tokmem.config import option
 from tokmem.data.procedures import Example, tool_procedures
 from tokmem.errors import TokMemError
-from tokmem.layout import Encoded, TruncationCount, collate, encode
+from tokmem.sequences import Encoded, TruncationCount, collate, encode
 from tokmem.model import TokMemModel
 
 
-INITS = ("mean", "orthogonal")
-SCHEDULES = ("constant", "linear")
-TOOL_SEGMENTS = ("arguments", "call")
+Init = Literal["mean", "orthogonal"]
+Schedule = Literal["constant", "linear"]
+ToolSegments = Literal["arguments", "call"]
+INITS, SCHEDULES, TOOL_SEGMENTS = get_args(Init), get_args(Schedule), get_args(ToolSegments)
 
 
 @dataclass
 class TrainConfig:
     """Paper defaults: AdamW, lr 5e-3, weight decay 0, one epoch, batch 4, max length 1024."""
 
-    lr: float = 5e-3
-    weight_decay: float = 0.0
-    epochs: int = 1
-    batch_size: int = 4
-    grad_accum: int = 1
-    max_length: int = 1024
-    max_steps: int | None = None
-    seed: int = 0
-    renormalize: bool = True
-    renorm_every_step: bool = False  # also renormalise the new rows after every optimiser step (reference code)
+    lr: float = option(5e-3, "learning rate of the memory rows")
+    weight_decay: float = option(0.0, "AdamW weight decay of the memory rows")
+    epochs: int = option(1, "passes over the training examples")
+    batch_size: int = option(4, "examples per micro-batch")
+    grad_accum: int = option(1, "micro-batches per optimiser step")
+    max_length: int = option(1024, "longest training sequence in tokens (longer queries are cut from the left)")
+    max_steps: int | None = option(None, "stop after this many optimiser steps")
+    seed: int = option(0, "seed of the data order and the new rows")
+    renormalize: bool = option(True, "renormalise the new rows to the old rows' mean norm after the round",
+                                flag="--renorm")
+    renorm_every_step: bool = option(False, "renormalise the new rows after every optimiser step too (the reference code)")
     eps: float = 1e-8
-    init: str = "mean"  # new rows: "mean" embedding (the paper's text) or "orthogonal" (the reference code)
-    schedule: str = "constant"  # "constant" lr, or "linear": warm-up over ``warmup`` of the steps, then decay to 0
-    warmup: float = 0.1
-    tool_segments: str = "arguments"  # after a tool's memory token: its "arguments" only (reference code), or the whole "call"
-    length_grouped: bool = False  # batch sequences of similar length together (less padding; see _order)
-    bf16: bool | None = None  # None: bf16 autocast on CUDA, full precision on CPU
+    init: Init = option("mean", "new rows: the mean embedding (the paper's text) or orthogonal (the reference code)")
+    schedule: Schedule = option("constant", "learning rate: constant, or linear (warm-up over --warmup of the steps, "
+                                 "then decay to 0; the reference code)", flag="--lr-schedule")
+    warmup: float = option(0.1, "warm-up fraction of the linear schedule")
+    tool_segments: ToolSegments = option("arguments", "after a tool's memory token: its arguments only (the reference "
+                                          "code) or the whole call")
+    length_grouped: bool = option(False, "batch sequences of similar length together (less padding; each epoch still shuffled)")
+    bf16: bool | None = option(None, "bf16 autocast (default: on CUDA only)")
     progress: bool = True
     checkpoint: str | None = None  # save the bank here every ``checkpoint_every`` optimiser steps
-    checkpoint_every: int = 0
+    checkpoint_every: int = option(0, "save the bank every N optimiser steps")
 
     def __post_init__(self):
         for field_name, allowed in (("init", INITS), ("schedule", SCHEDULES), ("tool_segments", TOOL_SEGMENTS)):
@@ -133,33 +138,35 @@ def train(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
 
 
 def fit(model: TokMemModel, encoded: list[Encoded], config: TrainConfig | None = None, report: TrainReport | None = None, on_step=None,
-        param_groups=()) -> TrainReport:
+        param_groups=(), steps: list[list[int]] | None = None) -> TrainReport:
     """The training loop over sequences already laid out: ``train`` lays them out the TokMem way,
     baselines and studies that place the rows elsewhere bring their own.
 
     ``on_step(step, total)`` runs after every optimiser step (of ``total``) while the trained rows are live (the model's
     ``loss`` and ``memory_matrices`` see them), e.g. to record an evaluation curve.
-    ``param_groups``: more optimiser parameter groups that train alongside the rows (the LoRA weights
-    of the adaptation phase, with their own lr); the rows' group takes the config's lr and weight decay.
+    ``param_groups``: more optimiser parameter groups that train alongside the rows (LoRA weights, with their own lr);
+    the rows' group takes the config's lr and weight decay.  A model without trainable rows trains the groups alone.
+    ``steps``: the indices into ``encoded`` of each optimiser step, for a caller that composes its batches itself
+    (replay adds old examples to each); default: ``epoch_order`` in steps of batch size × ``grad_accum``.
     """
     config = config or TrainConfig()
-    _require_trainable_rows(model)
+    if not param_groups:
+        _require_trainable_rows(model)
     _seed(config.seed)
     distributed.start(model.device)
     report = TrainReport() if report is None else report
-    order = example_order([len(e.input_ids) for e in encoded], config)
-    step_size = config.batch_size * config.grad_accum * distributed.world_size()
-    total = math.ceil(len(order) / step_size)
-    params = model.unfreeze_rows()
-    optimizer = torch.optim.AdamW([{"params": params}, *param_groups], lr=config.lr, weight_decay=config.weight_decay)
+    steps = steps if steps is not None else _steps([len(e.input_ids) for e in encoded], config)
+    total = len(steps)
+    rows = model.unfreeze_rows() if model.bank.trainable.any() else []
+    groups = [{"params": rows}] if rows else []
+    optimizer = torch.optim.AdamW([*groups, *param_groups], lr=config.lr, weight_decay=config.weight_decay)
     scheduler = lr_scheduler(optimizer, total, config.schedule, config.warmup)
     bar = tqdm(total=total, desc="training memory", unit="step", disable=not (config.progress and distributed.is_main()),
                dynamic_ncols=True)
     start = time.perf_counter()
     try:
-        for first in range(0, total * step_size, step_size):
-            chunk = distributed.shard([encoded[i] for i in order[first : first + step_size]])
-            loss = _step(model, optimizer, chunk, config, report)
+        for step in steps:
+            loss = _step(model, optimizer, distributed.shard([encoded[i] for i in step]), config, report)
             scheduler.step()
             report.steps += 1
             report.losses.append(loss)
@@ -174,7 +181,8 @@ def fit(model: TokMemModel, encoded: list[Encoded], config: TrainConfig | None =
                     model.bank.save(config.checkpoint)
     finally:
         bar.close()
-        model.commit_rows()
+        if rows:
+            model.commit_rows()
     return report
 
 
@@ -210,11 +218,12 @@ def _require_trainable_rows(model: TokMemModel) -> None:
 
 
 def _step(model, optimizer, chunk, config, report) -> float:
-    """One optimiser step over ``grad_accum`` micro-batches (of this rank's share of the step); the loss
-    is averaged over all target tokens of the step, on every rank."""
+    """One optimiser step over ``grad_accum`` micro-batches of ``batch_size`` (this rank's share of the step, under
+    a launcher); the loss is averaged over all target tokens of the step, on every rank.  Without accumulation the
+    step is one batch, whatever its size (replay adds examples to a batch)."""
     pad = model.backbone.tokenizer.pad_token_id
-    micro = [chunk[i : i + config.batch_size] for i in range(0, len(chunk), config.batch_size)]
-    batches = [collate(m, pad) for m in micro]
+    size = config.batch_size if config.grad_accum > 1 else max(len(chunk), 1)
+    batches = [collate(chunk[i : i + size], pad) for i in range(0, len(chunk), size)]
     local_targets = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
     targets = distributed.global_sum(local_targets, model.device)
     optimizer.zero_grad(set_to_none=True)
@@ -233,22 +242,24 @@ def _step(model, optimizer, chunk, config, report) -> float:
     return distributed.global_sum(total, model.device)
 
 
-def example_order(lengths: list[int], config: TrainConfig) -> list[int]:
-    """The examples' order over all epochs: a seeded shuffle per epoch, or with ``length_grouped``
-    batches of similar length (see ``length_grouped_order``)."""
-    rng = random.Random(config.seed)
+def epoch_order(n: int, epochs: int, seed) -> list[int]:
+    """``epochs`` passes over ``n`` examples, each shuffled by one generator seeded with ``seed`` (any hashable)."""
+    rng = random.Random(seed)
     order = []
-    for epoch_number in range(config.epochs):
-        if config.length_grouped:
-            generator = torch.Generator().manual_seed(config.seed + epoch_number)
-            epoch = length_grouped_order(lengths, config.batch_size, generator)
-        else:
-            epoch = list(range(len(lengths)))
-            rng.shuffle(epoch)
+    for _ in range(epochs):
+        epoch = list(range(n))
+        rng.shuffle(epoch)
         order += epoch
-    if config.max_steps is not None:
-        order = order[: config.max_steps * config.batch_size * config.grad_accum]
     return order
+
+
+def example_order(lengths: list[int], config: TrainConfig) -> list[int]:
+    """The examples' order over all epochs: ``epoch_order``, or with ``length_grouped`` batches of similar length
+    (see ``length_grouped_order``)."""
+    if not config.length_grouped:
+        return epoch_order(len(lengths), config.epochs, config.seed)
+    generators = (torch.Generator().manual_seed(config.seed + epoch) for epoch in range(config.epochs))
+    return [i for generator in generators for i in length_grouped_order(lengths, config.batch_size, generator)]
 
 
 def length_grouped_order(lengths: list[int], batch_size: int, generator: torch.Generator, window: int = 50) -> list[int]:
@@ -263,6 +274,15 @@ def length_grouped_order(lengths: list[int], batch_size: int, generator: torch.G
         ranked = sorted(shuffled[start : start + window * batch_size], key=lengths.__getitem__)
         batches += [ranked[i : i + batch_size] for i in range(0, len(ranked), batch_size)]
     return [i for b in torch.randperm(len(batches), generator=generator).tolist() for i in batches[b]]
+
+
+def _steps(lengths: list[int], config: TrainConfig) -> list[list[int]]:
+    """Each optimiser step's examples: batch size × accumulation × processes (each rank takes its share)."""
+    order = example_order(lengths, config)
+    step_size = config.batch_size * config.grad_accum * distributed.world_size()
+    if config.max_steps is not None:
+        order = order[: config.max_steps * step_size]
+    return [order[i : i + step_size] for i in range(0, len(order), step_size)]
 
 
 def _seed(seed: int) -> None:

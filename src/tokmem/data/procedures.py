@@ -8,14 +8,13 @@ One step is atomic recall; several steps are a chain.  A catalog file gives
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tokmem.errors import DataError
-from tokmem.experiments.outputs import write_text_atomic
+from tokmem.io import read_jsonl, write_text_atomic
 
 
 def stable_hash(text: str) -> int:
@@ -99,13 +98,19 @@ def _where(path, line: int, field_name: str | None = None) -> str:
     return f"{loc}: field '{field_name}'" if field_name else loc
 
 
+def _text(obj: dict, key: str, path, line: int, within: str = "") -> str:
+    """``obj[key]``, which must be a non-empty string; ``within`` names the object in the error (``steps[0].``)."""
+    value = obj.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{_where(path, line, within + key)}: missing or empty (must be a non-empty string)")
+    return value
+
+
 def parse_example(obj, path="<data>", line: int = 1) -> Example:
     """Validate one decoded JSON object against the contract; errors name file, line and field."""
     if not isinstance(obj, dict):
         raise DataError(f"{_where(path, line)}: expected a JSON object, got {type(obj).__name__}")
-    query = obj.get("query")
-    if not isinstance(query, str) or not query.strip():
-        raise DataError(f"{_where(path, line, 'query')}: missing or empty (must be a non-empty string)")
+    query = _text(obj, "query", path, line)
     steps = obj.get("steps")
     if not isinstance(steps, list) or not steps:
         raise DataError(f"{_where(path, line, 'steps')}: missing or empty (must be a non-empty list)")
@@ -114,41 +119,10 @@ def parse_example(obj, path="<data>", line: int = 1) -> Example:
         where = f"steps[{k}]"
         if not isinstance(step, dict):
             raise DataError(f"{_where(path, line, where)}: expected an object with 'procedure' and 'response'")
-        name = step.get("procedure")
-        if not isinstance(name, str) or not name.strip():
-            raise DataError(f"{_where(path, line, where + '.procedure')}: missing or empty")
-        response = step.get("response")
-        if not isinstance(response, str) or not response.strip():
-            raise DataError(f"{_where(path, line, where + '.response')}: missing or empty")
-        parsed.append(Step(name.strip(), response))
+        name = _text(step, "procedure", path, line, f"{where}.")
+        parsed.append(Step(name.strip(), _text(step, "response", path, line, f"{where}.")))
     ex_id = obj.get("id")
     return Example(query=query, steps=tuple(parsed), id=None if ex_id is None else str(ex_id))
-
-
-def read_text(path: Path) -> str:
-    """A data file's text (gunzipped when its name ends in .gz), or a DataError that names the file and what is wrong."""
-    try:
-        data = path.read_bytes()
-        return (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    except IsADirectoryError:
-        raise DataError(f"{path}: is a folder, not a file") from None
-    except (gzip.BadGzipFile, EOFError) as err:
-        raise DataError(f"{path}: not a gzip file ({err})") from None
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-
-
-def _json_lines(path: Path):
-    text = read_text(path)
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            yield number, json.loads(raw)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}:{number}: invalid JSON ({err.msg}, column {err.colno})") from None
 
 
 def load_examples(path, known_procedures=None) -> list[Example]:
@@ -160,7 +134,7 @@ def load_examples(path, known_procedures=None) -> list[Example]:
     path = Path(path)
     known = None if known_procedures is None else set(known_procedures)
     examples = []
-    for number, obj in _json_lines(path):
+    for number, obj in read_jsonl(path):
         example = parse_example(obj, path, number)
         if known is not None:
             for k, name in enumerate(example.procedures):
@@ -189,7 +163,7 @@ def load_catalog(path) -> dict[str, str]:
     """Read ``{"name", "description"}`` lines into a name → description dict."""
     path = Path(path)
     catalog = {}
-    for number, obj in _json_lines(path):
+    for number, obj in read_jsonl(path):
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{number}: expected a JSON object")
         name, description = obj.get("name"), obj.get("description", "")

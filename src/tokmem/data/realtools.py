@@ -3,8 +3,7 @@
 ComplexFuncBench (NESTFUL format, 38 Booking.com tools, 2–11 calls a query) gives the evaluation procedures;
 BFCL v4's multi-turn conversations (file-system, trading, travel… tools, disjoint from Booking.com's) give the
 adaptation phase's.  Both are the files of ``shared/data/function-calling`` (see its README), found in
-``--data-dir``, ``$TOKMEM_FUNCTION_CALLING`` or a ``shared/data/function-calling`` folder in or above the
-working directory.
+``--data-dir`` or the shared data folder (`tokmem.data.shared`).
 
 Records are split into train and test by a stable hash of the query (md5), so a record's side never
 depends on the seed, the order of the file or the other records.  ``test_data`` replaces the test side
@@ -13,7 +12,6 @@ with a file of the same format (a user's own split); then every record of the da
 
 from __future__ import annotations
 
-import os
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,31 +21,22 @@ from tokmem.data.bfcl import import_bfcl
 from tokmem.data.nestful import import_nestful
 from tokmem.data.procedures import Example, stable_hash
 from tokmem.data.tools import ToolData
+from tokmem.data.shared import SHARED_ENV, shared_data, where_shared_data
 from tokmem.errors import DataError
 
-DATA_ENV = "TOKMEM_FUNCTION_CALLING"
-SHARED = Path("shared/data/function-calling")
 CFB_DATA = Path("complexfuncbench/complexfuncbench-data.json.gz")
 BFCL_MULTI_TURN = Path("bfcl/BFCL_v4_multi_turn_base.json")
 
 
 def function_calling_dir(explicit: str | None = None) -> Path:
-    """The folder holding ``complexfuncbench/`` and ``bfcl/``: ``explicit``, ``$TOKMEM_FUNCTION_CALLING``,
-    or ``shared/data/function-calling`` in the working directory or one of its parents."""
-    if explicit or os.environ.get(DATA_ENV):
-        folder = Path(explicit or os.environ[DATA_ENV])
-        where = "--data-dir" if explicit else f"${DATA_ENV}"
-    else:
-        here = Path.cwd().resolve()
-        folder = next((p / SHARED for p in (here, *here.parents) if (p / SHARED).is_dir()), None)
-        where = None
-        if folder is None:
-            raise DataError(f"the real function-calling data was not found: pass --data-dir DIR (the folder with "
-                            f"{CFB_DATA} and {BFCL_MULTI_TURN}) or set ${DATA_ENV}")
+    """The folder holding ``complexfuncbench/`` and ``bfcl/``: ``explicit``, or the shared data's
+    ``function-calling`` (`tokmem.data.shared`)."""
+    folder = Path(explicit) if explicit else shared_data("function-calling")
+    where = "--data-dir" if explicit else where_shared_data()
     for needed in (CFB_DATA, BFCL_MULTI_TURN):
         if not (folder / needed).is_file():
-            raise DataError(f"{folder / needed} not found ({where or 'found by searching the working directory'}): "
-                            f"the folder must hold {CFB_DATA} and {BFCL_MULTI_TURN}")
+            raise DataError(f"{folder / needed} not found ({where}): the folder must hold {CFB_DATA} and "
+                            f"{BFCL_MULTI_TURN}; pass --data-dir DIR or set ${SHARED_ENV} to the shared data folder")
     return folder
 
 

@@ -14,7 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokmem.data.procedures import Example, Step, read_text
+from tokmem.data.procedures import Example, Step
+from tokmem.io import read_text
 from tokmem.data.tools import call_json
 from tokmem.errors import DataError
 

@@ -576,6 +576,22 @@ def catalog(tools=None) -> dict[str, dict]:
 
 # ---- datasets ---------------------------------------------------------------------------------------------
 
+ADAPTATION_SAMPLES = 5000  # the reference code's adaptation set
+
+
+@dataclass(frozen=True)
+class StudySizes:
+    """How a tool-calling study is built (``assemble``); the defaults are the paper's."""
+
+    per_tool: int = 50  # single-tool samples per tool
+    train_multi: int = 5000  # composed training queries
+    test_multi: int = 500  # composed test queries
+    max_calls: int = 4
+    train_max_calls: int | None = None  # default: max_calls
+    test_fraction: float = 0.2  # of each tool's samples, held out for the test queries
+    seed: int = 0
+
+
 @dataclass
 class ToolData:
     """A tool-calling study's data: ``train`` (single-tool samples and composed queries), ``test``
@@ -602,7 +618,8 @@ def tool_examples(tools, n_single: int = 50, n_multi: int = 2500, max_calls: int
     return singles + compose(pools, n_multi, max_calls, random.Random(f"{seed}:multi"), taken, "multi")
 
 
-def adaptation_examples(samples: int = 5000, per_tool: int = 50, max_calls: int = 4, seed: int = 0) -> list[Example]:
+def adaptation_examples(samples: int = ADAPTATION_SAMPLES, per_tool: int = StudySizes.per_tool,
+                        max_calls: int = StudySizes.max_calls, seed: int = StudySizes.seed) -> list[Example]:
     """The reference code's adaptation set over the built-in adaptation tools: ``per_tool`` single-tool samples
     of each (fewer when ``samples`` is too small for that), then composed queries up to ``samples`` in all."""
     tools = split_tools()[0]
@@ -610,21 +627,14 @@ def adaptation_examples(samples: int = 5000, per_tool: int = 50, max_calls: int 
     return tool_examples(tools, per_tool, samples - per_tool * len(tools), max_calls, seed)
 
 
-def tool_dataset(
-    tools=None,
-    per_tool: int = 50,
-    train_multi: int = 5000,
-    test_multi: int = 500,
-    max_calls: int = 4,
-    train_max_calls: int | None = None,
-    test_fraction: float = 0.2,
-    seed: int = 0,
-) -> ToolData:
-    """Train/test data over built-in tools (default: the evaluation half), built as ``assemble`` describes."""
+def tool_dataset(tools=None, **sizes) -> ToolData:
+    """Train/test data over built-in tools (default: the evaluation half), built as ``assemble`` describes;
+    ``sizes``: `StudySizes` fields."""
     tools = resolve(split_tools()[1] if tools is None else tools)
     taken: set[str] = set()
-    pools = sample_pools(tools, per_tool, random.Random(f"{seed}:pools"), taken)
-    return assemble(pools, catalog(tools), train_multi, test_multi, max_calls, train_max_calls, test_fraction, seed)
+    sizes = StudySizes(**sizes)
+    pools = sample_pools(tools, sizes.per_tool, random.Random(f"{sizes.seed}:pools"), taken)
+    return assemble(pools, catalog(tools), sizes)
 
 
 def sample_pools(tools: list[Tool], size: int, rng: random.Random, taken: set[str]) -> dict[str, list[Example]]:
@@ -641,20 +651,19 @@ def _single(tool: Tool, rng: random.Random) -> Example | None:
     return Example(join_repeats(list(queries)), tuple(steps))
 
 
-def assemble(
-    pools, tools, train_multi, test_multi, max_calls, train_max_calls=None, test_fraction=0.2, seed=0
-) -> ToolData:
+def assemble(pools, tools, sizes: StudySizes) -> ToolData:
     """The paper's construction of a tool-calling study from single-tool samples (``pools``: tool → samples).
 
-    Each tool's samples are split into a training part and a held-out part (``test_fraction``).  The
+    Each tool's samples are split into a training part and a held-out part (``sizes.test_fraction``).  The
     test set is up to ``test_multi`` queries composed from held-out samples, with 2..``max_calls`` calls;
     the training set is the training samples plus up to ``train_multi`` queries composed from them,
     every one with at most ``train_max_calls`` calls (default ``max_calls``; 1 means single calls only).
     No test query, nor any sample composed into one, is in training; and the test set does not depend on
     ``train_max_calls`` or ``train_multi``.
     """
-    train_cap = max_calls if train_max_calls is None else train_max_calls
-    held_out, kept = _split_pools(pools, test_fraction, random.Random(f"{seed}:split"))
+    train_multi, test_multi, max_calls, seed = sizes.train_multi, sizes.test_multi, sizes.max_calls, sizes.seed
+    train_cap = max_calls if sizes.train_max_calls is None else sizes.train_max_calls
+    held_out, kept = _split_pools(pools, sizes.test_fraction, random.Random(f"{seed}:split"))
     taken = {e.query for pool in pools.values() for e in pool}
     test = compose(held_out, test_multi, max_calls, random.Random(f"{seed}:test"), taken, "multi-test")
     singles = [e for pool in kept.values() for e in pool if len(e.steps) <= train_cap]

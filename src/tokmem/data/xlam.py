@@ -23,7 +23,7 @@ from tokmem.data.procedures import Example
 from tokmem.data.toolfiles import (
     Imported, bad, call_fields, calls_example, catalog_entry, read_records, require_object, text_field,
 )
-from tokmem.data.tools import ToolData, assemble
+from tokmem.data.tools import StudySizes, ToolData, assemble
 from tokmem.errors import DataError
 
 @dataclass(frozen=True)
@@ -76,21 +76,11 @@ def _single_tool(record: XlamRecord) -> bool:
             and all(arguments for _, arguments in record.calls))
 
 
-def xlam_dataset(
-    path,
-    ranks: tuple[int, int] = (1, 50),
-    per_tool: int = 50,
-    train_multi: int = 5000,
-    test_multi: int = 500,
-    max_calls: int = 4,
-    train_max_calls: int | None = None,
-    test_fraction: float = 0.2,
-    seed: int = 0,
-) -> ToolData:
+def xlam_dataset(path, ranks: tuple[int, int] = (1, 50), **sizes) -> ToolData:
     """A study over the tools ranked ``ranks`` (1-based, inclusive) by single-tool frequency.
 
     Each tool keeps up to ``per_tool`` of its single-tool samples (distinct queries, drawn with
-    ``seed``); train and test are built by ``assemble`` (paper: 5,000 / 500 composed, at most 4 calls).
+    ``seed``); train and test are built by ``assemble``; ``sizes``: `StudySizes` fields.
     """
     records = load_xlam(path)
     first, last = ranks
@@ -98,9 +88,9 @@ def xlam_dataset(
     if not 1 <= first <= last or last > len(ranking):
         raise DataError(f"{path}: cannot take tool ranks {first}..{last}: it has {len(ranking)} single-tool tools")
     chosen = [name for name, _ in ranking[first - 1 : last]]
-    pools = _pools(records, chosen, per_tool, random.Random(f"{seed}:xlam"))
-    return assemble(pools, _schemas(records, chosen), train_multi, test_multi, max_calls, train_max_calls,
-                    test_fraction, seed)
+    sizes = StudySizes(**sizes)
+    pools = _pools(records, chosen, sizes.per_tool, random.Random(f"{sizes.seed}:xlam"))
+    return assemble(pools, _schemas(records, chosen), sizes)
 
 
 def _pools(records, chosen, per_tool, rng) -> dict[str, list[Example]]:

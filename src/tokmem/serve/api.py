@@ -27,8 +27,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
+from tokmem.decode import DecodeConfig
 from tokmem.errors import TokMemError
-from tokmem.layout import chat_prefix
+from tokmem.sequences import chat_prefix
 from tokmem.serve.banks import BankNotFound, BankRegistry
 from tokmem.serve.engine import Engine, Handle, Overloaded
 from tokmem.serve.engine import Request as EngineRequest
@@ -38,7 +39,7 @@ from tokmem.serve.engine import Request as EngineRequest
 class Limits:
     max_prompt_tokens: int = 2048
     max_new_tokens: int = 1024  # the most a request may ask for
-    default_max_tokens: int = 128  # when a request does not say
+    default_max_tokens: int = DecodeConfig.max_new_tokens  # when a request does not say
     max_body_bytes: int = 8 * 2**20
     timeout: float = 120.0  # seconds per request, queueing included
 
@@ -63,13 +64,13 @@ class StreamOptions(BaseModel):
 class TokMemOptions(BaseModel):
     model: str = Field(description="the bank")
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(0.0, ge=0, le=2, description="0 (the default here) is greedy")
+    temperature: float = Field(DecodeConfig.temperature, ge=0, le=2, description="0 (the default here) is greedy")
     n: int = Field(1, ge=1, le=1, description="one choice per request")
     stream: bool = False
     stream_options: StreamOptions | None = None
     procedure: str | None = Field(None, description="force this procedure (routing skipped)")
-    threshold: float = Field(0.5, ge=0, description="open-set rule: the least memory mass that routes")
-    max_steps: int = Field(4, ge=1, description="most segments (memory tokens) per answer")
+    threshold: float = Field(DecodeConfig.threshold, ge=0, description="open-set rule: the least memory mass that routes")
+    max_steps: int = Field(DecodeConfig.max_steps, ge=1, description="most segments (memory tokens) per answer")
     ignore_eos: bool = Field(False, description="go on past EOS up to max_tokens (benchmarking)")
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from tokmem.backbones import Backbone
-from tokmem.bank import MemoryBank, atomic_write, metadata_path
+from tokmem.bank import MemoryBank, metadata_path
+from tokmem.io import atomic_write
 from tokmem.errors import BankError
 from tokmem.model import TokMemModel
 

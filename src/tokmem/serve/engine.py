@@ -28,9 +28,9 @@ from transformers import DynamicCache
 
 from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
-from tokmem.decode import Generation, _trace, first_tokens, left_pad, next_tokens
+from tokmem.decode import DecodeConfig, Generation, to_generation, first_tokens, left_pad, next_tokens
 from tokmem.errors import BackboneError, TokMemError
-from tokmem.layout import positions
+from tokmem.sequences import positions
 from tokmem.model import TokMemModel
 from tokmem.serve.banks import BankVersion
 
@@ -46,10 +46,10 @@ class Request:
     bank: BankVersion
     prompt: list[int]  # the chat-formatted query's token ids
     query: str  # the user's text (for the Generation it becomes)
-    max_tokens: int = 128
-    max_steps: int = 4
-    threshold: float = 0.5
-    temperature: float = 0.0
+    max_tokens: int = DecodeConfig.max_new_tokens
+    max_steps: int = DecodeConfig.max_steps
+    threshold: float = DecodeConfig.threshold
+    temperature: float = DecodeConfig.temperature
     forced: int = -1  # a memory id to start with (routing skipped), or -1
     ignore_eos: bool = False  # go on past EOS up to max_tokens (benchmarks: equal output lengths)
     timeout: float | None = None  # seconds from submission
@@ -92,7 +92,7 @@ class Handle:
     def generation(self, tokens: list[int] | None = None) -> Generation:
         """The answer so far (or of ``tokens``), split into segments by ``tokmem.decode``."""
         model = self.request.bank.model
-        return _trace(model, self.request.query, self.tokens if tokens is None else tokens, self.memory_mass, not self.plain)
+        return to_generation(model, self.request.query, self.tokens if tokens is None else tokens, self.memory_mass, not self.plain)
 
     def _add(self, token: int, eos: int) -> None:
         self.tokens.append(token)

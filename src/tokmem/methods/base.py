@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import tokmem
+from tokmem.decode import DecodeConfig
 from tokmem.backbones import Backbone
-from tokmem.baselines.common import Answer, Method, plain_answers
+from tokmem.methods.method import Answer, Method, plain_answers
 
 
 class Base(Method):
@@ -12,7 +13,7 @@ class Base(Method):
     label = "Base"
     learns = False
 
-    def __init__(self, backbone: Backbone, max_new_tokens: int = 128, eval_batch_size: int = 16):
+    def __init__(self, backbone: Backbone, max_new_tokens: int = DecodeConfig.max_new_tokens, eval_batch_size: int = DecodeConfig.batch_size):
         self.model = tokmem.create(backbone)  # an empty bank: the plain backbone
         self.max_new_tokens = max_new_tokens
         self.eval_batch_size = eval_batch_size

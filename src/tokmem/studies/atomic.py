@@ -31,23 +31,29 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import asdict, dataclass, replace
+from typing import Literal
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from tokmem import metrics
-from tokmem.baselines.base import Base
-from tokmem.baselines.common import Answer, Method
-from tokmem.baselines.lora import LoRA, Replay
-from tokmem.baselines.memory import TokMem
-from tokmem.baselines.rag import RAG
+from tokmem.eval import metrics
+from tokmem.methods.base import Base
+from tokmem.methods.method import Answer, Method
+from tokmem.methods.lora import LoRA, Replay
+from tokmem.methods.tokmem import TokMem
+from tokmem.methods.rag import RAG
+from tokmem.backbones import DEFAULT_BACKBONE
+from tokmem.config import option
 from tokmem.data.procedures import Example
+from tokmem.data.shared import shared_data
 from tokmem.data.sni import QUERIES, Task, load_tasks
 from tokmem.errors import TokMemError
-from tokmem.experiments.outputs import Panel, line_plot, lines, pivot_table, read_json, write_json_atomic, write_text_atomic
-from tokmem.experiments.settings import MethodSettings
+from tokmem.io import write_json_atomic, write_text_atomic
+from tokmem.studies.harness import answer_all, learn_round, progress_bar, resumed
+from tokmem.studies.outputs import Panel, line_plot, lines, pivot_table
+from tokmem.studies.settings import MethodSettings
 from tokmem.report import machine
-from tokmem.train import INITS, SCHEDULES as LR_SCHEDULES
+from tokmem.train import INITS, SCHEDULES as LR_SCHEDULES, Schedule
 
 METHODS = ("base", "rag", "lora", "replay", "tokmem", "tokmem-dc")
 JOINT_METHODS = tuple(m for m in METHODS if m != "replay")  # replay is fine-tuning when every task trains in one round
@@ -56,6 +62,8 @@ CLASSES = {"base": Base, "rag": RAG, "lora": LoRA, "replay": Replay, "tokmem": T
 EFFICIENCY_TASKS = 10
 RESUME_IGNORES = ("device", "preset")  # settings a resumed run may change
 ACCURACIES = {"retrieval_accuracy": "retrieval", "routing_accuracy": "routing"}
+Query = Literal[QUERIES]
+TaskSchedule = Literal["joint", "sequential"]
 RECIPES = {  # TokMem's learning rate and every trained method's lr schedule, by task schedule
     "joint": dict(tokmem_lr=1e-3, schedule="linear"),  # the reference code
     "sequential": dict(tokmem_lr=5e-3, schedule="constant"),  # the paper's text
@@ -64,25 +72,30 @@ RECIPES = {  # TokMem's learning rate and every trained method's lr schedule, by
 
 @dataclass(frozen=True)
 class AtomicConfig(MethodSettings):
-    tasks_dir: str | None = None
-    query: str = "definition"  # the user turn: "definition" (definition, blank line, input) or "input" alone
-    task_schedule: str = "joint"  # "joint" (one run per checkpoint on its tasks together) or "sequential" (a round per task)
-    num_tasks: int | None = None  # default: the last checkpoint (10 for sample efficiency)
-    train_per_task: int = 500  # at most; a task trains on fewer when its file has fewer
-    min_train_per_task: int | None = None  # a task with fewer training instances is skipped; at most (and default) train_per_task
-    test_per_task: int = 50
-    checkpoints: tuple[int, ...] = (10, 50, 200, 500, 1000)
-    methods: tuple[str, ...] | None = None  # default: METHODS (sequential), JOINT_METHODS, EFFICIENCY_METHODS
-    backbone: str = "smollm2-135m"
-    tokmem_lr: float | None = None  # default: RECIPES[task_schedule]
-    schedule: str | None = None  # lr schedule; default: RECIPES[task_schedule]
-    lora_rank: int | None = None  # default: 8 (1 for sample efficiency, as the paper)
-    rag_k: int = 2
-    replay_ratio: float = 0.2
-    replay_buffer: int = 500
-    replay_every: int = 10
-    sample_efficiency: bool = False
-    budgets: tuple[int, ...] = (10, 20, 50, 100, 200, 500)  # training examples per task (sample efficiency)
+    tasks_dir: str | None = option(None, "folder of SNI task files (natural-instructions/tasks)")
+    query: Query = option("definition", "the user turn: definition = the task definition, a blank line and the input "
+                          "(the paper's protocol); input = the input alone (the memory token must carry the instruction)")
+    task_schedule: TaskSchedule = option(
+        "joint", "joint = one run per checkpoint on all its tasks shuffled together (the reference code; TokMem lr 1e-3, "
+        "linear schedule); sequential = tasks arrive one at a time (the paper's text; lr 5e-3, constant)", flag="--schedule")
+    num_tasks: int | None = option(None, "tasks to load (default: the last checkpoint; 10 for sample efficiency)")
+    train_per_task: int = option(500, "training examples per task, at most (a task trains on fewer when its file has fewer)")
+    min_train_per_task: int | None = option(None, "skip a task with fewer training examples (default: --train-per-task)")
+    test_per_task: int = option(50, "test examples per task")
+    checkpoints: tuple[int, ...] = option((10, 50, 200, 500, 1000), "numbers of tasks to evaluate after, e.g. 5,10,14")
+    methods: tuple[str, ...] | None = option(None, f"comma-separated subset of {','.join(METHODS)}")
+    backbone: str = option(DEFAULT_BACKBONE, "backbone spec")
+    tokmem_lr: float | None = option(None, "learning rate of the memory rows (default 1e-3 joint, 5e-3 sequential)")
+    schedule: Schedule | None = option(None, "learning rate of every trained method: constant, or linear (10% warm-up, "
+                                       "then decay); default: the task schedule's", flag="--lr-schedule")
+    lora_rank: int | None = option(None, "LoRA rank (default 8; 1 with --sample-efficiency, as the paper)")
+    rag_k: int = option(2, "demonstrations RAG retrieves")
+    replay_ratio: float = option(0.2, "share of replayed examples in a batch")
+    replay_buffer: int = option(500, "examples the replay buffer keeps")
+    replay_every: int = option(10, "procedures between refreshes of the replay buffer")
+    sample_efficiency: bool = option(False, "10 tasks learned as one mixture with 10/20/50/100/200/500 training "
+                                     "examples per task")
+    budgets: tuple[int, ...] = option((10, 20, 50, 100, 200, 500), "training examples per task for --sample-efficiency")
 
     def resolved(self) -> "AtomicConfig":
         """Fill the settings whose default depends on the study; check the rest."""
@@ -122,13 +135,13 @@ class AtomicConfig(MethodSettings):
 
 
 PRESETS = {
-    # the paper's protocol (definition queries, joint schedule) on the 14 SNI files beside the project and smollm2-135m,
-    # measured 44 min 38 s alone on 2 CPU cores: 10 test and up to 100 training instances a task (the files hold 30–120;
+    # the paper's protocol (definition queries, joint schedule) on the 14 SNI files of the shared data and smollm2-135m,
+    # for a CPU (run time: docs/studies.md): 10 test and up to 100 training instances a task (the files hold 30–120;
     # a task with fewer than 20 left would be skipped), one joint run on all 14 tasks (1,052 examples: TokMem 526
     # steps in 2 epochs, LoRA 263 in 1), Base/RAG/LoRA/TokMem (TokMem+DC and replay as separate commands).  LoRA's
     # lr is 1e-3, not the paper's 5e-5: 263 steps instead of the paper's ~125k (as the compositional cpu preset).
     "cpu": dict(
-        tasks_dir="../shared/data/sni/tasks", backbone="smollm2-135m", train_per_task=100, min_train_per_task=20,
+        tasks_dir=str(shared_data("sni", "tasks")), backbone=DEFAULT_BACKBONE, train_per_task=100, min_train_per_task=20,
         test_per_task=10, checkpoints=(14,), methods=("base", "rag", "lora", "tokmem"), tokmem_epochs=2, lora_epochs=1,
         lora_lr=1e-3, max_new_tokens=48, replay_buffer=100, replay_every=5, budgets=(5, 10, 20),
     ),
@@ -321,15 +334,9 @@ def _config_dict(config: AtomicConfig) -> dict:
 def _start(config: AtomicConfig, study: Study, tasks: list[Task], skipped: list[dict], files: Files, resume: bool) -> dict:
     """The result so far: the saved JSON when resuming (its settings must match), else a fresh one."""
     settings = _config_dict(config)
-    if resume and files.json and files.json.is_file():
-        result = read_json(files.json)
-        changed = [k for k in settings if k not in RESUME_IGNORES and result["config"].get(k) != settings[k]]
-        if changed:
-            raise TokMemError(
-                f"cannot resume {files.json}: it was run with other settings ({', '.join(changed)}); "
-                "use the same options, or drop --resume to start over"
-            )
-        return result
+    saved = resumed(files.json if resume else None, study.title, settings, RESUME_IGNORES)
+    if saved is not None:
+        return saved
     return {
         "study": study.title,
         "config": settings,
@@ -354,11 +361,6 @@ def _restore(methods: list[Method], seen: list[Task], query: str, directory: Pat
 
 
 # ---- learning and answering ----------------------------------------------------------------------------
-def progress_bar(total: int, progress: bool):
-    """One bar for the whole run: its rate and time left count training examples and test queries alike."""
-    return tqdm(total=total, unit="ex", disable=not progress, dynamic_ncols=True, smoothing=0.05)
-
-
 def _units(config: AtomicConfig, points: list[tuple[int, list[Task], list[Task]]]) -> int:
     """Work for the progress bar and its time estimate: training examples seen plus test queries answered.
 
@@ -371,26 +373,6 @@ def _units(config: AtomicConfig, points: list[tuple[int, list[Task], list[Task]]
             units += config.epochs_of(name) * learned
             units += sum(len(t.test) for t in asked if CLASSES[name].learns or t.name not in known)
     return units
-
-
-def learn_round(method: Method, examples, what: str, bar) -> float:
-    """One round of learning, the bar advancing after each of its steps; returns the seconds it took."""
-    start = time.perf_counter()
-    bar.set_description_str(f"{method.name}: learning {what}")
-    units, shown = method.epochs * len(examples), 0
-
-    def advance(fraction: float) -> None:
-        nonlocal shown
-        bar.update(round(units * fraction) - shown)
-        shown = round(units * fraction)
-
-    method.on_step = advance
-    try:
-        method.learn(examples)
-    finally:
-        method.on_step = None
-    bar.update(units - shown)
-    return time.perf_counter() - start
 
 
 def evaluate(method: Method, tasks: list[Task], batch_size: int = 16, bar=None, train_seconds: float = 0.0, reuse: dict | None = None,
@@ -420,18 +402,6 @@ def evaluate(method: Method, tasks: list[Task], batch_size: int = 16, bar=None, 
         "eval_seconds": round(time.perf_counter() - start, 2),
         "per_task": per_task,
     }
-
-
-def answer_all(method: Method, queries: list[str], batch_size: int, bar) -> list[Answer]:
-    """Answers in query order, asked in batches of similar length (less padding)."""
-    order = sorted(range(len(queries)), key=lambda i: len(queries[i]))
-    answers: list[Answer | None] = [None] * len(queries)
-    for first in range(0, len(order), batch_size):
-        chunk = order[first : first + batch_size]
-        for i, answer in zip(chunk, method.answer([queries[i] for i in chunk])):
-            answers[i] = answer
-        bar.update(len(chunk))
-    return answers
 
 
 def _task_scores(method: Method, task: Task, answers: list[Answer]) -> dict:

@@ -5,7 +5,7 @@ import torch
 
 from tokmem import Example, Step
 from tokmem.errors import DataError
-from tokmem.layout import IGNORE, TruncationCount, chat_prefix, chat_turns, collate, encode
+from tokmem.sequences import IGNORE, TruncationCount, chat_prefix, chat_turns, collate, encode
 
 CHAIN = Example("Reverse water, then capitalise it.", (Step("reverse", "retaw"), Step("upper", "RETAW")), id="chain")
 MEMORY = {"reverse": 1000, "upper": 1001}

@@ -24,8 +24,9 @@ from functools import cache
 import torch
 
 import tokmem
+from tokmem.decode import DecodeConfig
 from tokmem.backbones import Backbone, default_device
-from tokmem.baselines.common import Answer, Method, plain_answers
+from tokmem.methods.method import Answer, Method, plain_answers
 from tokmem.data.procedures import Example
 
 
@@ -48,7 +49,7 @@ class RAG(Method):
     label = "RAG"
     choice_metric = "retrieval_accuracy"
 
-    def __init__(self, backbone: Backbone, k: int = 2, max_new_tokens: int = 128, eval_batch_size: int = 16, encoder=None):
+    def __init__(self, backbone: Backbone, k: int = 2, max_new_tokens: int = DecodeConfig.max_new_tokens, eval_batch_size: int = DecodeConfig.batch_size, encoder=None):
         self.model = tokmem.create(backbone)  # an empty bank: the plain backbone
         self.encoder = encoder or load_encoder()
         self.k = k

@@ -1,13 +1,14 @@
 """Fine-tuning baselines: LoRA on the attention's query and value projections, and LoRA with replay.
 
 The training sequence is TokMem's without the memory token (``chat(query) response EOS``, loss on
-the response and EOS only), batched and masked by the same ``layout.encode`` / ``collate`` and scored
-by the same ``TokMemModel.loss`` (on an empty bank).  Rounds are sequential: each ``learn`` call
-trains on its examples with a fresh AdamW, carrying the adapter weights over from the last round.
+the response and EOS only), batched and masked by the same ``sequences.encode`` / ``collate`` and scored
+by the same ``TokMemModel.loss`` (on an empty bank), in the one training loop (``train.fit``, the adapter
+weights as its parameter group).  Rounds are sequential: each ``learn`` call trains on its examples with a
+fresh AdamW, carrying the adapter weights over from the last round.
 
-The backbone object is shared with every other method of a study, so the adapters are injected
-into it (PEFT ``LoraModel``) only for the duration of a round or an answer and taken out again
-(``unload``, no merge) afterwards; between uses they live in ``weights``.  The backbone's own
+The backbone object is shared with every other method of a study, so the adapters (`tokmem.lora.Adapter`)
+are injected into it only for the duration of a round or an answer and taken out again (no merge)
+afterwards; between uses they live in ``adapter.weights``.  The backbone's own
 weights never get ``requires_grad`` and stay bit-identical.
 
 Replay keeps a uniform sample (reservoir) of every training example seen so far; every
@@ -21,21 +22,19 @@ from __future__ import annotations
 
 import json
 import random
-from contextlib import contextmanager
+from itertools import accumulate
 from pathlib import Path
 
-import torch
-from peft import LoraConfig, LoraModel
-from safetensors.torch import load_file, save_file
-
 import tokmem
+from tokmem.decode import DecodeConfig
 from tokmem.backbones import Backbone
-from tokmem.baselines.common import Answer, Method, plain_answers
 from tokmem.data.procedures import Example, Step
-from tokmem.layout import collate, encode
-from tokmem.train import lr_scheduler
+from tokmem.lora import Adapter, LoRASettings
+from tokmem.methods.method import Answer, Method, plain_answers
+from tokmem.sequences import encode
+from tokmem.train import TrainConfig, epoch_order, fit
 
-ADAPTER = "default"
+STATE_FILE = "state.json"
 
 
 class LoRA(Method):
@@ -43,68 +42,42 @@ class LoRA(Method):
     label = "Fine-tuning"
 
     def __init__(
-        self, backbone: Backbone, rank: int = 8, lr: float = 5e-5, weight_decay: float = 0.01, epochs: int = 1,
-        batch_size: int = 4, max_length: int = 1024, max_new_tokens: int = 128, eval_batch_size: int = 16,
-        seed: int = 0, target_modules: tuple[str, ...] = ("q_proj", "v_proj"), schedule: str = "constant", warmup: float = 0.1,
+        self, backbone: Backbone, rank: int = LoRASettings.rank, lr: float = LoRASettings.lr,
+        weight_decay: float = LoRASettings.weight_decay, epochs: int = TrainConfig.epochs,
+        batch_size: int = TrainConfig.batch_size, max_length: int = TrainConfig.max_length, max_new_tokens: int = DecodeConfig.max_new_tokens,
+        eval_batch_size: int = DecodeConfig.batch_size, seed: int = TrainConfig.seed, target_modules: tuple[str, ...] = LoRASettings.target_modules,
+        schedule: str = TrainConfig.schedule, warmup: float = TrainConfig.warmup,
     ):
         self.backbone = backbone
         self.model = tokmem.create(backbone)  # an empty bank: TokMem's loss and decoder over the plain backbone
-        # alpha = 2r keeps the adapter's scale the same at every rank (r=1 and r=8 differ in capacity only)
-        self.config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(target_modules))
-        self.lr, self.weight_decay, self.epochs, self.batch_size = lr, weight_decay, epochs, batch_size
-        self.schedule, self.warmup = schedule, warmup
-        self.max_length, self.max_new_tokens, self.eval_batch_size, self.seed = max_length, max_new_tokens, eval_batch_size, seed
+        self.train_config = TrainConfig(lr=lr, weight_decay=weight_decay, epochs=epochs, batch_size=batch_size,
+                                        max_length=max_length, seed=seed, schedule=schedule, warmup=warmup, progress=False)
+        self.adapter = Adapter(backbone.model, LoRASettings(rank=rank, target_modules=target_modules), seed)
+        self.epochs, self.batch_size, self.seed = epochs, batch_size, seed
+        self.max_new_tokens, self.eval_batch_size = max_new_tokens, eval_batch_size
         self.rounds = 0
-        self.weights: dict[str, torch.Tensor] | None = None
-        torch.manual_seed(seed)
-        with self.attached():  # PEFT's initialisation: A random, B zero (the adapted model starts as the backbone)
-            pass
 
-    @contextmanager
     def attached(self):
-        """The backbone with this method's adapters injected, for the duration of the block."""
-        tuner = LoraModel(self.backbone.model, self.config, ADAPTER)
-        try:
-            params = {n: p for n, p in self.backbone.model.named_parameters() if "lora_" in n}
-            if self.weights is not None:
-                with torch.no_grad():
-                    for name, parameter in params.items():
-                        parameter.copy_(self.weights[name])
-            yield list(params.values())
-            self.weights = {name: p.detach().cpu().clone() for name, p in params.items()}
-        finally:
-            tuner.unload()
+        """The shared backbone with this method's adapters injected, for the duration of the block."""
+        return self.adapter.attached()
 
     def trainable_params(self) -> int:
-        return sum(w.numel() for w in self.weights.values())
+        return self.adapter.parameter_count()
 
     def batches(self, examples: list[Example]) -> list[list[Example]]:
         """This round's batches: ``epochs`` shuffled passes over the examples, seeded by the round."""
-        rng = random.Random(f"{self.seed}:{self.rounds}")
-        order = []
-        for _ in range(self.epochs):
-            epoch = list(examples)
-            rng.shuffle(epoch)
-            order += epoch
-        return [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        order = epoch_order(len(examples), self.epochs, f"{self.seed}:{self.rounds}")
+        return [[examples[i] for i in order[first : first + self.batch_size]] for first in range(0, len(order), self.batch_size)]
 
     def learn(self, examples: list[Example]) -> None:
         batches = self.batches(examples)
-        tokenizer, device = self.backbone.tokenizer, self.backbone.device
-        autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+        pool = [e for batch in batches for e in batch]
+        bounds = [0, *accumulate(map(len, batches))]
+        steps = [list(range(first, end)) for first, end in zip(bounds, bounds[1:])]
+        encoded = [encode(e, self.backbone.tokenizer, None, self.train_config.max_length) for e in pool]
         with self.attached() as params:
-            optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
-            scheduler = lr_scheduler(optimizer, len(batches), self.schedule, self.warmup)
-            for done, batch in enumerate(batches, 1):
-                encoded = [encode(e, tokenizer, None, self.max_length) for e in batch]
-                inputs = {k: v.to(device) for k, v in collate(encoded, tokenizer.pad_token_id).items()}
-                with autocast:
-                    loss, _ = self.model.loss(inputs)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                scheduler.step()
-                self.report_step(done, len(batches))
+            fit(self.model, encoded, self.train_config, on_step=self.report_step, param_groups=[{"params": params}],
+                steps=steps)
         self.rounds += 1
 
     def answer(self, queries: list[str]) -> list[Answer]:
@@ -113,16 +86,14 @@ class LoRA(Method):
         return [Answer(text) for text in texts]
 
     def save(self, directory: Path) -> bool:
-        directory.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self.weights.items()}, directory / "adapter.safetensors")
-        (directory / "state.json").write_text(json.dumps(self.state()), encoding="utf-8")
+        self.adapter.save(directory)
+        (directory / STATE_FILE).write_text(json.dumps(self.state()), encoding="utf-8")
         return True
 
     def load(self, directory: Path) -> bool:
-        if not (directory / "state.json").is_file():
+        if not (directory / STATE_FILE).is_file() or not self.adapter.load(directory):
             return False
-        self.weights = load_file(directory / "adapter.safetensors")
-        self.restore(json.loads((directory / "state.json").read_text(encoding="utf-8")))
+        self.restore(json.loads((directory / STATE_FILE).read_text(encoding="utf-8")))
         return True
 
     def state(self) -> dict:

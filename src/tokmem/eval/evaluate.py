@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from tokmem import metrics
+from tokmem.eval import metrics
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig, Generation, generate
 from tokmem.model import TokMemModel
@@ -62,10 +62,23 @@ def are_tool_calls(examples: list[Example]) -> bool:
 
 
 def tool_call_scores(examples: list[Example], generations: list[Generation]) -> dict:
-    """Each segment is one call; its tool is the memory token's procedure, or the name its text gives when the
-    plain backbone answered (open set)."""
-    predicted = [[metrics.read_call(s.text, s.procedure) for s in g.trace] for g in generations]
-    return metrics.call_scores([[step.response for step in e.steps] for e in examples], predicted)
+    """``score_calls`` of TokMem's generations: each memory-token segment is one call of the tool it chose."""
+    return score_calls(examples, [[(s.text, s.procedure) for s in g.trace] for g in generations])
+
+
+def predicted_calls(answer) -> list[tuple[str, str | None]]:
+    """(call text, tool) pairs of an answer (a ``tokmem.methods.Answer``): TokMem's segments, one call each, with the
+    tool its memory token chose; or else the calls found in the answer's text, whose tool is the name they give."""
+    if answer.segments is not None:
+        return [(segment.text, segment.procedure) for segment in answer.segments]
+    return [(text, None) for text in metrics.split_calls(answer.text)]
+
+
+def score_calls(examples: list[Example], predictions: list[list[tuple[str, str | None]]]) -> dict:
+    """Tool, argument and call F1 (``metrics.call_scores``) of predicted (call text, tool) pairs against the gold
+    calls: the one scoring rule of every method.  A call that does not parse matches no gold call."""
+    calls = [[metrics.read_call(text, tool) for text, tool in predicted] for predicted in predictions]
+    return metrics.call_scores([[step.response for step in e.steps] for e in examples], calls)
 
 
 def _per_procedure(rows: list[dict]) -> dict:

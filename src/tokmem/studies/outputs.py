@@ -1,36 +1,10 @@
-"""Outputs every study writes: its JSON (atomically, so a crash never leaves half a file), markdown
+"""Outputs every study writes beside its JSON (`tokmem.io.write_json_atomic`): markdown
 tables in the paper's layout (methods × settings) and line plots (matplotlib, Agg backend)."""
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-
-
-def write_text_atomic(path, text: str) -> Path:
-    """Write to a temporary file beside ``path``, then rename it over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def write_json_atomic(path, data: dict) -> Path:
-    return write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
-
-
-def read_json(path) -> dict:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:

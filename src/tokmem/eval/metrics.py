@@ -7,12 +7,12 @@ is imported on the first ROUGE-L call).
 import ast
 import json
 import math
-import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from functools import cache
+
+from tokmem.data.gsm8k import extract_final_number
 
 
 def mean(values: Iterable[float]) -> float:
@@ -208,35 +208,6 @@ def call_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[tupl
         means = {str(n): mean(by_calls[n][metric]) for n in sorted(by_calls)}
         scores[metric] = means | {"avg": mean(means.values())}
     return scores
-
-
-_NUMBER = r"(?P<sign>[-+]?)\$?(?P<digits>\d(?:[\d,]*\d)?(?:\.\d+)?|\.\d+)"
-_COMPLIANT = re.compile(r"####\s*" + _NUMBER + r"\s*\Z")
-
-
-def gsm8k_compliant(text: str) -> bool:
-    """The reference code's compliance rule: ``"#### "`` (the marker and a space) occurs anywhere in the answer."""
-    return "#### " in text
-
-
-def gsm8k_strictly_compliant(text: str) -> bool:
-    """Whether the text ends with ``#### <number>`` (commas, a sign, decimals, a leading $ allowed)."""
-    return _COMPLIANT.search(text) is not None
-
-
-def extract_final_number(text: str) -> str | None:
-    """The first number after the last ``####``, normalised; None when there is none.
-
-    Commas, ``$``, a ``+`` sign, units and trailing words are dropped, as are zeros after the
-    decimal point: ``"#### $1,000.50 dollars"`` gives ``"1000.5"``, ``"5.00"`` gives ``"5"``,
-    ``"-0"`` gives ``"0"``.
-    """
-    _, marker, tail = text.rpartition("####")
-    match = re.search(_NUMBER, tail) if marker else None
-    if match is None:
-        return None
-    value = Decimal(match["sign"] + match["digits"].replace(",", "")).normalize()
-    return format(value if value != 0 else Decimal(0), "f")
 
 
 def gsm8k_exact_match(prediction: str, reference: str) -> float:

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import json
 
+from tokmem.decode import DecodeConfig
 from tokmem.backbones import Backbone
-from tokmem.baselines.common import Answer, Method, plain_answers
-from tokmem.baselines.rag import RAG
+from tokmem.methods.method import Answer, Method, plain_answers
+from tokmem.methods.rag import RAG
 from tokmem.data.procedures import Example
 from tokmem.model import create
 
@@ -77,7 +78,7 @@ class ICL(Method):
     name = "icl"
     label = "ICL"
 
-    def __init__(self, backbone: Backbone, tools: dict[str, dict], shots: int = 2, max_new_tokens: int = 128, eval_batch_size: int = 16):
+    def __init__(self, backbone: Backbone, tools: dict[str, dict], shots: int = 2, max_new_tokens: int = DecodeConfig.max_new_tokens, eval_batch_size: int = DecodeConfig.batch_size):
         self.model = create(backbone)  # an empty bank: the plain backbone
         self.schemas = list(tools.values())
         if not fits(backbone, tool_prompt(self.schemas, [], ""), max_new_tokens):

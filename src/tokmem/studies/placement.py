@@ -11,7 +11,7 @@ and steps.  TokMem-n is n consecutive memory tokens of one procedure: bank rows 
 after the query.  The memory tokens are inputs here, not targets (there is nothing to route to),
 so in both methods only the response is a target.  The rows of TokMem stay output classes of its
 LM head as always (on smollm2-135m they hold ~1e-7 of the probability at the text positions, so
-perplexities compare), prefix rows never are (`tokmem.baselines.prefix`).
+perplexities compare), prefix rows never are (`tokmem.methods.prefix`).
 
 Two studies, each a function returning a result dict:
 
@@ -40,35 +40,38 @@ Two studies, each a function returning a result dict:
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
 import random
 import string
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 from tqdm.auto import tqdm
 
 import tokmem
-from tokmem import metrics
+from tokmem.eval import metrics
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone, load_backbone
-from tokmem.baselines import prefix
-from tokmem.data.gsm8k import Problem, load_gsm8k
+from tokmem.methods import prefix
+from tokmem.config import option
+from tokmem.data.gsm8k import Problem, gsm8k_compliant, gsm8k_strictly_compliant, load_gsm8k
+from tokmem.data.shared import shared_data
 from tokmem.decode import DecodeConfig, complete
 from tokmem.errors import DataError, TokMemError
-from tokmem.experiments.outputs import Panel, line_plot, markdown_table, read_json, write_json_atomic, write_text_atomic
-from tokmem.layout import IGNORE, Encoded, chat_prefix, chat_turns, collate
+from tokmem.io import write_json_atomic, write_text_atomic
+from tokmem.studies.harness import resumed
+from tokmem.studies.outputs import Panel, line_plot, markdown_table
+from tokmem.sequences import IGNORE, Encoded, chat_prefix, chat_turns, collate
 from tokmem.model import TokMemModel
-from tokmem.report import console, machine
+from tokmem.report import machine
 from tokmem.train import TrainConfig, fit
 
 METHODS = ("prefix", "tokmem")
 LABELS = {"prefix": "Prefix tuning", "tokmem": "TokMem"}
-SHARED = Path("../shared")  # the project's shared data, next to the repository
 
 
 # ---- the two placements --------------------------------------------------------------------------
@@ -135,17 +138,17 @@ def steps_at_90(steps: list[int], perplexities: list[float], fraction: float = 0
 class MemorizationConfig:
     """Defaults are the paper's setup (its batches of 8–32 sequences are the whole text at each step)."""
 
-    backbone: str = DEFAULT_BACKBONE
-    text: str = str(SHARED / "paper" / "tokmem.tex")
-    text_tokens: tuple[int, ...] = (1024, 2048, 4096)
-    memory_tokens: tuple[int, ...] = (1, 2, 5)
-    sequence_length: int = 128
-    steps: int = 3000
-    eval_every: int = 100
-    seeds: int = 5
-    lr: float = 5e-3
-    batch_size: int = 8  # sequences per forward pass; one optimiser step always covers the whole text
-    device: str | None = None
+    backbone: str = option(DEFAULT_BACKBONE, "backbone spec")
+    text: str = option(str(shared_data().parent / "paper" / "tokmem.tex"), "memorization: the text file to memorise")
+    text_tokens: tuple[int, ...] = option((1024, 2048, 4096), "memorization: tokens of the text memorised, per setting")
+    memory_tokens: tuple[int, ...] = option((1, 2, 5), "memorization: trainable rows, per setting")
+    sequence_length: int = option(128, "memorization: tokens per training sequence")
+    steps: int = option(3000, "memorization: optimiser steps per run")
+    eval_every: int = option(100, "memorization: steps between perplexity measurements")
+    seeds: int = option(5, "memorization: runs to average over")
+    lr: float = option(TrainConfig.lr, "learning rate of the rows")
+    batch_size: int = option(8, "sequences per forward pass (memorization: one optimiser step covers the whole text)")
+    device: str | None = option(None, "cpu, cuda, … (default: cuda when available)")
     progress: bool = True
 
 
@@ -264,6 +267,7 @@ def _summarize(runs: list[dict]) -> dict:
 # How each layout frames a problem: the user turn's text and the target's text.
 FRAMES = {"reference": ("question: {}", "answer: {}"), "assistant": ("{}", "{}")}
 LAYOUTS = tuple(FRAMES)
+Layout = Literal[LAYOUTS]
 PROTOCOLS = {
     "reference": "the reference layout (`question: …` user turn, TokMem's memory token before the assistant header, "
     "target `answer: …`)",
@@ -277,20 +281,22 @@ class GSM8KConfig:
     epochs at lr 5e-3 in batches of 4, the rows of the epoch with the best validation exact match; the whole
     training set (less the validation split; 20% and 100% of it) and the whole test set."""
 
-    backbone: str = DEFAULT_BACKBONE
-    data: str = str(SHARED / "data" / "gsm8k")
-    layout: str = "reference"
-    train_examples: int | None = None  # the training subset: the first N problems after the validation split (None: all)
-    validation_examples: int = 500  # held out: the last N problems of train.jsonl
-    test_examples: int | None = None  # the first N test problems (None: all)
+    backbone: str = option(DEFAULT_BACKBONE, "backbone spec")
+    data: str = option(str(shared_data("gsm8k")), "gsm8k: the folder with train.jsonl and test.jsonl")
+    layout: Layout = option("reference", "gsm8k: reference = `question: …` user turn, TokMem's memory token, the "
+                            "assistant header, target `answer: …`; assistant = the memory token after the assistant header")
+    train_examples: int | None = option(None, "gsm8k: the training subset, the first N problems after the validation "
+                                        "split (default: all)")
+    validation_examples: int = option(500, "gsm8k: problems held out (the last of train.jsonl) to pick the best epoch")
+    test_examples: int | None = option(None, "gsm8k: the first N test problems (default: all)")
     fractions: tuple[float, ...] = (0.2, 1.0)
-    epochs: int = 3
-    lr: float = 5e-3
-    batch_size: int = 4
-    max_new_tokens: int = 512
-    decode_batch_size: int = 16
-    seed: int = 0
-    device: str | None = None
+    epochs: int = option(3, "gsm8k: training epochs (validation after each)")
+    lr: float = option(TrainConfig.lr, "learning rate of the rows")
+    batch_size: int = option(TrainConfig.batch_size, "training examples per step")
+    max_new_tokens: int = option(512, "tokens an answer may generate")
+    decode_batch_size: int = option(DecodeConfig.batch_size, "problems answered together")
+    seed: int = option(TrainConfig.seed, "seed of the data order and the rows")
+    device: str | None = option(None, "cpu, cuda, … (default: cuda when available)")
     progress: bool = True
 
 
@@ -324,14 +330,8 @@ def run_gsm8k(config: GSM8KConfig, json_path=None, resume: bool = False) -> dict
 def _gsm8k_start(config: GSM8KConfig, json_path, resume: bool) -> dict:
     """The result so far: the saved JSON when resuming (its settings must match but for the device), else an empty one."""
     settings = json.loads(json.dumps(asdict(config)))  # as the JSON holds them: tuples become lists
-    if resume and json_path is not None and Path(json_path).is_file():
-        saved = read_json(json_path)
-        changed = [key for key in settings if key not in ("device", "progress") and saved.get("config", {}).get(key) != settings[key]]
-        if saved.get("study") != "gsm8k" or changed:
-            raise TokMemError(
-                f"cannot resume {json_path}: it was run with other settings ({', '.join(changed) or 'another study'}); "
-                "use the same options, or drop --resume to start over"
-            )
+    saved = resumed(json_path if resume else None, "gsm8k", settings, ("device", "progress"))
+    if saved is not None:
         return saved
     return {"study": "gsm8k", "gsm8k": {}, "seconds": 0.0, "config": settings, "tokmem": tokmem.__version__, "machine": machine()}
 
@@ -366,8 +366,8 @@ def gsm8k_encode(model: TokMemModel, method: str, layout: str, problem: Problem)
 def gsm8k_scores(answers: list[str], problems: list[Problem]) -> dict:
     """Compliance (the reference rule: ``#### `` anywhere), strict compliance (ends with ``#### <number>``) and exact match."""
     return {
-        "compliance": metrics.mean(map(metrics.gsm8k_compliant, answers)),
-        "strict_compliance": metrics.mean(map(metrics.gsm8k_strictly_compliant, answers)),
+        "compliance": metrics.mean(map(gsm8k_compliant, answers)),
+        "strict_compliance": metrics.mean(map(gsm8k_strictly_compliant, answers)),
         "em": metrics.mean(metrics.gsm8k_exact_match(a, p.answer) for a, p in zip(answers, problems)),
     }
 
@@ -409,7 +409,7 @@ def epoch_ends(examples: int, batch_size: int, epochs: int) -> dict[int, int]:
 def _gsm8k_run(backbone, method: str, train_set, validation_set, test_set, config: GSM8KConfig) -> dict:
     model = build(method, 1, backbone, name="gsm8k")
     encoded = [gsm8k_encode(model, method, config.layout, p) for p in train_set]
-    console.print(f"GSM8K {LABELS[method]}: training on {len(train_set)} problems, {config.epochs} epochs")
+    tqdm.write(f"GSM8K {LABELS[method]}: training on {len(train_set)} problems, {config.epochs} epochs")
     train_config = TrainConfig(lr=config.lr, epochs=config.epochs, batch_size=config.batch_size, seed=config.seed, progress=config.progress)
     best, ends = BestByValidation(), epoch_ends(len(encoded), config.batch_size, config.epochs)
 
@@ -502,10 +502,9 @@ def plot_memorization(result: dict, path) -> Path:
     return line_plot(path, panels)
 
 
-# ---- the command -------------------------------------------------------------------------------------------
-# cpu, smollm2-135m on 2 cores (measured: a step on 256 text tokens ≈ 0.85 s): memorisation ≈ 20 minutes (24 runs
-# of 60 steps).  GSM8K measured 60 minutes (the two 100% runs 40 min alone): a step of 4 problems ≈ 4.7 s in the
-# reference layout, 16 answers of up to 256 tokens ≈ 36–43 s, so each run's 3 validations and its test ≈ 8 min.
+# ---- presets and outputs -----------------------------------------------------------------------------------
+# cpu: smollm2-135m on a CPU, memorisation in 24 runs of 60 steps, GSM8K on 240 training problems (run times:
+# docs/studies.md).
 PRESETS = {
     "memorization": {
         "paper": MemorizationConfig(),
@@ -518,52 +517,6 @@ PRESETS = {
 }
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Add ``placement`` to a ``bench`` subcommand group."""
-    parser = subparsers.add_parser("placement", help="memory placement: TokMem's infix memory vs prefix tuning")
-    parser.add_argument("--study", choices=tuple(PRESETS), default="memorization")
-    parser.add_argument("--preset", choices=("cpu", "paper"), default="cpu", help="cpu: ≤ 1 hour per study on 2 cores; paper: the paper's sizes")
-    parser.add_argument("--backbone", help=f"backbone spec (default {DEFAULT_BACKBONE})")
-    parser.add_argument("--json", metavar="PATH", required=True, help="results; the markdown table (.md) and plot (.png) go beside it")
-    parser.add_argument("--device", help="cpu, cuda, … (default: cuda when available)")
-    parser.add_argument("--seeds", type=int, help="memorization: runs to average over")
-    parser.add_argument("--steps", type=int, help="memorization: optimiser steps per run")
-    parser.add_argument("--text", help="memorization: the text file to memorise (default ../shared/paper/tokmem.tex)")
-    parser.add_argument("--data", help="gsm8k: the folder with train.jsonl and test.jsonl (default ../shared/data/gsm8k)")
-    parser.add_argument("--train-examples", type=int, help="gsm8k: size of the training subset")
-    parser.add_argument("--test-examples", type=int, help="gsm8k: size of the test subset")
-    parser.add_argument("--validation-examples", type=int, help="gsm8k: problems held out (the last of train.jsonl) to pick the best epoch")
-    parser.add_argument("--epochs", type=int, help="gsm8k: training epochs (validation after each)")
-    parser.add_argument("--layout", choices=LAYOUTS, help="gsm8k: reference = `question: …` user turn, TokMem's memory token, the "
-                        "assistant header, target `answer: …` (default); assistant = the memory token after the assistant header")
-    parser.add_argument("--resume", action="store_true", help="gsm8k: continue the run in --json, skipping its finished runs")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.set_defaults(handler=run_command)
-    return parser
-
-
-def study_config(args):
-    """The preset's config with the options given on the command line; an option of the other study is an error."""
-    config = PRESETS[args.study][args.preset]
-    options = {
-        "backbone": args.backbone, "device": args.device, "seeds": args.seeds, "steps": args.steps, "text": args.text,
-        "data": args.data, "train_examples": args.train_examples, "test_examples": args.test_examples,
-        "validation_examples": args.validation_examples, "epochs": args.epochs, "layout": args.layout,
-    }
-    given = {key: value for key, value in options.items() if value is not None}
-    names = {f.name for f in fields(config)}
-    foreign = sorted(key for key in given if key not in names)
-    if foreign:
-        raise TokMemError(f"--{', --'.join(k.replace('_', '-') for k in foreign)} does not apply to --study {args.study}")
-    return replace(config, **given, progress=not args.quiet)
-
-
-def run_command(args) -> None:
-    if args.resume and args.study != "gsm8k":
-        raise TokMemError(f"--resume does not apply to --study {args.study}")
-    run_study(args.study, study_config(args), args.json, args.resume)
-
-
 def run_study(study: str, config, json_path, resume: bool = False) -> dict:
     """Run a study and write its JSON, its markdown table (.md beside it) and, for memorisation, its plot (.png).
 
@@ -572,13 +525,20 @@ def run_study(study: str, config, json_path, resume: bool = False) -> dict:
     json_path = Path(json_path)
     if study == "memorization":
         result = run_memorization(config)
-        markdown = memorization_markdown(result)
-        written = [plot_memorization(result, json_path.with_suffix(".png"))]
+        plot_memorization(result, json_path.with_suffix(".png"))
     else:
         result = run_gsm8k(config, json_path, resume)
-        markdown = gsm8k_markdown(result)
-        written = []
-    written += [write_json_atomic(json_path, result), write_text_atomic(json_path.with_suffix(".md"), markdown)]
-    console.print(markdown, markup=False, highlight=False, soft_wrap=True)
-    console.print(f"wrote {', '.join(map(str, written))}", markup=False, highlight=False)
+    write_json_atomic(json_path, result)
+    write_text_atomic(json_path.with_suffix(".md"), markdown(study, result))
     return result
+
+
+def markdown(study: str, result: dict) -> str:
+    return memorization_markdown(result) if study == "memorization" else gsm8k_markdown(result)
+
+
+def outputs(study: str, json_path) -> list[Path]:
+    """The files ``run_study`` writes."""
+    json_path = Path(json_path)
+    plots = [json_path.with_suffix(".png")] if study == "memorization" else []
+    return [*plots, json_path, json_path.with_suffix(".md")]

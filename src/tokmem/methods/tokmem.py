@@ -14,10 +14,10 @@ from pathlib import Path
 import tokmem
 from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
-from tokmem.baselines.common import Answer, Method
-from tokmem.baselines.lora import LoRA
+from tokmem.methods.method import Answer, Method
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig, generate
+from tokmem.lora import Adapter, LoRASettings
 from tokmem.model import TokMemModel
 from tokmem.train import TrainConfig
 
@@ -29,9 +29,10 @@ class TokMem(Method):
     choice_metric = "routing_accuracy"
 
     def __init__(
-        self, backbone: Backbone, decoupled: bool = False, lr: float = 5e-3, epochs: int = 1, batch_size: int = 4,
-        max_length: int = 1024, max_new_tokens: int = 128, eval_batch_size: int = 16, seed: int = 0,
-        max_steps: int = 1, renormalize: bool = True, name: str | None = None, label: str | None = None, **recipe,
+        self, backbone: Backbone, decoupled: bool = False, lr: float = TrainConfig.lr, epochs: int = TrainConfig.epochs,
+        batch_size: int = TrainConfig.batch_size, max_length: int = TrainConfig.max_length,
+        max_new_tokens: int = DecodeConfig.max_new_tokens, eval_batch_size: int = DecodeConfig.batch_size, seed: int = TrainConfig.seed,
+        max_steps: int = 1, renormalize: bool = TrainConfig.renormalize, name: str | None = None, label: str | None = None, **recipe,
     ):
         """``recipe``: more TrainConfig fields (init, schedule, warmup, renorm_every_step)."""
         self.name, self.label = ("tokmem-dc", "TokMem+DC") if decoupled else ("tokmem", "TokMem")
@@ -73,22 +74,23 @@ class UnfrozenTokMem(TokMem):
     the new memory rows, and the adapters carry over, unmerged, to the next round.
 
     Old rows stay frozen as in TokMem, but the network that reads them moves: the paper's ablation of
-    freezing the backbone.  The adapters are the LoRA baseline's (``LoRA.attached`` injects them only
-    while learning or answering), so the shared backbone object itself is never changed.
+    freezing the backbone.  The adapters are a `tokmem.lora.Adapter`, injected only while learning or
+    answering, so the shared backbone object itself is never changed.
     """
 
-    def __init__(self, backbone: Backbone, lora_rank: int = 8, lora_lr: float = 5e-5, lora_weight_decay: float = 0.01, **options):
+    def __init__(self, backbone: Backbone, lora_rank: int = LoRASettings.rank, lora_lr: float = LoRASettings.lr,
+                 lora_weight_decay: float = LoRASettings.weight_decay, **options):
         options = {"name": "tokmem-unfrozen", "label": "TokMem (unfrozen backbone)", **options}
         super().__init__(backbone, **options)
-        self.adapter = LoRA(backbone, rank=lora_rank, seed=self.train_config.seed)
-        self.lora_options = {"lr": lora_lr, "weight_decay": lora_weight_decay}
+        self.lora = LoRASettings(rank=lora_rank, lr=lora_lr, weight_decay=lora_weight_decay)
+        self.adapter = Adapter(backbone.model, self.lora, seed=self.train_config.seed)
 
     def trainable_params(self) -> int:
-        return super().trainable_params() + self.adapter.trainable_params()
+        return super().trainable_params() + self.adapter.parameter_count()
 
     def learn(self, examples: list[Example]) -> None:
         with self.adapter.attached() as params:
-            tokmem.learn(self.model, examples, self.train_config, param_groups=[{"params": params, **self.lora_options}],
+            tokmem.learn(self.model, examples, self.train_config, param_groups=[self.lora.param_group(params)],
                          on_step=self.report_step)
 
     def answer(self, queries: list[str]) -> list[Answer]:
@@ -96,7 +98,8 @@ class UnfrozenTokMem(TokMem):
             return super().answer(queries)
 
     def save(self, directory: Path) -> bool:
-        return super().save(directory) and self.adapter.save(directory / ADAPTER_DIR)
+        self.adapter.save(directory / ADAPTER_DIR)
+        return super().save(directory)
 
     def load(self, directory: Path) -> bool:
         return super().load(directory) and self.adapter.load(directory / ADAPTER_DIR)

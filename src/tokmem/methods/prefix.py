@@ -19,7 +19,7 @@ import tokmem
 from tokmem.backbones import Backbone
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig, complete
-from tokmem.layout import IGNORE, Encoded, chat_prefix
+from tokmem.sequences import IGNORE, Encoded, chat_prefix
 from tokmem.model import TokMemModel
 from tokmem.train import TrainConfig, TrainReport, fit
 

@@ -1,1 +1,0 @@
-"""Baselines TokMem is compared with, each training and answering like TokMem does."""

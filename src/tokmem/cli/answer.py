@@ -1,0 +1,69 @@
+"""``tokmem run`` and ``eval``: answer queries with a bank, score it on a data file."""
+
+from __future__ import annotations
+
+from tokmem.cli.options import add_common, add_options, values
+from tokmem.decode import DecodeConfig
+from tokmem.report import call_scores_table, console, machine, percent, scores_table, trace_table, write_json
+
+
+def add_commands(commands) -> None:
+    run = commands.add_parser("run", help="answer queries with a bank (routing and chaining)")
+    run.add_argument("--bank", required=True)
+    run.add_argument("queries", nargs="+")
+    run.add_argument("--procedure", help="force this procedure (skip routing)")
+    run.add_argument("--top-k", type=int, default=3, help="routing candidates to show")
+    _decode_options(run)
+    run.set_defaults(handler=cmd_run)
+
+    evaluate = commands.add_parser(
+        "eval", help="routing accuracy, exact match and ROUGE-L on a JSONL file; tool, argument and call F1 for tool calls"
+    )
+    evaluate.add_argument("--bank", required=True)
+    evaluate.add_argument("--data", required=True)
+    _decode_options(evaluate)
+    evaluate.set_defaults(handler=cmd_eval)
+
+
+def _decode_options(parser) -> None:
+    add_options(parser, DecodeConfig, skip=("seed",))
+    add_common(parser)
+
+
+def cmd_run(args) -> None:
+    from tokmem.decode import generate, route
+    from tokmem.model import load
+
+    model = load(args.bank, device=args.device)
+    routes = route(model, args.queries, k=args.top_k)
+    generations = generate(model, args.queries, DecodeConfig(**values(args, DecodeConfig)), procedure=args.procedure)
+    results = []
+    for r, g in zip(routes, generations):
+        candidates = ", ".join(f"{name} {100 * p:.1f}%" for name, p in r.candidates)
+        console.print(f"[bold]{g.query}[/bold]\n  routing: {candidates} (memory mass {100 * r.memory_mass:.1f}%)")
+        for segment in g.trace:
+            console.print(f"  [cyan]{segment.procedure or '(backbone)'}[/cyan] → {segment.text}", highlight=False)
+        results.append({
+            "query": g.query, "routed": g.routed, "memory_mass": r.memory_mass, "candidates": r.candidates,
+            "trace": [{"procedure": s.procedure, "text": s.text} for s in g.trace], "text": g.text,
+        })
+    if args.json:
+        write_json(args.json, {"bank": args.bank, "results": results})
+
+
+def cmd_eval(args) -> None:
+    from tokmem.data import load_examples
+    from tokmem.eval.evaluate import evaluate
+    from tokmem.model import load
+
+    model = load(args.bank, device=args.device)
+    examples = load_examples(args.data, known_procedures=model.bank.names)
+    result = evaluate(model, examples, DecodeConfig(**values(args, DecodeConfig)))
+    console.print(scores_table(f"{args.data} ({len(examples)} examples)", result))
+    if result["calls"]:
+        console.print(call_scores_table("tool calls (F1, 0–100)", result["calls"]))
+    if result["chain_examples"]:
+        console.print(trace_table("chained examples", [r for r in result["predictions"] if len(r["gold"]) > 1]))
+        console.print(f"chain accuracy {percent(result['chain_accuracy'])} over {result['chain_examples']} chains")
+    if args.json:
+        write_json(args.json, {"bank": args.bank, "data": args.data, **result, "machine": machine()})

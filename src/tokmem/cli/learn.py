@@ -1,0 +1,133 @@
+"""``tokmem demo``, ``train``, ``add`` and ``adapt``: the commands that learn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokmem import distributed
+from tokmem.adapt import AdaptConfig
+from tokmem.backbones import DEFAULT_BACKBONE
+from tokmem.cli.options import add_common, add_options, values
+from tokmem.data.tools import ADAPTATION_SAMPLES
+from tokmem.demo import DemoConfig
+from tokmem.errors import TokMemError
+from tokmem.report import console, machine, write_json
+from tokmem.train import TrainConfig
+
+def add_commands(commands) -> None:
+    demo = commands.add_parser("demo", help="learn the built-in procedures and report routing, answers and chains")
+    add_options(demo, DemoConfig, skip=("seed",))
+    demo.add_argument("--out", help="also save the trained bank here (.safetensors)")
+    add_common(demo)
+    demo.set_defaults(handler=cmd_demo)
+
+    train = commands.add_parser("train", help="learn a new bank from a procedures JSONL file")
+    train.add_argument("--data", required=True, help="procedures JSONL (query, steps[procedure, response])")
+    train.add_argument("--out", required=True, help="bank file to write (.safetensors, plus .json beside it)")
+    train.add_argument("--backbone", default=DEFAULT_BACKBONE)
+    train.add_argument("--decoupled", action="store_true", help="separate index and steer matrices (TokMem+DC)")
+    _training_options(train)
+    train.set_defaults(handler=cmd_train)
+
+    add = commands.add_parser("add", help="continual learning: add the new procedures of a file to a bank")
+    add.add_argument("--bank", required=True)
+    add.add_argument("--data", required=True)
+    add.add_argument("--out", help="where to write the grown bank (default: overwrite --bank)")
+    _training_options(add)
+    add.set_defaults(handler=cmd_add)
+    _add_adapt(commands)
+
+
+def _add_adapt(commands) -> None:
+    adapt = commands.add_parser(
+        "adapt", help="the adaptation phase: teach a backbone to read and chain memory tokens, saved as a new backbone",
+        description="LoRA trains with temporary memory rows on held-out procedures, is merged into the backbone and the "
+        "rows are dropped. Default data: the built-in adaptation tools.")
+    adapt.add_argument("--backbone", default=DEFAULT_BACKBONE)
+    adapt.add_argument("--out", required=True, help="new directory for the adapted backbone (use it as --backbone later)")
+    adapt.add_argument("--data", help="procedures JSONL of held-out procedures (default: the built-in adaptation tools)")
+    adapt.add_argument("--samples", type=int, default=ADAPTATION_SAMPLES,
+                       help="built-in data: queries in all (50 single-tool samples a tool)")
+    add_options(adapt, AdaptConfig)
+    add_options(adapt, TrainConfig, names=("lr",), prefix="rows_")
+    add_options(adapt, TrainConfig, names=("epochs", "batch_size", "max_length"))
+    add_common(adapt)
+    adapt.set_defaults(handler=cmd_adapt)
+
+
+def _training_options(parser) -> None:
+    parser.add_argument("--catalog", help="JSONL of {name, description} per procedure")
+    add_options(parser, TrainConfig, skip=("seed",))  # --seed is common
+    add_common(parser)
+
+
+def _train_config(args, out_path) -> TrainConfig:
+    return TrainConfig(**values(args, TrainConfig), progress=not args.quiet,
+                       checkpoint=str(out_path) if args.checkpoint_every else None)
+
+
+def _learn_and_save(model, args, out_path) -> None:
+    from tokmem.data import load_catalog, load_examples
+    from tokmem.train import learn
+
+    examples = load_examples(args.data)
+    descriptions = load_catalog(args.catalog) if args.catalog else None
+    report = learn(model, examples, _train_config(args, out_path), descriptions=descriptions)
+    if not distributed.is_main():  # under torchrun / accelerate every rank holds the same bank: one writes it
+        return
+    model.bank.save(out_path)
+    summary = report.summary()
+    console.print(
+        f"learned {len(report.new_procedures)} new procedures ({len(model.bank)} in the bank) from {len(examples)} examples: "
+        f"{summary['steps']} steps, {summary['seconds']} s, {summary['tokens_per_s']} tokens/s, final loss {summary['final_loss']:.3f}"
+    )
+    if report.truncated:
+        warning = report.truncated.describe(len(examples), args.max_length)
+        console.print(f"[yellow]warning: {warning}; raise --max-length to keep them whole[/yellow]", highlight=False)
+    console.print(f"saved {out_path}")
+    if args.json:
+        write_json(args.json, {"bank": str(out_path), "procedures": model.bank.names, "train": summary, "machine": machine()})
+
+
+def cmd_demo(args) -> None:
+    from tokmem.demo import run_demo
+
+    config = DemoConfig(**values(args, DemoConfig))
+    result = run_demo(config, device=args.device, progress=not args.quiet, bank_path=args.out)
+    if args.json:
+        write_json(args.json, result)
+
+
+def cmd_train(args) -> None:
+    from tokmem.model import create
+
+    _learn_and_save(create(args.backbone, decoupled=args.decoupled, device=args.device), args, args.out)
+
+
+def cmd_add(args) -> None:
+    from tokmem.model import load
+
+    _learn_and_save(load(args.bank, device=args.device), args, args.out or args.bank)
+
+
+def cmd_adapt(args) -> None:
+    from tokmem.adapt import adapt
+    from tokmem.backbones import load_backbone
+    from tokmem.data import load_examples
+    from tokmem.data.tools import adaptation_examples
+
+    if Path(args.out).exists():
+        raise TokMemError(f"{args.out} already exists: give --out a new directory")
+    examples = load_examples(args.data) if args.data else adaptation_examples(args.samples, seed=args.seed)
+    rows = TrainConfig(lr=args.rows_lr, epochs=args.epochs, batch_size=args.batch_size, max_length=args.max_length,
+                       seed=args.seed, progress=not args.quiet)
+    backbone = load_backbone(args.backbone, device=args.device)
+    adapted = adapt(backbone, examples, AdaptConfig(**values(args, AdaptConfig)), rows, save_to=args.out, inplace=True)
+    if not distributed.is_main():
+        return
+    procedures = len({p for e in examples for p in e.procedures})
+    console.print(f"adapted {args.backbone} on {len(examples)} queries over {procedures} procedures; saved {adapted.name}")
+    console.print(f"use it with --backbone {adapted.name}")
+    if args.json:
+        write_json(args.json, {"backbone": adapted.name, "base": args.backbone, "examples": len(examples),
+                               "procedures": procedures, "fingerprint": adapted.fingerprint(), "machine": machine()})

@@ -1,0 +1,1 @@
+"""Scoring: metrics of answers and tool calls, and the evaluation of a bank on a data file."""

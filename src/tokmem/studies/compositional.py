@@ -1,0 +1,372 @@
+"""Compositional tool calling: the paper's Table 3, compositional generalisation and forgetting.
+
+Each tool is one procedure; a query needs 2–4 calls, answered as calls one JSON object a line
+(TokMem: one call per memory-token segment).  Three studies, each a function returning a result dict:
+
+* main (`run_main`, Table 3): ICL, RAG, fine-tuning (LoRA r=8 on q, v) and TokMem without and with
+  the adaptation phase learn the training queries of the evaluation tools; all answer the test queries.
+* generalization (`run_generalization`): fine-tuning and TokMem learn training sets whose queries
+  have at most 1, 2, 3 or 4 calls; the test set (2–4 calls) is the same for all.  TokMem's adaptation
+  phase (on other tools, up to 4 calls) is the same for every cap, as in the paper, whose 4-call row
+  repeats Table 3.
+* recipe (`run_recipe`): the training-recipe ablation.  TokMem (with adaptation) learns the main study's data
+  once as configured and once for each recipe option switched to its alternative alone (row initialisation,
+  learning-rate schedule, tool segments), at the same budget; the adaptation phase is shared.
+* forgetting (`run_forgetting`): the evaluation tools arrive in ``rounds`` equal groups, each with its
+  own training and test queries (composed within the group); after each round every method answers
+  the test queries of every group seen so far.  TokMem (renormalised as configured, a continual ``learn`` a
+  round) against fine-tuning with replay, TokMem renormalised only after each round (the reference code
+  renormalises after every step too), TokMem without renormalisation (whose new rows' L2 norms show the
+  norm inflation), and TokMem with an unfrozen backbone (`tokmem.methods.tokmem.UnfrozenTokMem`).
+
+Scores, per number of gold calls and their mean over those numbers ("avg", as the paper averages):
+tool-selection F1 (multiset F1 of the called tools' names) and argument F1 (multiset F1 of whole
+calls after AST normalisation), 0–100, averaged over queries (`tokmem.eval.metrics`).  A predicted call
+that does not parse matches no gold call: it lowers argument F1 and names no tool.
+
+TokMem with adaptation (the default TokMem, as in the paper) learns its memory tokens on a backbone
+adapted once per study (`tokmem.adapt`) on the held-out adaptation tools; its trainable parameters
+are its memory rows (the adaptation's LoRA, merged on other tools, is not counted, as in the paper).
+The data is the built-in catalog (`tokmem.data.tools`), an xLAM file (as in the reference code:
+ranks 1..adapt_tools adapt, the next ``tools`` ranks evaluate) or, with ``dataset="complexfuncbench"``, real
+data nobody here wrote (`tokmem.data.realtools`): ComplexFuncBench's records over 38 Booking.com tools
+(split by query hash; ``train_multi`` / ``test_multi`` records) to evaluate, BFCL's multi-turn tools
+(``adapt_multi`` turns) to adapt; main and recipe studies.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, replace
+
+from tokmem.adapt import AdaptConfig
+from tokmem.backbones import DEFAULT_BACKBONE, Backbone
+from tokmem.config import option
+from tokmem.data.procedures import Example
+from tokmem.data.tools import StudySizes, ToolData, split_tools
+from tokmem.errors import TokMemError
+from tokmem.eval import metrics
+from tokmem.eval.evaluate import predicted_calls, score_calls
+from tokmem.io import write_json_atomic
+from tokmem.methods.method import Method
+from tokmem.report import machine
+from tokmem.studies.harness import answer_all, learn_round, progress_bar
+from tokmem.studies.settings import MethodSettings
+from tokmem.studies.tool_setup import build_method, groups, new_row_norms, prepare_backbones, real_data, tool_data
+
+METRICS = metrics.CALL_METRICS
+MAIN_METHODS = ("icl", "rag", "lora", "tokmem-noadapt", "tokmem")
+STUDIES = {  # study → (default methods, methods it accepts)
+    "main": (MAIN_METHODS, MAIN_METHODS),
+    "generalization": (("lora", "tokmem"), MAIN_METHODS),
+    "recipe": (("tokmem",), ("tokmem", "tokmem-noadapt")),
+    "forgetting": (
+        ("replay", "tokmem", "tokmem-roundnorm", "tokmem-norenorm", "tokmem-unfrozen"),
+        ("lora", "replay", "tokmem-noadapt", "tokmem", "tokmem-roundnorm", "tokmem-norenorm", "tokmem-unfrozen"),
+    ),
+}
+# the recipe options the recipe study switches, each alone, with their two values.  Renormalisation is not among
+# them: its target is the mean norm of the bank's old rows, and a single round has none (the forgetting study has).
+ABLATION = {"init": ("mean", "orthogonal"), "schedule": ("constant", "linear"), "tool_segments": ("arguments", "call")}
+XLAM_TOOLS = 50  # the paper's 50 evaluation + 50 adaptation tools, when the data is an xLAM file
+DATASETS = ("builtin", "complexfuncbench")
+REAL_DATA_STUDIES = ("main", "recipe")
+
+
+@dataclass(frozen=True)
+class CompositionalConfig(MethodSettings):
+    """Defaults are the paper's setup.  Sizes are those of ``tool_dataset``; in the forgetting study
+    they are per group (each round's tools get ``per_tool``, ``train_multi`` and ``test_multi`` of their own)."""
+
+    study: str = "main"
+    methods: tuple[str, ...] | None = option(
+        None, "comma-separated methods (main: icl,rag,lora,tokmem-noadapt,tokmem; generalization: lora,tokmem; "
+        "forgetting: replay,tokmem,tokmem-roundnorm,tokmem-norenorm,tokmem-unfrozen, also lora,tokmem-noadapt)")
+    backbone: str = option(DEFAULT_BACKBONE, "backbone spec")
+    xlam: str | None = option(None, "an xLAM / APIGen JSON file (default: the built-in 25 + 25 tool catalog)")
+    dataset: str = option("builtin", "builtin or complexfuncbench: ComplexFuncBench's tools to evaluate, BFCL "
+                          "multi-turn's to adapt (real data; main and recipe studies)")
+    data_dir: str | None = option(None, "complexfuncbench: the folder with complexfuncbench/ and bfcl/ (default: "
+                                  "function-calling in the shared data, tokmem.data.shared)")
+    test_data: str | None = option(None, "complexfuncbench: a NESTFUL file to test on (your own split) instead of the "
+                                   "query-hash split")
+    test_fraction: float = option(0.2, "complexfuncbench: share of records the query-hash split tests on")
+    tools: int | None = option(None, "evaluation tools (default: all 25 built-in, or 50 from --xlam)")
+    adapt_tools: int | None = option(None, "adaptation tools (likewise)")
+    per_tool: int = option(StudySizes.per_tool, "single-tool samples per tool")
+    train_multi: int = option(StudySizes.train_multi, "composed training queries (forgetting: per round; complexfuncbench: training records)")
+    test_multi: int = option(StudySizes.test_multi, "composed test queries (forgetting: per round; complexfuncbench: test records)")
+    max_calls: int = option(StudySizes.max_calls, "most calls in a query (complexfuncbench: longer records are left out and counted)")
+    adapt_per_tool: int = option(StudySizes.per_tool, "single-tool samples per adaptation tool")
+    adapt_multi: int = option(3750, "composed adaptation queries (with 50 single-tool samples of each of 25 tools: "
+                              "the reference's 5,000 samples; complexfuncbench: BFCL multi-turn turns)")
+    train_max_calls: tuple[int, ...] = option((1, 2, 3, 4), "generalization: caps on the calls of a training query")
+    rounds: int = option(5, "forgetting: rounds (groups of tools)")
+    adapt_epochs: int = option(1, "epochs of the adaptation phase")
+    max_new_tokens: int = option(512, "tokens an answer may generate (four calls with long arguments)")
+    adapt_lr: float = option(AdaptConfig.lr, "learning rate of the adaptation phase's LoRA (rank --lora-rank, "
+                             "alpha 32, as the reference's)")
+    adapt_dropout: float = option(AdaptConfig.dropout, "dropout of the adaptation phase's LoRA (0 is several times "
+                                  "faster on CPU)")
+    adapt_cache: str | None = option(None, "directory of cached adapted backbones (default <tokmem cache>/adapted)")
+    rag_k: int = option(4, "tools RAG retrieves")
+    shots: int = option(2, "demonstrations ICL and RAG show")
+    replay_ratio: float = option(0.2, "share of replayed examples in a batch")
+    replay_buffer: int = option(1000, "examples the replay buffer keeps")
+
+    def resolved(self) -> "CompositionalConfig":
+        """Fill the defaults that depend on the study and the data; check the rest."""
+        if self.study not in STUDIES:
+            raise TokMemError(f"unknown study '{self.study}': choose from {', '.join(STUDIES)}")
+        if self.dataset not in DATASETS:
+            raise TokMemError(f"unknown dataset '{self.dataset}': choose from {', '.join(DATASETS)} (or pass --xlam FILE)")
+        defaults, accepted = STUDIES[self.study]
+        unknown = [m for m in self.methods or defaults if m not in accepted]
+        if unknown:
+            raise TokMemError(f"the {self.study} study cannot run {', '.join(unknown)}: choose from {', '.join(accepted)}")
+        config = replace(self, methods=tuple(self.methods or defaults))
+        return config._checked_real() if self.dataset != "builtin" else config._with_tool_counts()
+
+    def _checked_real(self) -> "CompositionalConfig":
+        if self.xlam:
+            raise TokMemError(f"--xlam and --dataset {self.dataset} are two data sources: pass one")
+        if self.study not in REAL_DATA_STUDIES:
+            raise TokMemError(f"--dataset {self.dataset} runs the {' and '.join(REAL_DATA_STUDIES)} studies, not {self.study}")
+        return self
+
+    def _with_tool_counts(self) -> "CompositionalConfig":
+        """The built-in catalog or an xLAM file: the numbers of evaluation and adaptation tools, checked."""
+        if self.test_data:
+            raise TokMemError("--test-data needs --dataset complexfuncbench")
+        adaptation, evaluation = (XLAM_TOOLS, XLAM_TOOLS) if self.xlam else map(len, split_tools())
+        config = replace(self, tools=self.tools or evaluation, adapt_tools=self.adapt_tools or adaptation)
+        if not self.xlam and (config.tools > evaluation or config.adapt_tools > adaptation):
+            raise TokMemError(f"the built-in catalog has {evaluation} evaluation and {adaptation} adaptation tools; "
+                              "pass --xlam for more")
+        if config.study == "forgetting" and not 1 <= config.rounds <= config.tools // 2:
+            raise TokMemError(f"cannot split {config.tools} tools into {config.rounds} rounds: "
+                              "a round needs two tools or more to compose its test queries")
+        return config
+
+
+PRESETS = {
+    # smollm2-135m on 2 CPU cores, the reference code's recipe (batch 2, orthogonal rows, warm-up + linear decay,
+    # per-step renormalisation, arguments-only segments) at a tenth of its data: 10 evaluation tools, ~220 training
+    # queries.  TokMem's rows train 10 epochs (~1,100 updates, 10× the earlier preset's 110); fine-tuning 2 epochs (it
+    # learns faster, and 2 were enough for 91.5 tool F1 before).  LoRA's lrs are 20× the paper's for the small data.
+    # The adaptation phase (1,000 queries over the 25 built-in adaptation tools, 1 epoch) is cached on disk; its LoRA
+    # has no dropout here: on a CPU, dropout makes a step several times slower (docs/studies.md).
+    "cpu": {
+        "common": dict(
+            backbone=DEFAULT_BACKBONE, tools=10, per_tool=12, train_multi=120, test_multi=40, adapt_per_tool=20,
+            adapt_multi=500, max_new_tokens=176, epochs=2, tokmem_epochs=10, batch_size=2, lora_lr=1e-3, adapt_lr=1e-3,
+            replay_buffer=100, init="orthogonal", schedule="linear", renorm_every_step=True, adapt_dropout=0.0,
+        ),
+        # four training caps, each trained afresh: TokMem 4 epochs (the recipe study's budget), not the main study's 10
+        "generalization": dict(test_multi=32, tokmem_epochs=4),
+        # 5 rounds of 2 tools, 42 training queries a round; TokMem's four variants at 4 epochs (84 updates a round)
+        # so that the five methods fit a CPU budget (run times: docs/studies.md)
+        "forgetting": dict(per_tool=14, train_multi=20, test_multi=8, tokmem_epochs=4),
+        # four TokMem runs (as configured, then init, schedule and segments switched alone) at 4 epochs each, not the
+        # main study's 10, so that the ablation fits a CPU budget
+        "recipe": dict(tokmem_epochs=4),
+        # ComplexFuncBench's records with 2–4 calls (as the paper's queries): 150 to train, 24 to test; 300 BFCL
+        # multi-turn turns to adapt.  Arguments-only sequences of these records reach ~320 tokens (p95), whole
+        # calls a little more: max_length 512 keeps them whole.
+        "complexfuncbench": dict(train_multi=150, test_multi=24, adapt_multi=300, tokmem_epochs=6, max_length=512,
+                                 max_new_tokens=384),
+    },
+    # the paper's sizes and the reference code's recipe; a GPU (and, for 50 + 50 tools, the xLAM file: --xlam)
+    "paper": {
+        "common": dict(backbone="meta-llama/Llama-3.2-1B-Instruct", epochs=3, batch_size=2, init="orthogonal",
+                       schedule="linear", renorm_every_step=True),
+        "forgetting": dict(train_multi=1000, test_multi=100),
+    },
+}
+
+
+def make_config(preset: str | None = "cpu", study: str = "main", **options) -> CompositionalConfig:
+    """A preset's settings for the study, overridden by every option that is not None."""
+    if preset is not None and preset not in PRESETS:
+        raise TokMemError(f"unknown preset '{preset}': choose from {', '.join(PRESETS)}")
+    sizes = PRESETS.get(preset, {})
+    dataset = sizes.get(options.get("dataset") or "builtin", {})
+    settings = {**sizes.get("common", {}), **sizes.get(study, {}), **dataset, **{k: v for k, v in options.items() if v is not None}}
+    return CompositionalConfig(study=study, preset=preset, **settings)
+
+
+
+
+# ---- scoring ------------------------------------------------------------------------------------------
+def evaluate(method: Method, examples: list[Example], batch_size: int, bar, samples: int = 3) -> dict:
+    """Scores of the method's answers to ``examples``, its trainable parameters and a few answers to read."""
+    start = time.perf_counter()
+    bar.set_description_str(f"{method.name}: answering {len(examples)} queries")
+    predictions = [predicted_calls(a) for a in answer_all(method, [e.query for e in examples], batch_size, bar)]
+    return {
+        "label": method.label,
+        **score_calls(examples, predictions),
+        "trainable_params": method.trainable_params(),
+        "eval_seconds": round(time.perf_counter() - start, 2),
+        "samples": answer_samples(examples[:samples], predictions),
+    }
+
+
+def answer_samples(examples: list[Example], predictions: list) -> list[dict]:
+    """Queries with their gold and predicted calls, for a reader to see what the scores mean."""
+    return [{"query": e.query, "gold": [s.response for s in e.steps], "predicted": [text for text, _ in p]}
+            for e, p in zip(examples, predictions)]
+
+
+def learn_and_evaluate(method: Method, data: ToolData, config: CompositionalConfig, bar) -> dict:
+    seconds = learn_round(method, data.train, f"{len(data.train)} queries", bar)
+    return evaluate(method, data.test, config.eval_batch_size, bar) | {"train_seconds": round(seconds, 2)}
+
+
+# ---- the studies -----------------------------------------------------------------------------------------
+def run(config: CompositionalConfig, backbone: Backbone | None = None, progress: bool = True, json_path=None) -> dict:
+    """The study ``config.study`` names; ``json_path``: where to save the result so far after every step."""
+    runners = {"main": run_main, "generalization": run_generalization, "forgetting": run_forgetting, "recipe": run_recipe}
+    return runners[config.study](config, backbone, progress, json_path)
+
+
+def run_main(config: CompositionalConfig, backbone=None, progress: bool = True, json_path=None) -> dict:
+    config = config.resolved()
+    data = tool_data(config, (1, config.tools))
+    backbones, adaptation = prepare_backbones(config, backbone, progress)
+    result = _start(config, [data], adaptation) | {"methods": {}}
+    bar = progress_bar(sum(config.epochs_of(m) * len(data.train) + len(data.test) for m in config.methods), progress)
+    for name in config.methods:
+        method = build_method(name, config, backbones, data.tools)
+        result["methods"][name] = learn_and_evaluate(method, data, config, bar)
+        bar.write(summary_line(name, result["methods"][name]))
+        _save(result, json_path)
+    bar.close()
+    return result
+
+
+def run_generalization(config: CompositionalConfig, backbone=None, progress: bool = True, json_path=None) -> dict:
+    config = config.resolved()
+    datasets = {n: tool_data(config, (1, config.tools), train_max_calls=n) for n in config.train_max_calls}
+    backbones, adaptation = prepare_backbones(config, backbone, progress)
+    result = _start(config, list(datasets.values())[:1], adaptation) | {"train_max_calls": {}}
+    result["data"]["train"] = {str(n): len(d.train) for n, d in datasets.items()}  # the test set is the same for every cap
+    units = sum(config.epochs_of(m) * len(d.train) + len(d.test) for d in datasets.values() for m in config.methods)
+    bar = progress_bar(units, progress)
+    for n, data in datasets.items():
+        point = result["train_max_calls"][str(n)] = {"methods": {}}
+        for name in config.methods:
+            point["methods"][name] = learn_and_evaluate(build_method(name, config, backbones, data.tools), data, config, bar)
+            bar.write(f"trained on ≤ {n} calls: " + summary_line(name, point["methods"][name]))
+            _save(result, json_path)
+    bar.close()
+    return result
+
+
+def recipe_variants(config: CompositionalConfig) -> dict[str, dict]:
+    """"as configured" and, for each recipe option, the config with that option switched to its alternative."""
+    variants = {"as configured": {}}
+    for name, values in ABLATION.items():
+        other = next(v for v in values if v != getattr(config, name))
+        variants[f"{name}: {other} (not {getattr(config, name)})"] = {name: other}
+    return variants
+
+
+def run_recipe(config: CompositionalConfig, backbone=None, progress: bool = True, json_path=None) -> dict:
+    config = config.resolved()
+    data = tool_data(config, (1, config.tools))
+    backbones, adaptation = prepare_backbones(config, backbone, progress)
+    variants = recipe_variants(config)
+    result = _start(config, [data], adaptation) | {"variants": {}}
+    bar = progress_bar(len(variants) * sum(config.epochs_of(m) * len(data.train) + len(data.test) for m in config.methods), progress)
+    for label, change in variants.items():
+        point = result["variants"][label] = {"change": change, "methods": {}}
+        variant, variant_backbones = replace(config, **change), backbones
+        if variant.tool_segments != config.tool_segments:  # the adaptation phase teaches the layout: adapt for this one
+            variant_backbones, point["adaptation"] = prepare_backbones(variant, backbones["base"], progress)
+        for name in config.methods:
+            method = build_method(name, variant, variant_backbones, data.tools)
+            point["methods"][name] = learn_and_evaluate(method, data, config, bar)
+            bar.write(f"{label}: " + summary_line(name, point["methods"][name]))
+            _save(result, json_path)
+    bar.close()
+    return result
+
+
+def run_forgetting(config: CompositionalConfig, backbone=None, progress: bool = True, json_path=None) -> dict:
+    config = config.resolved()
+    datasets = [tool_data(config, ranks) for ranks in groups(config)]
+    backbones, adaptation = prepare_backbones(config, backbone, progress)
+    result = _start(config, datasets, adaptation) | {"groups": [list(d.tools) for d in datasets], "methods": {}}
+    seen = [sum(len(d.test) for d in datasets[:r]) for r in range(1, len(datasets) + 1)]  # test queries after each round
+    train = sum(len(d.train) for d in datasets)
+    bar = progress_bar(sum(config.epochs_of(m) * train + sum(seen) for m in config.methods), progress)
+    tools = {name: schema for d in datasets for name, schema in d.tools.items()}
+    for name in config.methods:
+        method = build_method(name, config, backbones, tools)
+        entry = result["methods"][name] = {"label": method.label, "rounds": []}
+        for r in range(1, len(datasets) + 1):
+            entry["rounds"].append(forgetting_round(method, datasets, r, config, bar))
+            entry["trainable_params"] = method.trainable_params()
+            _save(result, json_path)
+    bar.close()
+    return result
+
+
+def forgetting_round(method: Method, datasets: list[ToolData], r: int, config: CompositionalConfig, bar) -> dict:
+    """Round ``r`` (1-based): learn its group's training queries, then answer those of every group so far."""
+    data = datasets[r - 1]
+    seconds = learn_round(method, data.train, f"round {r}", bar)
+    scores, samples = evaluate_groups(method, datasets[:r], config.eval_batch_size, bar)
+    bar.write(f"{method.name} round {r}: argument F1 " + ", ".join(f"group {g} {s['arg_f1']['avg']:.1f}" for g, s in scores.items()))
+    return {"round": r, "train_seconds": round(seconds, 2), "new_rows": new_row_norms(method, list(data.tools)),
+            "groups": scores, "samples": samples}
+
+
+def evaluate_groups(method: Method, datasets: list[ToolData], batch_size: int, bar) -> tuple[dict[str, dict], dict[str, list]]:
+    """Scores on the test queries of each group (1-based), all answered together and then split, and each
+    group's first answer: following one query over the rounds shows how an old tool's calls change."""
+    queries = [e.query for d in datasets for e in d.test]
+    bar.set_description_str(f"{method.name}: answering {len(queries)} queries")
+    predictions = [predicted_calls(a) for a in answer_all(method, queries, batch_size, bar)]
+    scores, samples, first = {}, {}, 0
+    for g, data in enumerate(datasets, 1):
+        predicted = predictions[first : first + len(data.test)]
+        scores[str(g)], samples[str(g)] = score_calls(data.test, predicted), answer_samples(data.test[:1], predicted)
+        first += len(data.test)
+    return scores, samples
+
+
+def _start(config: CompositionalConfig, datasets: list[ToolData], adaptation: dict | None) -> dict:
+    tests = [e for d in datasets for e in d.test]
+    return {
+        "study": config.study,
+        "config": asdict(config),
+        "machine": machine(),
+        "data": {
+            "source": data_source(config),
+            "tools": [name for d in datasets for name in d.tools],
+            "train": sum(len(d.train) for d in datasets),
+            "test": len(tests),
+            "test_by_calls": {str(n): c for n, c in sorted(Counter(len(e.steps) for e in tests).items())},
+            **(real_data(config).summary() if config.dataset == "complexfuncbench" else {}),
+        },
+        "adaptation": adaptation,
+    }
+
+
+def data_source(config: CompositionalConfig) -> str:
+    if config.dataset == "complexfuncbench":
+        test = f"tested on {config.test_data}" if config.test_data else f"split by query hash, {config.test_fraction:.0%} test"
+        return f"ComplexFuncBench ({test}); BFCL v4 multi-turn to adapt"
+    return config.xlam or "built-in catalog"
+
+
+def _save(result: dict, json_path) -> None:
+    if json_path:
+        write_json_atomic(json_path, result)
+
+
+def summary_line(name: str, scores: dict) -> str:
+    return f"{name}: " + ", ".join(f"{title.lower()} {scores[metric]['avg']:.1f}" for metric, title in METRICS.items())

@@ -1,0 +1,191 @@
+"""The compositional studies' outputs: markdown tables in the paper's layout and line plots, beside the JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokmem.eval import metrics
+from tokmem.io import write_json_atomic, write_text_atomic
+from tokmem.studies.compositional import MAIN_METHODS, METRICS
+from tokmem.studies.outputs import Panel, line_plot, lines, markdown_table, pivot_table
+
+
+def markdown(result: dict) -> str:
+    writers = {"main": main_markdown, "generalization": generalization_markdown, "forgetting": forgetting_markdown,
+               "recipe": recipe_markdown}
+    return writers[result["study"]](result)
+
+
+def plot(result: dict, path) -> Path:
+    plotters = {"main": main_panels, "generalization": generalization_panels, "forgetting": forgetting_panels,
+                "recipe": recipe_panels}
+    columns = len(result["methods"]) if result["study"] == "forgetting" else None
+    return line_plot(path, plotters[result["study"]](result), columns)
+
+
+def write_outputs(result: dict, json_path) -> list[Path]:
+    """The JSON, its markdown table (.md beside it) and its plot (.png beside it)."""
+    json_path = Path(json_path)
+    return [write_json_atomic(json_path, result), write_text_atomic(json_path.with_suffix(".md"), markdown(result)),
+            plot(result, json_path.with_suffix(".png"))]
+
+
+def _note(result: dict) -> str:
+    config, data, adaptation = result["config"], result["data"], result["adaptation"]
+    calls = ", ".join(f"{c} with {n} calls" for n, c in data["test_by_calls"].items())
+    adapted = (f" The adaptation phase trained on {adaptation['examples']} queries over {len(adaptation['tools'])} held-out tools."
+               if adaptation else "")
+    train = data["train"]
+    if isinstance(train, dict):
+        train = f"{'/'.join(map(str, train.values()))} (capped at {'/'.join(train)} calls)"
+    if "train_calls" in data:  # real data: how many calls its training records make, and what was left out
+        train = f"{train} ({', '.join(f'{c} with {n} calls' for n, c in data['train_calls'].items())})"
+        adapted += " Left out: " + "; ".join(f"{n} {why}" for why, n in data["left_out"].items()) + "."
+    return (f"Backbone `{config['backbone']}`; {len(data['tools'])} tools ({data['source']}); {train} training "
+            f"and {data['test']} test queries ({calls}); seed {config['seed']}.{adapted}\n\n{_protocol(config)}\n\n"
+            "Tool F1: the tools called (TokMem's from its memory tokens); argument F1: the paper's, argument objects "
+            "matched whatever the name; call F1: name and arguments both right. 0–100; Avg. is the mean over the "
+            "numbers of calls.\n\n")
+
+
+def _protocol(config: dict) -> str:
+    """Which protocol the run followed: the reference code's recipe, or which parts of it differ."""
+    reference = {"tool_segments": "arguments", "init": "orthogonal", "schedule": "linear", "renorm_every_step": True}
+    differs = [f"{k} {config.get(k)}" for k, v in reference.items() if config.get(k, v) != v]
+    epochs = f"TokMem {config.get('tokmem_epochs') or config['epochs']}, fine-tuning {config.get('lora_epochs') or config['epochs']}"
+    recipe = ("Protocol: the reference code's (arguments-only tool segments, orthogonal rows, warm-up + linear decay, "
+              "per-step renormalisation)" if not differs else "Protocol: ours, differing from the reference code in "
+              + ", ".join(differs))
+    return f"{recipe}; batch {config['batch_size']}; epochs: {epochs}."
+
+
+def _calls(scores: dict) -> list[str]:
+    return [key for key in scores["tool_f1"] if key != "avg"]
+
+
+def _score_header(calls: list[str]) -> list[str]:
+    return [f"{METRICS[m]} {c}" for m in METRICS for c in [*(f"{n} calls" for n in calls), "Avg."]]
+
+
+def _score_cells(scores: dict, calls: list[str]) -> list[str]:
+    return [f"{scores[m][c]:.1f}" if c in scores[m] else "–" for m in METRICS for c in [*calls, "avg"]]
+
+
+def main_markdown(result: dict) -> str:
+    """Table 3: methods (in the paper's order) × (tool, argument, call F1) × number of calls, with the trainable parameters."""
+    methods = [result["methods"][m] for m in MAIN_METHODS if m in result["methods"]]
+    calls = _calls(methods[0]) if methods else []
+    rows = [[s["label"], f"{s['trainable_params']:,}", *_score_cells(s, calls)] for s in methods]
+    return "# Compositional tool calling\n\n" + _note(result) + markdown_table(["Method", "#Params", *_score_header(calls)], rows)
+
+
+def generalization_markdown(result: dict) -> str:
+    """The paper's generalisation table: for each training cap on the number of calls, each method's scores."""
+    points = result["train_max_calls"]
+    first = next((s for p in points.values() for s in p["methods"].values()), None)
+    calls = _calls(first) if first else []
+    rows = [[f"≤ {n} calls ({result['data']['train'][n]} queries)", s["label"], *_score_cells(s, calls)]
+            for n, p in points.items() for s in p["methods"].values()]
+    return ("# Compositional generalisation\n\nTrained on queries with at most the given number of calls; tested on the same "
+            "queries for every setting. " + _note(result) + markdown_table(["Train maximum calls", "Method", *_score_header(calls)], rows))
+
+
+def recipe_markdown(result: dict) -> str:
+    """One row per recipe variant and method: average F1s and the seconds it trained."""
+    rows = [[label, s["label"], *(f"{s[m]['avg']:.1f}" for m in METRICS), f"{s['train_seconds']:.0f}"]
+            for label, point in result["variants"].items() for s in point["methods"].values()]
+    return ("# Training-recipe ablation\n\nEach row changes one option of the configured recipe "
+            f"(init {result['config']['init']}, schedule {result['config']['schedule']}, tool segments "
+            f"{result['config']['tool_segments']}) at the same budget. Renormalisation is not switched: a single round "
+            "has no old rows to take the norm of (the forgetting study measures it). " + _note(result)
+            + markdown_table(["Variant", "Method", *(f"{t} Avg." for t in METRICS.values()), "Train s"], rows))
+
+
+def recipe_panels(result: dict) -> list[Panel]:
+    """Average F1 per variant (numbered in the table's order), one line per method."""
+    panels = []
+    for metric, title in METRICS.items():
+        series: dict[str, dict] = {}
+        for k, point in enumerate(result["variants"].values()):
+            for scores in point["methods"].values():
+                series.setdefault(scores["label"], {})[k] = scores[metric]["avg"]
+        panels.append(Panel(f"{title} (avg.)", "variant (row of the table, 0 = as configured)", "F1", lines(series), ylim=(0, 100)))
+    return panels
+
+
+def _group_series(entry: dict, metric: str) -> dict[str, dict]:
+    """"group g" → {round: the group's score}, and "all seen groups" → {round: their mean}."""
+    series: dict[str, dict] = {}
+    for point in entry["rounds"]:
+        for group, scores in point["groups"].items():
+            series.setdefault(f"group {group}", {})[point["round"]] = scores[metric]["avg"]
+    rounds = {p["round"]: p["groups"].values() for p in entry["rounds"]}
+    return series | {"all seen groups": {r: metrics.mean(s[metric]["avg"] for s in seen) for r, seen in rounds.items()}}
+
+
+def forgetting_markdown(result: dict) -> str:
+    """Per method and metric: each group's score (rows) after each round (columns); then the new rows' norms."""
+    rounds = list(range(1, result["config"]["rounds"] + 1))
+    groups_text = "; ".join(f"group {g}: {', '.join(tools)}" for g, tools in enumerate(result["groups"], 1))
+    out = f"# Forgetting: tools arriving in {len(rounds)} rounds\n\n{groups_text}.\n\n" + _note(result)
+    for metric, title in METRICS.items():
+        for entry in result["methods"].values():
+            out += f"## {title}: {entry['label']}\n\n" + pivot_table(_group_series(entry, metric), rounds, corner="Group \\ round")
+            out += "\n"
+    norms = _new_rows(result)
+    if norms:
+        rows = [[label, *(f"{n['mean']:.3f} ± {n['std']:.3f}" for n in per_round)] for label, per_round in norms.items()]
+        out += "## L2 norm of each round's new memory rows (mean ± std)\n\n" + markdown_table(["Method", *map(str, rounds)], rows)
+    return out + _first_group_answers(result)
+
+
+def _first_group_answers(result: dict) -> str:
+    """Group 1's first test query as each method answers it after each round: what forgetting looks like."""
+    answers = [(e["label"], p["round"], p["samples"]["1"][0]) for e in result["methods"].values() for p in e["rounds"]]
+    if not answers:
+        return ""
+    sample = answers[0][2]
+    out = f"\n## Group 1's first test query, answered after each round\n\nQuery: {sample['query']}\n\nGold: {_calls_text(sample['gold'])}\n\n"
+    return out + "".join(f"- {label}, round {r}: {_calls_text(a['predicted'])}\n" for label, r, a in answers)
+
+
+def _calls_text(calls: list[str]) -> str:
+    return "; ".join(f"`{c}`" for c in calls) or "(no call)"
+
+
+def _new_rows(result: dict) -> dict[str, list[dict]]:
+    """label → the norms of each round's new memory rows, for the methods that have memory rows."""
+    return {e["label"]: [p["new_rows"] for p in e["rounds"]] for e in result["methods"].values()
+            if e["rounds"] and e["rounds"][0]["new_rows"]}
+
+
+def main_panels(result: dict) -> list[Panel]:
+    """F1 against the number of calls, one line per method."""
+    panels = []
+    for metric, title in METRICS.items():
+        series = {s["label"]: {int(c): s[metric][c] for c in _calls(s)} for s in result["methods"].values()}
+        panels.append(Panel(title, "number of calls", "F1", lines(series), ylim=(0, 100)))
+    return panels
+
+
+def generalization_panels(result: dict) -> list[Panel]:
+    """Average F1 (2–4 calls) against the training cap on the number of calls, one line per method."""
+    panels = []
+    for metric, title in METRICS.items():
+        series: dict[str, dict] = {}
+        for n, point in result["train_max_calls"].items():
+            for scores in point["methods"].values():
+                series.setdefault(scores["label"], {})[int(n)] = scores[metric]["avg"]
+        panels.append(Panel(f"{title} (avg.)", "maximum calls in training", "F1", lines(series), ylim=(0, 100)))
+    return panels
+
+
+def forgetting_panels(result: dict) -> list[Panel]:
+    """A row per metric, a panel per method: each group's score over the rounds.  Then the new rows' mean
+    norms (the paper finds them inflating round after round without renormalisation)."""
+    panels = [Panel(f"{entry['label']}: {title}", "round", title, lines(_group_series(entry, metric)), ylim=(0, 100))
+              for metric, title in METRICS.items() for entry in result["methods"].values()]
+    norms = {label: {r: n["mean"] for r, n in enumerate(per_round, 1)} for label, per_round in _new_rows(result).items()}
+    if norms:
+        panels.append(Panel("New memory rows", "round", "mean L2 norm", lines(norms), ylim=(0, None)))
+    return panels

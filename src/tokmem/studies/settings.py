@@ -1,0 +1,67 @@
+"""The settings the atomic and compositional studies share: how their methods train and answer.
+
+Each study's config inherits them and adds its data, its methods and the defaults of its own; the defaults
+here are those of `TrainConfig`, `DecodeConfig` and `LoRASettings`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokmem.config import option
+from tokmem.decode import DecodeConfig
+from tokmem.lora import LoRASettings
+from tokmem.train import Init, Schedule, ToolSegments, TrainConfig
+
+T, D, L = TrainConfig, DecodeConfig, LoRASettings  # every default below is theirs
+
+
+@dataclass(frozen=True)
+class MethodSettings:
+    epochs: int = option(T.epochs, "epochs over the training examples")
+    tokmem_epochs: int | None = option(None, "epochs of TokMem's rows (default: --epochs)")
+    lora_epochs: int | None = option(None, "epochs of fine-tuning and replay (default: --epochs)")
+    init: Init = option(T.init, "TokMem's new rows: mean embedding (the paper's text) or orthogonal (the reference code)")
+    schedule: Schedule = option(T.schedule, "learning rate of every trained method: constant, or linear (10% warm-up, "
+                                "then decay; the reference code)", flag="--lr-schedule")
+    warmup: float = option(T.warmup, "warm-up fraction of the linear schedule")
+    renorm_every_step: bool = option(T.renorm_every_step, "renormalise TokMem's new rows after every step too (the "
+                                     "reference code), not only after the round")
+    tool_segments: ToolSegments = option(T.tool_segments, "after a tool's memory token: its arguments only (the "
+                                         "reference code) or the whole call")
+    batch_size: int = option(T.batch_size, "training examples per step")
+    max_length: int = option(T.max_length, "longest training sequence in tokens (longer queries are cut from the left)")
+    max_new_tokens: int = option(D.max_new_tokens, "tokens an answer may generate")
+    eval_batch_size: int = option(D.batch_size, "queries answered together")
+    tokmem_lr: float = option(T.lr, "learning rate of the memory rows")
+    lora_lr: float = option(L.lr, "learning rate of fine-tuning and replay")
+    lora_weight_decay: float = option(L.weight_decay, "weight decay of fine-tuning and replay")
+    lora_rank: int | None = option(L.rank, "LoRA rank of fine-tuning and replay")
+    seed: int = option(T.seed, "seed of the data and training")
+    device: str | None = option(None, "cpu, cuda, … (default: cuda when available)")
+    preset: str | None = None
+
+    def epochs_of(self, method: str) -> int:
+        """How many passes a method (by name) makes over a round's examples: 0 for those that train nothing."""
+        if method.startswith("tokmem"):
+            return self.tokmem_epochs or self.epochs
+        return self.lora_epochs or self.epochs if method in ("lora", "replay") else 0
+
+    def decode_options(self) -> dict:
+        """Keyword arguments of every method: how it answers."""
+        return dict(max_new_tokens=self.max_new_tokens, eval_batch_size=self.eval_batch_size)
+
+    def train_options(self) -> dict:
+        """Keyword arguments of every trained method."""
+        return dict(epochs=self.epochs, batch_size=self.batch_size, max_length=self.max_length, seed=self.seed,
+                    schedule=self.schedule, warmup=self.warmup, **self.decode_options())
+
+    def tokmem_options(self) -> dict:
+        """Keyword arguments of TokMem's variants."""
+        return self.train_options() | dict(lr=self.tokmem_lr, epochs=self.tokmem_epochs or self.epochs, init=self.init,
+                                           renorm_every_step=self.renorm_every_step, tool_segments=self.tool_segments)
+
+    def lora_options(self) -> dict:
+        """Keyword arguments of fine-tuning and replay."""
+        return self.train_options() | dict(rank=self.lora_rank, lr=self.lora_lr, weight_decay=self.lora_weight_decay,
+                                           epochs=self.lora_epochs or self.epochs)

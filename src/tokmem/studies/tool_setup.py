@@ -1,0 +1,124 @@
+"""The compositional studies' setup: their data (built-in catalog, xLAM, real data), the backbones (the
+adaptation phase, cached) and the methods each study builds."""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from typing import TYPE_CHECKING
+
+from tokmem.adapt import AdaptConfig, cached_adapt
+from tokmem.backbones import Backbone, load_backbone
+from tokmem.data.procedures import Example
+from tokmem.data.realtools import RealData, complexfuncbench_data, function_calling_dir
+from tokmem.data.tools import ToolData, split_tools, tool_dataset, tool_examples
+from tokmem.data.xlam import xlam_dataset
+from tokmem.eval import metrics
+from tokmem.methods.lora import LoRA, Replay
+from tokmem.methods.method import Method
+from tokmem.methods.tokmem import TokMem, UnfrozenTokMem
+from tokmem.methods.tools import ICL, ToolRAG
+from tokmem.train import TrainConfig
+
+if TYPE_CHECKING:
+    from tokmem.studies.compositional import CompositionalConfig
+
+TOKMEM_LABELS = {
+    "tokmem-noadapt": "TokMem (w/o adapt)",
+    "tokmem": "TokMem (w/ adapt)",
+    "tokmem-roundnorm": "TokMem (renorm after round)",
+    "tokmem-norenorm": "TokMem (w/o renorm)",
+    "tokmem-unfrozen": "TokMem (unfrozen backbone)",
+}
+ADAPTED = {"tokmem", "tokmem-roundnorm", "tokmem-norenorm", "tokmem-unfrozen"}  # built on the adapted backbone
+
+
+def tool_data(config: CompositionalConfig, ranks: tuple[int, int], train_max_calls: int | None = None) -> ToolData:
+    """Train and test queries over the evaluation tools ranked ``ranks`` (1-based, inclusive, among the evaluation
+    tools: in an xLAM file they follow the adaptation tools, as in the reference code)."""
+    if config.dataset == "complexfuncbench":
+        return real_data(config).data
+    sizes = dict(per_tool=config.per_tool, train_multi=config.train_multi, test_multi=config.test_multi,
+                 max_calls=config.max_calls, train_max_calls=train_max_calls, seed=config.seed)
+    if config.xlam:
+        first, last = ranks
+        return xlam_dataset(config.xlam, (config.adapt_tools + first, config.adapt_tools + last), **sizes)
+    first, last = ranks
+    return tool_dataset(split_tools()[1][first - 1 : last], **sizes)
+
+
+def adaptation_examples(config: CompositionalConfig) -> list[Example]:
+    """The adaptation phase's data: single and composed queries over the held-out adaptation tools."""
+    if config.dataset == "complexfuncbench":
+        return real_data(config).adaptation
+    if config.xlam:
+        ranks = (1, config.adapt_tools)
+        return xlam_dataset(config.xlam, ranks, per_tool=config.adapt_per_tool, train_multi=config.adapt_multi, test_multi=0,
+                            max_calls=config.max_calls, test_fraction=0.0, seed=config.seed).train
+    tools = split_tools()[0][: config.adapt_tools]
+    return tool_examples(tools, config.adapt_per_tool, config.adapt_multi, config.max_calls, config.seed)
+
+
+@functools.lru_cache(maxsize=2)
+def real_data(config: CompositionalConfig) -> RealData:
+    """ComplexFuncBench to evaluate and BFCL multi-turn to adapt (``tokmem.data.realtools``), read once per config."""
+    folder = function_calling_dir(config.data_dir)
+    return complexfuncbench_data(folder, config.max_calls, config.test_fraction, config.train_multi, config.test_multi,
+                                 config.adapt_multi, config.test_data, config.seed)
+
+
+def groups(config: CompositionalConfig) -> list[tuple[int, int]]:
+    """The forgetting study's rounds: ``rounds`` consecutive, near-equal groups of tool ranks."""
+    cuts = [round(i * config.tools / config.rounds) for i in range(config.rounds + 1)]
+    return [(first + 1, last) for first, last in zip(cuts, cuts[1:])]
+
+
+def prepare_backbones(config: CompositionalConfig, backbone: Backbone | None, progress: bool) -> tuple[dict, dict | None]:
+    """{"base": the backbone, "adapted": it after the adaptation phase (only when a method needs it)}, and
+    what the adaptation did.  The adapted backbone is built once and cached on disk (``tokmem.adapt.cached_adapt``)."""
+    base = backbone or load_backbone(config.backbone, device=config.device)
+    if not ADAPTED & set(config.methods):
+        return {"base": base}, None
+    examples = adaptation_examples(config)
+    lora = AdaptConfig(rank=config.lora_rank, dropout=config.adapt_dropout, lr=config.adapt_lr,
+                       weight_decay=config.lora_weight_decay)
+    rows = TrainConfig(lr=config.tokmem_lr, epochs=config.adapt_epochs, batch_size=config.batch_size,
+                       max_length=config.max_length, seed=config.seed, init=config.init, schedule=config.schedule,
+                       warmup=config.warmup, tool_segments=config.tool_segments, progress=progress)
+    start = time.perf_counter()
+    adapted, directory, cached = cached_adapt(base, examples, lora, rows, config.adapt_cache)
+    info = {"tools": list(dict.fromkeys(p for e in examples for p in e.procedures)), "examples": len(examples),
+            "steps": -(-len(examples) * config.adapt_epochs // config.batch_size), "directory": str(directory),
+            "cached": cached, "seconds": round(time.perf_counter() - start, 1)}
+    return {"base": base, "adapted": adapted}, info
+
+
+def build_method(name: str, config: CompositionalConfig, backbones: dict, tools: dict[str, dict]) -> Method:
+    """A fresh method; ``tools``: the schemas ICL and RAG may show."""
+    base, adapted = backbones["base"], backbones.get("adapted")
+    decode, lora = config.decode_options(), config.lora_options()
+    memory = config.tokmem_options() | dict(max_steps=config.max_calls, name=name, label=TOKMEM_LABELS.get(name))
+    replay = dict(ratio=config.replay_ratio, buffer_size=config.replay_buffer,
+                  refresh_every=max(1, (config.tools or len(tools)) // config.rounds))
+    factories = {
+        "icl": lambda: ICL(base, tools, config.shots, **decode),
+        "rag": lambda: ToolRAG(base, tools, config.rag_k, config.shots, **decode),
+        "lora": lambda: LoRA(base, **lora),
+        "replay": lambda: Replay(base, **replay, **lora),
+        "tokmem-noadapt": lambda: TokMem(base, **memory),
+        "tokmem": lambda: TokMem(adapted, **memory),
+        "tokmem-roundnorm": lambda: TokMem(adapted, **memory | dict(renorm_every_step=False)),
+        "tokmem-norenorm": lambda: TokMem(adapted, renormalize=False, **memory),
+        "tokmem-unfrozen": lambda: UnfrozenTokMem(adapted, config.lora_rank, config.lora_lr, config.lora_weight_decay, **memory),
+    }
+    return factories[name]()
+
+
+def new_row_norms(method: Method, names: list[str]) -> dict | None:
+    """L2 norms of the memory rows of ``names`` after the round (TokMem only), their mean and spread."""
+    if not isinstance(method, TokMem):
+        return None
+    bank = method.model.bank
+    norms = [float(bank.index[bank.row(name)].norm()) for name in names]
+    return {"norms": norms, "mean": metrics.mean(norms), "std": statistics.pstdev(norms)}

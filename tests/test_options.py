@@ -1,0 +1,58 @@
+"""Command-line options generated from config dataclasses: one mapping, defaults only in the dataclass."""
+
+import argparse
+from dataclasses import dataclass
+from typing import Literal
+
+import pytest
+
+from tokmem.cli.options import add_options, values
+from tokmem.config import option
+from tokmem.decode import DecodeConfig
+from tokmem.train import TrainConfig
+
+
+@dataclass
+class Example:
+    rate: float = option(0.5, "a rate")
+    mode: Literal["fast", "slow"] = option("fast", "how to go", flag="--pace")
+    sizes: tuple[int, ...] = option((1, 2), "sizes")
+    names: tuple[str, ...] | None = option(None, "names")
+    loud: bool = option(False, "shout")
+    internal: int = 3  # no help: not an option
+
+
+def parse(*argv, unset=False):
+    parser = argparse.ArgumentParser()
+    add_options(parser, Example, unset=unset)
+    return parser, parser.parse_args(argv)
+
+
+def test_options_take_type_default_choices_and_flag_from_the_fields():
+    _, args = parse("--rate", "0.25", "--pace", "slow", "--sizes", "3,4", "--names", "a, b", "--loud")
+    assert values(args, Example) == {"rate": 0.25, "mode": "slow", "sizes": (3, 4), "names": ("a", "b"), "loud": True}
+    assert Example(**values(args, Example)).internal == 3
+    _, defaults = parse()
+    assert Example(**values(defaults, Example)) == Example()
+
+
+def test_a_field_without_help_is_no_option_and_a_literal_refuses_other_values(capsys):
+    parser, _ = parse()
+    assert "--internal" not in parser.format_help() and "(default 0.5)" in parser.format_help()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--pace", "medium"])
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_bools_are_on_off_pairs_and_unset_options_leave_the_preset_alone():
+    _, args = parse("--no-loud", unset=True)
+    assert values(args, Example) == {"loud": False}
+    _, nothing = parse(unset=True)
+    assert values(nothing, Example) == {}
+
+
+@pytest.mark.parametrize("config", [TrainConfig, DecodeConfig])
+def test_train_and_decode_options_default_to_their_configs(config):
+    parser = argparse.ArgumentParser()
+    add_options(parser, config)
+    assert config(**values(parser.parse_args([]), config)) == config()
