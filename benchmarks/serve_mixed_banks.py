@@ -43,6 +43,7 @@ from tokmem.layout import chat_prefix, positions
 from tokmem.report import console, machine, write_json
 from tokmem.serve.api import create_app
 from tokmem.serve.banks import BankRegistry
+from tokmem.serve.config import ServeConfig
 from tokmem.serve.engine import Engine, Request, bank_tables
 
 POOLS = (1, 10, 100, 1000)
@@ -195,7 +196,7 @@ def run(args) -> dict:
         rates, bare = decode_rates(backbone, engine, registry, prompts, texts, args.tokens, args.waves)
         console.print(f"decode tokens/s by banks in the run: {rates}; bare backbone: {bare}")
         bank_us = {str(pool): bank_cost_us(engine, registry, pool, args.batch) for pool in POOLS}
-        app = create_app(registry, engine)
+        app = create_app(registry, engine, ServeConfig(banks=str(directory)))
         engine.start()
         try:
             http = asyncio.run(http_measurements(app, directory, args.puts, args.tokens, args.repeats, args.seed))

@@ -14,9 +14,11 @@ from tokmem import DecodeConfig
 from tokmem.cli import main
 from tokmem.extras import EXTRAS
 from tokmem.layout import chat_prefix
-from tokmem.serve.api import Deltas, Limits, create_app
+from tokmem.serve.api import create_app
 from tokmem.serve.banks import BankRegistry
+from tokmem.serve.config import ServeConfig
 from tokmem.serve.engine import Engine
+from tokmem.serve.stream import Deltas
 
 QUERIES = ["Reverse apple.", "hi", "What is the weather like today?"]
 
@@ -28,14 +30,15 @@ def offline(lively_backbone, tmp_path):
     return write_served_banks(lively_backbone, directory)
 
 
-def serve(backbone, directory, limits=None, api_key=None, **engine_options):
-    engine = Engine(backbone, **engine_options)
-    return create_app(BankRegistry(backbone, directory), engine, limits, api_key=api_key), engine
+def serve(backbone, directory, engine_options=None, **settings):
+    """The app over ``directory`` with ``ServeConfig(**settings)``, and its engine (not started)."""
+    engine = Engine(backbone, **(engine_options or {}))
+    return create_app(BankRegistry(backbone, directory), engine, ServeConfig(banks=str(directory), **settings)), engine
 
 
 @pytest.fixture
 def app(lively_backbone, tmp_path, offline):
-    app, engine = serve(lively_backbone, tmp_path / "banks", Limits(max_prompt_tokens=200, max_new_tokens=64, max_body_bytes=2**16))
+    app, engine = serve(lively_backbone, tmp_path / "banks", max_prompt_tokens=200, max_new_tokens=64, max_body_mb=1 / 16)
     engine.start()
     yield app
     engine.stop()
@@ -175,7 +178,7 @@ def test_an_oversized_body_gets_413(app):
 
 
 def test_a_full_queue_answers_429(lively_backbone, tmp_path, offline):
-    app, _ = serve(lively_backbone, tmp_path / "banks", max_queue=0)
+    app, _ = serve(lively_backbone, tmp_path / "banks", {"max_queue": 0})
 
     async def scenario(client, http):
         with pytest.raises(openai.RateLimitError) as caught:
@@ -186,7 +189,7 @@ def test_a_full_queue_answers_429(lively_backbone, tmp_path, offline):
 
 
 def test_a_request_over_the_time_limit_gets_504(lively_backbone, tmp_path, offline):
-    app, engine = serve(lively_backbone, tmp_path / "banks", Limits(timeout=0.0))
+    app, engine = serve(lively_backbone, tmp_path / "banks", timeout=0.0)
     engine.start()
     try:
         response = call(app, lambda client, http: http.post("/v1/completions", json={"model": "alpha", "prompt": "hi"}))
@@ -197,7 +200,7 @@ def test_a_request_over_the_time_limit_gets_504(lively_backbone, tmp_path, offli
 
 def test_a_client_that_disconnects_frees_its_row(lively_backbone, tmp_path, offline):
     """Raw ASGI: the body arrives, then the client is gone; the answer stops long before max_tokens."""
-    app, engine = serve(lively_backbone, tmp_path / "banks", Limits(max_new_tokens=100_000))
+    app, engine = serve(lively_backbone, tmp_path / "banks", max_new_tokens=100_000)
     body = json.dumps({"model": "alpha", "prompt": "hi", "max_tokens": 100_000, "ignore_eos": True}).encode()
     messages = [{"type": "http.request", "body": body, "more_body": False}]
     sent = []
@@ -259,6 +262,7 @@ def corrupt(kind, lively_backbone, backbone, tmp_path) -> tuple[str, bytes, byte
         meta = json.loads(metadata)
         meta["names"].append("extra")
         meta["kinds"].append("text")
+        meta["descriptions"].append("")
         metadata = json.dumps(meta).encode()
     elif kind == "nan":
         model.bank.index[1, 3] = float("nan")

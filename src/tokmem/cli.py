@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import fields
+from dataclasses import MISSING, fields
 
 from rich.markdown import Markdown
 from rich.markup import escape
@@ -16,6 +16,7 @@ from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
 from tokmem.extras import require_extra
 from tokmem.experiments import compositional, placement
+from tokmem.serve.config import ServeConfig
 from tokmem.report import (
     call_scores_table, console, error_console, machine, percent, scores_table, trace_table, write_json,
 )
@@ -143,20 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     imports.add_argument("--json", metavar="PATH", help="also write the counts as JSON")
     imports.set_defaults(handler=cmd_data_import)
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server for the banks in a directory")
-    serve.add_argument("--banks", required=True, metavar="DIR", help="folder of banks: NAME.safetensors + NAME.safetensors.json")
-    serve.add_argument("--backbone", default="smollm2-135m")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", help="bearer token that PUT and DELETE /v1/banks/NAME require")
-    serve.add_argument("--max-batch", type=int, default=32, help="rows decoded together")
-    serve.add_argument("--max-queue", type=int, default=256, help="waiting requests; more get 429")
-    serve.add_argument("--max-resident", type=int, default=256, help="banks kept loaded (least recently used leave)")
-    serve.add_argument("--max-prompt-tokens", type=int, default=2048)
-    serve.add_argument("--max-new-tokens", type=int, default=1024, help="the most a request may ask for")
-    serve.add_argument("--max-body-mb", type=float, default=8.0, help="request body limit; larger bodies get 413")
-    serve.add_argument("--timeout", type=float, default=120.0, help="seconds per request, queueing included")
-    serve.add_argument("--device", help="cpu, cuda, … (default: cuda when available)")
-    serve.add_argument("--seed", type=int, default=0, help="seed of the sampler (requests with temperature > 0)")
+    _config_arguments(serve, ServeConfig)
     serve.set_defaults(handler=cmd_serve, extra="serve")
 
     bench = commands.add_parser("bench", help="the paper's studies: atomic recall, memory placement")
@@ -445,20 +433,31 @@ def cmd_data_import(args) -> None:
             "calls_per_example": histogram, "tools": list(imported.catalog), "skipped": dict(imported.skipped),
         })
 def cmd_serve(args) -> None:
-    import uvicorn
-
     from tokmem.backbones import load_backbone
-    from tokmem.serve.api import Limits, create_app
-    from tokmem.serve.banks import BankRegistry
-    from tokmem.serve.engine import Engine
+    from tokmem.serve import server
 
-    backbone = load_backbone(args.backbone, device=args.device)
-    registry = BankRegistry(backbone, args.banks, max_resident=args.max_resident)
-    engine = Engine(backbone, max_batch=args.max_batch, max_queue=args.max_queue, seed=args.seed)
-    limits = Limits(max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
-                    max_body_bytes=int(args.max_body_mb * 2**20), timeout=args.timeout)
-    console.print(f"serving {len(registry.names())} banks from {args.banks} on {backbone.name}: http://{args.host}:{args.port}/v1")
-    uvicorn.run(create_app(registry, engine, limits, api_key=args.api_key), host=args.host, port=args.port)
+    config = ServeConfig(**{f.name: getattr(args, f.name) for f in fields(ServeConfig)})
+    backbone = load_backbone(config.backbone, device=config.device)
+    console.print(f"serving the banks in {config.banks} on {backbone.name}: http://{config.host}:{config.port}/v1")
+    server.run(config, backbone)
+
+
+def _config_arguments(parser, config) -> None:
+    """One option per field of a config dataclass: ``--field-name``, its type, default, choices (``Literal``)
+    and help (``metadata["help"]``); a field without a default is required."""
+    import typing
+
+    for f, kind in zip(fields(config), typing.get_type_hints(config).values()):
+        options = {"help": f.metadata.get("help")}
+        if typing.get_origin(kind) is typing.Literal:
+            options["choices"] = typing.get_args(kind)
+        else:
+            options["type"] = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
+        if f.default is MISSING:
+            options["required"] = True
+        else:
+            options["default"] = f.default
+        parser.add_argument(f"--{f.name.replace('_', '-')}", **options)
 
 
 def cmd_bank_show(args) -> None:
