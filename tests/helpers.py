@@ -41,3 +41,42 @@ def bank_files(path) -> tuple[bytes, bytes]:
     from tokmem.bank import metadata_path
 
     return path.read_bytes(), metadata_path(path).read_bytes()
+
+
+# ---- the server, in-process ----------------------------------------------------------------------------
+def serve(backbone, directory, engine_options=None, **settings):
+    """The app over ``directory`` with ``ServeConfig(**settings)``, and its engine (not started)."""
+    from tokmem.serve.api import create_app
+    from tokmem.serve.banks import BankRegistry
+    from tokmem.serve.config import ServeConfig
+    from tokmem.serve.engine import Engine
+
+    engine = Engine(backbone, **(engine_options or {}))
+    return create_app(BankRegistry(backbone, directory), engine, ServeConfig(banks=str(directory), **settings)), engine
+
+
+def call(app, scenario, api_key="unused"):
+    """Run ``scenario(client, http)`` against the app: an openai client and a raw httpx one."""
+    import asyncio
+
+    import httpx2
+    import openai
+
+    async def main():
+        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://tokmem") as http:
+            client = openai.AsyncOpenAI(base_url="http://tokmem/v1", api_key=api_key, http_client=http, max_retries=0)
+            return await scenario(client, http)
+
+    return asyncio.run(main())
+
+
+def expected(offline, bank, query, max_tokens=10, **options):
+    """The offline answer (``tokmem.generate``) a served request must equal."""
+    import tokmem
+
+    return tokmem.generate(offline[bank], [query], tokmem.DecodeConfig(max_new_tokens=max_tokens, **options))[0]
+
+
+def files(directory) -> dict:
+    """Every file under ``directory`` with its bytes: what a refused request must leave unchanged."""
+    return {p.name: p.read_bytes() for p in sorted(directory.rglob("*"))}

@@ -3,21 +3,16 @@
 import asyncio
 import json
 
-import httpx2
 import openai
 import pytest
 import torch
-from helpers import SERVED_BANKS, bank_files, write_bank, write_served_banks
+from helpers import SERVED_BANKS, bank_files, call, expected, files, serve, write_bank, write_served_banks
 
 import tokmem
 from tokmem import DecodeConfig
 from tokmem.cli import main
 from tokmem.extras import EXTRAS
 from tokmem.layout import chat_prefix
-from tokmem.serve.api import create_app
-from tokmem.serve.banks import BankRegistry
-from tokmem.serve.config import ServeConfig
-from tokmem.serve.engine import Engine
 from tokmem.serve.stream import Deltas
 
 QUERIES = ["Reverse apple.", "hi", "What is the weather like today?"]
@@ -30,12 +25,6 @@ def offline(lively_backbone, tmp_path):
     return write_served_banks(lively_backbone, directory)
 
 
-def serve(backbone, directory, engine_options=None, **settings):
-    """The app over ``directory`` with ``ServeConfig(**settings)``, and its engine (not started)."""
-    engine = Engine(backbone, **(engine_options or {}))
-    return create_app(BankRegistry(backbone, directory), engine, ServeConfig(banks=str(directory), **settings)), engine
-
-
 @pytest.fixture
 def app(lively_backbone, tmp_path, offline):
     app, engine = serve(lively_backbone, tmp_path / "banks", max_prompt_tokens=200, max_new_tokens=64, max_body_mb=1 / 16)
@@ -44,26 +33,8 @@ def app(lively_backbone, tmp_path, offline):
     engine.stop()
 
 
-def call(app, scenario, api_key="unused"):
-    """Run ``scenario(client, http)`` against the app: an openai client and a raw httpx one."""
-    async def main():
-        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://tokmem") as http:
-            client = openai.AsyncOpenAI(base_url="http://tokmem/v1", api_key=api_key, http_client=http, max_retries=0)
-            return await scenario(client, http)
-
-    return asyncio.run(main())
-
-
-def expected(offline, bank, query, max_tokens=10, **options):
-    return tokmem.generate(offline[bank], [query], DecodeConfig(max_new_tokens=max_tokens, **options))[0]
-
-
 def trace(generation) -> list[dict]:
     return [{"procedure": s.procedure, "text": s.text} for s in generation.trace]
-
-
-def files(directory) -> dict:
-    return {p.name: p.read_bytes() for p in sorted(directory.rglob("*"))}
 
 
 # ---- answers --------------------------------------------------------------------------------------------
