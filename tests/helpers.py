@@ -1,5 +1,7 @@
 """Helpers shared by the test modules."""
 
+import contextlib
+
 import torch
 
 
@@ -78,5 +80,29 @@ def expected(offline, bank, query, max_tokens=10, **options):
 
 
 def files(directory) -> dict:
-    """Every file under ``directory`` with its bytes: what a refused request must leave unchanged."""
-    return {p.name: p.read_bytes() for p in sorted(directory.rglob("*"))}
+    """Every file under ``directory`` with its bytes (a folder: None): what a refused request must leave unchanged."""
+    return {p.name: p.read_bytes() if p.is_file() else None for p in sorted(directory.rglob("*"))}
+
+
+@contextlib.contextmanager
+def loopback(app, **settings):
+    """Serve ``app`` under uvicorn on 127.0.0.1 (a free port) in a thread, with ``ServeConfig(**settings)``'s
+    connection limits; yields (host, port)."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from tokmem.serve.config import ServeConfig
+    from tokmem.serve.server import uvicorn_config
+
+    server = uvicorn.Server(uvicorn_config(app, ServeConfig(banks="", port=0, **settings), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield server.servers[0].sockets[0].getsockname()[:2]
+    finally:
+        server.should_exit = True
+        thread.join()
