@@ -82,7 +82,8 @@ async def hostile(http: httpx2.AsyncClient, kind: str, job: tuple) -> tuple[str,
     return kind, response.status_code
 
 
-async def load(base: str, names: list[str], hostiles: dict, replacements: list[dict], args) -> tuple[list, list]:
+async def load(base: str, names: list[str], hostiles: dict, replacements: list[dict], args, on_warm) -> tuple[list, list]:
+    """Send every request; ``on_warm()`` when a tenth of them are done (the server's caches have filled)."""
     rng = random.Random(args.seed)
     kinds = sorted(hostiles)
     jobs = [("hostile", rng.choice(kinds)) if i % args.hostile_every == 0 else ("clean", (rng.choice(names), rng.choice(QUERIES), rng.choice(THRESHOLDS)))
@@ -100,6 +101,8 @@ async def load(base: str, names: list[str], hostiles: dict, replacements: list[d
                     return await ask(client, index, *job[1], args.max_tokens)
                 finally:
                     done[0] += 1
+                    if done[0] == args.requests // 10:
+                        on_warm()
                     for k, mark in enumerate(marks):
                         if done[0] >= args.requests * (k + 1) // (len(marks) + 1):
                             mark.set()
@@ -203,19 +206,21 @@ def run(args) -> dict:
         with open(log_path, "wb") as log:
             server, base = start_server(directory, args, log)
             process = psutil.Process(server.pid)
-            rss_start = process.memory_info().rss
+            rss = {"after_start": process.memory_info().rss}
             start = time.perf_counter()
-            jobs, results = asyncio.run(load(base, names, hostiles, rounds, args))
+            jobs, results = asyncio.run(load(base, names, hostiles, rounds, args,
+                                             lambda: rss.setdefault("after_a_tenth", process.memory_info().rss)))
             seconds = time.perf_counter() - start
-            rss_end = process.memory_info().rss
+            rss["after_run"] = process.memory_info().rss
             shutdown = stop_server(server)
         server_log = log_path.read_text(errors="replace")
     summary = summarise(jobs, results, hostiles, models, len(rounds), args)
     tracebacks = server_log.count("Traceback")
     summary.update({
         "requests": args.requests, "concurrency": args.concurrency, "seconds": round(seconds, 1),
-        "requests_per_s": round(args.requests / seconds, 1), "server_rss_mb": {"after_start": round(rss_start / 2**20, 1),
-        "after_run": round(rss_end / 2**20, 1), "growth": round((rss_end - rss_start) / 2**20, 1)},
+        "requests_per_s": round(args.requests / seconds, 1),
+        "server_rss_mb": {**{k: round(v / 2**20, 1) for k, v in rss.items()},
+                          "growth_after_the_first_tenth": round((rss["after_run"] - rss["after_a_tenth"]) / 2**20, 1)},
         "sigterm": {**shutdown, "clean": clean_exit(shutdown, server_log)}, "tracebacks_in_server_log": tracebacks,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(), "device": args.device},
         "backbone": args.backbone, "banks": args.banks, "max_tokens": args.max_tokens,

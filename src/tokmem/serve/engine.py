@@ -96,10 +96,10 @@ class Handle:
         await self._updated.wait()
         self._updated.clear()
 
-    def generation(self, tokens: list[int] | None = None) -> Generation:
-        """The answer so far (or of ``tokens``), split into segments by ``tokmem.decode``."""
-        model = self.request.bank.model
-        return _trace(model, self.request.query, self.tokens if tokens is None else tokens, self.memory_mass, not self.plain)
+    def generation(self) -> Generation:
+        """The answer so far, split into segments by ``tokmem.decode`` (the whole answer decoded: once, at the end;
+        streams follow it with ``serve.stream.IncrementalText``)."""
+        return _trace(self.request.bank.model, self.request.query, self.tokens, self.memory_mass, not self.plain)
 
     def fail(self, message: str) -> None:
         """End the request with an error (the client gets ``message``)."""
