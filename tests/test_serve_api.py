@@ -291,3 +291,17 @@ def test_serve_without_the_server_extra_fails_at_once_naming_it(monkeypatch, cap
     assert main(["serve", "--banks", str(tmp_path), "--backbone", "tiny-random"]) == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "pip install 'tokmem[serve]'" in error
+
+
+def test_serve_flags_are_the_config_fields_with_their_types_defaults_and_choices(capsys):
+    from dataclasses import fields
+
+    from tokmem.cli import build_parser
+    from tokmem.serve.config import ServeConfig
+
+    args = build_parser().parse_args(["serve", "--banks", "d", "--protect", "all", "--max-connections", "3", "--header-timeout", "0.5"])
+    given = ServeConfig(**{f.name: getattr(args, f.name) for f in fields(ServeConfig)})
+    assert given == ServeConfig(banks="d", protect="all", max_connections=3, header_timeout=0.5)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--banks", "d", "--protect", "some"])
+    assert "invalid choice: 'some'" in capsys.readouterr().err

@@ -16,7 +16,7 @@ from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
 from tokmem.extras import require_extra
 from tokmem.experiments import compositional, placement
-from tokmem.serve.config import ServeConfig
+from tokmem.serve.config import ServeConfig, exposure_warning
 from tokmem.report import (
     call_scores_table, console, error_console, machine, percent, scores_table, trace_table, write_json,
 )
@@ -439,6 +439,9 @@ def cmd_serve(args) -> None:
     config = ServeConfig(**{f.name: getattr(args, f.name) for f in fields(ServeConfig)})
     backbone = load_backbone(config.backbone, device=config.device)
     console.print(f"serving the banks in {config.banks} on {backbone.name}: http://{config.host}:{config.port}/v1")
+    warning = exposure_warning(config)
+    if warning:
+        error_console.print(f"[bold yellow]warning:[/bold yellow] {escape(warning)}", highlight=False)
     server.run(config, backbone)
 
 

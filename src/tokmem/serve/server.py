@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import logging
-
 import uvicorn
 from fastapi import FastAPI
 
 from tokmem.serve.api import create_app
 from tokmem.serve.banks import BankRegistry
-from tokmem.serve.config import ServeConfig, exposure_warning
+from tokmem.serve.config import ServeConfig
 from tokmem.serve.engine import Engine
 from tokmem.serve.guards import header_deadline_protocol
-
-log = logging.getLogger(__name__)
 
 
 def build(config: ServeConfig, backbone) -> FastAPI:
@@ -33,7 +29,4 @@ def uvicorn_config(app: FastAPI, config: ServeConfig, **options) -> uvicorn.Conf
 
 
 def run(config: ServeConfig, backbone) -> None:
-    warning = exposure_warning(config)
-    if warning:
-        log.warning(warning)
     uvicorn.Server(uvicorn_config(build(config, backbone), config)).run()
