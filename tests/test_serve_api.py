@@ -5,7 +5,6 @@ import json
 
 import openai
 import pytest
-import torch
 from helpers import SERVED_BANKS, bank_files, call, expected, files, serve, write_bank, write_served_banks
 
 import tokmem

@@ -8,10 +8,8 @@ import socket
 
 import openai
 import pytest
-import torch
 from helpers import bank_files, call, expected, files, loopback, serve, write_bank, write_served_banks
 
-from tokmem.bank import metadata_path
 from tokmem.serve.config import ServeConfig, exposure_warning
 
 CLEAN = [("alpha", "Reverse apple."), ("beta", "hi"), ("gamma", "What is the weather like today?")]
@@ -274,3 +272,13 @@ def test_connections_with_unfinished_headers_are_closed_and_their_number_is_boun
             later.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             answered = later.recv(4096)
     assert refused.startswith(b"HTTP/1.1 503") and closed == [b"", b""] and answered.startswith(b"HTTP/1.1 200")
+
+
+def test_a_connection_with_an_unfinished_body_gets_408_and_is_closed(lively_backbone, tmp_path, offline):
+    app, _ = serve(lively_backbone, tmp_path / "banks", body_timeout=0.5)
+    with loopback(app) as (host, port), socket.create_connection((host, port), timeout=30) as slow:
+        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        received = b""
+        while chunk := slow.recv(4096):  # until the server closes the connection
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 408") and b"limit of 0.5 s" in received

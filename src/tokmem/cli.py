@@ -16,10 +16,10 @@ from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
 from tokmem.extras import require_extra
 from tokmem.experiments import compositional, placement
-from tokmem.serve.config import ServeConfig, exposure_warning
 from tokmem.report import (
     call_scores_table, console, error_console, machine, percent, scores_table, trace_table, write_json,
 )
+from tokmem.serve.config import ServeConfig, exposure_warning
 from tokmem.train import INITS, SCHEDULES
 
 

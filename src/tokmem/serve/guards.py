@@ -15,6 +15,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from tokmem.serve.protocol import ApiError
 
+CLOSE = {"connection": "close"}  # after refusing a body part-read: the rest of it is not worth reading
+
 
 class Auth:
     """Refuse requests to protected paths without ``Authorization: Bearer KEY`` (401), before the body is read."""
@@ -57,7 +59,7 @@ class BodyGuard:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
             except TimeoutError:
                 raise ApiError(408, f"the request body took longer than this server's limit of {self.seconds:g} s",
-                               code="request_timeout") from None
+                               code="request_timeout", headers=CLOSE) from None
             seen += len(message.get("body", b""))
             if seen > self.limit:
                 raise self._too_large()
@@ -67,7 +69,7 @@ class BodyGuard:
         await self.app(scope, guarded, send)
 
     def _too_large(self) -> ApiError:
-        return ApiError(413, f"the request body is over this server's limit of {self.limit} bytes", code="request_too_large")
+        return ApiError(413, f"the request body is over this server's limit of {self.limit} bytes", code="request_too_large", headers=CLOSE)
 
 
 def header_deadline_protocol(seconds: float) -> type[H11Protocol]:

@@ -34,15 +34,16 @@ Text = Annotated[str, AfterValidator(_utf8)]
 class ApiError(HTTPException):
     """An error answered with OpenAI's error body (an HTTPException, so FastAPI passes it through body parsing)."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", code: str | None = None, param: str | None = None):
-        super().__init__(status, message)
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None, headers: dict | None = None):
+        super().__init__(status, message, headers)
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 # ---- request bodies ---------------------------------------------------------------------------------
