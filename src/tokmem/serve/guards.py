@@ -15,7 +15,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from tokmem.serve.protocol import ApiError
 
-CLOSE = {"connection": "close"}  # after refusing a body part-read: the rest of it is not worth reading
+CLOSE = {"connection": "close"}  # after a body too slow to wait for (not after 413: a client still sending would get a reset)
 
 
 class Auth:
@@ -69,7 +69,7 @@ class BodyGuard:
         await self.app(scope, guarded, send)
 
     def _too_large(self) -> ApiError:
-        return ApiError(413, f"the request body is over this server's limit of {self.limit} bytes", code="request_too_large", headers=CLOSE)
+        return ApiError(413, f"the request body is over this server's limit of {self.limit} bytes", code="request_too_large")
 
 
 def header_deadline_protocol(seconds: float) -> type[H11Protocol]:
