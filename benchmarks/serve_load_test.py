@@ -35,6 +35,7 @@ from tokmem.backbones import Backbone
 from tokmem.bank import metadata_path
 from tokmem.serve.api import create_app
 from tokmem.serve.banks import BankRegistry, revision
+from tokmem.serve.config import ServeConfig
 from tokmem.serve.engine import Engine
 
 QUERIES = ["Reverse apple.", "hi", "What is the weather like today?", "Write house in capitals.", "Double water, please.",
@@ -175,7 +176,7 @@ def run(backbone: Backbone, banks: int = 20, requests: int = 200, concurrency: i
             replacements[name] = (path.read_bytes(), metadata_path(path).read_bytes())
             models[revision(*replacements[name])] = model
         engine = Engine(backbone, max_batch=max_batch, max_queue=requests)
-        app = create_app(BankRegistry(backbone, directory, max_resident=max(1, banks // 2)), engine)
+        app = create_app(BankRegistry(backbone, directory, max_resident=max(1, banks // 2)), engine, ServeConfig(banks=str(directory)))
         start = time.perf_counter()
         with LoopbackServer(app) as base_url:
             try:

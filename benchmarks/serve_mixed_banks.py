@@ -187,8 +187,9 @@ async def http_measurements(app, directory: Path, puts: int, tokens: int, repeat
 
 def serve_http(registry, engine, directory: Path, args) -> dict:
     from tokmem.serve.api import create_app
+    from tokmem.serve.config import ServeConfig
 
-    app = create_app(registry, engine)
+    app = create_app(registry, engine, ServeConfig(banks=str(directory)))
     engine.start()
     try:
         return asyncio.run(http_measurements(app, directory, args.puts, args.tokens, args.repeats, args.seed))

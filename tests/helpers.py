@@ -1,5 +1,7 @@
 """Helpers shared by the test modules."""
 
+import contextlib
+
 import torch
 
 
@@ -41,3 +43,66 @@ def bank_files(path) -> tuple[bytes, bytes]:
     from tokmem.bank import metadata_path
 
     return path.read_bytes(), metadata_path(path).read_bytes()
+
+
+# ---- the server, in-process ----------------------------------------------------------------------------
+def serve(backbone, directory, engine_options=None, **settings):
+    """The app over ``directory`` with ``ServeConfig(**settings)``, and its engine (not started)."""
+    from tokmem.serve.api import create_app
+    from tokmem.serve.banks import BankRegistry
+    from tokmem.serve.config import ServeConfig
+    from tokmem.serve.engine import Engine
+
+    engine = Engine(backbone, **(engine_options or {}))
+    return create_app(BankRegistry(backbone, directory), engine, ServeConfig(banks=str(directory), **settings)), engine
+
+
+def call(app, scenario, api_key="unused"):
+    """Run ``scenario(client, http)`` against the app: an openai client and a raw httpx one."""
+    import asyncio
+
+    import httpx2
+    import openai
+
+    async def main():
+        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://tokmem") as http:
+            client = openai.AsyncOpenAI(base_url="http://tokmem/v1", api_key=api_key, http_client=http, max_retries=0)
+            return await scenario(client, http)
+
+    return asyncio.run(main())
+
+
+def expected(offline, bank, query, max_tokens=10, **options):
+    """The offline answer (``tokmem.generate``) a served request must equal."""
+    import tokmem
+
+    return tokmem.generate(offline[bank], [query], tokmem.DecodeConfig(max_new_tokens=max_tokens, **options))[0]
+
+
+def files(directory) -> dict:
+    """Every file under ``directory`` with its bytes (a folder: None): what a refused request must leave unchanged."""
+    return {p.name: p.read_bytes() if p.is_file() else None for p in sorted(directory.rglob("*"))}
+
+
+@contextlib.contextmanager
+def loopback(app, **settings):
+    """Serve ``app`` under uvicorn on 127.0.0.1 (a free port) in a thread, with ``ServeConfig(**settings)``'s
+    connection limits; yields (host, port)."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from tokmem.serve.config import ServeConfig
+    from tokmem.serve.server import uvicorn_config
+
+    server = uvicorn.Server(uvicorn_config(app, ServeConfig(banks="", port=0, **settings), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield server.servers[0].sockets[0].getsockname()[:2]
+    finally:
+        server.should_exit = True
+        thread.join()

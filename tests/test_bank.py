@@ -1,6 +1,7 @@
 """MemoryBank: editing, renormalisation, and the bank file with its load-time checks."""
 
 import json
+import os
 
 import pytest
 import safetensors.torch
@@ -217,7 +218,7 @@ def non_finite_rows(bank, path):
         (edit_metadata(format_version=99), "format version 99 is not supported"),
         (edit_metadata(names="abc"), "field 'names' is missing or not a list"),
         (truncate, "corrupted or truncated bank file"),
-        (edit_metadata(names=["a", "b"], kinds=["text", "text"]), r"tensor 'index' has shape \(3, 8\), the metadata says \(2, 8\)"),
+        (edit_metadata(names=["a", "b"], kinds=["text", "text"], descriptions=["", ""]), r"tensor 'index' has shape \(3, 8\), the metadata says \(2, 8\)"),
         (edit_metadata(kinds=["text", "tool"]), "field 'kinds' must list one of text, tool for each of the 3 names"),
         (edit_metadata(kinds=["text", "tool", "call"]), "field 'kinds' must list one of text, tool"),
         (edit_metadata(decoupled=True), "tensor 'steer' is missing"),
@@ -324,3 +325,99 @@ def test_a_version_1_bank_loads_with_every_row_text(saved):
 def test_adding_a_row_of_unknown_kind_is_refused():
     with pytest.raises(BankError, match="invalid row kind 'call'"):
         MemoryBank(8).add(["a"], torch.zeros(8), kinds=["call"])
+
+
+def test_row_lookup_follows_every_edit():
+    bank = make_bank()
+    bank.rename("b", "bee")
+    bank.remove("a")
+    other = make_bank(names=("z",))
+    bank.merge(other)
+    assert [bank.row(n) for n in ("bee", "c", "z")] == [0, 1, 2] and "b" not in bank and "bee" in bank
+    with pytest.raises(BankError, match="no procedure 'a'"):
+        bank.row("a")
+
+
+def deep(levels: int) -> str:
+    return '{"format": "tokmem-bank", "format_version": 2, "x": ' + "[" * levels + "]" * levels + "}"
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"backbone": "x"}, "field 'backbone' must be an object"),
+    ({"backbone": {"name": "test", "fingerprint": 5}}, "field 'backbone.fingerprint' must be a non-empty text"),
+    ({"hidden_size": -1}, "field 'hidden_size' must be a whole number from 1"),
+    ({"hidden_size": True}, "field 'hidden_size' must be a whole number"),
+    ({"hidden_size": 8.0}, "field 'hidden_size' must be a whole number"),
+    ({"decoupled": "no"}, "field 'decoupled' is missing or not true/false"),
+    ({"names": [[1], [2], [3]]}, "field 'names', row 0: invalid procedure name"),
+    ({"names": [1, 2, 3]}, "field 'names', row 0: invalid procedure name"),
+    ({"names": ["a", "", " x "]}, "field 'names', row 1: invalid procedure name"),
+    ({"names": ["a", "b", "x" * 129]}, "row 2: invalid procedure name"),
+    ({"names": ["a", "b", "a"]}, "field 'names' has duplicates"),
+    ({"descriptions": 5}, "field 'descriptions' must list one text for each of the 3 names"),
+    ({"descriptions": ["x"]}, "field 'descriptions' must list one text for each of the 3 names"),
+    ({"descriptions": ["x", "y", None]}, "field 'descriptions' must list one text"),
+    ({"format_version": True}, "format version True is not supported"),
+], ids=repr)
+def test_metadata_of_the_wrong_type_or_shape_is_refused_naming_the_field(saved, fields, message):
+    bank, path = saved
+    edit_metadata(**fields)(bank, path)
+    with pytest.raises(BankError, match=message) as err:
+        MemoryBank.load(path)
+    assert "bank.safetensors.json" in str(err.value)
+
+
+@pytest.mark.parametrize("text", [deep(5000), '{"hidden_size": 1' + "0" * 5000 + "}", b"\xff\xfe"], ids=["deep", "huge-number", "not-utf8"])
+def test_metadata_that_json_cannot_take_is_a_clear_error(saved, text):
+    bank, path = saved
+    metadata_path(path).write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(BankError, match="corrupted metadata"):
+        MemoryBank.load(path)
+
+
+@pytest.mark.parametrize("backbone", [{}, None, {"name": "test"}], ids=repr)
+def test_an_upload_must_name_the_backbones_fingerprint(saved, backbone):
+    bank, path = saved
+    edit_metadata(backbone=backbone)(bank, path)
+    tensors, metadata = path.read_bytes(), metadata_path(path).read_bytes()
+    assert len(MemoryBank.from_bytes(tensors, metadata)) == 3  # a file on disk may leave it out
+    with pytest.raises(BankError, match="field 'backbone' must give the backbone's 'fingerprint'"):
+        MemoryBank.from_bytes(tensors, metadata, require_backbone=True)
+
+
+def test_rows_far_larger_than_the_backbones_embeddings_are_refused(tmp_path, lively_backbone):
+    bank = tokmem.create(lively_backbone).bank
+    bank.add(["ok", "huge"], lively_backbone.mean_embedding())
+    bank.index[1] = 3e38 / bank.hidden_size
+    path = bank.save(tmp_path / "bank.safetensors")
+    with pytest.raises(BankError, match=r"tensor 'index' has rows \[1\] with norms over"):
+        MemoryBank.load(path, backbone=lively_backbone)
+
+
+def test_a_directory_in_the_way_changes_nothing_and_leaves_no_temporary(tmp_path):
+    bank = make_bank()
+    path = bank.save(tmp_path / "bank.safetensors")
+    metadata_path(path).unlink()
+    metadata_path(path).mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir()), path.read_bytes()
+    with pytest.raises(BankError, match="exists and is not a file"):
+        make_bank(names=("x",)).save(path)
+    assert (sorted(p.name for p in tmp_path.iterdir()), path.read_bytes()) == before
+
+
+def test_a_failed_second_rename_puts_the_first_file_back(tmp_path, monkeypatch):
+    bank = make_bank()
+    path = bank.save(tmp_path / "bank.safetensors")
+    files = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    real_replace, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError("disk gone")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr("tokmem.bank.os.replace", replace)
+    with pytest.raises(OSError, match="disk gone"):
+        make_bank(names=("x",)).save(path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files

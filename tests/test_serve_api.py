@@ -3,19 +3,16 @@
 import asyncio
 import json
 
-import httpx2
 import openai
 import pytest
-from helpers import SERVED_BANKS, bank_files, write_bank, write_served_banks
+from helpers import SERVED_BANKS, bank_files, call, expected, files, serve, write_bank, write_served_banks
 
 import tokmem
 from tokmem import DecodeConfig
 from tokmem.cli import main
 from tokmem.extras import EXTRAS
 from tokmem.sequences import chat_prefix
-from tokmem.serve.api import Deltas, Limits, create_app
-from tokmem.serve.banks import BankRegistry
-from tokmem.serve.engine import Engine
+from tokmem.serve.stream import Deltas
 
 QUERIES = ["Reverse apple.", "hi", "What is the weather like today?"]
 
@@ -27,39 +24,16 @@ def offline(lively_backbone, tmp_path):
     return write_served_banks(lively_backbone, directory)
 
 
-def serve(backbone, directory, limits=None, api_key=None, **engine_options):
-    engine = Engine(backbone, **engine_options)
-    return create_app(BankRegistry(backbone, directory), engine, limits, api_key=api_key), engine
-
-
 @pytest.fixture
 def app(lively_backbone, tmp_path, offline):
-    app, engine = serve(lively_backbone, tmp_path / "banks", Limits(max_prompt_tokens=200, max_new_tokens=64, max_body_bytes=2**16))
+    app, engine = serve(lively_backbone, tmp_path / "banks", max_prompt_tokens=200, max_new_tokens=64, max_body_mb=1 / 16)
     engine.start()
     yield app
     engine.stop()
 
 
-def call(app, scenario, api_key="unused"):
-    """Run ``scenario(client, http)`` against the app: an openai client and a raw httpx one."""
-    async def main():
-        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://tokmem") as http:
-            client = openai.AsyncOpenAI(base_url="http://tokmem/v1", api_key=api_key, http_client=http, max_retries=0)
-            return await scenario(client, http)
-
-    return asyncio.run(main())
-
-
-def expected(offline, bank, query, max_tokens=10, **options):
-    return tokmem.generate(offline[bank], [query], DecodeConfig(max_new_tokens=max_tokens, **options))[0]
-
-
 def trace(generation) -> list[dict]:
     return [{"procedure": s.procedure, "text": s.text} for s in generation.trace]
-
-
-def files(directory) -> dict:
-    return {p.name: p.read_bytes() for p in sorted(directory.rglob("*"))}
 
 
 # ---- answers --------------------------------------------------------------------------------------------
@@ -174,7 +148,7 @@ def test_an_oversized_body_gets_413(app):
 
 
 def test_a_full_queue_answers_429(lively_backbone, tmp_path, offline):
-    app, _ = serve(lively_backbone, tmp_path / "banks", max_queue=0)
+    app, _ = serve(lively_backbone, tmp_path / "banks", {"max_queue": 0})
 
     async def scenario(client, http):
         with pytest.raises(openai.RateLimitError) as caught:
@@ -185,7 +159,7 @@ def test_a_full_queue_answers_429(lively_backbone, tmp_path, offline):
 
 
 def test_a_request_over_the_time_limit_gets_504(lively_backbone, tmp_path, offline):
-    app, engine = serve(lively_backbone, tmp_path / "banks", Limits(timeout=0.0))
+    app, engine = serve(lively_backbone, tmp_path / "banks", timeout=0.0)
     engine.start()
     try:
         response = call(app, lambda client, http: http.post("/v1/completions", json={"model": "alpha", "prompt": "hi"}))
@@ -196,7 +170,7 @@ def test_a_request_over_the_time_limit_gets_504(lively_backbone, tmp_path, offli
 
 def test_a_client_that_disconnects_frees_its_row(lively_backbone, tmp_path, offline):
     """Raw ASGI: the body arrives, then the client is gone; the answer stops long before max_tokens."""
-    app, engine = serve(lively_backbone, tmp_path / "banks", Limits(max_new_tokens=100_000))
+    app, engine = serve(lively_backbone, tmp_path / "banks", max_new_tokens=100_000)
     body = json.dumps({"model": "alpha", "prompt": "hi", "max_tokens": 100_000, "ignore_eos": True}).encode()
     messages = [{"type": "http.request", "body": body, "more_body": False}]
     sent = []
@@ -258,6 +232,7 @@ def corrupt(kind, lively_backbone, backbone, tmp_path) -> tuple[str, bytes, byte
         meta = json.loads(metadata)
         meta["names"].append("extra")
         meta["kinds"].append("text")
+        meta["descriptions"].append("")
         metadata = json.dumps(meta).encode()
     elif kind == "nan":
         model.bank.index[1, 3] = float("nan")
@@ -315,3 +290,17 @@ def test_serve_without_the_server_extra_fails_at_once_naming_it(monkeypatch, cap
     assert main(["serve", "--banks", str(tmp_path), "--backbone", "tiny-random"]) == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "pip install 'tokmem[serve]'" in error
+
+
+def test_serve_flags_are_the_config_fields_with_their_types_defaults_and_choices(capsys):
+    from dataclasses import fields
+
+    from tokmem.cli import build_parser
+    from tokmem.serve.config import ServeConfig
+
+    args = build_parser().parse_args(["serve", "--banks", "d", "--protect", "all", "--max-connections", "3", "--header-timeout", "0.5"])
+    given = ServeConfig(**{f.name: getattr(args, f.name) for f in fields(ServeConfig)})
+    assert given == ServeConfig(banks="d", protect="all", max_connections=3, header_timeout=0.5)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--banks", "d", "--protect", "some"])
+    assert "invalid choice: 'some'" in capsys.readouterr().err

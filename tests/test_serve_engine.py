@@ -12,7 +12,7 @@ import tokmem
 from tokmem import DecodeConfig
 from tokmem.errors import BankError
 from tokmem.sequences import chat_prefix
-from tokmem.serve.banks import BankNotFound, BankRegistry
+from tokmem.serve.banks import BankNotFound, BankRegistry, BankVersion
 from tokmem.serve.engine import Engine, Overloaded, Request, bank_tables
 
 QUERIES = ["Reverse apple.", "hi", "What is the weather like today?", "Write house in capitals.", "Double water, please."]
@@ -179,3 +179,86 @@ def test_a_deleted_bank_is_gone_but_a_version_in_use_stays_usable(registry, tmp_
     with pytest.raises(BankNotFound):
         registry.get("gamma")
     assert version.rows == 1 and version.model.bank.names == ["p0"]
+
+
+# ---- failure isolation ----------------------------------------------------------------------------
+def clean_jobs(registry):
+    """Requests that must get their offline answers whatever else is in the batch."""
+    return [("alpha", QUERIES[0]), ("beta", QUERIES[1]), ("gamma", QUERIES[2])]
+
+
+def assert_offline_answers(offline, jobs, handles):
+    for (bank, query), handle in zip(jobs, handles):
+        expected = tokmem.generate(offline[bank], [query], DecodeConfig(max_new_tokens=10, threshold=0.0))[0]
+        assert handle.finish_reason in ("stop", "length") and pairs(handle.generation()) == pairs(expected), (bank, query)
+
+
+def huge_bank(registry, name="alpha", value=3e38):
+    """A version of ``name`` whose rows are finite but so large that the logits overflow (what validation now refuses)."""
+    version = registry.get(name)
+    index = torch.full_like(version.index, value)
+    return BankVersion(version.name, "huge", version.model, index, index, version.stamp)
+
+
+@pytest.mark.parametrize("poison", [
+    dict(max_steps=2**63),  # cannot become a tensor: the prefill fails
+    dict(temperature=1e-45),  # sampled at a tiny temperature: must not overflow
+], ids=["max-steps-overflow", "tiny-temperature"])
+def test_a_request_that_cannot_be_prefilled_or_sampled_fails_alone_and_the_batch_answers_exactly(registry, offline, poison):
+    engine = Engine(registry.backbone)
+    jobs = clean_jobs(registry)
+    running = engine.submit(request(registry, *jobs[0], max_tokens=10, threshold=0.0))
+    engine.step()  # one request already running when the poison arrives with the others
+    bad = engine.submit(request(registry, "alpha", QUERIES[3], max_tokens=10, **poison))
+    others = [engine.submit(request(registry, bank, query, max_tokens=10, threshold=0.0)) for bank, query in jobs[1:]]
+    run(engine, running, bad, *others)
+    assert_offline_answers(offline, jobs, [running, *others])
+    if "max_steps" in poison:
+        assert bad.finish_reason == "error" and "could not be prefilled" in bad.error
+    else:
+        assert bad.finish_reason in ("stop", "length") and bad.tokens
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_a_row_whose_logits_overflow_fails_alone(registry, offline, temperature):
+    engine = Engine(registry.backbone)
+    jobs = clean_jobs(registry)
+    handles = [engine.submit(request(registry, bank, query, max_tokens=10, threshold=0.0)) for bank, query in jobs]
+    poison = Request(huge_bank(registry), chat_prefix(registry.backbone.tokenizer, "hi"), "hi", max_tokens=10, temperature=temperature)
+    bad = engine.submit(poison)
+    run(engine, bad, *handles)
+    assert bad.finish_reason == "error" and "NaN/inf" in bad.error
+    assert_offline_answers(offline, jobs, handles)
+
+
+def test_stop_finishes_every_queued_and_running_request(registry):
+    engine = Engine(registry.backbone)
+    running = engine.submit(request(registry, "alpha", "hi", max_tokens=40, ignore_eos=True))
+    engine.step()
+    queued = engine.submit(request(registry, "beta", "hi"))
+    engine.stop()
+    assert running.finish_reason == queued.finish_reason == "error" and "shutting down" in queued.error
+    assert engine.batch is None and not engine.pending
+
+
+def test_the_engine_thread_survives_a_failed_step_and_finishes_the_requests_being_admitted(registry, offline, monkeypatch):
+    """A failure of the shared step (here: joining the new rows to the running batch) ends every request with
+    an error, including those that had left the queue; the thread goes on and answers the next request."""
+    engine = Engine(registry.backbone)
+    running = engine.submit(request(registry, "alpha", "hi", max_tokens=40, ignore_eos=True))
+    engine.step()
+
+    def broken_join(self, other):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr("tokmem.serve.engine._Batch.join", broken_join)
+    joining = engine.submit(request(registry, "beta", "hi"))
+    engine.start()
+    try:
+        assert joining.wait(timeout=60) and running.wait(timeout=60)
+        assert (running.finish_reason, joining.finish_reason) == ("error", "error") and "decoding step failed" in joining.error
+        later = engine.submit(request(registry, "gamma", QUERIES[1], max_tokens=10, threshold=0.0))
+        assert later.wait(timeout=60)
+    finally:
+        engine.stop()
+    assert_offline_answers(offline, [("gamma", QUERIES[1])], [later])

@@ -1,14 +1,15 @@
-"""The loopback load test script (benchmarks/serve_load_test.py), small: a real uvicorn server on 127.0.0.1."""
+"""The loopback load test and soak scripts (benchmarks/serve_load_test.py, serve_soak.py), small."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "serve_load_test.py"
+BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("serve_load_test", SCRIPT)
+def load_script(name: str = "serve_load_test"):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
@@ -21,3 +22,14 @@ def test_concurrent_clients_over_many_banks_with_mid_run_replacement_lose_nothin
     assert summary["problems"] == [] and summary["ok"]
     assert summary["answered"] == summary["equal_to_generate"] == 30
     assert summary["replaced_banks"] == 2  # whether a request lands on a new version depends on timing; each answer is checked against its own version
+
+
+def test_the_soak_answers_clean_requests_exactly_among_hostile_ones_and_the_server_exits_cleanly_on_sigterm(tmp_path):
+    """A real `tokmem serve` child process on tiny-random."""
+    load_script("serve_load_test")  # the soak reuses its clients and checks
+    code = load_script("serve_soak").main(["--requests", "60", "--concurrency", "8", "--banks", "4", "--replace", "2",
+                                           "--max-tokens", "8", "--json", str(tmp_path / "soak.json")])
+    summary = json.loads((tmp_path / "soak.json").read_text())
+    assert code == 0 and summary["ok"] and summary["problems"] == [] and summary["lost_or_hung"] == 0
+    assert summary["equal_to_generate"] == summary["clean_requests"] == 40 and summary["hostile_requests"] == 20
+    assert summary["sigterm"]["clean"] and summary["tracebacks_in_server_log"] == 0

@@ -10,12 +10,18 @@ assemble the whole call ``{"name": procedure, "arguments": …}``).
 
 On disk a bank is ``<path>`` (safetensors, tensors only, never pickle) plus ``<path>.json``
 (format version, names, descriptions, kinds, dims, DC flag, backbone identity, norm statistics).
-Version 1 files (before kinds) load with every row ``text``.
+Version 1 files (before kinds) load with every row ``text``.  Every metadata field is checked by one
+small function (``FIELD_CHECKS``) before anything is built from it, so a bad file or upload gets one
+clear error, never a traceback.  The two files are written together: both temporaries first, then
+both renamed, the first one put back if the second rename fails.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -23,17 +29,20 @@ from safetensors import SafetensorError
 from safetensors.torch import load, save_file
 
 from tokmem.errors import BankError
-from tokmem.io import atomic_write
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 KINDS = ("text", "tool")
+MAX_NAME_CHARS = 128  # a procedure name's length
+MAX_HIDDEN_SIZE = 2**16
+ROW_NORM_FACTOR = 1000.0  # rows may be at most this many times the backbone's mean embedding norm
 
 
 class MemoryBank:
     def __init__(self, hidden_size: int, decoupled: bool = False, backbone: dict | None = None):
         self.hidden_size = hidden_size
-        self.names: list[str] = []
+        self.names: list[str] = []  # edited only here, with _index_names() after each change
+        self._rows: dict[str, int] = {}
         self.descriptions: list[str] = []
         self.kinds: list[str] = []
         self.index = torch.empty(0, hidden_size)
@@ -55,13 +64,17 @@ class MemoryBank:
         return len(self.names)
 
     def __contains__(self, name: str) -> bool:
-        return name in self.names
+        return name in self._rows
 
     def row(self, name: str) -> int:
         try:
-            return self.names.index(name)
-        except ValueError:
+            return self._rows[name]
+        except KeyError:
             raise BankError(f"no procedure '{name}' in the bank (it has: {', '.join(self.names) or 'none'})") from None
+
+    def _index_names(self) -> None:
+        """Rebuild the name -> row table after ``names`` changed."""
+        self._rows = {name: row for row, name in enumerate(self.names)}
 
     def is_tool(self, row: int) -> bool:
         """Whether the row's memory token is followed by a tool's arguments (answers assemble the call)."""
@@ -91,7 +104,7 @@ class MemoryBank:
             _check_kind(kind)
         for name in names:
             _check_name(name)
-            if name in self.names or names.count(name) > 1:
+            if name in self._rows or names.count(name) > 1:
                 raise BankError(f"procedure '{name}' is already in the bank")
         if init.shape not in ((self.hidden_size,), (len(names), self.hidden_size)):
             raise BankError(f"init has shape {tuple(init.shape)}, expected ({self.hidden_size},) or ({len(names)}, {self.hidden_size})")
@@ -100,6 +113,7 @@ class MemoryBank:
         self.names += names
         self.descriptions += descriptions
         self.kinds += kinds
+        self._index_names()
         self.index = torch.cat([self.index, rows])
         if self.decoupled:
             self.steer = torch.cat([self.steer, rows.clone()])
@@ -113,6 +127,7 @@ class MemoryBank:
         keep = torch.tensor([n != name for n in self.names])
         row = self.row(name)
         del self.names[row], self.descriptions[row], self.kinds[row]
+        self._index_names()
         self.index = self.index[keep]
         if self.decoupled:
             self.steer = self.steer[keep]
@@ -120,9 +135,10 @@ class MemoryBank:
 
     def rename(self, old: str, new: str) -> None:
         _check_name(new)
-        if new in self.names:
+        if new in self._rows:
             raise BankError(f"cannot rename '{old}' to '{new}': '{new}' is already in the bank")
         self.names[self.row(old)] = new
+        self._index_names()
 
     def merge(self, other: "MemoryBank") -> None:
         """Append every row of ``other`` (same backbone and form); names must not clash."""
@@ -139,6 +155,7 @@ class MemoryBank:
         self.names += other.names
         self.descriptions += other.descriptions
         self.kinds += other.kinds
+        self._index_names()
         self.index = torch.cat([self.index, other.index])
         if self.decoupled:
             self.steer = torch.cat([self.steer, other.steer])
@@ -187,7 +204,7 @@ class MemoryBank:
         }
 
     def save(self, path) -> Path:
-        """Write ``path`` and ``path.json`` atomically: each is written to a temp file, then renamed."""
+        """Write ``path`` and ``path.json`` together and atomically (``write_files``)."""
         path = Path(path)
         if not all(torch.isfinite(m).all() for m in (self.index, self.steer_matrix)):
             raise BankError(f"refusing to save {path}: the bank has NaN/Inf rows (training diverged?)")
@@ -195,9 +212,11 @@ class MemoryBank:
         tensors = {"index": self.index.contiguous()}
         if self.decoupled:
             tensors["steer"] = self.steer.contiguous()
-        atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "tokmem-bank"}))
         text = json.dumps(self.metadata(), indent=2, ensure_ascii=False)
-        atomic_write(metadata_path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+        write_files({
+            path: lambda tmp: save_file(tensors, tmp, metadata={"format": "tokmem-bank"}),
+            metadata_path(path): lambda tmp: Path(tmp).write_text(text, encoding="utf-8"),
+        })
         return path
 
     @classmethod
@@ -208,14 +227,18 @@ class MemoryBank:
         return cls.from_bytes(path.read_bytes(), meta_file.read_bytes(), backbone, where=path)
 
     @classmethod
-    def from_bytes(cls, tensors: bytes, metadata: bytes, backbone=None, where="<bank>") -> "MemoryBank":
+    def from_bytes(cls, tensors: bytes, metadata: bytes, backbone=None, where="<bank>", require_backbone: bool = False) -> "MemoryBank":
         """A bank from the contents of its two files, validated as ``load`` validates them (an upload is checked
-        before anything is written); errors name ``where`` (the .safetensors path; the metadata's is ``where.json``)."""
+        before anything is written); errors name ``where`` (the .safetensors path; the metadata's is ``where.json``).
+        ``require_backbone``: the metadata must name the backbone's fingerprint (uploads)."""
         where = Path(where)
         meta = _parse_metadata(metadata, metadata_path(where))
+        if require_backbone and "fingerprint" not in (meta.get("backbone") or {}):
+            raise BankError(f"{metadata_path(where)}: field 'backbone' must give the backbone's 'fingerprint'")
         tensors = _parse_tensors(tensors, where)
-        bank = cls(meta["hidden_size"], decoupled=meta["decoupled"], backbone=meta.get("backbone", {}))
+        bank = cls(meta["hidden_size"], decoupled=meta["decoupled"], backbone=meta.get("backbone") or {})
         bank.names = list(meta["names"])
+        bank._index_names()
         bank.descriptions = list(meta.get("descriptions") or [""] * len(bank.names))
         bank.kinds = list(meta.get("kinds") or ["text"] * len(bank.names))
         bank.index = _checked(tensors, "index", where, meta)
@@ -251,16 +274,74 @@ def check_backbone(bank: MemoryBank, backbone, path="<bank>") -> None:
             f"(width {bank.hidden_size}, fingerprint {expected}), not for '{backbone.name}' "
             f"(width {backbone.hidden_size}, fingerprint {actual}). Load it with --backbone {bank.backbone.get('name')}."
         )
+    limit = ROW_NORM_FACTOR * backbone.embedding_norm()
+    for key, matrix in (("index", bank.index), ("steer", bank.steer_matrix)):
+        large = (matrix.norm(dim=1) > limit).nonzero().flatten().tolist()
+        if large:
+            raise BankError(
+                f"{path}: tensor '{key}' has rows {large[:5]} with norms over {limit:.4g} ({ROW_NORM_FACTOR:g} times "
+                f"the backbone's mean embedding norm): such rows overflow the logits"
+            )
 
 
 def _check_name(name) -> None:
-    if not isinstance(name, str) or not name.strip() or name != name.strip():
-        raise BankError(f"invalid procedure name {name!r}: use a non-empty name without surrounding spaces")
+    problem = _name_problem(name)
+    if problem:
+        raise BankError(problem)
+
+
+def _name_problem(name) -> str | None:
+    if not isinstance(name, str) or not name.strip() or name != name.strip() or len(name) > MAX_NAME_CHARS:
+        return f"invalid procedure name {name!r:.60}: use a non-empty text of at most {MAX_NAME_CHARS} characters without surrounding spaces"
+    return None
 
 
 def _check_kind(kind) -> None:
     if kind not in KINDS:
         raise BankError(f"invalid row kind {kind!r}: choose from {', '.join(KINDS)}")
+
+
+def write_files(writers: dict[Path, Callable[[str], None]]) -> None:
+    """Write several files as one change: ``write(tmp)`` each to a hidden temporary beside its path
+    (``.NAME.*.tmp``), then rename them all into place.  On any failure no temporary is left and no file
+    has changed: a target that is not a plain file is refused first, and files already renamed are put
+    back from hard-linked copies of what they were."""
+    for path in writers:
+        if path.exists() and not path.is_file():
+            raise BankError(f"{path} exists and is not a file: nothing written")
+    temporaries = {}
+    try:
+        for path, write in writers.items():
+            fd, temporaries[path] = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            os.close(fd)
+            write(temporaries[path])
+        _rename_all(temporaries)
+    finally:
+        for tmp in temporaries.values():
+            Path(tmp).unlink(missing_ok=True)
+
+
+def _rename_all(temporaries: dict[Path, str]) -> None:
+    """Rename each temporary to its path; if one rename fails, put back the paths already renamed."""
+    backups: dict[Path, Path] = {}  # hard-linked copies of the files being replaced
+    renamed: list[Path] = []
+    try:
+        for path, tmp in temporaries.items():
+            if path.exists():
+                backups[path] = Path(f"{tmp}.old")
+                os.link(path, backups[path])
+            os.replace(tmp, path)
+            renamed.append(path)
+    except BaseException:
+        for path in reversed(renamed):
+            if path in backups:
+                os.replace(backups[path], path)
+            else:
+                path.unlink(missing_ok=True)
+        raise
+    finally:
+        for backup in backups.values():
+            backup.unlink(missing_ok=True)
 
 
 def _existing_metadata(path: Path) -> Path:
@@ -276,24 +357,78 @@ def _existing_metadata(path: Path) -> Path:
 def _parse_metadata(text: bytes, meta_file: Path) -> dict:
     try:
         meta = json.loads(text.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise BankError(f"{meta_file}: corrupted metadata ({err})") from None
-    if not isinstance(meta, dict) or meta.get("format") != "tokmem-bank":
+    except (ValueError, RecursionError) as err:  # bad JSON or UTF-8, huge numbers, deep nesting
+        raise BankError(f"{meta_file}: corrupted metadata ({type(err).__name__}: {str(err)[:200]})") from None
+    if not isinstance(meta, dict):
         raise BankError(f"{meta_file}: not a tokmem bank metadata file")
-    if meta.get("format_version") not in READABLE_VERSIONS:
-        raise BankError(
-            f"{meta_file}: bank format version {meta.get('format_version')} is not supported "
-            f"(this tokmem reads versions {', '.join(map(str, READABLE_VERSIONS))})"
-        )
-    for key, kind in (("hidden_size", int), ("decoupled", bool), ("names", list)):
-        if not isinstance(meta.get(key), kind):
-            raise BankError(f"{meta_file}: field '{key}' is missing or not a {kind.__name__}")
-    if len(set(meta["names"])) != len(meta["names"]):
-        raise BankError(f"{meta_file}: field 'names' has duplicates")
-    kinds = meta.get("kinds")
-    if kinds is not None and (not isinstance(kinds, list) or len(kinds) != len(meta["names"]) or not set(kinds) <= set(KINDS)):
-        raise BankError(f"{meta_file}: field 'kinds' must list one of {', '.join(KINDS)} for each of the {len(meta['names'])} names")
+    for check in FIELD_CHECKS:
+        problem = check(meta)
+        if problem:
+            raise BankError(f"{meta_file}: {problem}")
     return meta
+
+
+# ---- metadata fields: each check returns what is wrong, or None; they run in this order -----------------
+def _format(meta: dict) -> str | None:
+    if meta.get("format") != "tokmem-bank":
+        return "not a tokmem bank metadata file"
+    if meta.get("format_version") not in READABLE_VERSIONS or isinstance(meta.get("format_version"), bool):
+        return (f"bank format version {meta.get('format_version')} is not supported "
+                f"(this tokmem reads versions {', '.join(map(str, READABLE_VERSIONS))})")
+    return None
+
+
+def _hidden_size(meta: dict) -> str | None:
+    size = meta.get("hidden_size")
+    if type(size) is not int or not 0 < size <= MAX_HIDDEN_SIZE:
+        return f"field 'hidden_size' must be a whole number from 1 to {MAX_HIDDEN_SIZE}, not {size!r:.40}"
+    return None
+
+
+def _decoupled(meta: dict) -> str | None:
+    return None if isinstance(meta.get("decoupled"), bool) else "field 'decoupled' is missing or not true/false"
+
+
+def _names(meta: dict) -> str | None:
+    names = meta.get("names")
+    if not isinstance(names, list):
+        return "field 'names' is missing or not a list"
+    for row, name in enumerate(names):
+        problem = _name_problem(name)
+        if problem:
+            return f"field 'names', row {row}: {problem}"
+    return "field 'names' has duplicates" if len(set(names)) != len(names) else None
+
+
+def _descriptions(meta: dict) -> str | None:
+    descriptions, count = meta.get("descriptions"), len(meta["names"])
+    if descriptions is None:
+        return None
+    if not isinstance(descriptions, list) or len(descriptions) != count or not all(isinstance(d, str) for d in descriptions):
+        return f"field 'descriptions' must list one text for each of the {count} names"
+    return None
+
+
+def _kinds(meta: dict) -> str | None:
+    kinds, count = meta.get("kinds"), len(meta["names"])
+    if kinds is not None and (not isinstance(kinds, list) or len(kinds) != count or not all(k in KINDS for k in kinds)):
+        return f"field 'kinds' must list one of {', '.join(KINDS)} for each of the {count} names"
+    return None
+
+
+def _backbone(meta: dict) -> str | None:
+    backbone = meta.get("backbone")
+    if backbone is None:
+        return None
+    if not isinstance(backbone, dict):
+        return "field 'backbone' must be an object with the backbone's 'name' and 'fingerprint'"
+    for key in ("name", "fingerprint"):
+        if key in backbone and not (isinstance(backbone[key], str) and backbone[key]):
+            return f"field 'backbone.{key}' must be a non-empty text"
+    return None
+
+
+FIELD_CHECKS: tuple[Callable[[dict], str | None], ...] = (_format, _hidden_size, _decoupled, _names, _descriptions, _kinds, _backbone)
 
 
 def _parse_tensors(data: bytes, path: Path) -> dict:

@@ -152,7 +152,8 @@ def pick(logits: torch.Tensor, temperature, generator) -> torch.Tensor:
     if not sampled_rows.any():
         return greedy
     scale = torch.where(sampled_rows, temperature, 1.0).unsqueeze(-1)
-    sampled = torch.multinomial((logits.float() / scale).softmax(-1), 1, generator=generator).squeeze(-1)
+    shifted = logits.float() - logits.float().amax(-1, keepdim=True)  # <= 0: a small temperature cannot overflow it
+    sampled = torch.multinomial((shifted / scale).softmax(-1), 1, generator=generator).squeeze(-1)
     return torch.where(sampled_rows, sampled, greedy)
 
 

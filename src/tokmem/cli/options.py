@@ -37,7 +37,8 @@ def add_options(parser, config: type, names=None, skip=(), prefix: str = "", uns
         field = by_name[name]
         flag = field.metadata.get("flag") or f"--{(prefix + name).replace('_', '-')}"
         default = None if unset else _default(field)
-        parser.add_argument(flag, dest=prefix + name, default=default, help=_help(field, unset),
+        required = not unset and field.default is MISSING and field.default_factory is MISSING
+        parser.add_argument(flag, dest=prefix + name, default=default, help=_help(field, unset), required=required,
                             **_kind(hints[name]))
 
 

@@ -4,14 +4,19 @@ A bank named ``NAME`` is ``DIR/NAME.safetensors`` plus ``DIR/NAME.safetensors.js
 ``MemoryBank.save`` writes).  Each load or upload makes an immutable ``BankVersion``; a request holds
 the version it started with, so replacing or deleting a bank never changes a running answer.
 Uploads are validated from their bytes as ``MemoryBank.load`` validates files (``MemoryBank.from_bytes``),
-then each file is written to a hidden temporary file in ``DIR`` and renamed into place; a rejected upload
-leaves ``DIR`` as it was.
+then both files are written together (``write_files``); a rejected upload leaves ``DIR`` as it was.
+
+The directory is the source of truth: each use compares the files' size and modification time with
+those of the resident version, and reloads a bank changed on disk or forgets one removed from it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
 import re
+import stat as stat_module
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -20,17 +25,29 @@ from pathlib import Path
 import torch
 
 from tokmem.backbones import Backbone
-from tokmem.bank import MemoryBank, metadata_path
-from tokmem.io import atomic_write
+from tokmem.bank import MemoryBank, metadata_path, write_files
 from tokmem.errors import BankError
 from tokmem.model import TokMemModel
 
+log = logging.getLogger(__name__)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 SUFFIX = ".safetensors"
 
 
 class BankNotFound(BankError):
     """No bank of that name in the server's directory."""
+
+
+class BankConflict(BankError):
+    """Something that is not a bank file stands where an upload would be written (nothing was written)."""
+
+
+class BankWriteError(BankError):
+    """A valid upload could not be written (the directory is as it was)."""
+
+
+class BankUnusable(BankError):
+    """A bank file in the server's directory does not validate (the operator's to fix, not the client's)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,6 +59,7 @@ class BankVersion:
     model: TokMemModel  # the shared backbone with this bank (procedure names, memory ids, traces)
     index: torch.Tensor  # (rows, d) on the device, in the backbone's dtype
     steer: torch.Tensor
+    stamp: tuple  # the two files' (size, mtime) when loaded: a different stamp means they changed on disk
 
     @property
     def rows(self) -> int:
@@ -53,10 +71,13 @@ class _Identity:
 
     def __init__(self, backbone: Backbone):
         self.name, self.hidden_size = backbone.name, backbone.hidden_size
-        self._fingerprint = backbone.fingerprint()
+        self._fingerprint, self._embedding_norm = backbone.fingerprint(), backbone.embedding_norm()
 
     def fingerprint(self) -> str:
         return self._fingerprint
+
+    def embedding_norm(self) -> float:
+        return self._embedding_norm
 
 
 class BankRegistry:
@@ -86,13 +107,15 @@ class BankRegistry:
         return len(self._resident)
 
     def get(self, name: str) -> BankVersion:
-        """The current version of a bank, loading it on first use (least recently used ones leave)."""
+        """The current version of a bank, loading it on first use or when its files changed on disk
+        (least recently used ones leave)."""
         path = self.path(name)
         with self._lock:
-            version = self._resident.get(name)
-            if version is None:
-                if not path.is_file():
-                    raise BankNotFound(f"no bank named '{name}' (the server has: {', '.join(self.names()) or 'none'})")
+            version, now = self._resident.get(name), stamp(path)
+            if now is None:
+                self._resident.pop(name, None)
+                raise BankNotFound(f"no bank named '{name}'")
+            if version is None or version.stamp != now:
                 version = self._install(name, path)
             self._resident.move_to_end(name)
             return version
@@ -101,12 +124,17 @@ class BankRegistry:
         """Validate an uploaded bank (its safetensors and JSON) from its bytes, write it and make it current."""
         path = self.path(name)
         try:
-            bank = MemoryBank.from_bytes(tensors, metadata, backbone=self._identity, where=path.name)
+            bank = MemoryBank.from_bytes(tensors, metadata, backbone=self._identity, where=path.name, require_backbone=True)
         except BankError as err:
             raise BankError(f"upload of bank '{name}': {err}") from None
         with self._lock:
-            atomic_write(metadata_path(path), lambda tmp: Path(tmp).write_bytes(metadata))
-            atomic_write(path, lambda tmp: Path(tmp).write_bytes(tensors))
+            try:
+                write_files({path: lambda tmp: Path(tmp).write_bytes(tensors),
+                             metadata_path(path): lambda tmp: Path(tmp).write_bytes(metadata)})
+            except BankError:
+                raise BankConflict(f"bank '{name}' cannot be written: its name is taken by something that is not a bank file") from None
+            except OSError as err:
+                raise BankWriteError(f"bank '{name}' could not be written ({type(err).__name__}); nothing changed") from err
             return self._install(name, path, bank, revision(tensors, metadata))
 
     def delete(self, name: str) -> None:
@@ -119,13 +147,19 @@ class BankRegistry:
             self._resident.pop(name, None)
 
     def _install(self, name, path, bank=None, digest=None) -> BankVersion:
+        when = stamp(path)
         if bank is None:
-            bank = MemoryBank.load(path, backbone=self._identity)
-            digest = revision(path.read_bytes(), metadata_path(path).read_bytes())
+            tensors, metadata = path.read_bytes(), metadata_path(path).read_bytes()
+            try:
+                bank = MemoryBank.from_bytes(tensors, metadata, backbone=self._identity, where=path.name)
+            except BankError as err:
+                log.error("bank '%s' in %s does not validate: %s", name, self.directory, err)
+                raise BankUnusable(f"bank '{name}' on this server does not validate (see the server log)") from None
+            digest = revision(tensors, metadata)
         device, dtype = self.backbone.device, self.backbone.model.dtype
         version = BankVersion(
             name, digest, TokMemModel(self.backbone, bank),
-            bank.index.to(device, dtype), bank.steer_matrix.to(device, dtype),
+            bank.index.to(device, dtype), bank.steer_matrix.to(device, dtype), when,
         )
         self._resident[name] = version
         self._resident.move_to_end(name)
@@ -139,6 +173,17 @@ def check_name(name: str) -> None:
         raise BankError(
             f"invalid bank name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
         )
+
+
+def stamp(path: Path) -> tuple | None:
+    """(size, mtime) of a bank's two files, or None when either is missing or not a file."""
+    try:
+        stats = [os.stat(p) for p in (path, metadata_path(path))]
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if not all(stat_module.S_ISREG(s.st_mode) for s in stats):
+        return None
+    return tuple((s.st_size, s.st_mtime_ns) for s in stats)
 
 
 def revision(tensors: bytes, metadata: bytes) -> str:

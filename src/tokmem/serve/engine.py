@@ -11,6 +11,12 @@ Rows may belong to different banks.  Each batch row gets its bank's rows in a pa
 gather (memory ids' input embeddings) and one batched matmul with masked padding (the extra
 logits) — the same two places as offline, never a loop over banks.  The routing, open-set and
 chaining rules are ``tokmem.decode``'s, so greedy answers are token-identical to ``generate``.
+
+Every admitted request is finished (answer, error, cancel or timeout), whatever happens to the
+others: a group whose prefill fails is prefilled again one request at a time, so only the requests
+that fail alone end with an error; a row whose logits are NaN or +inf ends with an error and leaves
+the batch at the next step.  Only a failure of the shared decoding step itself ends every running
+request (with an error), and ``stop`` ends whatever is left, so nobody waits for a lost request.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ class Handle:
         self.plain = False
         self.memory_mass = 0.0
         self.finish_reason: str | None = None  # stop, length, cancelled, timeout or error
+        self.error: str | None = None  # what went wrong, when the reason is error
         self.cancelled = False
         self.deadline = None if request.timeout is None else time.monotonic() + request.timeout
         self._done = threading.Event()
@@ -89,12 +96,20 @@ class Handle:
         await self._updated.wait()
         self._updated.clear()
 
-    def generation(self, tokens: list[int] | None = None) -> Generation:
-        """The answer so far (or of ``tokens``), split into segments by ``tokmem.decode``."""
-        model = self.request.bank.model
-        return to_generation(model, self.request.query, self.tokens if tokens is None else tokens, self.memory_mass, not self.plain)
+    def generation(self) -> Generation:
+        """The answer so far, split into segments by ``tokmem.decode`` (the whole answer decoded: once, at the end;
+        streams follow it with ``serve.stream.IncrementalText``)."""
+        return to_generation(self.request.bank.model, self.request.query, self.tokens, self.memory_mass, not self.plain)
+
+    def fail(self, message: str) -> None:
+        """End the request with an error (the client gets ``message``)."""
+        if not self.finished:
+            self.error = message
+            self._finish("error")
 
     def _add(self, token: int, eos: int) -> None:
+        if self.finished:  # failed this step
+            return
         self.tokens.append(token)
         if token == eos and not self.request.ignore_eos:
             self._finish("stop")
@@ -187,6 +202,17 @@ def bank_tables(banks: list[BankVersion], device) -> tuple[torch.Tensor, torch.T
     return stacked_index[gather], stacked_steer[gather], valid
 
 
+def _fail_broken_rows(handles: list[Handle], logits: torch.Tensor) -> torch.Tensor:
+    """Fail the requests whose logits have NaN or +inf (-inf marks masked columns); their rows are zeroed so the
+    step goes on for the others, and they leave the batch at the next step."""
+    broken = (logits.isnan() | logits.isposinf()).any(-1)
+    if broken.any():
+        for row in broken.nonzero().flatten().tolist():
+            handles[row].fail("the model's output for this request is not a number (NaN/inf); try another bank or settings")
+        logits = logits.masked_fill(broken.unsqueeze(-1), 0.0)
+    return logits
+
+
 class Engine:
     """The decoding loop.  ``submit`` from any thread; ``start`` runs ``step`` in a background thread."""
 
@@ -198,6 +224,7 @@ class Engine:
         self.max_queue = max_queue
         self.generator = torch.Generator(device=backbone.device).manual_seed(seed)
         self.pending: deque[Handle] = deque()
+        self.admitting: list[Handle] = []  # left the queue, not yet in the batch
         self.batch: _Batch | None = None
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -234,12 +261,14 @@ class Engine:
             self._thread.start()
 
     def stop(self) -> None:
+        """Stop the loop; requests still queued or running end with an error."""
         with self._wake:
             self._stopping = True
             self._wake.notify()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self._fail_all("the server is shutting down")
 
     def _run(self) -> None:
         while True:
@@ -252,25 +281,41 @@ class Engine:
                 self.step()
             except Exception:
                 log.exception("decoding step failed; its requests end with an error")
-                self._fail_all()
+                self._fail_all("the decoding step failed (see the server log)")
 
-    def _fail_all(self) -> None:
+    def _fail_all(self, message: str) -> None:
         with self._wake:
-            handles = (self.batch.handles if self.batch is not None else []) + list(self.pending)
+            handles = (self.batch.handles if self.batch is not None else []) + self.admitting + list(self.pending)
             self.pending.clear()
-        self.batch = None
+        self.batch, self.admitting = None, []
         for handle in handles:
-            handle._finish("error")
+            handle.fail(message)
 
     # ---- joining and leaving -----------------------------------------------------------------
     def _admit(self) -> None:
         with self._wake:
             free = self.max_batch - self.running
-            new = [self.pending.popleft() for _ in range(min(free, len(self.pending)))]
-        new = [h for h in new if not self._stopped(h)]
-        if new:
-            joined = self._prefill(new)
+            self.admitting = [self.pending.popleft() for _ in range(min(free, len(self.pending)))]
+        new = [h for h in self.admitting if not self._stopped(h)]
+        joined = self._prefill_isolated(new) if new else None
+        if joined is not None:
             self.batch = joined if self.batch is None else self.batch.join(joined)
+        self.admitting = []
+
+    def _prefill_isolated(self, handles: list[Handle]) -> "_Batch | None":
+        """Prefill ``handles`` together; if that fails, one at a time, failing only those that fail alone."""
+        try:
+            return self._prefill(handles)
+        except Exception:
+            if len(handles) == 1:
+                log.exception("prefill failed; the request ends with an error")
+                handles[0].fail("the request could not be prefilled (see the server log)")
+                return None
+        parts = [part for part in (self._prefill_isolated([h]) for h in handles) if part is not None]
+        joined = parts[0] if parts else None
+        for part in parts[1:]:
+            joined = joined.join(part)
+        return joined
 
     def _prefill(self, handles: list[Handle]) -> _Batch:
         model, vocab, device = self.model, self.model.vocab_size, self.model.device
@@ -283,7 +328,7 @@ class Engine:
         }
         index, steer, valid = bank_tables([r.bank for r in requests], device)
         hidden, cache = model.hidden(ids, mask, position_ids, DynamicCache(config=model.lm.config), steer)
-        logits = model.logits(hidden[:, -1], index, valid).float()
+        logits = _fail_broken_rows(handles, model.logits(hidden[:, -1], index, valid).float())
         threshold = torch.tensor([r.threshold for r in requests], device=device)
         forced = torch.tensor([r.forced for r in requests], device=device)
         token, plain, mass = first_tokens(logits, vocab, threshold, valid.any(-1), forced, state["temperature"], self.generator)
@@ -299,7 +344,7 @@ class Engine:
         batch, vocab = self.batch, self.model.vocab_size
         mask = pad(batch.mask, (0, 1), value=1)
         hidden, _ = self.model.hidden(batch.last.unsqueeze(-1), mask, batch.position.unsqueeze(-1), batch.cache, batch.steer)
-        logits = self.model.logits(hidden[:, -1], batch.index, batch.valid).float()
+        logits = _fail_broken_rows(batch.handles, self.model.logits(hidden[:, -1], batch.index, batch.valid).float())
         token = next_tokens(logits, vocab, batch.plain | (batch.steps >= batch.max_steps), batch.temperature, self.generator)
         batch.mask, batch.last, batch.position = mask, token, batch.position + 1
         batch.steps = batch.steps + self.model.is_memory(token).long()

@@ -1,0 +1,89 @@
+"""Streamed answers: the text so far, decoded incrementally, and the deltas that go out.
+
+``IncrementalText`` splits a request's tokens into segments as ``tokmem.decode`` does and decodes each
+token once: per segment it keeps a short window of recent tokens and decodes only that window (the
+text of a byte-level tokenizer is the concatenation of its windows' texts), so an update costs the
+new tokens, not the whole answer.  ``Deltas`` sends only text that will not change.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tokmem.data.procedures import assemble_call
+
+
+class _Segment:
+    """One segment's text as its tokens arrive.
+
+    ``text`` is the decoded text of ``ids[:read]``; ``ids[start:read]`` is the window last decoded, kept as
+    context for the next tokens.  The window moves on once its text ends with a whole character, or once
+    ``SETTLE`` tokens have not completed one (the bytes are invalid for good), so each update decodes a few
+    tokens only."""
+
+    SETTLE = 4  # a UTF-8 character has at most 4 bytes, and a byte-level token at least one
+
+    def __init__(self, row: int | None):
+        self.row, self.ids, self.text, self.start, self.read = row, [], "", 0, 0
+
+    def current(self, tokenizer) -> str:
+        """The segment's text so far (possibly ending in U+FFFD, a character still missing bytes)."""
+        before = tokenizer.decode(self.ids[self.start : self.read], skip_special_tokens=True)
+        now = tokenizer.decode(self.ids[self.start :], skip_special_tokens=True)
+        tail = now[len(before) :]
+        if tail and (not now.endswith("\ufffd") or len(self.ids) - self.read >= self.SETTLE):
+            self.text, tail = self.text + tail, ""
+            self.start, self.read = self.read, len(self.ids)
+        return self.text + tail
+
+
+class IncrementalText:
+    """The answer's text (``Generation.text``) of a growing token list, decoding each new token once."""
+
+    def __init__(self, model):
+        self.model = model
+        self.segments: list[_Segment] = []
+        self.seen = 0
+        self.ended = False
+
+    def update(self, tokens: list[int]) -> str:
+        vocab, eos = self.model.vocab_size, self.model.backbone.eos_token_id
+        for token in tokens[self.seen :]:
+            if self.ended or token == eos:
+                self.ended = True
+            elif token >= vocab:
+                self.segments.append(_Segment(token - vocab))
+            else:
+                if not self.segments:  # an open-set answer: the plain backbone's text, no memory token first
+                    self.segments.append(_Segment(None))
+                self.segments[-1].ids.append(token)
+        self.seen = len(tokens)
+        return "\n".join(self._segment_text(s) for s in self.segments)
+
+    def _segment_text(self, segment: _Segment) -> str:
+        text, bank = segment.current(self.model.backbone.tokenizer).strip(), self.model.bank
+        if segment.row is not None and bank.is_tool(segment.row):
+            return assemble_call(bank.names[segment.row], text)
+        return text
+
+
+class Deltas:
+    """Streamed text that is never taken back.
+
+    Only what two successive decodings agree on goes out, short of trailing U+FFFD (a UTF-8 character
+    still missing bytes); the rest goes when the answer is final.  Text that ``decode`` assembles
+    around a segment may also change as tokens arrive.
+    """
+
+    def __init__(self):
+        self.sent = self.previous = ""
+
+    def update(self, text: str) -> str:
+        stable, self.previous = os.path.commonprefix([self.previous, text]).rstrip("\ufffd"), text
+        return self.final(stable)
+
+    def final(self, text: str) -> str:
+        if len(text) <= len(self.sent) or not text.startswith(self.sent):
+            return ""
+        delta, self.sent = text[len(self.sent) :], text
+        return delta
