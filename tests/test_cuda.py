@@ -7,10 +7,14 @@ import copy
 
 import pytest
 import torch
+from helpers import SERVED_BANKS, write_served_banks
 
 import tokmem
 from tokmem import DecodeConfig, TrainConfig
 from tokmem.backbones import Backbone, load_backbone
+from tokmem.sequences import chat_prefix
+from tokmem.serve.banks import BankRegistry
+from tokmem.serve.engine import Engine, Request
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -55,3 +59,18 @@ def test_float32_answers_on_the_gpu_equal_the_cpu_answers(lively_backbone, examp
     assert [[(s.procedure, s.text) for s in a.trace] for a in answers] == [
         [(s.procedure, s.text) for s in e.trace] for e in expected]
     assert len({a.text for a in answers}) > 1  # the answers depend on the query: the comparison is not trivial
+
+
+def test_the_serving_engine_on_the_gpu_answers_as_generate_with_banks_mixed_in_one_batch(lively_backbone, tmp_path):
+    backbone = on_gpu(lively_backbone, torch.float32)
+    offline = write_served_banks(backbone, tmp_path)
+    registry = BankRegistry(backbone, tmp_path)
+    engine = Engine(backbone, max_batch=8)
+    jobs = [(bank, query) for bank in SERVED_BANKS for query in QUERIES[:2]]
+    handles = [engine.submit(Request(registry.get(bank), chat_prefix(backbone.tokenizer, query), query, max_tokens=10,
+                                     threshold=0.0)) for bank, query in jobs]
+    while engine.step():
+        pass
+    for (bank, query), handle in zip(jobs, handles):
+        expected = tokmem.generate(offline[bank], [query], DecodeConfig(max_new_tokens=10, threshold=0.0))[0]
+        assert handle.generation().text == expected.text, (bank, query)
