@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import fields
 
@@ -228,7 +229,7 @@ def _common(parser) -> None:
 
 
 def _training_options(parser) -> None:
-    parser.add_argument("--catalog", help="JSONL of {name, description} per procedure")
+    parser.add_argument("--catalog", help="JSONL of {name, description, parameters (a tool's JSON schema, optional)} per procedure")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--weight-decay", type=float, default=0.0)
@@ -276,11 +277,13 @@ def _decode_config(args):
 
 def _learn_and_save(model, args, out_path) -> None:
     from tokmem.data import load_catalog, load_examples
+    from tokmem.data.procedures import load_schemas
     from tokmem.train import learn
 
     examples = load_examples(args.data)
     descriptions = load_catalog(args.catalog) if args.catalog else None
-    report = learn(model, examples, _train_config(args, out_path), descriptions=descriptions)
+    schemas = load_schemas(args.catalog) if args.catalog else None
+    report = learn(model, examples, _train_config(args, out_path), descriptions=descriptions, schemas=schemas)
     model.bank.save(out_path)
     summary = report.summary()
     console.print(
@@ -477,6 +480,9 @@ def cmd_bank_show(args) -> None:
     for row, (name, norm) in enumerate(zip(bank.names, meta["norms"]["per_row"])):
         table.add_row(str(row), name, f"{norm:.3f}", bank.descriptions[row])
     console.print(table)
+    for name, schema in bank.tool_schemas().items():
+        if schema is not None:
+            console.print(f"[bold]{name}[/bold] arguments schema: {json.dumps(schema, ensure_ascii=False)}", highlight=False)
     if args.json:
         write_json(args.json, meta)
 

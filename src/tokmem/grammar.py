@@ -5,7 +5,7 @@ measured it against llguidance on this project's data).  Each tool's schema comp
 grammar over the vocabulary; each decoded row that is writing a tool's arguments has its own matcher.
 
 The arguments are compact JSON (``arguments_json``: no spaces), keys in the schema's order (training lays them out
-so, ``schema_order``), no key the schema lacks; required keys, types and enums as the schema says.  (xgrammar's
+so: ``data.procedures.schema_order``), no key the schema lacks; required keys, types and enums as the schema says.  (xgrammar's
 ``any_order`` would accept the data's own key order but then lets required keys go missing; measured.)  An argument may also be a reference to an earlier call's
 result, ``"$var1.path$"`` (the NESTFUL convention the training data keeps), whatever its type.
 
@@ -40,13 +40,6 @@ def decoding_schema(parameters: dict) -> dict:
 
 def _with_items(spec: dict) -> dict:
     return {**spec, "items": ANY_ITEM} if spec.get("type") == "array" and "items" not in spec else spec
-
-
-def schema_order(arguments: dict, parameters: dict) -> dict:
-    """``arguments`` with the schema's keys first, in the schema's order (the order decoding writes them in), then
-    any others as given.  Training lays out a tool's arguments in this order where its schema is known."""
-    known = [key for key in parameters.get("properties", {}) if key in arguments]
-    return {key: arguments[key] for key in [*known, *(k for k in arguments if k not in known)]}
 
 
 class Grammars:

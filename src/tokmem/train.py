@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from tokmem.data.procedures import Example, tool_procedures
 from tokmem.errors import TokMemError
-from tokmem.layout import Encoded, TruncationCount, collate, encode
+from tokmem.layout import RESULT_TOKENS, Encoded, TruncationCount, collate, encode
 from tokmem.model import TokMemModel
 
 
@@ -46,6 +46,7 @@ class TrainConfig:
     schedule: str = "constant"  # "constant" lr, or "linear": warm-up over ``warmup`` of the steps, then decay to 0
     warmup: float = 0.1
     tool_segments: str = "arguments"  # after a tool's memory token: its "arguments" only (reference code), or the whole "call"
+    result_tokens: int = RESULT_TOKENS  # a step's tool result in the sequence is cut to this many tokens
     bf16: bool | None = None  # None: bf16 autocast on CUDA, full precision on CPU
     progress: bool = True
     checkpoint: str | None = None  # save the bank here every ``checkpoint_every`` optimiser steps
@@ -91,8 +92,11 @@ class TrainReport:
 
 
 def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | None = None, descriptions=None,
-          param_groups=(), on_step=None) -> TrainReport:
+          param_groups=(), on_step=None, schemas=None) -> TrainReport:
     """One continual round: add the unseen procedures, train only them, renormalise, freeze.
+
+    ``descriptions`` and ``schemas``: name → description / tool JSON schema (a catalog's), kept with the new rows
+    (a schema only on a tool row: it binds the arguments decoded after the row's memory token).
 
     The new rows are renormalised to the old rows' mean norm after the round, and with
     ``renorm_every_step`` after every optimiser step too.  ``param_groups`` and ``on_step``: as in ``fit``.
@@ -104,8 +108,10 @@ def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
         raise TokMemError("every procedure in these examples is already in the bank: nothing new to learn")
     bank.freeze()
     target = float(bank.norms().mean()) if len(bank) else None
+    kinds = row_kinds(new, examples, config)
     rows = bank.add(new, initial_rows(model.backbone, len(new), config.init, config.seed),
-                    [(descriptions or {}).get(n, "") for n in new], row_kinds(new, examples, config))
+                    [(descriptions or {}).get(n, "") for n in new], kinds,
+                    [(schemas or {}).get(n) if kind == "tool" else None for n, kind in zip(new, kinds)])
 
     def after_step(step: int, total: int) -> None:
         if config.renormalize and config.renorm_every_step and target is not None:
@@ -125,8 +131,9 @@ def train(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
     config = config or TrainConfig()
     _require_trainable_rows(model)  # before laying out: an empty bank cannot encode the procedures
     report = TrainReport()
-    tools = model.bank.tool_names()
-    encoded = [encode(e, model.backbone.tokenizer, model.memory_id, config.max_length, report.truncated, tools) for e in examples]
+    tools = model.bank.tool_schemas()
+    encoded = [encode(e, model.backbone.tokenizer, model.memory_id, config.max_length, report.truncated, tools, config.result_tokens)
+               for e in examples]
     return fit(model, encoded, config, report, on_step=on_step, param_groups=param_groups)
 
 
