@@ -252,6 +252,8 @@ def _decode_options(parser) -> None:
     parser.add_argument("--threshold", type=float, default=0.5, help="open-set rule: minimum memory mass to route")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--no-schema", dest="schema", action="store_false",
+                        help="decode tools' arguments freely, not under the JSON schemas the bank keeps")
 
 
 def _train_config(args, out_path):
@@ -271,7 +273,7 @@ def _decode_config(args):
 
     return DecodeConfig(
         max_new_tokens=args.max_new_tokens, max_steps=args.max_steps, threshold=args.threshold,
-        temperature=args.temperature, batch_size=args.batch_size, seed=args.seed,
+        temperature=args.temperature, batch_size=args.batch_size, seed=args.seed, schema=args.schema,
     )
 
 

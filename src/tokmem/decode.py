@@ -8,6 +8,10 @@ any procedure and the model answers as the plain backbone (open set).
 
 Queries are decoded in batches (left-padded) with one KV cache: every step feeds one new token.
 
+After a tool row's memory token, where the bank keeps the tool's JSON schema, the arguments decode under it
+(``tokmem.grammar``; ``DecodeConfig(schema=False)`` switches that off): each row its own grammar, the masks
+applied as one tensor op; once a row's JSON closes only EOS or another memory token may follow.
+
 ``complete`` continues contexts laid out elsewhere (rows before the query, a memory token before the
 assistant header) with vocabulary tokens only: the studies that place the rows differently decode with it.
 """
@@ -37,6 +41,7 @@ class DecodeConfig:
     seed: int = 0
     share_prefix: bool = False  # encode the tokens every prompt starts with once (prompts that repeat long instructions)
     stop_at_blank_line: bool = False  # end a row at its first blank line after some text (prompted answers' separator)
+    schema: bool = True  # decode a tool's arguments under its JSON schema, where the bank has one
 
 
 @dataclass
@@ -234,6 +239,7 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
     token, plain, mass = first_tokens(logits, vocab, config.threshold, has_rows, forced, config.temperature, generator)
 
     steps = model.is_memory(token).long()
+    grammar = argument_grammar(model, rows, config)
     stop = BlankLineStop(model.backbone.tokenizer, vocab, ids.device) if config.stop_at_blank_line else None
     done = (token == eos) | (stop.update(token) if stop else False)
     generated = [token]
@@ -245,6 +251,9 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
         position_ids = position_ids[:, -1:] + 1
         hidden, cache = model.hidden(feed.unsqueeze(-1), mask, position_ids, cache, steer)
         logits = model.logits(hidden[:, -1], index).float()
+        if grammar is not None:
+            grammar.advance(token)
+            grammar.constrain(logits)
         blocked = plain | (steps >= config.max_steps)
         token = next_tokens(logits, vocab, blocked, config.temperature, generator).masked_fill(done, eos)
         steps += model.is_memory(token).long()
@@ -252,6 +261,17 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
         done |= (token == eos) | (stop.update(token) if stop else False)
     rows = torch.stack(generated, dim=1).tolist()
     return [_trace(model, q, row, float(m), not p) for q, row, m, p in zip(queries, rows, mass.tolist(), plain.tolist())]
+
+
+def argument_grammar(model: TokMemModel, rows: int, config: DecodeConfig):
+    """The ``ArgumentGrammar`` of a batch of ``rows``, or None when no tool row has a schema (or ``config.schema``
+    is off): then nothing is constrained and the grammar backend is not even imported."""
+    if not config.schema or not any(schema is not None for schema in model.bank.schemas):
+        return None
+    from tokmem.grammar import ArgumentGrammar, grammars_for
+
+    tokenizer = model.backbone.tokenizer
+    return ArgumentGrammar(grammars_for(tokenizer, model.vocab_size), model.bank.schemas, rows, model.backbone.eos_token_id)
 
 
 def _trace(model, query, row, mass, routed) -> Generation:

@@ -22,7 +22,8 @@ import json
 import torch
 import xgrammar
 
-REFERENCE = {"type": "string", "pattern": r"^\$var[0-9]+(\.[^$]*)?\$$"}
+# "$var2.coordinates.latitude$", "$var1.data[0].id$": bounded, so that a reference always closes
+REFERENCE = {"type": "string", "pattern": r"^\$var[0-9]{1,3}(\.[A-Za-z_][A-Za-z0-9_]{0,31}|\[[0-9]{1,4}\]){0,4}\$$"}
 # What an array without ``items`` may hold.  xgrammar 0.2.8's own "any value" rule, with compact separators, accepts
 # one element only and objects of one key only; spelled out like this it accepts the data's lists of objects.
 ANY_ITEM = {"anyOf": [{"type": "object", "additionalProperties": True}, {"type": "string"}, {"type": "number"},
