@@ -43,7 +43,7 @@ SPEC = [
 
 
 def nestful_record(query, *calls):
-    output = [{"name": name, "arguments": arguments, "label": f"var{k}", "response": {"ignored": True}}
+    output = [{"name": name, "arguments": arguments, "label": f"var{k}", "response": {"call": k}}
               for k, (name, arguments) in enumerate(calls, 1)]
     return {"input": f" {query}", "output": output, "num_successful_calls": len(calls)}
 
@@ -72,6 +72,8 @@ def test_nestful_records_become_one_step_per_call_with_references_kept_as_string
                              ("Search_Hotels", {"name": "Search_Hotels",
                                                 "arguments": {"dest_id": "$var1.dest_id$", "sort_by": "price"}})]
     assert hotels.steps[1].response == call_json("Search_Hotels", {"dest_id": "$var1.dest_id$", "sort_by": "price"})
+    assert [s.result for s in hotels.steps] == ['{"call":1}', '{"call":2}']
+    assert [s.result for s in import_nestful(nestful_file, results=False).examples[0].steps] == [None, None]
     assert imported.calls_per_example() == {1: 1, 2: 1}
 
 
