@@ -221,8 +221,6 @@ def _newline_tables(tokenizer, vocab: int) -> tuple[torch.Tensor, ...]:
 
 def _generate_batch(model, queries, prompts, config, forced, generator, shared) -> list[Generation]:
     """Decode one batch: ``prompts`` are the queries' token ids, ``shared`` the KV cache of a prefix they all start with."""
-    vocab, eos = model.vocab_size, model.backbone.eos_token_id
-    index, steer = model.memory_matrices()
     skip = 0 if shared is None else shared.get_seq_length()
     ids, mask = left_pad([p[skip:] for p in prompts], model.backbone.tokenizer.pad_token_id, model.device)
     cache = DynamicCache(config=model.lm.config)
@@ -230,12 +228,26 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
         cache = copy.deepcopy(shared)
         cache.batch_repeat_interleave(len(prompts))
         mask = torch.cat([mask.new_ones(len(prompts), skip), mask], dim=-1)
-    position_ids = positions(mask)[:, skip:]
+    forced = torch.full((len(queries),), -1 if forced is None else forced, device=ids.device)
+    rows, mass, plain, _ = decode_rows(model, ids, mask, cache, config, forced, generator)
+    return [_trace(model, q, row, float(m), not p) for q, row, m, p in zip(queries, rows, mass.tolist(), plain.tolist())]
+
+
+def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None):
+    """Encode ``ids`` (the new tokens of each row, after what ``cache`` holds; ``mask`` covers both) and decode each row
+    up to EOS or ``config.max_new_tokens``: the rows' token lists (EOS included), their memory mass, which rows answer
+    as the plain backbone, and the cache (it holds every token fed, i.e. all but each row's last).
+
+    ``forced``: per row a memory id to start with, or -1 (route).  ``allowed``: (rows, bank rows) bool, the memory
+    tokens each row may use at all (default: every one); a row with none answers as the plain backbone.
+    """
+    vocab, eos = model.vocab_size, model.backbone.eos_token_id
+    index, steer = model.memory_matrices()
+    position_ids = positions(mask)[:, mask.shape[1] - ids.shape[1] :]
     hidden, cache = model.hidden(ids, mask, position_ids, cache, steer)
-    logits = model.logits(hidden[:, -1], index).float()
-    rows = len(queries)
-    forced = torch.full((rows,), -1 if forced is None else forced, device=ids.device)
-    has_rows = torch.full((rows,), len(model.bank) > 0, device=ids.device)
+    logits = _only(model.logits(hidden[:, -1], index).float(), allowed, vocab)
+    rows = len(ids)
+    has_rows = torch.full((rows,), len(model.bank) > 0, device=ids.device) if allowed is None else allowed.any(-1)
     token, plain, mass = first_tokens(logits, vocab, config.threshold, has_rows, forced, config.temperature, generator)
 
     steps = model.is_memory(token).long()
@@ -250,7 +262,7 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
         mask = torch.cat([mask, (~done).long().unsqueeze(-1)], dim=-1)
         position_ids = position_ids[:, -1:] + 1
         hidden, cache = model.hidden(feed.unsqueeze(-1), mask, position_ids, cache, steer)
-        logits = model.logits(hidden[:, -1], index).float()
+        logits = _only(model.logits(hidden[:, -1], index).float(), allowed, vocab)
         if grammar is not None:
             grammar.advance(token)
             grammar.constrain(logits)
@@ -259,8 +271,14 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
         steps += model.is_memory(token).long()
         generated.append(token)
         done |= (token == eos) | (stop.update(token) if stop else False)
-    rows = torch.stack(generated, dim=1).tolist()
-    return [_trace(model, q, row, float(m), not p) for q, row, m, p in zip(queries, rows, mass.tolist(), plain.tolist())]
+    return torch.stack(generated, dim=1).tolist(), mass, plain, cache
+
+
+def _only(logits: torch.Tensor, allowed: torch.Tensor | None, vocab: int) -> torch.Tensor:
+    """``logits`` with the memory tokens a row may not use at -inf (in place)."""
+    if allowed is not None:
+        logits[:, vocab:] = logits[:, vocab:].masked_fill(~allowed, float("-inf"))
+    return logits
 
 
 def argument_grammar(model: TokMemModel, rows: int, config: DecodeConfig):
