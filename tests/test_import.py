@@ -10,6 +10,7 @@ from tokmem.cli import main
 from tokmem.data import load_catalog, load_examples
 from tokmem.data.bfcl import import_bfcl, parse_call
 from tokmem.data.nestful import import_nestful
+from tokmem.data.openai_chat import LATER_TURNS, import_openai
 from tokmem.data.tools import call_json
 from tokmem.data.xlam import import_xlam
 from tokmem.errors import DataError
@@ -394,3 +395,66 @@ def test_import_then_train_then_eval_reports_tool_argument_and_call_f1(nestful_f
     calls = json.loads((tmp_path / "eval.json").read_text())["calls"]
     assert set(calls) == {"tool_f1", "arg_f1", "call_f1"} and set(calls["tool_f1"]) == {"1", "2", "avg"}
     assert all(0 <= calls[m][n] <= 100 for m in calls for n in calls[m])
+
+
+# ---- OpenAI chat format --------------------------------------------------------------------------------------
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "weather", "description": "Weather now.", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def openai_record(*messages, tools=(WEATHER_TOOL,)):
+    return {"messages": list(messages), "tools": list(tools)}
+
+
+def assistant_calls(*calls):
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+        for call_id, name, arguments in calls]}
+
+
+OSLO_THEN_ROME = openai_record(
+    {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Oslo and Rome?"},
+    assistant_calls(("c1", "weather", {"city": "Oslo"}), ("c2", "weather", {"city": "Rome"})),
+    {"role": "tool", "tool_call_id": "c2", "content": "sunny"}, {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+    {"role": "assistant", "content": "Rain in Oslo, sun in Rome."},
+    {"role": "user", "content": "And Paris?"}, assistant_calls(("c3", "weather", {"city": "Paris"})),
+)
+
+
+def test_openai_records_become_calls_with_results_matched_by_tool_call_id(tmp_path):
+    imported = import_openai(write_json(tmp_path / "chat.jsonl", [OSLO_THEN_ROME, openai_record(
+        {"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi!"})], lines=True))
+    [example] = imported.examples
+    assert example.query == "Weather in Oslo and Rome?"
+    assert steps(example) == [("weather", {"name": "weather", "arguments": {"city": "Oslo"}}),
+                              ("weather", {"name": "weather", "arguments": {"city": "Rome"}})]
+    assert [s.result for s in example.steps] == ["rain", "sunny"]
+    assert imported.catalog["weather"] == {"name": "weather", "description": "Weather now.",
+                                           "parameters": WEATHER_TOOL["function"]["parameters"]}
+    assert imported.skipped == {"records with no calls": 1, LATER_TURNS: 1}
+
+
+@pytest.mark.parametrize("record, field", [
+    ({"tools": []}, "messages"),
+    (openai_record({"role": "user", "content": "q"}, {"role": "robot"}), "messages[1].role"),
+    (openai_record({"role": "user", "content": "q"}, assistant_calls(("c1", "weather", {}))
+                   | {"tool_calls": [{"id": "c1", "function": {"name": "weather", "arguments": "{not json"}}]}),
+     "messages[1].tool_calls[0].function.arguments"),
+    (openai_record({"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [{"function": {}}]}),
+     "messages[1].tool_calls[0].function.name"),
+    (openai_record({"role": "user", "content": "q"}, assistant_calls(("c1", "weather", {"city": "x"})),
+                   {"role": "tool", "tool_call_id": "zz", "content": "r"}), "messages"),
+    (openai_record({"role": "user", "content": "q"}, tools=[{"type": "function"}]), "tools[0]"),
+])
+def test_a_bad_openai_record_is_refused_naming_file_record_and_field(tmp_path, record, field):
+    path = write_json(tmp_path / "chat.jsonl", [OSLO_THEN_ROME, record], lines=True)
+    with pytest.raises(DataError, match=rf"chat.jsonl: record 1, field '{field.replace('[', '.').replace(']', '.')}'"):
+        import_openai(path)
+
+
+def test_data_import_reads_the_openai_format(tmp_path, capsys):
+    out = tmp_path / "out.jsonl"
+    path = write_json(tmp_path / "chat.jsonl", [OSLO_THEN_ROME], lines=True)
+    assert main(["data", "import", "--format", "openai", str(path), "--out", str(out)]) == 0
+    assert [s.result for s in load_examples(out)[0].steps] == ["rain", "sunny"]
