@@ -217,7 +217,7 @@ def non_finite_rows(bank, path):
         (edit_metadata(format_version=99), "format version 99 is not supported"),
         (edit_metadata(names="abc"), "field 'names' is missing or not a list"),
         (truncate, "corrupted or truncated bank file"),
-        (edit_metadata(names=["a", "b"], kinds=["text", "text"], schemas=[None, None]), r"tensor 'index' has shape \(3, 8\), the metadata says \(2, 8\)"),
+        (edit_metadata(names=["a", "b"], kinds=["text", "text"]), r"tensor 'index' has shape \(3, 8\), the metadata says \(2, 8\)"),
         (edit_metadata(kinds=["text", "tool"]), "field 'kinds' must list one of text, tool for each of the 3 names"),
         (edit_metadata(kinds=["text", "tool", "call"]), "field 'kinds' must list one of text, tool"),
         (edit_metadata(schemas=[None]), r"field 'schemas' must be a list of 3 entries"),

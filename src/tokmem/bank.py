@@ -231,11 +231,11 @@ class MemoryBank:
         bank.names = list(meta["names"])
         bank.descriptions = list(meta.get("descriptions") or [""] * len(bank.names))
         bank.kinds = list(meta.get("kinds") or ["text"] * len(bank.names))
-        bank.schemas = list(meta.get("schemas") or [None] * len(bank.names))
         bank.index = _checked(tensors, "index", where, meta)
         if bank.decoupled:
             bank.steer = _checked(tensors, "steer", where, meta)
         bank.trainable = torch.zeros(len(bank.names), dtype=torch.bool)
+        bank.schemas = _schemas(meta, metadata_path(where))
         if backbone is not None:
             check_backbone(bank, backbone, where)
         return bank
@@ -282,6 +282,14 @@ def check_schemas(schemas, rows: int, where: str) -> None:
         required = schema.get("required", [])
         if not isinstance(required, list) or not all(isinstance(key, str) for key in required):
             raise BankError(f"{where}[{row}].required must be a list of argument names")
+
+
+def _schemas(meta: dict, meta_file: Path) -> list[dict | None]:
+    """The metadata's per-row tool schemas, checked (none for banks saved before schemas were kept)."""
+    if meta.get("schemas") is None:
+        return [None] * len(meta["names"])
+    check_schemas(meta["schemas"], len(meta["names"]), f"{meta_file}: field 'schemas'")
+    return list(meta["schemas"])
 
 
 def _check_name(name) -> None:
@@ -336,8 +344,6 @@ def _parse_metadata(text: bytes, meta_file: Path) -> dict:
     kinds = meta.get("kinds")
     if kinds is not None and (not isinstance(kinds, list) or len(kinds) != len(meta["names"]) or not set(kinds) <= set(KINDS)):
         raise BankError(f"{meta_file}: field 'kinds' must list one of {', '.join(KINDS)} for each of the {len(meta['names'])} names")
-    if meta.get("schemas") is not None:
-        check_schemas(meta["schemas"], len(meta["names"]), f"{meta_file}: field 'schemas'")
     return meta
 
 
