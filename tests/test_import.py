@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tokmem.bank import MemoryBank
 from tokmem.cli import main
 from tokmem.data import load_catalog, load_examples
 from tokmem.data.bfcl import import_bfcl, parse_call
@@ -458,3 +459,17 @@ def test_data_import_reads_the_openai_format(tmp_path, capsys):
     path = write_json(tmp_path / "chat.jsonl", [OSLO_THEN_ROME], lines=True)
     assert main(["data", "import", "--format", "openai", str(path), "--out", str(out)]) == 0
     assert [s.result for s in load_examples(out)[0].steps] == ["rain", "sunny"]
+
+
+def test_train_keeps_the_catalogs_schemas_in_the_bank_and_bank_show_prints_them(nestful_file, tmp_path, capsys):
+    out, catalog, bank = tmp_path / "cfb.jsonl", tmp_path / "tools.jsonl", tmp_path / "bank.safetensors"
+    assert main(["data", "import", "--format", "nestful", str(nestful_file), "--out", str(out), "--catalog", str(catalog)]) == 0
+    assert main(["train", "--data", str(out), "--catalog", str(catalog), "--out", str(bank), "--backbone", "tiny-random",
+                 "--device", "cpu", "--quiet"]) == 0
+    schema = import_nestful(nestful_file).catalog["Search_Hotels"]["parameters"]
+    assert MemoryBank.load(bank).tool_schemas()["Search_Hotels"] == schema
+    capsys.readouterr()
+    assert main(["bank", "show", str(bank)]) == 0
+    assert f"Search_Hotels arguments schema: {json.dumps(schema)}" in capsys.readouterr().out
+    for switch in ([], ["--no-schema"]):
+        assert main(["run", "--bank", str(bank), "Find hotels in Rome.", "--max-new-tokens", "8", "--device", "cpu", *switch]) == 0
