@@ -82,16 +82,22 @@ class ArgumentGrammar:
         self.grammars, self.schemas, self.eos = grammars, schemas, eos
         self.vocab = grammars.vocab_size
         self.matchers: list[xgrammar.GrammarMatcher | None] = [None] * rows
+        self.batch = xgrammar.BatchGrammarMatcher(max_threads=1)
 
     def advance(self, tokens: torch.Tensor) -> None:
         """Feed each row's new token: a memory token starts its tool's grammar (or none); EOS ends the row's."""
-        for i, token in enumerate(tokens.tolist()):
+        tokens = tokens.tolist()
+        for i, token in enumerate(tokens):
             if token >= self.vocab:
                 schema = self.schemas[token - self.vocab]
                 self.matchers[i] = None if schema is None else self.grammars.matcher(schema)
-            elif self.matchers[i] is not None:
-                if token == self.eos or not self.matchers[i].accept_token(token):
-                    self.matchers[i] = None
+            elif token == self.eos:
+                self.matchers[i] = None
+        fed = [i for i, token in enumerate(tokens) if token < self.vocab and self.matchers[i] is not None]
+        accepted = xgrammar.BatchGrammarMatcher.batch_accept_token([self.matchers[i] for i in fed], [tokens[i] for i in fed])
+        for i, ok in zip(fed, accepted):
+            if not ok:  # only where the mask was not applied (a forced or replayed token): the row goes free
+                self.matchers[i] = None
 
     def constrain(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` over vocab ∪ bank with each constrained row's disallowed tokens at -inf (in place)."""
@@ -99,8 +105,7 @@ class ArgumentGrammar:
         if not active:
             return logits
         bitmask = xgrammar.allocate_token_bitmask(len(active), self.vocab)
-        for k, i in enumerate(active):
-            self.matchers[i].fill_next_token_bitmask(bitmask, k)
+        self.batch.batch_fill_next_token_bitmask([self.matchers[i] for i in active], bitmask)
         allowed = allowed_tokens(bitmask, self.vocab).to(logits.device)
         closed = allowed[:, self.eos]  # the JSON is complete: the next call's memory token may follow
         rows = torch.tensor(active, device=logits.device)
