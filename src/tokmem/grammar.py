@@ -4,10 +4,11 @@ The grammar backend is xgrammar (vLLM's default structured-decoding backend; ``b
 measured it against llguidance on this project's data).  Each tool's schema compiles once per tokenizer into a
 grammar over the vocabulary; each decoded row that is writing a tool's arguments has its own matcher.
 
-The arguments are compact JSON (``arguments_json``: no spaces), keys in the schema's order (training lays them out
-so: ``data.procedures.schema_order``), no key the schema lacks; required keys, types and enums as the schema says.  (xgrammar's
-``any_order`` would accept the data's own key order but then lets required keys go missing; measured.)  An argument may also be a reference to an earlier call's
-result, ``"$var1.path$"`` (the NESTFUL convention the training data keeps), whatever its type.
+The arguments are compact JSON (``arguments_json``: no spaces), keys in the schema's order (training lays them
+out so: ``data.procedures.schema_order``), no key the schema lacks; required keys, types and enums as the schema
+says.  (xgrammar's ``any_order`` would accept the data's own key order, but then lets calls without a required key
+through.)  An argument may also be a reference to an earlier call's result, ``"$var1.path$"`` (the NESTFUL
+convention the training data keeps), whatever its type.
 
 ``ArgumentGrammar`` is pure over token ids and logits, so any decoding loop (``decode``, the server's engine)
 can use it: ``advance(tokens)`` after each step, ``constrain(logits)`` before each pick.  While a row's JSON is
