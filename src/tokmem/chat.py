@@ -72,7 +72,7 @@ def chat(model: TokMemModel, messages: list[dict], tools=None, tool_choice="auto
     config = config or DecodeConfig()
     cache = cache if cache is not None else ChatCache()
     ids = conversation_ids(model, messages, result_tokens)
-    allowed, forced = _routing(model, tools, tool_choice)
+    allowed, forced = tool_routing(model, tools, tool_choice)
     if tool_choice == "required":  # routing always picks a memory token, among the allowed (tool) rows
         config = replace(config, threshold=0.0)
     new, kv = _reuse(model, cache, ids)
@@ -167,8 +167,10 @@ def _results(messages: list[dict], start: int, call_ids: list) -> list[str]:
     return [found[call_id] for call_id in call_ids]
 
 
-def _routing(model: TokMemModel, tools, tool_choice) -> tuple[torch.Tensor, int]:
-    """(the bank rows the turn may use, the memory id forced first or -1) for OpenAI's ``tools`` and ``tool_choice``."""
+def tool_routing(model: TokMemModel, tools, tool_choice) -> tuple[torch.Tensor, int]:
+    """(the bank rows the turn may use, the memory id forced first or -1) for OpenAI's ``tools`` and ``tool_choice``
+    (``"required"`` also needs routing's threshold at 0).  Bad names are ``DataError``s naming the field (a server's
+    400)."""
     bank = model.bank
     names = None if tools is None else [t if isinstance(t, str) else (t.get("function") or {}).get("name") for t in tools]
     unknown = [n for n in names or [] if n not in bank.tool_names()]

@@ -20,6 +20,7 @@ from tokmem.experiments import compositional, placement
 from tokmem.report import (
     call_scores_table, console, error_console, machine, percent, scores_table, trace_table, write_json,
 )
+from tokmem.layout import RESULT_TOKENS
 from tokmem.train import INITS, SCHEDULES
 
 
@@ -243,6 +244,8 @@ def _training_options(parser) -> None:
                         help="constant lr, or linear warm-up then decay")
     parser.add_argument("--warmup", type=float, default=0.1, help="warm-up fraction of the linear schedule")
     parser.add_argument("--renorm-every-step", action="store_true", help="renormalise the new rows after every step too")
+    parser.add_argument("--result-tokens", type=int, default=RESULT_TOKENS,
+                        help="a step's tool result in the training sequence is cut to this many tokens (it says so)")
     _common(parser)
 
 
@@ -263,7 +266,7 @@ def _train_config(args, out_path):
         lr=args.lr, weight_decay=args.weight_decay, epochs=args.epochs, batch_size=args.batch_size,
         grad_accum=args.grad_accum, max_length=args.max_length, max_steps=args.max_steps, seed=args.seed,
         renormalize=not getattr(args, "no_renorm", False), renorm_every_step=args.renorm_every_step, init=args.init,
-        schedule=args.schedule, warmup=args.warmup, progress=not args.quiet,
+        schedule=args.schedule, warmup=args.warmup, progress=not args.quiet, result_tokens=args.result_tokens,
         checkpoint=str(out_path) if args.checkpoint_every else None, checkpoint_every=args.checkpoint_every,
     )
 
