@@ -221,13 +221,17 @@ def non_finite_rows(bank, path):
         (edit_metadata(names=["a", "b"], kinds=["text", "text"], descriptions=["", ""]), r"tensor 'index' has shape \(3, 8\), the metadata says \(2, 8\)"),
         (edit_metadata(kinds=["text", "tool"]), "field 'kinds' must list one of text, tool for each of the 3 names"),
         (edit_metadata(kinds=["text", "tool", "call"]), "field 'kinds' must list one of text, tool"),
+        (edit_metadata(schemas=[None]), r"field 'schemas' must be a list of 3 entries"),
+        (edit_metadata(schemas=[None, "x", None]), r"field 'schemas'\[1\] must be a JSON schema object or null"),
+        (edit_metadata(schemas=[None, None, {"required": "city"}]), r"field 'schemas'\[2\]\.required must be a list"),
         (edit_metadata(decoupled=True), "tensor 'steer' is missing"),
         (half_precision, "dtype torch.float16, expected float32"),
         (non_finite_rows, r"NaN/Inf values in rows \[1, 2\] \(b, c\)"),
     ],
     ids=[
         "missing-file", "missing-json", "corrupted-json", "not-a-bank", "format-version", "bad-field",
-        "truncated", "shape-mismatch", "kinds-length", "kinds-value", "missing-steer", "wrong-dtype", "non-finite",
+        "truncated", "shape-mismatch", "kinds-length", "kinds-value", "schemas-length", "schema-type", "schema-required",
+        "missing-steer", "wrong-dtype", "non-finite",
     ],
 )
 def test_load_rejects_a_broken_bank_with_a_message_naming_the_file(saved, corrupt, message):
@@ -421,3 +425,27 @@ def test_a_failed_second_rename_puts_the_first_file_back(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk gone"):
         make_bank(names=("x",)).save(path)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+def test_tool_schemas_survive_save_load_remove_and_merge(tmp_path):
+    bank = MemoryBank(8)
+    bank.add(["weather", "summary"], torch.zeros(8), kinds=["tool", "text"], schemas=[WEATHER, None])
+    bank.save(tmp_path / "a.safetensors")
+    loaded = MemoryBank.load(tmp_path / "a.safetensors")
+    assert loaded.tool_schemas() == {"weather": WEATHER}
+    other = MemoryBank(8)
+    other.add(["search"], torch.zeros(8), kinds=["tool"])
+    loaded.merge(other)
+    loaded.remove("summary")
+    assert loaded.schemas == [WEATHER, None] and loaded.tool_schemas() == {"weather": WEATHER, "search": None}
+
+
+def test_a_bank_saved_before_schemas_loads_with_none_for_every_row(saved):
+    bank, path = saved
+    meta = json.loads(metadata_path(path).read_text())
+    del meta["schemas"]
+    metadata_path(path).write_text(json.dumps(meta))
+    assert MemoryBank.load(path).schemas == [None] * len(bank)

@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from tokmem.bank import MemoryBank
 from tokmem.cli import main
 from tokmem.data import load_catalog, load_examples
 from tokmem.data.bfcl import import_bfcl, parse_call
 from tokmem.data.nestful import import_nestful
+from tokmem.data.openai_chat import LATER_TURNS, import_openai
 from tokmem.data.tools import call_json
 from tokmem.data.xlam import import_xlam
 from tokmem.errors import DataError
@@ -43,7 +45,7 @@ SPEC = [
 
 
 def nestful_record(query, *calls):
-    output = [{"name": name, "arguments": arguments, "label": f"var{k}", "response": {"ignored": True}}
+    output = [{"name": name, "arguments": arguments, "label": f"var{k}", "response": {"call": k}}
               for k, (name, arguments) in enumerate(calls, 1)]
     return {"input": f" {query}", "output": output, "num_successful_calls": len(calls)}
 
@@ -72,6 +74,8 @@ def test_nestful_records_become_one_step_per_call_with_references_kept_as_string
                              ("Search_Hotels", {"name": "Search_Hotels",
                                                 "arguments": {"dest_id": "$var1.dest_id$", "sort_by": "price"}})]
     assert hotels.steps[1].response == call_json("Search_Hotels", {"dest_id": "$var1.dest_id$", "sort_by": "price"})
+    assert [s.result for s in hotels.steps] == ['{"call":1}', '{"call":2}']
+    assert [s.result for s in import_nestful(nestful_file, results=False).examples[0].steps] == [None, None]
     assert imported.calls_per_example() == {1: 1, 2: 1}
 
 
@@ -392,3 +396,80 @@ def test_import_then_train_then_eval_reports_tool_argument_and_call_f1(nestful_f
     calls = json.loads((tmp_path / "eval.json").read_text())["calls"]
     assert set(calls) == {"tool_f1", "arg_f1", "call_f1"} and set(calls["tool_f1"]) == {"1", "2", "avg"}
     assert all(0 <= calls[m][n] <= 100 for m in calls for n in calls[m])
+
+
+# ---- OpenAI chat format --------------------------------------------------------------------------------------
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "weather", "description": "Weather now.", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def openai_record(*messages, tools=(WEATHER_TOOL,)):
+    return {"messages": list(messages), "tools": list(tools)}
+
+
+def assistant_calls(*calls):
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+        for call_id, name, arguments in calls]}
+
+
+OSLO_THEN_ROME = openai_record(
+    {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Oslo and Rome?"},
+    assistant_calls(("c1", "weather", {"city": "Oslo"}), ("c2", "weather", {"city": "Rome"})),
+    {"role": "tool", "tool_call_id": "c2", "content": "sunny"}, {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+    {"role": "assistant", "content": "Rain in Oslo, sun in Rome."},
+    {"role": "user", "content": "And Paris?"}, assistant_calls(("c3", "weather", {"city": "Paris"})),
+)
+
+
+def test_openai_records_become_calls_with_results_matched_by_tool_call_id(tmp_path):
+    imported = import_openai(write_json(tmp_path / "chat.jsonl", [OSLO_THEN_ROME, openai_record(
+        {"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi!"})], lines=True))
+    [example] = imported.examples
+    assert example.query == "Weather in Oslo and Rome?"
+    assert steps(example) == [("weather", {"name": "weather", "arguments": {"city": "Oslo"}}),
+                              ("weather", {"name": "weather", "arguments": {"city": "Rome"}})]
+    assert [s.result for s in example.steps] == ["rain", "sunny"]
+    assert imported.catalog["weather"] == {"name": "weather", "description": "Weather now.",
+                                           "parameters": WEATHER_TOOL["function"]["parameters"]}
+    assert imported.skipped == {"records with no calls": 1, LATER_TURNS: 1}
+
+
+@pytest.mark.parametrize("record, field", [
+    ({"tools": []}, "messages"),
+    (openai_record({"role": "user", "content": "q"}, {"role": "robot"}), "messages[1].role"),
+    (openai_record({"role": "user", "content": "q"}, assistant_calls(("c1", "weather", {}))
+                   | {"tool_calls": [{"id": "c1", "function": {"name": "weather", "arguments": "{not json"}}]}),
+     "messages[1].tool_calls[0].function.arguments"),
+    (openai_record({"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [{"function": {}}]}),
+     "messages[1].tool_calls[0].function.name"),
+    (openai_record({"role": "user", "content": "q"}, assistant_calls(("c1", "weather", {"city": "x"})),
+                   {"role": "tool", "tool_call_id": "zz", "content": "r"}), "messages"),
+    (openai_record({"role": "user", "content": "q"}, tools=[{"type": "function"}]), "tools[0]"),
+])
+def test_a_bad_openai_record_is_refused_naming_file_record_and_field(tmp_path, record, field):
+    path = write_json(tmp_path / "chat.jsonl", [OSLO_THEN_ROME, record], lines=True)
+    with pytest.raises(DataError, match=rf"chat.jsonl: record 1, field '{field.replace('[', '.').replace(']', '.')}'"):
+        import_openai(path)
+
+
+def test_data_import_reads_the_openai_format(tmp_path, capsys):
+    out = tmp_path / "out.jsonl"
+    path = write_json(tmp_path / "chat.jsonl", [OSLO_THEN_ROME], lines=True)
+    assert main(["data", "import", "--format", "openai", str(path), "--out", str(out)]) == 0
+    assert [s.result for s in load_examples(out)[0].steps] == ["rain", "sunny"]
+
+
+def test_train_keeps_the_catalogs_schemas_in_the_bank_and_bank_show_prints_them(nestful_file, tmp_path, capsys):
+    out, catalog, bank = tmp_path / "cfb.jsonl", tmp_path / "tools.jsonl", tmp_path / "bank.safetensors"
+    assert main(["data", "import", "--format", "nestful", str(nestful_file), "--out", str(out), "--catalog", str(catalog)]) == 0
+    assert main(["train", "--data", str(out), "--catalog", str(catalog), "--out", str(bank), "--backbone", "tiny-random",
+                 "--device", "cpu", "--quiet"]) == 0
+    schema = import_nestful(nestful_file).catalog["Search_Hotels"]["parameters"]
+    assert MemoryBank.load(bank).tool_schemas()["Search_Hotels"] == schema
+    capsys.readouterr()
+    assert main(["bank", "show", str(bank)]) == 0
+    assert f"Search_Hotels arguments schema: {json.dumps(schema)}" in capsys.readouterr().out
+    for switch in ([], ["--no-schema"]):
+        assert main(["run", "--bank", str(bank), "Find hotels in Rome.", "--max-new-tokens", "8", "--device", "cpu", *switch]) == 0

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tokmem.data import Example, Step, load_catalog, load_examples, save_examples
-from tokmem.data.procedures import assemble_call, call_json, tool_procedures
+from tokmem.data.procedures import assemble_call, call_json, load_schemas, schema_order, tool_procedures
 from tokmem.errors import DataError
 
 
@@ -64,6 +64,8 @@ def test_blank_lines_are_skipped(tmp_path):
         ('{"query": "q", "steps": [{"procedure": "p", "response": ""}]}', "x.jsonl:2: field 'steps[0].response'"),
         ('{"query": "q", "steps": [{"response": "r"}]}', "x.jsonl:2: field 'steps[0].procedure'"),
         ('["not", "an", "object"]', "x.jsonl:2: expected a JSON object"),
+        ('{"query": "q", "steps": [{"procedure": "p", "response": "r", "result": {"t": 1}}]}',
+         "x.jsonl:2: field 'steps[0].result': must be a string"),
     ],
 )
 def test_malformed_line_is_named_by_file_line_and_field(tmp_path, line, message):
@@ -118,3 +120,24 @@ def test_tool_procedures_are_those_whose_every_step_calls_them():
 ])
 def test_assemble_call_wraps_generated_arguments_in_the_tools_call(generated, call):
     assert assemble_call("f", generated) == call
+
+
+def test_a_steps_result_round_trips_and_a_step_without_one_writes_no_result_field(tmp_path):
+    examples = [Example("q", (Step("search", "r1", result='{"id": 7}'), Step("book", "r2")))]
+    save_examples(examples, tmp_path / "x.jsonl")
+    assert load_examples(tmp_path / "x.jsonl") == examples
+    assert "result" not in json.loads((tmp_path / "x.jsonl").read_text())["steps"][1]
+
+
+def test_catalog_schemas_are_read_from_parameters_and_a_non_object_is_refused(tmp_path):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    path = write_lines(tmp_path / "c.jsonl", json.dumps({"name": "weather", "parameters": schema}), '{"name": "reverse"}')
+    assert load_schemas(path) == {"weather": schema}
+    bad = write_lines(tmp_path / "bad.jsonl", '{"name": "weather", "parameters": "city"}')
+    with pytest.raises(DataError, match="bad.jsonl:1: field 'parameters': must be a JSON schema object"):
+        load_schemas(bad)
+
+
+def test_schema_order_puts_the_schemas_keys_first_in_its_order():
+    schema = {"properties": {"a": {}, "b": {}, "c": {}}}
+    assert list(schema_order({"x": 0, "c": 1, "a": 2}, schema)) == ["a", "c", "x"]

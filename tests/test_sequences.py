@@ -5,7 +5,7 @@ import torch
 
 from tokmem import Example, Step
 from tokmem.errors import DataError
-from tokmem.sequences import IGNORE, TruncationCount, chat_prefix, chat_turns, collate, encode
+from tokmem.sequences import IGNORE, TruncationCount, chat_prefix, chat_turns, collate, encode, result_ids, result_turn
 
 CHAIN = Example("Reverse water, then capitalise it.", (Step("reverse", "retaw"), Step("upper", "RETAW")), id="chain")
 MEMORY = {"reverse": 1000, "upper": 1001}
@@ -136,3 +136,57 @@ def test_a_tool_whose_step_is_not_a_call_of_it_is_refused_naming_the_example(tok
     example = Example("Weather?", (Step("weather", "sunny"),), id="q7")
     with pytest.raises(DataError, match="example q7: 'weather' is a tool in the bank, but its step is not a call of it"):
         encode(example, tokenizer, {"weather": 1000}.get, max_length=1024, tools={"weather"})
+
+
+WEATHER_RESULT = '{"temp": 21}'
+WITH_RESULTS = Example("Weather in Oslo, then convert 3 km.", (
+    Step("weather", '{"name":"weather","arguments":{"city":"Oslo"}}', result=WEATHER_RESULT),
+    Step("convert", '{"name":"convert","arguments":{"value":3,"unit":"km"}}', result="5000 m"),
+), id="results")
+
+
+def test_a_result_follows_its_call_as_a_tool_turn_then_the_assistant_header_and_is_never_a_target(tokenizer):
+    memory = {"weather": 1000, "convert": 1001}
+    encoded = encode(WITH_RESULTS, tokenizer, memory.get, max_length=1024, tools={"weather", "convert"})
+    eos = tokenizer.eos_token_id
+    turn = lambda result: tokens(tokenizer, f"\n<|im_start|>tool\n{result}<|im_end|>\n<|im_start|>assistant\n")  # noqa: E731
+    call_1 = [1000, *tokens(tokenizer, '{"city":"Oslo"}'), eos]
+    call_2 = [1001, *tokens(tokenizer, '{"value":3,"unit":"km"}'), eos]
+    prefix = chat_prefix(tokenizer, WITH_RESULTS.query)
+    assert encoded.input_ids == prefix + call_1 + turn(WEATHER_RESULT) + call_2 + turn("5000 m") + [eos]
+    ignored = lambda ids: [IGNORE] * len(ids)  # noqa: E731
+    assert encoded.labels == ignored(prefix) + call_1 + ignored(turn(WEATHER_RESULT)) + call_2 + ignored(turn("5000 m")) + [eos]
+
+
+def test_result_ids_are_the_template_tool_turns_of_the_whole_conversation(tokenizer):
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "CALL"},
+                {"role": "tool", "content": "r1"}, {"role": "tool", "content": "r2"}]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    after_call = rendered[rendered.index("CALL<|im_end|>") + len("CALL<|im_end|>"):]
+    assert tokenizer.decode(result_ids(tokenizer, ["r1", "r2"])) == after_call
+
+
+def test_a_long_result_is_cut_to_its_budget_and_says_so(tokenizer):
+    ids = result_ids(tokenizer, ["x" * 50], budget=10)
+    assert "x" * 10 + " … [result cut: 10 of 50 tokens shown]<|im_end|>" in tokenizer.decode(ids)
+    assert "x" * 11 not in tokenizer.decode(ids)
+
+
+def test_a_template_without_a_tool_role_gets_the_result_as_a_user_turn(tokenizer, monkeypatch):
+    no_tool_role = ("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool role') }}{% endif %}"
+                    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    monkeypatch.setattr(tokenizer, "chat_template", no_tool_role)
+    result_turn.cache_clear()
+    try:
+        text = tokenizer.decode(result_ids(tokenizer, ["r"]))
+    finally:
+        result_turn.cache_clear()
+    assert text == "\n<|im_start|>user\nTool result:\nr<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_arguments_follow_the_schema_key_order_where_the_schema_is_known(tokenizer):
+    schema = {"type": "object", "properties": {"unit": {"type": "string"}, "value": {"type": "number"}}}
+    encoded = encode(TOOL_CHAIN, tokenizer, {"weather": 1000, "convert": 1001}.get, max_length=1024,
+                     tools={"weather": None, "convert": schema})
+    assert tokenizer.decode([t for t in encoded.input_ids if t < 1000]).endswith('{"unit":"km","value":3}<|im_end|>')

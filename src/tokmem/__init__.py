@@ -5,6 +5,7 @@ from importlib.metadata import version as _version
 from tokmem.adapt import AdaptConfig, adapt
 from tokmem.backbones import Backbone, load_backbone
 from tokmem.bank import MemoryBank
+from tokmem.chat import ChatCache, Reply, ToolCall, chat, run_tools
 from tokmem.data import Example, Step, load_catalog, load_examples
 from tokmem.decode import DecodeConfig, Generation, Route, generate, route
 from tokmem.errors import BackboneError, BankError, DataError, TokMemError
@@ -14,7 +15,8 @@ from tokmem.train import TrainConfig, TrainReport, learn, train
 __version__ = _version("tokmem")
 
 __all__ = [
-    "AdaptConfig", "Backbone", "BackboneError", "BankError", "DataError", "DecodeConfig", "Example", "Generation",
-    "MemoryBank", "Route", "Step", "TokMemError", "TokMemModel", "TrainConfig", "TrainReport",
-    "adapt", "create", "generate", "learn", "load", "load_backbone", "load_catalog", "load_examples", "route", "train",
+    "AdaptConfig", "Backbone", "BackboneError", "BankError", "ChatCache", "DataError", "DecodeConfig", "Example",
+    "Generation", "MemoryBank", "Reply", "Route", "Step", "TokMemError", "TokMemModel", "ToolCall", "TrainConfig",
+    "TrainReport", "adapt", "chat", "create", "generate", "learn", "load", "load_backbone", "load_catalog",
+    "load_examples", "route", "run_tools", "train",
 ]

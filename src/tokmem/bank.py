@@ -6,10 +6,11 @@ LM-head side.  Rows are float32 on the CPU; the model moves them where they are 
 
 Each row has a kind: ``text`` (its memory token is followed by the response text) or ``tool`` (it is
 followed by the tool's arguments as JSON only: the memory token is the tool choice, and answers
-assemble the whole call ``{"name": procedure, "arguments": …}``).
+assemble the whole call ``{"name": procedure, "arguments": …}``).  A tool row may keep its tool's JSON schema
+(``schemas``: OpenAI's function ``parameters``), which binds the arguments decoded after its memory token.
 
 On disk a bank is ``<path>`` (safetensors, tensors only, never pickle) plus ``<path>.json``
-(format version, names, descriptions, kinds, dims, DC flag, backbone identity, norm statistics).
+(format version, names, descriptions, kinds, schemas, dims, DC flag, backbone identity, norm statistics).
 Version 1 files (before kinds) load with every row ``text``.  Every metadata field is checked by one
 small function (``FIELD_CHECKS``) before anything is built from it, so a bad file or upload gets one
 clear error, never a traceback.  The two files are written together: both temporaries first, then
@@ -45,6 +46,7 @@ class MemoryBank:
         self._rows: dict[str, int] = {}
         self.descriptions: list[str] = []
         self.kinds: list[str] = []
+        self.schemas: list[dict | None] = []  # per row: its tool's JSON schema, or None
         self.index = torch.empty(0, hidden_size)
         self.steer = torch.empty(0, hidden_size) if decoupled else None
         self.trainable = torch.empty(0, dtype=torch.bool)
@@ -80,6 +82,10 @@ class MemoryBank:
         """Whether the row's memory token is followed by a tool's arguments (answers assemble the call)."""
         return self.kinds[row] == "tool"
 
+    def tool_schemas(self) -> dict[str, dict | None]:
+        """Each tool row's name → its JSON schema (None where the bank has none)."""
+        return {name: schema for name, kind, schema in zip(self.names, self.kinds, self.schemas) if kind == "tool"}
+
     def tool_names(self) -> set[str]:
         return {name for name, kind in zip(self.names, self.kinds) if kind == "tool"}
 
@@ -94,10 +100,13 @@ class MemoryBank:
         return rows * self.hidden_size * (2 if self.decoupled else 1)
 
     # ---- editing --------------------------------------------------------------------------
-    def add(self, names, init: torch.Tensor, descriptions=None, kinds=None) -> list[int]:
+    def add(self, names, init: torch.Tensor, descriptions=None, kinds=None, schemas=None) -> list[int]:
         """Append new trainable rows, initialised to ``init``: one vector for every row (e.g. the backbone's
-        mean embedding) or a matrix of one row each.  ``kinds``: each row's kind (default ``text``)."""
+        mean embedding) or a matrix of one row each.  ``kinds``: each row's kind (default ``text``); ``schemas``:
+        each row's tool schema or None (default None)."""
         names = list(names)
+        schemas = list(schemas) if schemas is not None else [None] * len(names)
+        check_schemas(schemas, len(names), "schemas")
         descriptions = list(descriptions) if descriptions is not None else [""] * len(names)
         kinds = list(kinds) if kinds is not None else ["text"] * len(names)
         for kind in kinds:
@@ -113,6 +122,7 @@ class MemoryBank:
         self.names += names
         self.descriptions += descriptions
         self.kinds += kinds
+        self.schemas += schemas
         self._index_names()
         self.index = torch.cat([self.index, rows])
         if self.decoupled:
@@ -126,7 +136,7 @@ class MemoryBank:
     def remove(self, name: str) -> None:
         keep = torch.tensor([n != name for n in self.names])
         row = self.row(name)
-        del self.names[row], self.descriptions[row], self.kinds[row]
+        del self.names[row], self.descriptions[row], self.kinds[row], self.schemas[row]
         self._index_names()
         self.index = self.index[keep]
         if self.decoupled:
@@ -155,6 +165,7 @@ class MemoryBank:
         self.names += other.names
         self.descriptions += other.descriptions
         self.kinds += other.kinds
+        self.schemas += other.schemas
         self._index_names()
         self.index = torch.cat([self.index, other.index])
         if self.decoupled:
@@ -194,6 +205,7 @@ class MemoryBank:
             "names": self.names,
             "descriptions": self.descriptions,
             "kinds": self.kinds,
+            "schemas": self.schemas,
             "backbone": self.backbone,
             "norms": {
                 "mean": float(norms.mean()) if len(self) else None,
@@ -245,6 +257,7 @@ class MemoryBank:
         if bank.decoupled:
             bank.steer = _checked(tensors, "steer", where, meta)
         bank.trainable = torch.zeros(len(bank.names), dtype=torch.bool)
+        bank.schemas = _schemas(meta, metadata_path(where))
         if backbone is not None:
             check_backbone(bank, backbone, where)
         return bank
@@ -282,6 +295,31 @@ def check_backbone(bank: MemoryBank, backbone, path="<bank>") -> None:
                 f"{path}: tensor '{key}' has rows {large[:5]} with norms over {limit:.4g} ({ROW_NORM_FACTOR:g} times "
                 f"the backbone's mean embedding norm): such rows overflow the logits"
             )
+
+
+def check_schemas(schemas, rows: int, where: str) -> None:
+    """``schemas`` must be a list with, per row, None or a JSON schema object whose ``properties`` (if any) is an
+    object and whose ``required`` (if any) is a list of strings; errors start with ``where``."""
+    if not isinstance(schemas, list) or len(schemas) != rows:
+        raise BankError(f"{where} must be a list of {rows} entries (a JSON schema or null per row)")
+    for row, schema in enumerate(schemas):
+        if schema is None:
+            continue
+        if not isinstance(schema, dict):
+            raise BankError(f"{where}[{row}] must be a JSON schema object or null, not {type(schema).__name__}")
+        if not isinstance(schema.get("properties", {}), dict):
+            raise BankError(f"{where}[{row}].properties must be an object")
+        required = schema.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(key, str) for key in required):
+            raise BankError(f"{where}[{row}].required must be a list of argument names")
+
+
+def _schemas(meta: dict, meta_file: Path) -> list[dict | None]:
+    """The metadata's per-row tool schemas, checked (none for banks saved before schemas were kept)."""
+    if meta.get("schemas") is None:
+        return [None] * len(meta["names"])
+    check_schemas(meta["schemas"], len(meta["names"]), f"{meta_file}: field 'schemas'")
+    return list(meta["schemas"])
 
 
 def _check_name(name) -> None:

@@ -8,6 +8,10 @@ any procedure and the model answers as the plain backbone (open set).
 
 Queries are decoded in batches (left-padded) with one KV cache: every step feeds one new token.
 
+After a tool row's memory token, where the bank keeps the tool's JSON schema, the arguments decode under it
+(``tokmem.grammar``; ``DecodeConfig(schema=False)`` switches that off): each row its own grammar, the masks
+applied as one tensor op; once a row's JSON closes only EOS or another memory token may follow.
+
 ``complete`` continues contexts laid out elsewhere (rows before the query, a memory token before the
 assistant header) with vocabulary tokens only: the studies that place the rows differently decode with it.
 """
@@ -40,6 +44,7 @@ class DecodeConfig:
                                  "instructions)")
     stop_at_blank_line: bool = option(False, "end an answer at its first blank line after some text (prompted "
                                        "answers' separator)")
+    schema: bool = option(True, "decode a tool's arguments under its JSON schema, where the bank has one")
 
 
 @dataclass
@@ -220,8 +225,6 @@ def _newline_tables(tokenizer, vocab: int) -> tuple[torch.Tensor, ...]:
 
 def _generate_batch(model, queries, prompts, config, forced, generator, shared) -> list[Generation]:
     """Decode one batch: ``prompts`` are the queries' token ids, ``shared`` the KV cache of a prefix they all start with."""
-    vocab, eos = model.vocab_size, model.backbone.eos_token_id
-    index, steer = model.memory_matrices()
     skip = 0 if shared is None else shared.get_seq_length()
     ids, mask = left_pad([p[skip:] for p in prompts], model.backbone.tokenizer.pad_token_id, model.device)
     cache = DynamicCache(config=model.lm.config)
@@ -229,15 +232,30 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
         cache = copy.deepcopy(shared)
         cache.batch_repeat_interleave(len(prompts))
         mask = torch.cat([mask.new_ones(len(prompts), skip), mask], dim=-1)
-    position_ids = positions(mask)[:, skip:]
+    forced = torch.full((len(queries),), -1 if forced is None else forced, device=ids.device)
+    rows, mass, plain, _ = decode_rows(model, ids, mask, cache, config, forced, generator)
+    return [to_generation(model, q, row, float(m), not p) for q, row, m, p in zip(queries, rows, mass.tolist(), plain.tolist())]
+
+
+def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None):
+    """Encode ``ids`` (the new tokens of each row, after what ``cache`` holds; ``mask`` covers both) and decode each row
+    up to EOS or ``config.max_new_tokens``: the rows' token lists (EOS included), their memory mass, which rows answer
+    as the plain backbone, and the cache (it holds every token fed, i.e. all but each row's last).
+
+    ``forced``: per row a memory id to start with, or -1 (route).  ``allowed``: (rows, bank rows) bool, the memory
+    tokens each row may use at all (default: every one); a row with none answers as the plain backbone.
+    """
+    vocab, eos = model.vocab_size, model.backbone.eos_token_id
+    index, steer = model.memory_matrices()
+    position_ids = positions(mask)[:, mask.shape[1] - ids.shape[1] :]
     hidden, cache = model.hidden(ids, mask, position_ids, cache, steer)
-    logits = model.logits(hidden[:, -1], index).float()
-    rows = len(queries)
-    forced = torch.full((rows,), -1 if forced is None else forced, device=ids.device)
-    has_rows = torch.full((rows,), len(model.bank) > 0, device=ids.device)
+    logits = _only(model.logits(hidden[:, -1], index).float(), allowed, vocab)
+    rows = len(ids)
+    has_rows = torch.full((rows,), len(model.bank) > 0, device=ids.device) if allowed is None else allowed.any(-1)
     token, plain, mass = first_tokens(logits, vocab, config.threshold, has_rows, forced, config.temperature, generator)
 
     steps = model.is_memory(token).long()
+    grammar = argument_grammar(model, rows, config)
     stop = BlankLineStop(model.backbone.tokenizer, vocab, ids.device) if config.stop_at_blank_line else None
     done = (token == eos) | (stop.update(token) if stop else False)
     generated = [token]
@@ -248,14 +266,34 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
         mask = torch.cat([mask, (~done).long().unsqueeze(-1)], dim=-1)
         position_ids = position_ids[:, -1:] + 1
         hidden, cache = model.hidden(feed.unsqueeze(-1), mask, position_ids, cache, steer)
-        logits = model.logits(hidden[:, -1], index).float()
+        logits = _only(model.logits(hidden[:, -1], index).float(), allowed, vocab)
+        if grammar is not None:
+            grammar.advance(token)
+            grammar.constrain(logits)
         blocked = plain | (steps >= config.max_steps)
         token = next_tokens(logits, vocab, blocked, config.temperature, generator).masked_fill(done, eos)
         steps += model.is_memory(token).long()
         generated.append(token)
         done |= (token == eos) | (stop.update(token) if stop else False)
-    rows = torch.stack(generated, dim=1).tolist()
-    return [to_generation(model, q, row, float(m), not p) for q, row, m, p in zip(queries, rows, mass.tolist(), plain.tolist())]
+    return torch.stack(generated, dim=1).tolist(), mass, plain, cache
+
+
+def _only(logits: torch.Tensor, allowed: torch.Tensor | None, vocab: int) -> torch.Tensor:
+    """``logits`` with the memory tokens a row may not use at -inf (in place)."""
+    if allowed is not None:
+        logits[:, vocab:] = logits[:, vocab:].masked_fill(~allowed, float("-inf"))
+    return logits
+
+
+def argument_grammar(model: TokMemModel, rows: int, config: DecodeConfig):
+    """The ``ArgumentGrammar`` of a batch of ``rows``, or None when no tool row has a schema (or ``config.schema``
+    is off): then nothing is constrained and the grammar backend is not even imported."""
+    if not config.schema or not any(schema is not None for schema in model.bank.schemas):
+        return None
+    from tokmem.grammar import ArgumentGrammar, grammars_for
+
+    tokenizer = model.backbone.tokenizer
+    return ArgumentGrammar(grammars_for(tokenizer, model.vocab_size), model.bank.schemas, rows, model.backbone.eos_token_id)
 
 
 def to_generation(model, query, row, mass, routed) -> Generation:

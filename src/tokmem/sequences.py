@@ -1,11 +1,21 @@
 """The training sequence and its label mask.
 
     chat(query)  m_i  r_i  m_j  r_j  …  EOS
+    chat(query)  m_i  args_i  EOS <tool turn: result_i> <assistant header>  m_j  args_j  …  EOS   (with results)
 
 The query is formatted with the backbone's chat template (generation prompt included).  Labels
 cover the memory tokens, the response tokens and EOS; the query is never a target.  After the memory
 token of a tool (a procedure in ``tools``) comes only the call's arguments JSON, as in the reference
-code: the memory token *is* the tool choice, so the model never spells the tool's name.
+code: the memory token *is* the tool choice, so the model never spells the tool's name.  Where the tool's
+schema is known (``tools`` maps names to schemas) the arguments are written in the schema's key order, the order
+schema-bound decoding writes them in.
+
+A step with a ``result`` ends the assistant's turn after its call (EOS, trained: the call is complete), then the
+result follows as the backbone's chat template writes a ``role: "tool"`` message, then the next assistant header;
+none of that is trained on.  A template that does not render a tool role gets the result as a user message
+``Tool result:\n…``; a backbone without a template gets ``Tool result: …`` on a line.  A result longer than
+``result_tokens`` tokens is cut there and says so (``… [result cut: N of M tokens shown]``).  ``result_ids`` is the
+one place these tokens are made: decoding (``tokmem.chat``) lays out a conversation's tool turns with it too.
 
 Truncation policy (when the sequence exceeds ``max_length``): the targets are kept whole and the
 query is cut from the left (its oldest tokens go first, at least one token stays); if the targets
@@ -14,15 +24,19 @@ alone are too long, they are cut at the end as well (the EOS is lost).  Both are
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import functools
+import json
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import torch
+from jinja2.exceptions import TemplateError
 
-from tokmem.data.procedures import Example
+from tokmem.data.procedures import Example, arguments_json, schema_order
 from tokmem.errors import DataError, TokMemError
 
 IGNORE = -100
+RESULT_TOKENS = 256  # default budget of one tool result in a sequence
 
 
 def chat_prefix(tokenizer, query: str | list[dict]) -> list[int]:
@@ -58,6 +72,61 @@ def _chat_texts(tokenizer, query: str | list[dict]) -> tuple[str, str]:
     return turn, whole[len(turn) :]
 
 
+@dataclass(frozen=True)
+class ResultTurn:
+    """The text around one tool result, as the chat template writes it: ``after_call`` follows the EOS that ends
+    the assistant's call turn, each result is ``opening + result + closing``, and ``header`` starts the next
+    assistant turn."""
+
+    after_call: str
+    opening: str
+    closing: str
+    header: str
+
+
+_CALL, _RESULT = "\x00call\x00", "\x00result\x00"
+
+
+@functools.lru_cache(maxsize=8)
+def result_turn(tokenizer) -> ResultTurn:
+    """The backbone's ``ResultTurn``: its template's tool role, else a user turn, else (no template) a plain line."""
+    if not tokenizer.chat_template:
+        return ResultTurn("\n", "Tool result: ", "\n", "")
+    return _template_turn(tokenizer, "tool", "") or _template_turn(tokenizer, "user", "Tool result:\n") or ResultTurn(
+        "\n", "Tool result: ", "\n", "")
+
+
+def _template_turn(tokenizer, role: str, lead: str) -> ResultTurn | None:
+    """The pieces read off the template by rendering a placeholder call and result; None if it does not render them."""
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _CALL}]
+    result = {"role": role, "content": lead + _RESULT}
+    try:
+        base = tokenizer.apply_chat_template(messages, tokenize=False)
+        turn = tokenizer.apply_chat_template([*messages, result], tokenize=False)
+        whole = tokenizer.apply_chat_template([*messages, result], tokenize=False, add_generation_prompt=True)
+    except TemplateError:
+        return None
+    call_end = _CALL + tokenizer.eos_token
+    if call_end not in base or not turn.startswith(base) or not whole.startswith(turn) or _RESULT not in turn[len(base):]:
+        return None
+    opening, closing = turn[len(base):].split(_RESULT)
+    return ResultTurn(base[base.index(call_end) + len(call_end):], opening, closing, whole[len(turn):])
+
+
+def result_ids(tokenizer, results: list[str], budget: int = RESULT_TOKENS) -> list[int]:
+    """Token ids after a call turn's EOS: one tool turn per result (each cut to ``budget`` tokens), then the next
+    assistant header."""
+    pieces = result_turn(tokenizer)
+    words = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    ids = words(pieces.after_call)
+    for result in results:
+        content = words(result)
+        if len(content) > budget:
+            content = content[:budget] + words(f" … [result cut: {budget} of {len(content)} tokens shown]")
+        ids += words(pieces.opening) + content + words(pieces.closing)
+    return ids + words(pieces.header)
+
+
 @dataclass
 class Encoded:
     input_ids: list[int]
@@ -82,34 +151,42 @@ class TruncationCount:
 
 
 def encode(example: Example, tokenizer, memory_id, max_length: int, truncated: TruncationCount | None = None,
-           tools: Collection[str] = ()) -> Encoded:
+           tools: Collection[str] = (), result_tokens: int = RESULT_TOKENS) -> Encoded:
     """Lay out one example; ``memory_id(name)`` maps a procedure to its token id; ``tools``: the procedures
-    whose segments are their calls' arguments only.
+    whose segments are their calls' arguments only (a mapping name → schema or None orders the arguments by the
+    schema); ``result_tokens``: the budget of each step's result.
 
     ``memory_id=None`` lays out the plain query → response sequence (no memory tokens) that the
     fine-tuning baselines train on: the segments one per line, as ``example.response`` shows them.
     """
     prefix = chat_prefix(tokenizer, example.query)
+    eos = tokenizer.eos_token_id
     if memory_id is None:
-        target = tokenizer(example.response, add_special_tokens=False)["input_ids"]
+        target = tokenizer(example.response, add_special_tokens=False)["input_ids"] + [eos]
+        labels = list(target)
     else:
-        target = []
+        target, labels = [], []
         for step in example.steps:
-            target.append(memory_id(step.procedure))
-            target += tokenizer(_segment(example, step, tools), add_special_tokens=False)["input_ids"]
-    target.append(tokenizer.eos_token_id)
+            segment = [memory_id(step.procedure), *tokenizer(_segment(example, step, tools), add_special_tokens=False)["input_ids"]]
+            if step.result is not None:
+                segment.append(eos)
+            context = [] if step.result is None else result_ids(tokenizer, [step.result], result_tokens)
+            target += segment + context
+            labels += segment + [IGNORE] * len(context)
+        target.append(eos)
+        labels.append(eos)
 
     cut_query = len(prefix) + len(target) > max_length
     cut_response = len(target) > max_length - 1
     if cut_response:
-        target = target[: max_length - 1]
+        target, labels = target[: max_length - 1], labels[: max_length - 1]
     if cut_query:
         prefix = prefix[len(prefix) - (max_length - len(target)) :]
     if truncated is not None and cut_query:
         truncated.queries += 1
         truncated.responses += int(cut_response)
         truncated.examples.append(example.id or example.query[:40])
-    return Encoded(prefix + target, [IGNORE] * len(prefix) + target)
+    return Encoded(prefix + target, [IGNORE] * len(prefix) + labels)
 
 
 def _segment(example: Example, step, tools: Collection[str]) -> str:
@@ -118,7 +195,8 @@ def _segment(example: Example, step, tools: Collection[str]) -> str:
     if step.call_arguments is None:
         raise DataError(f"example {example.id or repr(example.query[:40])}: '{step.procedure}' is a tool in the bank, "
                         f'but its step is not a call of it ({{"name": "{step.procedure}", "arguments": {{…}}}})')
-    return step.call_arguments
+    schema = tools.get(step.procedure) if isinstance(tools, Mapping) else None
+    return step.call_arguments if schema is None else arguments_json(schema_order(json.loads(step.call_arguments), schema))
 
 
 def positions(mask: torch.Tensor) -> torch.Tensor:

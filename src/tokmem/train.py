@@ -20,7 +20,7 @@ from tokmem import distributed
 from tokmem.config import option
 from tokmem.data.procedures import Example, tool_procedures
 from tokmem.errors import TokMemError
-from tokmem.sequences import Encoded, TruncationCount, collate, encode
+from tokmem.sequences import RESULT_TOKENS, Encoded, TruncationCount, collate, encode
 from tokmem.model import TokMemModel
 
 
@@ -52,6 +52,7 @@ class TrainConfig:
     warmup: float = option(0.1, "warm-up fraction of the linear schedule")
     tool_segments: ToolSegments = option("arguments", "after a tool's memory token: its arguments only (the reference "
                                           "code) or the whole call")
+    result_tokens: int = option(RESULT_TOKENS, "a step's tool result in the sequence is cut to this many tokens")
     length_grouped: bool = option(False, "batch sequences of similar length together (less padding; each epoch still shuffled)")
     bf16: bool | None = option(None, "bf16 autocast (default: on CUDA only)")
     progress: bool = True
@@ -98,8 +99,11 @@ class TrainReport:
 
 
 def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | None = None, descriptions=None,
-          param_groups=(), on_step=None) -> TrainReport:
+          param_groups=(), on_step=None, schemas=None) -> TrainReport:
     """One continual round: add the unseen procedures, train only them, renormalise, freeze.
+
+    ``descriptions`` and ``schemas``: name → description / tool JSON schema (a catalog's), kept with the new rows
+    (a schema only on a tool row: it binds the arguments decoded after the row's memory token).
 
     The new rows are renormalised to the old rows' mean norm after the round, and with
     ``renorm_every_step`` after every optimiser step too.  ``param_groups`` and ``on_step``: as in ``fit``.
@@ -111,8 +115,10 @@ def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
         raise TokMemError("every procedure in these examples is already in the bank: nothing new to learn")
     bank.freeze()
     target = float(bank.norms().mean()) if len(bank) else None
+    kinds = row_kinds(new, examples, config)
     rows = bank.add(new, initial_rows(model.backbone, len(new), config.init, config.seed),
-                    [(descriptions or {}).get(n, "") for n in new], row_kinds(new, examples, config))
+                    [(descriptions or {}).get(n, "") for n in new], kinds,
+                    [(schemas or {}).get(n) if kind == "tool" else None for n, kind in zip(new, kinds)])
 
     def after_step(step: int, total: int) -> None:
         if config.renormalize and config.renorm_every_step and target is not None:
@@ -132,8 +138,9 @@ def train(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
     config = config or TrainConfig()
     _require_trainable_rows(model)  # before laying out: an empty bank cannot encode the procedures
     report = TrainReport()
-    tools = model.bank.tool_names()
-    encoded = [encode(e, model.backbone.tokenizer, model.memory_id, config.max_length, report.truncated, tools) for e in examples]
+    tools = model.bank.tool_schemas()
+    encoded = [encode(e, model.backbone.tokenizer, model.memory_id, config.max_length, report.truncated, tools, config.result_tokens)
+               for e in examples]
     return fit(model, encoded, config, report, on_step=on_step, param_groups=param_groups)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from rich.table import Table
 
 from tokmem.report import console, write_json
@@ -44,6 +46,10 @@ def cmd_bank_show(args) -> None:
     for row, (name, norm) in enumerate(zip(bank.names, meta["norms"]["per_row"])):
         table.add_row(str(row), name, f"{norm:.3f}", bank.descriptions[row])
     console.print(table)
+    for name, schema in bank.tool_schemas().items():
+        if schema is not None:
+            console.print(f"[bold]{name}[/bold] arguments schema: {json.dumps(schema, ensure_ascii=False)}",
+                          highlight=False, soft_wrap=True)
     if args.json:
         write_json(args.json, meta)
 

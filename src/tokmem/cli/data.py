@@ -9,7 +9,7 @@ from tokmem.report import console, write_json
 def add_commands(commands) -> None:
     data = commands.add_parser("data", help="real tool-calling data").add_subparsers(metavar="ACTION")
     imports = data.add_parser(
-        "import", help="turn a NESTFUL, BFCL or xLAM file into procedures JSONL (one step per call)",
+        "import", help="turn a NESTFUL, BFCL, xLAM or OpenAI chat-format file into procedures JSONL (one step per call)",
         description="Each usable record becomes an example whose steps are its calls (the tool is the procedure, the "
         "call JSON the response). Malformed records are refused; records that cannot be used are counted as skipped.",
     )
@@ -44,12 +44,19 @@ def _import_xlam(path, tools):
     return import_xlam(path)
 
 
+def _import_openai(path, tools):
+    from tokmem.data.openai_chat import import_openai
+
+    _no_tools(tools, "openai")
+    return import_openai(path)
+
+
 def _no_tools(tools, format_name) -> None:
     if tools is not None:
         raise TokMemError(f"--tools is for --format nestful; {format_name} files carry their tools' schemas")
 
 
-IMPORTERS = {"nestful": _import_nestful, "bfcl": _import_bfcl, "xlam": _import_xlam}
+IMPORTERS = {"nestful": _import_nestful, "bfcl": _import_bfcl, "xlam": _import_xlam, "openai": _import_openai}
 
 
 def cmd_data_import(args) -> None:

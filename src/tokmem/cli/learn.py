@@ -56,7 +56,7 @@ def _add_adapt(commands) -> None:
 
 
 def _training_options(parser) -> None:
-    parser.add_argument("--catalog", help="JSONL of {name, description} per procedure")
+    parser.add_argument("--catalog", help="JSONL of {name, description, parameters (a tool's JSON schema, optional)} per procedure")
     add_options(parser, TrainConfig, skip=("seed",))  # --seed is common
     add_common(parser)
 
@@ -68,11 +68,13 @@ def _train_config(args, out_path) -> TrainConfig:
 
 def _learn_and_save(model, args, out_path) -> None:
     from tokmem.data import load_catalog, load_examples
+    from tokmem.data.procedures import load_schemas
     from tokmem.train import learn
 
     examples = load_examples(args.data)
     descriptions = load_catalog(args.catalog) if args.catalog else None
-    report = learn(model, examples, _train_config(args, out_path), descriptions=descriptions)
+    schemas = load_schemas(args.catalog) if args.catalog else None
+    report = learn(model, examples, _train_config(args, out_path), descriptions=descriptions, schemas=schemas)
     if not distributed.is_main():  # under torchrun / accelerate every rank holds the same bank: one writes it
         return
     model.bank.save(out_path)

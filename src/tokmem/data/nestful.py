@@ -5,7 +5,8 @@ A data file is a JSON list (or JSON lines) of records::
     {"input": "query", "output": [{"name": "Search_Hotels", "arguments": {...}, "label": "var1"}, ...], ...}
 
 An argument may take an earlier call's result, written ``"$var1.path.to.field$"``; it stays that string
-(the model learns to write the reference).  The tools' schemas come with each record (``"tools": [...]``)
+(the model learns to write the reference).  A call's recorded result (``"response"``, as ComplexFuncBench's
+records carry the real API responses) becomes its step's ``result``.  The tools' schemas come with each record (``"tools": [...]``)
 or from a spec file: a JSON list of ``{"name", "description", "query_parameters" | "parameters", …}``.
 IBM ships the two side by side as ``X-data.json`` and ``X-spec.json``, so the spec defaults to that
 neighbour.  A spec's flat ``{param: {"type", "description", "required": bool, …}}`` becomes a JSON
@@ -20,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tokmem.data.toolfiles import (
-    Imported, bad, call_fields, list_field, read_records, require_object, text_field, tool_entry,
+    Imported, bad, call_fields, list_field, read_records, require_object, result_text, text_field, tool_entry,
 )
 from tokmem.errors import DataError
 
@@ -42,8 +43,9 @@ def load_spec(path) -> dict[str, dict]:
     return dict(tool_entry(tool, f"{path}: record {k}") for k, tool in enumerate(read_records(path)))
 
 
-def import_nestful(path, spec=None) -> Imported:
-    """Every record whose calls all have schemas, as an example with one step per call (in order)."""
+def import_nestful(path, spec=None, results: bool = True) -> Imported:
+    """Every record whose calls all have schemas, as an example with one step per call (in order); with
+    ``results``, each step carries its call's recorded ``response`` as its result."""
     path = Path(path)
     spec = spec if spec is not None else default_spec(path)
     shared = load_spec(spec) if spec is not None else None
@@ -53,12 +55,14 @@ def import_nestful(path, spec=None) -> Imported:
         where = f"{path}: record {index}"
         record = require_object(raw, where)
         query = text_field(record, "input", where).strip()
-        calls = _calls(list_field(record, "output", where), where, imported)
+        output = list_field(record, "output", where)
+        calls = _calls(output, where, imported)
+        recorded = [result_text(call.get("response")) if results else None for call in output if call["name"] != ANSWER_STEP]
         schemas = _record_tools(record, where) if "tools" in record else shared
         if schemas is None:
             raise DataError(f"{where}: no tool schemas: the record has no 'tools' and no spec file was given "
                             f"(none found beside {path.name} as *-spec.json)")
-        imported.offer(query, calls, str(record.get("sample_id", index)), schemas)
+        imported.offer(query, calls, str(record.get("sample_id", index)), schemas, results=recorded)
     imported.require_examples(path)
     return imported
 

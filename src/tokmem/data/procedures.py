@@ -2,8 +2,10 @@
 
     {"query": "...", "steps": [{"procedure": "name", "response": "..."}, ...], "id": optional}
 
-One step is atomic recall; several steps are a chain.  A catalog file gives
-``{"name": ..., "description": ...}`` per line.
+One step is atomic recall; several steps are a chain.  A step may carry ``"result"``: the text its tool returned
+(placed after the call in the training sequence, as a tool message, and never trained on).  A catalog file gives
+``{"name": ..., "description": ..., "parameters": {JSON schema}}`` per line (``parameters`` optional: a tool's
+arguments schema in OpenAI's function format).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def stable_hash(text: str) -> int:
 class Step:
     procedure: str
     response: str
+    result: str | None = None  # the tool's output for this call (JSON text or prose), when known
 
     @property
     def call_arguments(self) -> str | None:
@@ -43,6 +46,13 @@ class Step:
 def arguments_json(arguments: dict) -> str:
     """Arguments as compact JSON in the order given: the text a tool's memory token is followed by."""
     return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+
+
+def schema_order(arguments: dict, parameters: dict) -> dict:
+    """``arguments`` with the schema's keys first, in the schema's order (the order schema-bound decoding writes
+    them in), then any others as given.  Training lays out a tool's arguments so where its schema is known."""
+    known = [key for key in parameters.get("properties", {}) if key in arguments]
+    return {key: arguments[key] for key in [*known, *(k for k in arguments if k not in known)]}
 
 
 def call_json(name: str, arguments: dict) -> str:
@@ -87,7 +97,7 @@ class Example:
         return "\n".join(s.response for s in self.steps)
 
     def to_json(self) -> dict:
-        out = {"query": self.query, "steps": [asdict(s) for s in self.steps]}
+        out = {"query": self.query, "steps": [{k: v for k, v in asdict(s).items() if v is not None} for s in self.steps]}
         if self.id is not None:
             out["id"] = self.id
         return out
@@ -120,7 +130,10 @@ def parse_example(obj, path="<data>", line: int = 1) -> Example:
         if not isinstance(step, dict):
             raise DataError(f"{_where(path, line, where)}: expected an object with 'procedure' and 'response'")
         name = _text(step, "procedure", path, line, f"{where}.")
-        parsed.append(Step(name.strip(), _text(step, "response", path, line, f"{where}.")))
+        result = step.get("result")
+        if result is not None and not isinstance(result, str):
+            raise DataError(f"{_where(path, line, where + '.result')}: must be a string (the tool's output as text, e.g. JSON)")
+        parsed.append(Step(name.strip(), _text(step, "response", path, line, f"{where}."), result))
     ex_id = obj.get("id")
     return Example(query=query, steps=tuple(parsed), id=None if ex_id is None else str(ex_id))
 
@@ -161,6 +174,16 @@ def save_catalog(entries, path) -> None:
 
 def load_catalog(path) -> dict[str, str]:
     """Read ``{"name", "description"}`` lines into a name → description dict."""
+    return {name: entry["description"] for name, entry in _catalog_entries(path).items()}
+
+
+def load_schemas(path) -> dict[str, dict]:
+    """The catalog's tool schemas (``"parameters"``: OpenAI's function format, a JSON schema object), name → schema,
+    for the entries that have one."""
+    return {name: entry["parameters"] for name, entry in _catalog_entries(path).items() if entry.get("parameters") is not None}
+
+
+def _catalog_entries(path) -> dict[str, dict]:
     path = Path(path)
     catalog = {}
     for number, obj in read_jsonl(path):
@@ -171,5 +194,8 @@ def load_catalog(path) -> dict[str, str]:
             raise DataError(f"{_where(path, number, 'name')}: missing or empty")
         if not isinstance(description, str):
             raise DataError(f"{_where(path, number, 'description')}: must be a string")
-        catalog[name.strip()] = description
+        parameters = obj.get("parameters")
+        if parameters is not None and (not isinstance(parameters, dict) or not isinstance(parameters.get("properties", {}), dict)):
+            raise DataError(f"{_where(path, number, 'parameters')}: must be a JSON schema object (with 'properties' an object)")
+        catalog[name.strip()] = {"description": description, "parameters": parameters}
     return catalog

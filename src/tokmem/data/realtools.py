@@ -79,10 +79,10 @@ def complexfuncbench_data(
     ``test_data``); at most ``train_size`` training records (a seeded sample) and the first ``test_size`` test
     records in hash order; and up to ``adapt_samples`` BFCL multi-turn turns with at most ``max_calls`` calls."""
     left_out: Counter = Counter()
-    imported = import_nestful(folder / CFB_DATA)
+    imported = import_nestful(folder / CFB_DATA, results=False)  # the studies lay chains out without results (so far)
     records = _at_most(imported.examples, max_calls, left_out, "ComplexFuncBench")
     if test_data:
-        test_import = import_nestful(test_data)
+        test_import = import_nestful(test_data, results=False)
         train, test = records, _at_most(test_import.examples, max_calls, left_out, str(test_data))
         catalog = {**test_import.catalog, **imported.catalog}
     else:

@@ -33,9 +33,10 @@ class Imported:
     skipped: Counter = field(default_factory=Counter)
 
     def offer(self, query: str | None, calls: list[tuple[str, dict]], id: str, schemas: dict[str, dict],
-              unit: str = "records") -> None:
+              unit: str = "records", results: list[str | None] | None = None) -> None:
         """Keep the example these calls make, or count (as ``unit``) why there is none: no query, no calls, or a
-        call to a tool ``schemas`` (name → catalog entry) does not define."""
+        call to a tool ``schemas`` (name → catalog entry) does not define.  ``results``: each call's result text
+        (None where unknown)."""
         if query is None:
             self.skipped[f"{unit} with no user message"] += 1
         elif not calls:
@@ -43,7 +44,7 @@ class Imported:
         elif any(name not in schemas for name, _ in calls):
             self.skipped[f"{unit} calling a tool with no schema"] += 1
         else:
-            self.examples.append(calls_example(query, calls, id))
+            self.examples.append(calls_example(query, calls, id, results))
             differing = [name for name, _ in calls if self.catalog.setdefault(name, schemas[name]) != schemas[name]]
             if differing:
                 self.skipped[SCHEMA_CONFLICT] += 1
@@ -62,9 +63,18 @@ def catalog_entry(name: str, description, parameters) -> dict:
     return {"name": name, "description": description or "", "parameters": parameters}
 
 
-def calls_example(query: str, calls, id: str) -> Example:
-    """One step per ``(tool name, arguments)`` call, in order."""
-    return Example(query, tuple(Step(name, call_json(name, arguments)) for name, arguments in calls), id=id)
+def calls_example(query: str, calls, id: str, results: list[str | None] | None = None) -> Example:
+    """One step per ``(tool name, arguments)`` call, in order, each with its result text where ``results`` has one."""
+    results = results or [None] * len(calls)
+    return Example(query, tuple(Step(name, call_json(name, arguments), result)
+                                for (name, arguments), result in zip(calls, results)), id=id)
+
+
+def result_text(value) -> str | None:
+    """A tool's result as the text a sequence carries: a string as it is, anything else as compact JSON."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 # ---- reading and validation ----------------------------------------------------------------------------

@@ -1,0 +1,232 @@
+"""The tool-calling loop: ``chat`` answers one assistant turn of an OpenAI-style conversation, with text or with tool
+calls; ``run_tools`` runs the whole loop (call → the user's executor → result → next call or answer).
+
+A conversation is laid out as training lays out a chain with results (``tokmem.sequences``): the messages up to the
+last user turn through the chat template, then per assistant turn with ``tool_calls`` each call's memory token and
+its arguments and EOS, then the ``role: "tool"`` results (``result_ids``) and the next assistant header.  So a bank
+trained on steps with results meets, at run time, exactly the tokens it was trained on.
+
+The model answers with tool calls when its turn starts with a tool row's memory token (the name comes from the
+row, the arguments are what follows, under the tool's schema where the bank has one); several calls chain in one
+turn; EOS ends the turn.  ``tool_choice`` (OpenAI's): ``"auto"`` routes as TokMem does (the open-set rule may
+answer with text), ``"none"`` masks the tool rows, ``"required"`` forces the best tool row, ``{"type": "function",
+"function": {"name": …}}`` forces that one; ``tools`` (names or OpenAI tool objects) limits routing to those rows.
+
+``ChatCache`` keeps the KV cache of the conversation between calls: each call encodes only the tokens after the
+longest prefix it shares with what the cache holds (``prefilled`` says how many).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+
+import torch
+from transformers import DynamicCache
+
+from tokmem.data.procedures import arguments_json, schema_order
+from tokmem.decode import DecodeConfig, decode_rows
+from tokmem.errors import DataError
+from tokmem.sequences import RESULT_TOKENS, chat_prefix, result_ids
+from tokmem.model import TokMemModel
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI's ``function.arguments``
+
+    def to_openai(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class Reply:
+    content: str | None
+    tool_calls: list[ToolCall]
+    finish_reason: str  # "tool_calls", "stop" or "length"
+
+    @property
+    def message(self) -> dict:
+        """The assistant message to append to the conversation."""
+        message = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [call.to_openai() for call in self.tool_calls]
+        return message
+
+
+@dataclass
+class ChatCache:
+    """The tokens of a conversation so far and their KV cache; ``prefilled``: positions the last call encoded."""
+
+    ids: list[int] = field(default_factory=list)
+    kv: DynamicCache | None = None
+    prefilled: int = 0
+
+
+@torch.no_grad()
+def chat(model: TokMemModel, messages: list[dict], tools=None, tool_choice="auto", config: DecodeConfig | None = None,
+         cache: ChatCache | None = None, result_tokens: int = RESULT_TOKENS) -> Reply:
+    """The assistant's next turn: text, or tool calls.  ``cache``: reuse (and update) a conversation's KV cache."""
+    config = config or DecodeConfig()
+    cache = cache if cache is not None else ChatCache()
+    ids = conversation_ids(model, messages, result_tokens)
+    allowed, forced = tool_routing(model, tools, tool_choice)
+    if tool_choice == "required":  # routing always picks a memory token, among the allowed (tool) rows
+        config = replace(config, threshold=0.0)
+    new, kv = _reuse(model, cache, ids)
+    mask = torch.ones(1, len(ids), dtype=torch.long, device=model.device)
+    generator = torch.Generator(device=model.device).manual_seed(config.seed)
+    rows, _, plain, kv = decode_rows(model, torch.tensor([new], device=model.device), mask, kv, config,
+                                     torch.tensor([forced], device=model.device), generator, allowed.unsqueeze(0))
+    tokens = rows[0]
+    cache.ids, cache.kv, cache.prefilled = ids + tokens[:-1], kv, len(new)
+    return _reply(model, tokens, bool(plain[0]), len(messages))
+
+
+def run_tools(model: TokMemModel, messages: list[dict], executor, tools=None, max_turns: int = 8, **options) -> list[dict]:
+    """Run the loop: ask, call ``executor(name, arguments: dict) -> str`` for each tool call, give back the results,
+    until the model answers without calls (or after ``max_turns`` turns).  Returns the whole conversation; one
+    KV cache serves every turn.  ``options``: as ``chat`` takes them."""
+    messages, cache = list(messages), ChatCache()
+    for _ in range(max_turns):
+        reply = chat(model, messages, tools=tools, cache=cache, **options)
+        messages.append(reply.message)
+        if not reply.tool_calls:
+            break
+        for call in reply.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": executor(call.name, _arguments(call))})
+    return messages
+
+
+def conversation_ids(model: TokMemModel, messages: list[dict], result_tokens: int = RESULT_TOKENS) -> list[int]:
+    """The conversation's tokens up to where the assistant answers next (see the module's docstring)."""
+    tokenizer = model.backbone.tokenizer
+    first_call = next((i for i, m in enumerate(messages) if _calls(m)), len(messages))
+    ids = chat_prefix(tokenizer, [_text_message(m, i) for i, m in enumerate(messages[:first_call])])
+    i = first_call
+    while i < len(messages):
+        calls = _calls(messages[i])
+        if not calls:
+            raise DataError(f"messages[{i}]: after the first tool calls, only assistant tool calls and 'tool' results can "
+                            "follow (a new user turn after tool results is not supported yet)")
+        ids += [token for k, call in enumerate(calls) for token in _call_ids(model, call, f"messages[{i}].tool_calls[{k}]")]
+        ids.append(tokenizer.eos_token_id)
+        results = _results(messages, i + 1, [call.get("id") for call in calls])
+        ids += result_ids(tokenizer, results, result_tokens)
+        i += 1 + len(results)
+    return ids
+
+
+def _calls(message) -> list:
+    return (message.get("tool_calls") or []) if isinstance(message, dict) and message.get("role") == "assistant" else []
+
+
+def _text_message(message, i: int) -> dict:
+    if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant"):
+        raise DataError(f"messages[{i}]: expected a system, user or assistant message (a 'tool' result must follow "
+                        "the assistant turn that called it)")
+    if not isinstance(message.get("content"), str):
+        raise DataError(f"messages[{i}].content: must be a string")
+    return {"role": message["role"], "content": message["content"]}
+
+
+def _call_ids(model: TokMemModel, call, where: str) -> list[int]:
+    """A call as training lays it out: the tool row's memory token, then its arguments (compact, schema order)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if name not in model.bank or not model.bank.is_tool(model.bank.row(name)):
+        raise DataError(f"{where}.function.name: {name!r} is not a tool in the bank (its tools: "
+                        f"{', '.join(sorted(model.bank.tool_names())) or 'none'})")
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+    except (TypeError, ValueError):
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise DataError(f"{where}.function.arguments: must be a JSON object as text")
+    schema = model.bank.schemas[model.bank.row(name)]
+    text = arguments_json(arguments if schema is None else schema_order(arguments, schema))
+    return [model.memory_id(name), *model.backbone.tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
+def _results(messages: list[dict], start: int, call_ids: list) -> list[str]:
+    """The contents of the 'tool' messages from ``start`` that answer ``call_ids`` (one each, in any order)."""
+    found = {}
+    for i in range(start, min(start + len(call_ids), len(messages))):
+        message = messages[i]
+        if message.get("role") != "tool":
+            break
+        if not isinstance(message.get("content"), str):
+            raise DataError(f"messages[{i}].content: a tool result must be a string")
+        found[message.get("tool_call_id")] = message["content"]
+    missing = [call_id for call_id in call_ids if call_id not in found]
+    if missing:
+        raise DataError(f"messages[{start - 1}]: no 'tool' message answers tool call(s) {', '.join(map(str, missing))} "
+                        "(each call's result must follow it, with its tool_call_id)")
+    return [found[call_id] for call_id in call_ids]
+
+
+def tool_routing(model: TokMemModel, tools, tool_choice) -> tuple[torch.Tensor, int]:
+    """(the bank rows the turn may use, the memory id forced first or -1) for OpenAI's ``tools`` and ``tool_choice``
+    (``"required"`` also needs routing's threshold at 0).  Bad names are ``DataError``s naming the field (a server's
+    400)."""
+    bank = model.bank
+    names = None if tools is None else [t if isinstance(t, str) else (t.get("function") or {}).get("name") for t in tools]
+    unknown = [n for n in names or [] if n not in bank.tool_names()]
+    if unknown:
+        raise DataError(f"tools: {', '.join(map(repr, unknown))} not a tool in the bank (its tools: "
+                        f"{', '.join(sorted(bank.tool_names())) or 'none'})")
+    tool_rows = torch.tensor([kind == "tool" for kind in bank.kinds], dtype=torch.bool)
+    allowed = torch.tensor([names is None or n in names for n in bank.names], dtype=torch.bool)
+    if tool_choice == "none":
+        allowed &= ~tool_rows
+    elif tool_choice == "required":
+        allowed &= tool_rows
+    elif tool_choice != "auto":
+        named = (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice, dict) else None
+        if named not in bank.tool_names() or (names is not None and named not in names):
+            raise DataError(f"tool_choice: {tool_choice!r} is not 'auto', 'none', 'required' or one of the allowed tools")
+        allowed = torch.tensor([n == named for n in bank.names], dtype=torch.bool)
+        return allowed.to(model.device), model.memory_id(named)
+    if tool_choice == "required" and not allowed.any():
+        raise DataError("tool_choice 'required': the bank has no tool among the allowed ones")
+    return allowed.to(model.device), -1
+
+
+def _reuse(model: TokMemModel, cache: ChatCache, ids: list[int]) -> tuple[list[int], DynamicCache]:
+    """The tokens still to encode and the KV cache to encode them on: ``cache`` cut to the longest prefix its tokens
+    share with ``ids`` (leaving at least the last token to encode, whose state starts the answer)."""
+    shared = 0
+    for a, b in zip(cache.ids, ids[:-1]):
+        if a != b:
+            break
+        shared += 1
+    kv = cache.kv if cache.kv is not None and shared else DynamicCache(config=model.lm.config)
+    if shared:
+        kv.crop(shared - kv.get_seq_length())  # transformers 5 crops by the (negative) number of tokens to drop
+    return ids[shared:], kv
+
+
+def _reply(model: TokMemModel, tokens: list[int], plain: bool, turn: int) -> Reply:
+    """The turn's tokens (up to EOS) as text or as tool calls (ids ``call_<turn>_<k>``)."""
+    vocab, eos, tokenizer = model.vocab_size, model.backbone.eos_token_id, model.backbone.tokenizer
+    finish = "stop" if tokens[-1] == eos else "length"
+    tokens = tokens[:-1] if tokens[-1] == eos else tokens
+    starts = [k for k, token in enumerate(tokens) if token >= vocab]
+    if plain or not starts or not model.bank.is_tool(tokens[0] - vocab):
+        return Reply(tokenizer.decode([t for t in tokens if t < vocab], skip_special_tokens=True).strip(), [], finish)
+    calls = []
+    for k, (start, end) in enumerate(zip(starts, [*starts[1:], len(tokens)])):
+        arguments = tokenizer.decode(tokens[start + 1 : end], skip_special_tokens=True).strip()
+        calls.append(ToolCall(f"call_{turn}_{k}", model.bank.names[tokens[start] - vocab], arguments))
+    return Reply(None, calls, "tool_calls" if finish == "stop" else finish)
+
+
+def _arguments(call: ToolCall) -> dict:
+    """A call's arguments for the executor: the JSON object, or ``{}`` where the model wrote none."""
+    try:
+        arguments = json.loads(call.arguments)
+    except ValueError:
+        return {}
+    return arguments if isinstance(arguments, dict) else {}

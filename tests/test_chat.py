@@ -1,0 +1,103 @@
+"""tokmem.chat and run_tools: the conversation laid out as training lays it out, tool_choice, and the KV cache
+reused across turns."""
+
+import json
+
+import pytest
+from helpers import random_rows
+
+import tokmem
+from tokmem import ChatCache, DecodeConfig, Example, Step
+from tokmem.chat import conversation_ids
+from tokmem.errors import DataError
+from tokmem.sequences import encode
+
+CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Rome"]}}, "required": ["city"]}
+COUNT = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+CONFIG = DecodeConfig(max_new_tokens=200)  # room for the longest reference ("$var…$") the grammar allows to close
+
+
+@pytest.fixture
+def model(lively_backbone):
+    model = tokmem.create(lively_backbone)
+    model.bank.add(["city", "count", "chat"], lively_backbone.mean_embedding(), kinds=["tool", "tool", "text"],
+                   schemas=[CITY, COUNT, None])
+    random_rows(model.bank, scale=0.7)
+    return model
+
+
+def call(call_id, name, arguments) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+CONVERSATION = [
+    {"role": "user", "content": "Weather in Rome, then count."},
+    {"role": "assistant", "content": None, "tool_calls": [call("a", "city", {"city": "Rome"})]},
+    {"role": "tool", "tool_call_id": "a", "content": "sunny"},
+    {"role": "assistant", "content": None, "tool_calls": [call("b", "count", {"n": 3})]},
+    {"role": "tool", "tool_call_id": "b", "content": "3 apples"},
+]
+
+
+def test_a_conversation_is_laid_out_exactly_as_training_lays_out_the_chain_with_results(model):
+    example = Example("Weather in Rome, then count.", (
+        Step("city", '{"name":"city","arguments":{"city":"Rome"}}', result="sunny"),
+        Step("count", '{"name":"count","arguments":{"n":3}}', result="3 apples"),
+    ))
+    trained = encode(example, model.backbone.tokenizer, model.memory_id, 1024, tools=model.bank.tool_schemas())
+    assert conversation_ids(model, CONVERSATION) == trained.input_ids[:-1]  # all but the final answer's EOS
+
+
+def test_the_second_turn_encodes_only_the_new_tokens_and_answers_as_from_scratch(model):
+    messages = CONVERSATION[:1]
+    cache = ChatCache()
+    first = tokmem.chat(model, messages, tool_choice="required", config=CONFIG, cache=cache)
+    assert first.finish_reason == "tool_calls" and cache.prefilled == len(conversation_ids(model, messages))
+    held = len(cache.ids)
+    messages = [*messages, first.message, *({"role": "tool", "tool_call_id": c.id, "content": "done"} for c in first.tool_calls)]
+    second = tokmem.chat(model, messages, config=CONFIG, cache=cache)
+    assert cache.prefilled == len(conversation_ids(model, messages)) - held  # the EOS and the result turn only
+    assert cache.prefilled < held
+    assert second == tokmem.chat(model, messages, config=CONFIG)
+
+
+def test_tool_choice_none_answers_with_text_and_required_or_named_with_a_tool_call(model):
+    messages = [{"role": "user", "content": "What now?"}]
+    none = tokmem.chat(model, messages, tool_choice="none", config=CONFIG)
+    assert none.tool_calls == [] and isinstance(none.content, str) and none.finish_reason in ("stop", "length")
+    required = tokmem.chat(model, messages, tools=["count"], tool_choice="required", config=CONFIG)
+    assert {c.name for c in required.tool_calls} == {"count"}
+    named = tokmem.chat(model, messages, tool_choice={"type": "function", "function": {"name": "city"}}, config=CONFIG)
+    assert named.tool_calls[0].name == "city" and json.loads(named.tool_calls[0].arguments)["city"]
+
+
+@pytest.mark.parametrize("tools, tool_choice, message", [
+    (["weather"], "auto", "tools: 'weather' not a tool in the bank"),
+    (["chat"], "auto", "tools: 'chat' not a tool in the bank"),
+    (["count"], {"type": "function", "function": {"name": "city"}}, "tool_choice: .* one of the allowed tools"),
+])
+def test_unknown_tools_and_tool_choices_are_refused_by_name(model, tools, tool_choice, message):
+    with pytest.raises(DataError, match=message):
+        tokmem.chat(model, [{"role": "user", "content": "hi"}], tools=tools, tool_choice=tool_choice)
+
+
+def test_a_call_without_its_result_is_refused_naming_the_message(model):
+    with pytest.raises(DataError, match=r"messages\[1\]: no 'tool' message answers tool call\(s\) a"):
+        conversation_ids(model, CONVERSATION[:2])
+
+
+def test_run_tools_gives_each_call_to_the_executor_and_its_result_back_until_an_answer(model):
+    seen = []
+
+    def executor(name, arguments):
+        seen.append((name, arguments))
+        return f"result {len(seen)}"
+
+    conversation = tokmem.run_tools(model, [{"role": "user", "content": "Weather in Rome?"}], executor, max_turns=3,
+                                    config=CONFIG)
+    calls = [c for m in conversation if m["role"] == "assistant" for c in m.get("tool_calls", [])]
+    results = [m for m in conversation if m["role"] == "tool"]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == seen
+    assert [r["tool_call_id"] for r in results] == [c["id"] for c in calls]
+    assert [r["content"] for r in results] == [f"result {k}" for k in range(1, len(seen) + 1)]
+    assert sum(m["role"] == "assistant" for m in conversation) <= 3

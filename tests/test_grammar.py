@@ -1,0 +1,94 @@
+"""Schema-bound tool arguments: the grammar module over token ids and logits, and decoding under it."""
+
+import json
+import re
+
+import pytest
+import torch
+from helpers import random_rows
+
+import tokmem
+from tokmem import DecodeConfig
+from tokmem.grammar import REFERENCE, ArgumentGrammar, decoding_schema, grammars_for
+
+CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Rome"]}}, "required": ["city"]}
+COUNT = {"type": "object", "properties": {"n": {"type": "integer"}, "unit": {"type": "string"}}, "required": ["n", "unit"]}
+
+
+@pytest.fixture
+def tool_model(lively_backbone):
+    """Two tool rows with schemas and one without, random rows that route and write words on the lively backbone."""
+    model = tokmem.create(lively_backbone)
+    model.bank.add(["city", "count", "free"], lively_backbone.mean_embedding(), kinds=["tool"] * 3, schemas=[CITY, COUNT, None])
+    random_rows(model.bank, scale=0.7)
+    return model
+
+
+def valid(arguments: dict, schema: dict) -> bool:
+    """Whether the arguments meet the schema: its keys only, the required ones, each value of its type and enum or
+    a reference to an earlier result."""
+    properties = schema["properties"]
+    types = {"string": str, "integer": int}
+
+    def fits(key, value):
+        spec = properties[key]
+        return (isinstance(value, types[spec["type"]]) and value in spec.get("enum", [value])
+                or isinstance(value, str) and re.fullmatch(REFERENCE["pattern"], value) is not None)
+
+    return set(schema["required"]) <= set(arguments) <= set(properties) and all(fits(k, v) for k, v in arguments.items())
+
+
+def call_fits(generation, schema: dict) -> bool:
+    """Whether the generation's first call has arguments (a JSON object) that meet ``schema``."""
+    try:
+        arguments = json.loads(generation.trace[0].text)["arguments"]
+    except (ValueError, TypeError):
+        return False
+    return isinstance(arguments, dict) and valid(arguments, schema)
+
+
+@pytest.mark.parametrize("tool, schema", [("city", CITY), ("count", COUNT)])
+def test_a_tools_arguments_decode_under_its_schema(tool_model, tool, schema):
+    config = DecodeConfig(max_new_tokens=200, max_steps=1)  # room for the longest reference ("$var…$") to close
+    generation = tokmem.generate(tool_model, ["What now?"], config, procedure=tool)[0]
+    assert call_fits(generation, schema)
+
+
+def test_without_the_schema_the_same_model_writes_no_valid_arguments(tool_model):
+    config = DecodeConfig(max_new_tokens=40, max_steps=1, schema=False)
+    assert not call_fits(tokmem.generate(tool_model, ["What now?"], config, procedure="city")[0], CITY)
+
+
+def test_a_tool_without_a_schema_decodes_as_with_schemas_off(tool_model):
+    on = tokmem.generate(tool_model, ["What now?"], DecodeConfig(max_new_tokens=12, max_steps=1), procedure="free")
+    off = tokmem.generate(tool_model, ["What now?"], DecodeConfig(max_new_tokens=12, max_steps=1, schema=False), procedure="free")
+    assert on[0].trace == off[0].trace
+
+
+def test_batched_schema_bound_generation_equals_one_query_at_a_time(tool_model):
+    queries = ["What now?", "hi", "Count the apples, please."]
+    config = DecodeConfig(max_new_tokens=40, max_steps=2, threshold=0.0)
+    batched = tokmem.generate(tool_model, queries, config)
+    alone = [tokmem.generate(tool_model, [q], config)[0] for q in queries]
+    assert [g.trace for g in batched] == [g.trace for g in alone]
+
+
+def test_each_row_is_masked_by_its_own_tools_grammar_and_memory_tokens_wait_for_the_json_to_close(tool_model):
+    vocab, eos = tool_model.vocab_size, tool_model.backbone.eos_token_id
+    grammar = ArgumentGrammar(grammars_for(tool_model.backbone.tokenizer, vocab), tool_model.bank.schemas, 3, eos)
+    grammar.advance(torch.tensor([vocab + 0, vocab + 1, vocab + 2]))  # city, count, free (no schema)
+    logits = grammar.constrain(torch.zeros(3, vocab + 3))
+    brace = tool_model.backbone.tokenizer.convert_tokens_to_ids("{")
+    allowed = (logits > float("-inf"))
+    assert allowed[0, :vocab].nonzero().flatten().tolist() == [brace] and not allowed[0, vocab:].any()
+    assert allowed[2].all()  # the tool without a schema is not constrained
+    for token in tool_model.backbone.tokenizer('{"city":"Rome"}', add_special_tokens=False)["input_ids"]:
+        grammar.advance(torch.tensor([token, eos, eos]))
+    closed = grammar.constrain(torch.zeros(3, vocab + 3))[0] > float("-inf")
+    assert closed[:vocab].nonzero().flatten().tolist() == [eos] and closed[vocab:].all()
+
+
+def test_decoding_schema_forbids_extra_keys_and_accepts_references_to_earlier_results():
+    schema = decoding_schema(COUNT)
+    assert schema["additionalProperties"] is False and schema["required"] == ["n", "unit"]
+    assert schema["properties"]["n"]["anyOf"] == [COUNT["properties"]["n"], REFERENCE]
