@@ -1,0 +1,162 @@
+"""The logits processor (vLLM V1 interface) that applies ``tokmem.decode``'s routing rules per request.
+
+Each step, for every row of the batch:
+  - the memory slots that are not its own bank's are masked (a request without ``tokmem_bank`` owns
+    none, so it decodes as plain vLLM);
+  - at its first output position, the open-set rule (``decode.first_token_logits``, on the raw logits,
+    so the memory mass is taken before temperature): a memory token, or the plain backbone, or the
+    forced procedure;
+  - later, memory tokens only after a routed first token and while fewer than ``max_steps``
+    (``decode.next_token_logits``).
+A row's state (routed or plain, memory tokens so far) is read from its output tokens, which vLLM
+shares by reference, so preempted and resumed requests carry on correctly.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+from tokmem.decode import first_token_logits, next_token_logits
+from tokmem.errors import TokMemError
+from tokmem.vllm import slots
+from tokmem.vllm.options import OptionError, Options
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Row:
+    """One TokMem request in the batch: its options, its bank's placement, and what it has generated."""
+
+    options: Options
+    placement: slots.Placement | None  # None: the bank could not be placed (the row is made to end at once)
+    output: list[int]  # vLLM's live list of the request's output tokens
+    forced: int = -1  # the forced procedure's slot, or -1
+    seen: int = 0
+    plain: bool = False
+    steps: int = 0  # memory tokens generated
+
+    def catch_up(self, vocab: int) -> None:
+        new = self.output[self.seen :]
+        if new and self.seen == 0:
+            self.plain = new[0] < vocab
+        self.steps += sum(token >= vocab for token in new)
+        self.seen = len(self.output)
+
+
+class TokMemLogitsProcessor(LogitsProcessor):
+    """Selected per request by ``SamplingParams.extra_args`` (see ``tokmem.vllm.options``)."""
+
+    @classmethod
+    def validate_params(cls, sampling_params) -> None:
+        """Runs in the front end before a request is queued: bad options are the client's error (HTTP 400)."""
+        options = Options.from_extra_args(sampling_params.extra_args)
+        if options is not None:
+            options.check_bank()
+
+    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
+        self.vocab = vllm_config.model_config.get_vocab_size()
+        self.eos = _eos_ids(vllm_config)
+        self.device = device
+        self.rows: dict[int, _Row] = {}  # batch index -> TokMem request
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is not None:
+            self._update_rows(batch_update)
+        for row in self.rows.values():
+            row.catch_up(self.vocab)
+
+    def _update_rows(self, update: BatchUpdate) -> None:
+        for index in update.removed:
+            self._drop(index)
+        for index, params, _, output in update.added:
+            self._drop(index)
+            options = Options.from_extra_args(params.extra_args)
+            if options is not None:
+                self.rows[index] = self._new_row(options, output)
+        for a, b, direction in update.moved:
+            row_a, row_b = self.rows.pop(a, None), self.rows.pop(b, None)
+            if row_a is not None:
+                self.rows[b] = row_a
+            if direction == MoveDirectionality.SWAP and row_b is not None:
+                self.rows[a] = row_b
+            elif row_b is not None:
+                _release(row_b)
+
+    def _drop(self, index: int) -> None:
+        row = self.rows.pop(index, None)
+        if row is not None:
+            _release(row)
+
+    @staticmethod
+    def _new_row(options: Options, output: list[int]) -> _Row:
+        """The request's row with its bank placed in the slots; unplaced if the bank changed since the front end
+        checked it, or the slots are full (an error is logged, the request ends at once)."""
+        table, placement = slots.current(), None
+        try:
+            placement = table.acquire(options.bank)
+            forced = -1 if options.procedure is None else placement.offset + placement.bank.row(options.procedure)
+            return _Row(options, placement, output, forced)
+        except (TokMemError, OSError) as err:
+            if placement is not None:
+                table.release(placement)
+            log.error("tokmem: the request with bank %s ends without an answer: %s", options.bank, err)
+            return _Row(options, None, output)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        state = self._state(len(logits))
+        offset, count, first, blocked, threshold, forced = (t.to(self.device, non_blocking=True) for t in state)
+        vocab, table_slots = self.vocab, logits.shape[-1] - self.vocab
+        columns = torch.arange(table_slots, device=logits.device)
+        own = (columns >= offset.unsqueeze(-1)) & (columns < (offset + count).unsqueeze(-1))
+        logits[:, vocab:] = logits[:, vocab:].masked_fill(~own, float("-inf"))
+        if state[2].any():  # rows at their first position (a host-side check: the state is built on the CPU)
+            at = first.nonzero().squeeze(-1)
+            logits[at] = first_token_logits(logits[at], vocab, threshold[at], count[at] > 0, forced[at])[0]
+        logits = next_token_logits(logits, vocab, blocked)
+        return self._end_unplaced(logits)
+
+    def _state(self, batch: int) -> tuple[torch.Tensor, ...]:
+        """Per batch row: bank offset, bank rows, at the first position, memory blocked, threshold, forced memory id (-1: none)."""
+        offset, count = torch.zeros(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.long)
+        first, blocked = torch.zeros(batch, dtype=torch.bool), torch.ones(batch, dtype=torch.bool)
+        threshold, forced = torch.zeros(batch), torch.full((batch,), -1, dtype=torch.long)
+        for i, row in self.rows.items():
+            if i >= batch or row.placement is None:
+                continue
+            offset[i], count[i] = row.placement.offset, row.placement.rows
+            first[i] = row.seen == 0
+            blocked[i] = row.seen > 0 and (row.plain or row.steps >= row.options.max_steps)
+            threshold[i] = row.options.threshold
+            if row.forced >= 0:
+                forced[i] = self.vocab + row.forced
+        return offset, count, first, blocked, threshold, forced
+
+    def _end_unplaced(self, logits: torch.Tensor) -> torch.Tensor:
+        """Rows whose bank could not be placed may only end (EOS): an empty answer, never a wrong one."""
+        unplaced = [i for i, row in self.rows.items() if row.placement is None and i < len(logits)]
+        if unplaced and self.eos:
+            keep = logits[unplaced][:, self.eos].clone()
+            logits[unplaced] = float("-inf")
+            logits[torch.tensor(unplaced).unsqueeze(-1), torch.tensor(self.eos)] = keep
+        return logits
+
+
+def _release(row: _Row) -> None:
+    if row.placement is not None:
+        slots.SlotTable.release(row.placement)
+
+
+def _eos_ids(vllm_config) -> list[int]:
+    eos = getattr(vllm_config.model_config.hf_config, "eos_token_id", None)
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+
+__all__ = ["OptionError", "TokMemLogitsProcessor"]

@@ -1,0 +1,60 @@
+"""vLLM plugin tests: they run in the vLLM environment (``make vllm-env``, ``.venv-vllm``); without vLLM
+installed (the main environment) nothing here is collected."""
+
+import copy
+import gc
+import importlib.util
+import os
+
+import pytest
+import torch
+
+collect_ignore_glob = [] if importlib.util.find_spec("vllm") else ["test_*.py"]
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU (vLLM's default, 4, is more than the tests need)
+
+
+@pytest.fixture(scope="session")
+def vllm_backbone(backbone):
+    """tiny-random with head dimension 32 (vLLM's CPU attention supports no smaller) and, like
+    ``lively_backbone``, every weight matrix scaled by 20 so that greedy output depends on the context."""
+    from transformers import LlamaForCausalLM
+
+    from tokmem.backbones import Backbone, freeze
+
+    config = copy.deepcopy(backbone.model.config)
+    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 2, 1, 32
+    state = torch.random.get_rng_state()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    torch.random.set_rng_state(state)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.ndim == 2:
+                parameter.mul_(20)
+    freeze(model)
+    return Backbone("tiny-random-x20-head32", model, backbone.tokenizer)
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir(vllm_backbone, tmp_path_factory):
+    """The backbone saved as a Hugging Face model directory, for vLLM to load."""
+    directory = tmp_path_factory.mktemp("vllm-model")
+    vllm_backbone.model.save_pretrained(directory)
+    vllm_backbone.tokenizer.save_pretrained(directory)
+    return directory
+
+
+def start_llm(model_dir, slots: int, **options):
+    """A vLLM engine with the TokMem plugin on the CPU (float32, eager), greedy decoding reproducible."""
+    from vllm import LLM
+
+    from tokmem.vllm import engine_args
+
+    return LLM(model=str(model_dir), dtype="float32", enforce_eager=True, seed=0, max_model_len=512, **engine_args(slots=slots), **options)
+
+
+def stop_llm(llm) -> None:
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
