@@ -49,7 +49,7 @@ vllm-env: $(VLLM_BIN)/.tokmem-vllm
 test-vllm: vllm-env
 	$(VLLM_BIN)/python -m pytest -q tests/vllm; s=$$?; [ $$s -ne 5 ] || echo "no vLLM tests collected" >&2; [ $$s -eq 0 ]
 
-bench-vllm: install vllm-env
+bench-vllm: vllm-env
 	$(VLLM_BIN)/python benchmarks/vllm_banks.py --json runs/vllm_banks.json
 
 clean:

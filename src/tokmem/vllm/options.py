@@ -13,12 +13,14 @@ The defaults are ``tokmem.decode.DecodeConfig``'s.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
 from tokmem.bank import MemoryBank
 from tokmem.decode import DecodeConfig
 from tokmem.errors import TokMemError
+from tokmem.vllm.slots import bank_key
 
 KEYS = ("tokmem_bank", "tokmem_threshold", "tokmem_max_steps", "tokmem_procedure")
 
@@ -56,13 +58,18 @@ class Options:
         return options
 
     def check_bank(self) -> MemoryBank:
-        """The bank, loaded and validated; the procedure, if one is forced, must be in it."""
+        """The bank, loaded and validated (once per revision); the procedure, if one is forced, must be in it."""
         if not Path(self.bank).is_file():
             raise OptionError(f"tokmem_bank: {self.bank}: bank file not found")
-        bank = MemoryBank.load(self.bank)
+        bank = _load(bank_key(self.bank))
         if self.procedure is not None:
             bank.row(self.procedure)
         return bank
+
+
+@functools.lru_cache(maxsize=1024)
+def _load(key: tuple[str, int, int]) -> MemoryBank:
+    return MemoryBank.load(key[0])
 
 
 def _field(extra_args: dict, key: str, kind, default=None):
