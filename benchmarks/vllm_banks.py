@@ -236,7 +236,8 @@ def lora_or_reason(model_dir, prompts, scratch, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backbone", default="smollm2-135m", help="smollm2-135m, or a Hugging Face model directory")
+    parser.add_argument("--backbone", default="smollm2-135m",
+                        help="smollm2-135m, tiny-random-head32, or a Hugging Face model directory")
     parser.add_argument("--batch", type=int, default=1000, help="requests decoded together (at least the largest bank pool)")
     parser.add_argument("--tokens", type=int, default=16, help="output tokens per request")
     parser.add_argument("--rows", type=int, default=4, help="rows per bank")

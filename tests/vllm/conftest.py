@@ -1,7 +1,6 @@
 """vLLM plugin tests: they run in the vLLM environment (``make vllm-env``, ``.venv-vllm``); without vLLM
 installed (the main environment) nothing here is collected."""
 
-import copy
 import gc
 import importlib.util
 import os
@@ -20,25 +19,17 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the C
 
 
 @pytest.fixture(scope="session")
-def vllm_backbone(backbone):
-    """tiny-random with head dimension 32 (vLLM's CPU attention supports no smaller) and, like
+def vllm_backbone():
+    """tiny-random-head32 (vLLM's CPU attention supports no head dimension below 32) with, like
     ``lively_backbone``, every weight matrix scaled by 20 so that greedy output depends on the context."""
-    from transformers import LlamaForCausalLM
+    from tokmem.backbones import Backbone, load_backbone
 
-    from tokmem.backbones import Backbone, freeze
-
-    config = copy.deepcopy(backbone.model.config)
-    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 2, 1, 32
-    state = torch.random.get_rng_state()
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    torch.random.set_rng_state(state)
+    backbone = load_backbone("tiny-random-head32", device="cpu")
     with torch.no_grad():
-        for parameter in model.parameters():
+        for parameter in backbone.model.parameters():
             if parameter.ndim == 2:
                 parameter.mul_(20)
-    freeze(model)
-    return Backbone("tiny-random-x20-head32", model, backbone.tokenizer)
+    return Backbone("tiny-random-head32-x20", backbone.model, backbone.tokenizer)
 
 
 @pytest.fixture(scope="session")

@@ -124,20 +124,18 @@ class TokMemLogitsProcessor(LogitsProcessor):
         return self._end_unplaced(logits)
 
     def _state(self, batch: int) -> tuple[torch.Tensor, ...]:
-        """Per batch row: bank offset, bank rows, at the first position, memory blocked, threshold, forced memory id (-1: none)."""
-        offset, count = torch.zeros(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.long)
-        first, blocked = torch.zeros(batch, dtype=torch.bool), torch.ones(batch, dtype=torch.bool)
-        threshold, forced = torch.zeros(batch), torch.full((batch,), -1, dtype=torch.long)
-        for i, row in self.rows.items():
-            if i >= batch or row.placement is None:
-                continue
-            offset[i], count[i] = row.placement.offset, row.placement.rows
-            first[i] = row.seen == 0
-            blocked[i] = row.seen > 0 and (row.plain or row.steps >= row.options.max_steps)
-            threshold[i] = row.options.threshold
-            if row.forced >= 0:
-                forced[i] = self.vocab + row.forced
-        return offset, count, first, blocked, threshold, forced
+        """Per batch row: bank offset, bank rows, at the first position, memory blocked, threshold, forced memory id
+        (-1: none).  Rows without a placed bank own no slots and are blocked."""
+        rows = [self.rows.get(i) for i in range(batch)]
+        rows = [row if row is not None and row.placement is not None else None for row in rows]
+        return (
+            torch.tensor([row.placement.offset if row else 0 for row in rows]),
+            torch.tensor([row.placement.rows if row else 0 for row in rows]),
+            torch.tensor([bool(row) and row.seen == 0 for row in rows]),
+            torch.tensor([not row or (row.seen > 0 and (row.plain or row.steps >= row.options.max_steps)) for row in rows]),
+            torch.tensor([row.options.threshold if row else 0.0 for row in rows]),
+            torch.tensor([self.vocab + row.forced if row and row.forced >= 0 else -1 for row in rows]),
+        )
 
     def _end_unplaced(self, logits: torch.Tensor) -> torch.Tensor:
         """Rows whose bank could not be placed may only end (EOS): an empty answer, never a wrong one."""
