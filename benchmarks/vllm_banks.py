@@ -162,7 +162,7 @@ def measure_lora(model_dir, prompts, adapters, args) -> dict:
 def measure_tokmem_serve(backbone, bank_dir, token_prompts, queries, args) -> float:
     """``tokmem serve``'s engine on the same rows, requests spread over the largest bank pool."""
     registry = BankRegistry(backbone, bank_dir, max_resident=max(BANK_POOLS))
-    engine = Engine(backbone, max_batch=args.batch)
+    engine = Engine(backbone, max_batch=args.batch, max_queue=args.batch)
 
     def generate(n):
         handles = [engine.submit(Request(registry.get(f"bank{j % max(BANK_POOLS)}"), p, q, max_tokens=n, ignore_eos=True,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from tokmem.decode import first_token_logits, next_token_logits
+from tokmem.decode import first_token_logits
 from tokmem.errors import TokMemError
 from tokmem.vllm import slots
 from tokmem.vllm.options import OptionError, Options
@@ -39,6 +39,11 @@ class _Row:
     seen: int = 0
     plain: bool = False
     steps: int = 0  # memory tokens generated
+
+    @property
+    def blocked(self) -> bool:
+        """No memory token at the next position: answered as the plain backbone, or ``max_steps`` reached."""
+        return self.seen > 0 and (self.plain or self.steps >= self.options.max_steps)
 
     def catch_up(self, vocab: int) -> None:
         new = self.output[self.seen :]
@@ -61,7 +66,6 @@ class TokMemLogitsProcessor(LogitsProcessor):
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
         self.vocab = vllm_config.model_config.get_vocab_size()
         self.eos = _eos_ids(vllm_config)
-        self.device = device
         self.rows: dict[int, _Row] = {}  # batch index -> TokMem request
 
     def is_argmax_invariant(self) -> bool:
@@ -111,28 +115,27 @@ class TokMemLogitsProcessor(LogitsProcessor):
             return _Row(options, None, output)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """Each row keeps only the slots ``[offset, end)``: its bank's, or none where memory is blocked
+        (``decode.next_token_logits``'s rule, folded into the range so the whole batch costs one in-place mask);
+        rows at their first position then get ``decode.first_token_logits``."""
         state = self._state(len(logits))
-        offset, count, first, blocked, threshold, forced = (t.to(self.device, non_blocking=True) for t in state)
-        vocab, table_slots = self.vocab, logits.shape[-1] - self.vocab
-        columns = torch.arange(table_slots, device=logits.device)
-        own = (columns >= offset.unsqueeze(-1)) & (columns < (offset + count).unsqueeze(-1))
-        logits[:, vocab:] = logits[:, vocab:].masked_fill(~own, float("-inf"))
-        if state[2].any():  # rows at their first position (a host-side check: the state is built on the CPU)
-            at = first.nonzero().squeeze(-1)
-            logits[at] = first_token_logits(logits[at], vocab, threshold[at], count[at] > 0, forced[at])[0]
-        logits = next_token_logits(logits, vocab, blocked)
+        offset, end, threshold, forced = (t.to(logits.device, non_blocking=True) for t in state[1:])
+        _keep_slots(logits[:, self.vocab :], offset, end - offset, int((state[2] - state[1]).max()) if len(logits) else 0)
+        if state[0].any():  # rows at their first position (checked on the host: the state is built there)
+            at = state[0].nonzero().squeeze(-1).to(logits.device)
+            logits[at] = first_token_logits(logits[at], self.vocab, threshold[at], end[at] > offset[at], forced[at])[0]
         return self._end_unplaced(logits)
 
     def _state(self, batch: int) -> tuple[torch.Tensor, ...]:
-        """Per batch row: bank offset, bank rows, at the first position, memory blocked, threshold, forced memory id
-        (-1: none).  Rows without a placed bank own no slots and are blocked."""
+        """Per batch row: at the first position; the slots it may emit, ``[offset, end)`` (empty where memory is
+        blocked: no bank placed, open set, or ``max_steps`` reached); threshold; forced memory id (-1: none)."""
         rows = [self.rows.get(i) for i in range(batch)]
         rows = [row if row is not None and row.placement is not None else None for row in rows]
+        offsets = [row.placement.offset if row else 0 for row in rows]
         return (
-            torch.tensor([row.placement.offset if row else 0 for row in rows]),
-            torch.tensor([row.placement.rows if row else 0 for row in rows]),
             torch.tensor([bool(row) and row.seen == 0 for row in rows]),
-            torch.tensor([not row or (row.seen > 0 and (row.plain or row.steps >= row.options.max_steps)) for row in rows]),
+            torch.tensor(offsets),
+            torch.tensor([o + (row.placement.rows if row and not row.blocked else 0) for o, row in zip(offsets, rows)]),
             torch.tensor([row.options.threshold if row else 0.0 for row in rows]),
             torch.tensor([self.vocab + row.forced if row and row.forced >= 0 else -1 for row in rows]),
         )
@@ -145,6 +148,19 @@ class TokMemLogitsProcessor(LogitsProcessor):
             logits[unplaced] = float("-inf")
             logits[torch.tensor(unplaced).unsqueeze(-1), torch.tensor(self.eos)] = keep
         return logits
+
+
+def _keep_slots(memory: torch.Tensor, offset: torch.Tensor, count: torch.Tensor, widest: int) -> None:
+    """Set every slot column of each row to -inf except its ``count`` slots from ``offset`` (in place).
+
+    The kept values (at most ``widest`` per row) are gathered, the whole block is filled, and they are put back:
+    one fill over the block rather than a (rows, slots) mask."""
+    steps = torch.arange(max(widest, 1), device=memory.device)
+    valid = steps < count.unsqueeze(-1)
+    index = offset.unsqueeze(-1) + steps.where(valid, 0)  # past a row's slots: its first slot again, same value
+    kept = memory.gather(1, index).masked_fill((count == 0).unsqueeze(-1), float("-inf"))
+    memory.fill_(float("-inf"))
+    memory.scatter_(1, index, kept)
 
 
 def _release(row: _Row) -> None:
