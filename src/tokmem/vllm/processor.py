@@ -7,7 +7,7 @@ Each step, for every row of the batch:
     so the memory mass is taken before temperature): a memory token, or the plain backbone, or the
     forced procedure;
   - later, memory tokens only after a routed first token and while fewer than ``max_steps``
-    (``decode.next_token_logits``).
+    (``decode.next_token_logits``'s rule: a blocked row keeps no slot at all).
 A row's state (routed or plain, memory tokens so far) is read from its output tokens, which vLLM
 shares by reference, so preempted and resumed requests carry on correctly.
 """
