@@ -41,13 +41,13 @@ def vllm_model_dir(vllm_backbone, tmp_path_factory):
     return directory
 
 
-def start_llm(model_dir, slots: int, **options):
+def start_llm(model_dir, slots: int, family: str = "llama"):
     """A vLLM engine with the TokMem plugin on the CPU (float32, eager), greedy decoding reproducible."""
     from vllm import LLM
 
     from tokmem.vllm import engine_args
 
-    return LLM(model=str(model_dir), dtype="float32", enforce_eager=True, seed=0, max_model_len=512, **engine_args(slots=slots), **options)
+    return LLM(model=str(model_dir), dtype="float32", enforce_eager=True, seed=0, max_model_len=512, **engine_args(family, slots))
 
 
 def stop_llm(llm) -> None:
