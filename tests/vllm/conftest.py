@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+
 def _vllm_installed() -> bool:
     spec = importlib.util.find_spec("vllm")
     return spec is not None and spec.origin is not None  # not this directory, seen as a namespace package

@@ -3,6 +3,8 @@
 import pytest
 from conftest import start_llm, stop_llm
 from helpers import write_served_banks
+from vllm import SamplingParams
+from vllm.exceptions import VLLMValidationError
 
 import tokmem
 from tokmem.decode import DecodeConfig, _trace
@@ -73,8 +75,6 @@ def test_greedy_answers_across_banks_in_one_batch_equal_tokmem_generate(llm, off
 
 
 def test_a_request_without_a_bank_is_plain_vllm_and_never_gets_a_memory_token(llm, offline, paths, vllm_backbone):
-    from vllm import SamplingParams
-
     tokenizer, vocab = vllm_backbone.tokenizer, vllm_backbone.vocab_size
     plain = {"prompt_token_ids": chat_prefix(tokenizer, QUERIES[0])}
     routed = prompt(tokenizer, QUERIES[0], paths["alpha"])
@@ -96,9 +96,7 @@ def test_a_request_without_a_bank_is_plain_vllm_and_never_gets_a_memory_token(ll
 def test_a_bad_request_is_refused_with_its_field_and_the_engine_serves_on(llm, paths, vllm_backbone, options, field):
     bank = options.pop("bank", paths["alpha"])
     query = prompt(vllm_backbone.tokenizer, QUERIES[1], paths["alpha"])
-    from vllm.exceptions import VLLMValidationError  # the front end's refusal (HTTP 400 from vllm serve)
-
-    with pytest.raises(VLLMValidationError, match=field):
+    with pytest.raises(VLLMValidationError, match=field):  # the front end's refusal (HTTP 400 from vllm serve)
         llm.generate([query], [sampling_params(bank, max_tokens=4, **options)], use_tqdm=False)
     answer = llm.generate([query], [sampling_params(paths["alpha"], max_tokens=4)], use_tqdm=False)
     assert len(answer[0].outputs[0].token_ids) == 4

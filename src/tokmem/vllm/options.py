@@ -37,7 +37,7 @@ class Options:
     procedure: str | None = None
 
     @classmethod
-    def from_extra_args(cls, extra_args: dict | None) -> "Options | None":
+    def from_extra_args(cls, extra_args: dict | None) -> Options | None:
         """The options in ``extra_args``, checked field by field; None when the request names no bank."""
         extra_args = extra_args or {}
         if extra_args.get("tokmem_bank") is None:

@@ -23,7 +23,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 from tokmem.decode import first_token_logits
 from tokmem.errors import TokMemError
 from tokmem.vllm import slots
-from tokmem.vllm.options import OptionError, Options
+from tokmem.vllm.options import Options
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +171,3 @@ def _release(row: _Row) -> None:
 def _eos_ids(vllm_config) -> list[int]:
     eos = getattr(vllm_config.model_config.hf_config, "eos_token_id", None)
     return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-
-
-__all__ = ["OptionError", "TokMemLogitsProcessor"]
