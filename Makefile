@@ -49,8 +49,10 @@ vllm-env: $(VLLM_BIN)/.tokmem-vllm
 test-vllm: vllm-env
 	$(VLLM_BIN)/python -m pytest -q tests/vllm; s=$$?; [ $$s -ne 5 ] || echo "no vLLM tests collected" >&2; [ $$s -eq 0 ]
 
+# BENCH_VLLM_ARGS="--backbone tiny-random-head32" reproduces results/vllm_banks.json (smollm2 needs free cores or a GPU).
+BENCH_VLLM_ARGS ?=
 bench-vllm: vllm-env
-	$(VLLM_BIN)/python benchmarks/vllm_banks.py --json runs/vllm_banks.json
+	$(VLLM_BIN)/python benchmarks/vllm_banks.py $(BENCH_VLLM_ARGS) --json runs/vllm_banks.json
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info src/*.egg-info

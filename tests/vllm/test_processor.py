@@ -54,3 +54,12 @@ def test_a_plain_first_token_blocks_memory_and_a_request_without_a_bank_never_ge
              (1, SamplingParams(), None, outputs[1])]
     processor.update_state(BatchUpdate(2, [], added, []))
     assert allowed_slots(processor, vocab, 2) == [[], []]
+
+
+def test_a_request_whose_bank_cannot_be_placed_may_only_end(setup, tmp_path, caplog):
+    processor, paths, vocab = setup
+    gone = tmp_path / "gone.safetensors"  # checked by the front end, deleted before the worker placed it
+    processor.update_state(BatchUpdate(1, [], [(0, SamplingParams(extra_args=extra_args(gone)), None, [])], []))
+    logits = processor.apply(torch.zeros(1, vocab + 8))
+    assert (logits[0] > NEG).nonzero().flatten().tolist() == [processor.eos[0]]
+    assert "gone.safetensors" in caplog.text
