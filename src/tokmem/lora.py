@@ -12,13 +12,16 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from peft import LoraConfig, LoraModel
 from safetensors.torch import load_file, save_file
 
 from tokmem.config import option
 from tokmem.errors import BackboneError
+
+if TYPE_CHECKING:
+    from peft import LoraConfig, LoraModel
 
 ADAPTER = "default"
 WEIGHTS_FILE = "adapter.safetensors"
@@ -37,6 +40,8 @@ class LoRASettings:
     weight_decay: float = option(1e-2, "AdamW weight decay of the LoRA weights")
 
     def peft_config(self) -> LoraConfig:
+        from peft import LoraConfig  # imported on use: `import tokmem` needs no PEFT (the vLLM environment has none)
+
         alpha = 2 * self.rank if self.alpha is None else self.alpha
         return LoraConfig(r=self.rank, lora_alpha=alpha, lora_dropout=self.dropout,
                           target_modules=list(self.target_modules), bias="none")
@@ -49,6 +54,8 @@ class LoRASettings:
 def inject(model: torch.nn.Module, settings: LoRASettings, name: str = "") -> LoraModel:
     """Put fresh adapters (A random, B zero: the model's output is unchanged) into ``model`` in place."""
     try:
+        from peft import LoraModel
+
         return LoraModel(model, settings.peft_config(), ADAPTER)
     except ValueError as err:
         raise BackboneError(f"cannot put LoRA on backbone '{name}': {err}") from None
