@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tokmem import Example, Step
-from tokmem.eval.evaluate import predicted_calls
+from tokmem.eval.evaluate import memory_routes, predicted_calls
 from tokmem.eval.evaluate import score_calls as score
 from tokmem.methods.method import Answer
 from tokmem.decode import Segment
@@ -76,7 +76,7 @@ def assert_scores(scores, calls=("2", "3")):
 
 # ---- scoring ---------------------------------------------------------------------------------------------
 def texts(*calls):
-    return [(c, None) for c in calls]
+    return list(calls)
 
 
 def test_scores_are_bucketed_by_the_number_of_gold_calls_and_averaged_over_the_buckets():
@@ -102,11 +102,20 @@ def test_an_unparseable_predicted_call_matches_nothing_and_never_crashes():
     assert scores["tool_f1"]["2"] == pytest.approx(200.0 / 9)
 
 
-def test_tokmems_tool_comes_from_its_memory_token_even_when_its_arguments_do_not_parse():
+@pytest.mark.parametrize("routes", [None, [["f", "g"]]], ids=["baseline", "tokmem"])
+def test_a_calls_tool_is_the_name_its_text_gives_for_every_method(routes):
+    """One rule: a call whose text does not parse names no tool, whether or not a memory token chose one."""
     a, b = call("f", x=1), call("g", y=2)
-    scores = score([example(a, b)], [[('{"name":"f","arguments":{"x": 1', "f"), (b, "g")]])
-    assert scores["tool_f1"]["2"] == 100.0
+    scores = score([example(a, b)], [['{"name":"f","arguments":{"x": 1', b]], routes)
+    assert scores["tool_f1"]["2"] == pytest.approx(100 * 2 / 3)  # g right; the broken f call names no tool
     assert scores["arg_f1"]["2"] == scores["call_f1"]["2"] == 50.0
+    assert ("routing_f1" in scores) == (routes is not None)
+
+
+def test_tokmems_memory_token_routing_is_scored_apart_as_routing_f1():
+    a, b = call("f", x=1), call("g", y=2)
+    scores = score([example(a, b)], [['{"name":"f","arguments":{"x": 1', b]], [["f", "h"]])
+    assert scores["routing_f1"] == {"2": 50.0, "avg": 50.0}  # f chosen right, h wrong, whatever the texts say
 
 
 def test_score_refuses_a_prediction_list_of_another_length():
@@ -116,7 +125,9 @@ def test_score_refuses_a_prediction_list_of_another_length():
 
 def test_a_tokmem_segment_is_one_call_and_other_answers_are_split_into_calls():
     segments = [Segment("f", '{"a"\n: 1}'), Segment("g", "")]
-    assert predicted_calls(Answer("ignored", segments=segments)) == [('{"a"\n: 1}', "f"), ("", "g")]
+    assert predicted_calls(Answer("ignored", segments=segments)) == ['{"a"\n: 1}', ""]
+    assert memory_routes(Answer("ignored", segments=segments)) == ["f", "g"]
+    assert memory_routes(Answer('{"name": "f"}')) is None
     assert predicted_calls(Answer(' {"name": "f"} \n\n{"name": "g"}\n')) == texts('{"name": "f"}', '{"name": "g"}')
 
 

@@ -32,10 +32,12 @@ class Method:
     choice_metric: str | None = None  # what the accuracy of ``Answer.choice`` is called, if the method makes one
     learns = True  # False: the answers never change, so a study may reuse a task's earlier scores
     epochs = 0  # passes over a round's examples (0: learning trains nothing), for a study's progress bar
+    updates = 0  # optimiser steps taken so far, over every round: the budget a study compares methods at
     on_step: Callable[[float], None] | None = None  # set by a study to follow a round: gets the fraction done
 
     def report_step(self, done: int, total: int) -> None:
-        """Called by ``learn`` after each optimiser step, so that a long round shows progress."""
+        """Called by ``learn`` after each optimiser step: counts the updates, and a long round shows progress."""
+        self.updates += 1
         if self.on_step is not None:
             self.on_step(done / total)
 

@@ -21,8 +21,9 @@ Each tool is one procedure; a query needs 2–4 calls, answered as calls one JSO
 
 Scores, per number of gold calls and their mean over those numbers ("avg", as the paper averages):
 tool-selection F1 (multiset F1 of the called tools' names) and argument F1 (multiset F1 of whole
-calls after AST normalisation), 0–100, averaged over queries (`tokmem.eval.metrics`).  A predicted call
-that does not parse matches no gold call: it lowers argument F1 and names no tool.
+calls after AST normalisation), 0–100, averaged over queries (`tokmem.eval.metrics`).  One rule for every
+method: a call's tool is the name its text gives; a predicted call that does not parse matches no gold call (it
+lowers argument F1) and names no tool.  TokMem's memory-token choices are scored apart, as routing F1.
 
 TokMem with adaptation (the default TokMem, as in the paper) learns its memory tokens on a backbone
 adapted once per study (`tokmem.adapt`) on the held-out adaptation tools; its trainable parameters
@@ -47,7 +48,7 @@ from tokmem.data.procedures import Example
 from tokmem.data.tools import StudySizes, ToolData, split_tools
 from tokmem.errors import TokMemError
 from tokmem.eval import metrics
-from tokmem.eval.evaluate import predicted_calls, score_calls
+from tokmem.eval.evaluate import memory_routes, predicted_calls, score_calls
 from tokmem.io import write_json_atomic
 from tokmem.methods.method import Method
 from tokmem.report import machine
@@ -203,10 +204,12 @@ def evaluate(method: Method, examples: list[Example], batch_size: int, bar, samp
     """Scores of the method's answers to ``examples``, its trainable parameters and a few answers to read."""
     start = time.perf_counter()
     bar.set_description_str(f"{method.name}: answering {len(examples)} queries")
-    predictions = [predicted_calls(a) for a in answer_all(method, [e.query for e in examples], batch_size, bar)]
+    answers = answer_all(method, [e.query for e in examples], batch_size, bar)
+    predictions = [predicted_calls(a) for a in answers]
     return {
         "label": method.label,
-        **score_calls(examples, predictions),
+        **score_calls(examples, predictions, routes(answers)),
+        "updates": method.updates,
         "trainable_params": method.trainable_params(),
         "eval_seconds": round(time.perf_counter() - start, 2),
         "samples": answer_samples(examples[:samples], predictions),
@@ -215,8 +218,13 @@ def evaluate(method: Method, examples: list[Example], batch_size: int, bar, samp
 
 def answer_samples(examples: list[Example], predictions: list) -> list[dict]:
     """Queries with their gold and predicted calls, for a reader to see what the scores mean."""
-    return [{"query": e.query, "gold": [s.response for s in e.steps], "predicted": [text for text, _ in p]}
-            for e, p in zip(examples, predictions)]
+    return [{"query": e.query, "gold": [s.response for s in e.steps], "predicted": p} for e, p in zip(examples, predictions)]
+
+
+def routes(answers: list) -> list[list[str]] | None:
+    """Each answer's memory-token tools when the method has memory tokens (TokMem), else None."""
+    chosen = [memory_routes(a) for a in answers]
+    return None if any(r is None for r in chosen) else chosen
 
 
 def learn_and_evaluate(method: Method, data: ToolData, config: CompositionalConfig, bar) -> dict:
@@ -329,11 +337,14 @@ def evaluate_groups(method: Method, datasets: list[ToolData], batch_size: int, b
     group's first answer: following one query over the rounds shows how an old tool's calls change."""
     queries = [e.query for d in datasets for e in d.test]
     bar.set_description_str(f"{method.name}: answering {len(queries)} queries")
-    predictions = [predicted_calls(a) for a in answer_all(method, queries, batch_size, bar)]
+    answers = answer_all(method, queries, batch_size, bar)
+    predictions, chosen = [predicted_calls(a) for a in answers], routes(answers)
     scores, samples, first = {}, {}, 0
     for g, data in enumerate(datasets, 1):
-        predicted = predictions[first : first + len(data.test)]
-        scores[str(g)], samples[str(g)] = score_calls(data.test, predicted), answer_samples(data.test[:1], predicted)
+        part = slice(first, first + len(data.test))
+        predicted = predictions[part]
+        scores[str(g)] = score_calls(data.test, predicted, chosen[part] if chosen is not None else None)
+        samples[str(g)] = answer_samples(data.test[:1], predicted)
         first += len(data.test)
     return scores, samples
 

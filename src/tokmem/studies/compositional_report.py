@@ -43,9 +43,10 @@ def _note(result: dict) -> str:
         adapted += " Left out: " + "; ".join(f"{n} {why}" for why, n in data["left_out"].items()) + "."
     return (f"Backbone `{config['backbone']}`; {len(data['tools'])} tools ({data['source']}); {train} training "
             f"and {data['test']} test queries ({calls}); seed {config['seed']}.{adapted}\n\n{_protocol(config)}\n\n"
-            "Tool F1: the tools called (TokMem's from its memory tokens); argument F1: the paper's, argument objects "
-            "matched whatever the name; call F1: name and arguments both right. 0–100; Avg. is the mean over the "
-            "numbers of calls.\n\n")
+            "Tool F1: the tools the calls' texts name, for every method alike (a call that does not parse names "
+            "none); argument F1: the paper's, argument objects matched whatever the name; call F1: name and arguments "
+            "both right; routing F1: the tools TokMem's memory tokens chose, scored apart. 0–100; Avg. is the mean "
+            "over the numbers of calls.\n\n")
 
 
 def _protocol(config: dict) -> str:
