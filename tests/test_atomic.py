@@ -13,10 +13,12 @@ from safetensors.torch import load_file
 
 from tokmem import Example, Step
 from tokmem.methods.base import Base
-from tokmem.methods.method import Answer, Method
+from tokmem.methods.method import Answer, Method, first_block, plain_answers
 from tokmem.methods.lora import LoRA, Replay
 from tokmem.methods.tokmem import TokMem
-from tokmem.methods.rag import RAG
+from tokmem.methods.rag import RAG, demonstration_prompt
+from tokmem.methods.tools import ToolRAG, tool_prompt
+from tokmem.data.tools import catalog, split_tools
 from tokmem.cli import main
 from tokmem.data.sni import Instance, Task, load_tasks
 from tokmem.errors import TokMemError
@@ -211,6 +213,21 @@ def test_retrieval_accuracy_is_the_share_of_queries_whose_nearest_training_examp
     assert result["per_task"]["task001_weather"]["retrieval_accuracy"] == 1.0
     assert result["per_task"]["task002_math"]["retrieval_accuracy"] == 0.5
     assert result["retrieval_accuracy"] == 0.75
+
+
+@pytest.mark.parametrize("kind", ["atomic", "tool"])
+def test_every_rag_baseline_ends_its_answer_at_the_first_blank_line(backbone, kind):
+    """One stop rule for the prompted baselines: the answer is the unstopped decoding's text up to its first blank line."""
+    queries = ["Will it rain in Paris tomorrow?", "What is 12 plus 30?"]
+    if kind == "atomic":
+        rag = RAG(backbone, k=1, max_new_tokens=24)
+        rag.learn([Example("Is it sunny in Rome today?", (Step("weather", "no\n\nInput: more"),))])
+        prompts = [demonstration_prompt(shots, q) for shots, q in zip(rag.retrieve(queries), queries)]
+    else:
+        rag = ToolRAG(backbone, catalog(split_tools()[1][:2]), k=1, shots=0, max_new_tokens=24)
+        prompts = [tool_prompt(tools, [], q) for tools, q in zip(rag.retrieve_tools(queries), queries)]
+    whole = plain_answers(rag.model, prompts, 24, 8)
+    assert [a.text for a in rag.answer(queries)] == [first_block(text) for text in whole]
 
 
 class Lookup(Method):

@@ -13,7 +13,8 @@ from tokmem.eval.evaluate import score_calls as score
 from tokmem.methods.method import Answer
 from tokmem.decode import Segment
 from tokmem.methods.tokmem import UnfrozenTokMem
-from tokmem.methods.tools import ICL, ToolRAG, compact_schema, first_block, tool_prompt
+from tokmem.methods.method import first_block
+from tokmem.methods.tools import ICL, ToolRAG, compact_schema, tool_prompt
 from tokmem.cli import main
 from tokmem.data.tools import call_json, catalog, split_tools
 from tokmem.errors import TokMemError
