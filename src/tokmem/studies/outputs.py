@@ -1,10 +1,24 @@
 """Outputs every study writes beside its JSON (`tokmem.io.write_json_atomic`): markdown
-tables in the paper's layout (methods × settings) and line plots (matplotlib, Agg backend)."""
+tables in the paper's layout (methods × settings) and line plots (matplotlib, Agg backend).  A score is a
+number, or over several seeds ``{"avg", "sd", "per_seed"}`` (`tokmem.studies.harness.aggregate_seeds`):
+tables print it as mean ± sd, plots draw its mean."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+
+
+def mean_of(value) -> float:
+    """A score as a number: itself, or the mean of a score over seeds (``{"avg", "sd", "per_seed"}``)."""
+    return value["avg"] if isinstance(value, dict) else value
+
+
+def spread(value, fmt: str = "{:.1f}") -> str:
+    """A score as a table prints it: the number, or over seeds "mean ± sd"."""
+    if isinstance(value, dict):
+        return f"{fmt.format(value['avg'])} ± {fmt.format(value['sd'])}"
+    return fmt.format(value)
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -24,8 +38,8 @@ def pivot_table(
     header = [corner, *map(str, columns)] + (["Avg."] if average else []) + list(extra)
     rows = []
     for label, values in series.items():
-        present = [values[c] for c in columns if values.get(c) is not None]
-        row = [label, *(fmt.format(values[c]) if values.get(c) is not None else "–" for c in columns)]
+        present = [mean_of(values[c]) for c in columns if values.get(c) is not None]
+        row = [label, *(spread(values[c], fmt) if values.get(c) is not None else "–" for c in columns)]
         if average:
             row.append(fmt.format(sum(present) / len(present)) if present else "–")
         rows.append(row + [texts.get(label, "–") for texts in extra.values()])
@@ -33,8 +47,8 @@ def pivot_table(
 
 
 def lines(series: dict[str, dict]) -> dict[str, tuple[list, list]]:
-    """Series given as label → {x: y}, as a Panel takes them: label → (xs, ys)."""
-    return {label: (list(values), list(values.values())) for label, values in series.items()}
+    """Series given as label → {x: y} (y a number or a score over seeds: its mean), as a Panel takes them: label → (xs, ys)."""
+    return {label: (list(values), [mean_of(y) for y in values.values()]) for label, values in series.items()}
 
 
 @dataclass
