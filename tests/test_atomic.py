@@ -273,7 +273,7 @@ def test_presets_give_the_sizes_and_options_override_them(tmp_path):
     assert (paper.query, paper.task_schedule, paper.methods) == ("definition", "joint", JOINT_METHODS)
     cpu = make_config("cpu").resolved()
     assert (cpu.query, cpu.task_schedule, cpu.checkpoints, cpu.methods) == ("definition", "joint", (14,), ("base", "rag", "lora", "tokmem"))
-    assert (cpu.train_per_task, cpu.min_train_per_task, cpu.test_per_task, cpu.tokmem_epochs, cpu.lora_epochs) == (100, 20, 10, 2, 1)
+    assert (cpu.train_per_task, cpu.min_train_per_task, cpu.test_per_task, cpu.epochs, cpu.epoch_budgets) == (100, 20, 10, 1, (1, 2))
     cpu = make_config("cpu", checkpoints=(1, 2), methods=("base",)).resolved()
     assert (cpu.num_tasks, cpu.methods, cpu.lora_rank) == (2, ("base",), 8)
     with pytest.raises(TokMemError, match="unknown method"):
@@ -308,16 +308,19 @@ def test_bench_atomic_command_writes_the_json_table_and_plot(sni_dir, tmp_path):
                  "--methods", "base,tokmem", "--train-per-task", "4", "--test-per-task", "2", "--checkpoints", "1,3",
                  "--max-new-tokens", "3", "--tokmem-lr", "0.02", "--query", "input", "--schedule", "sequential",
                  "--init", "orthogonal", "--lr-schedule", "linear", "--warmup", "0.2", "--renorm-every-step",
-                 "--tokmem-epochs", "2", "--lora-epochs", "3", "--quiet", "--json", str(path)]) == 0
+                 "--epoch-budgets", "2", "--seeds", "0,1", "--quiet", "--json", str(path)]) == 0
     result = read_json(path)
     recorded = {k: result["config"][k] for k in ("tokmem_lr", "query", "task_schedule", "init", "schedule", "warmup",
-                                                   "renorm_every_step", "tokmem_epochs", "lora_epochs")}
+                                                   "renorm_every_step", "epoch_budgets", "seeds")}
     assert recorded == {"tokmem_lr": 0.02, "query": "input", "task_schedule": "sequential", "init": "orthogonal",
-                        "schedule": "linear", "warmup": 0.2, "renorm_every_step": True, "tokmem_epochs": 2, "lora_epochs": 3}
+                        "schedule": "linear", "warmup": 0.2, "renorm_every_step": True, "epoch_budgets": [2], "seeds": [0, 1]}
     assert "query = the instance input alone" in path.with_suffix(".md").read_text()
-    assert [p["num_tasks"] for p in result["checkpoints"]] == [1, 3]
-    assert list(result["checkpoints"][1]["methods"]) == ["base", "tokmem"]
-    assert path.with_suffix(".md").is_file() and path.with_suffix(".png").is_file()
+    point = result["epoch_budgets"]["2"]
+    assert [p["num_tasks"] for p in point["checkpoints"]] == [1, 3] and point["seeds"] == [0, 1]
+    tokmem = point["checkpoints"][1]["methods"]["tokmem"]
+    assert list(point["checkpoints"][1]["methods"]) == ["base", "tokmem"] and len(tokmem["rougeL"]["per_seed"]) == 2
+    assert tokmem["updates"] == 2 * sum(-(-t["train"] // 4) for t in point["tasks"])  # 2 epochs of batches of 4, a task a round
+    assert "# Budget curve" in path.with_suffix(".md").read_text() and path.with_suffix(".png").is_file()
 
 
 def test_bench_atomic_refuses_a_checkpoint_beyond_the_tasks_found(sni_dir, tmp_path, capsys):

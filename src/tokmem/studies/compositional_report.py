@@ -7,12 +7,16 @@ from pathlib import Path
 from tokmem.eval import metrics
 from tokmem.io import write_json_atomic, write_text_atomic
 from tokmem.studies.compositional import MAIN_METHODS, METRICS
-from tokmem.studies.outputs import Panel, line_plot, lines, markdown_table, mean_of, pivot_table, spread
+from tokmem.studies.outputs import (
+    Panel, budget_markdown, budget_panels, line_plot, lines, markdown_table, mean_of, pivot_table, spread,
+)
+
+AVERAGES = {metric: f"{title} (avg.)" for metric, title in METRICS.items()}  # the budget curve's scores
 
 
 def markdown(result: dict) -> str:
     if result["study"] == "repeats":
-        return repeats_markdown(result)
+        return budget_markdown(result, headline, AVERAGES, markdown)
     writers = {"main": main_markdown, "generalization": generalization_markdown, "forgetting": forgetting_markdown,
                "recipe": recipe_markdown}
     return writers[result["study"]](result)
@@ -20,7 +24,7 @@ def markdown(result: dict) -> str:
 
 def plot(result: dict, path) -> Path:
     if result["study"] == "repeats":
-        return line_plot(path, budget_panels(result))
+        return line_plot(path, budget_panels(result, headline, AVERAGES, "F1"))
     plotters = {"main": main_panels, "generalization": generalization_panels, "forgetting": forgetting_panels,
                 "recipe": recipe_panels}
     columns = len(result["methods"]) if result["study"] == "forgetting" else None
@@ -226,37 +230,3 @@ def headline(result: dict) -> dict[str, dict]:
 
 def _all_groups(groups: dict) -> dict:
     return {m: metrics.mean(mean_of(g[m]["avg"]) for g in groups.values()) for m in METRICS}
-
-
-def repeats_markdown(result: dict) -> str:
-    """The budget curve (each method's average scores at every budget), then the study's tables at each budget."""
-    budgets = result["epoch_budgets"]
-    curve: dict[str, dict] = {}
-    for epochs, point in budgets.items():
-        for label, scores in headline(point).items():
-            curve.setdefault(label, {})[f"{epochs} epoch(s)"] = (
-                f"{scores['updates']:,} upd.: " + " / ".join(spread(scores[m]) for m in METRICS))
-    rows = [[label, *(cells.get(f"{e} epoch(s)", "–") for e in budgets)] for label, cells in curve.items()]
-    out = ("# Budget curve\n\nEvery trained method of a run trains the same epochs over the same data, so the same "
-           f"number of updates; one run per budget and seed (seeds {', '.join(map(str, result['seeds']))}). Each cell: "
-           f"updates: {' / '.join(METRICS.values())} (average, mean ± sd over the seeds).\n\n"
-           + markdown_table(["Method", *(f"{e} epoch(s) each" for e in budgets)], rows))
-    for epochs, point in budgets.items():
-        out += f"\n# At {epochs} epoch(s) each\n\n" + _without_title(markdown(point))
-    return out
-
-
-def _without_title(text: str) -> str:
-    """A study's markdown under another title: its own title dropped, its sections a level down."""
-    return text.split("\n", 1)[1].lstrip("\n").replace("\n# ", "\n## ")
-
-
-def budget_panels(result: dict) -> list[Panel]:
-    """Each average score against the updates, one line per trained method (from the same runs as the tables)."""
-    series: dict[str, dict[str, dict]] = {m: {} for m in METRICS}
-    for point in result["epoch_budgets"].values():
-        for label, scores in headline(point).items():
-            if scores["updates"]:
-                for metric in METRICS:
-                    series[metric].setdefault(label, {})[scores["updates"]] = scores[metric]
-    return [Panel(f"{title} (avg.)", "optimiser updates", "F1", lines(series[m]), ylim=(0, 100)) for m, title in METRICS.items()]

@@ -5,6 +5,7 @@ tables print it as mean ± sd, plots draw its mean."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,13 @@ def spread(value, fmt: str = "{:.1f}") -> str:
     if isinstance(value, dict):
         return f"{fmt.format(value['avg'])} ± {fmt.format(value['sd'])}"
     return fmt.format(value)
+
+
+def scaled(value, factor: float):
+    """A score times ``factor`` (a fraction as a percentage), over seeds too."""
+    if isinstance(value, dict):
+        return {"avg": value["avg"] * factor, "sd": value["sd"] * factor, "per_seed": [v * factor for v in value["per_seed"]]}
+    return value * factor
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -94,3 +102,40 @@ def line_plot(path, panels: list[Panel], columns: int | None = None) -> Path:
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path
+
+
+# ---- several seeds and budgets (`tokmem.studies.harness.run_repeats`) -------------------------------------------
+Headline = Callable[[dict], dict[str, dict]]  # a study's result → label → {"updates": …, score: value} of its headline
+
+
+def budget_markdown(result: dict, headline: Headline, scores: dict[str, str], body: Callable[[dict], str]) -> str:
+    """The budget curve (each method's headline ``scores`` and updates at every budget), then the study's own tables
+    (``body``) at each budget."""
+    budgets = result["epoch_budgets"]
+    curve: dict[str, dict] = {}
+    for epochs, point in budgets.items():
+        for label, values in headline(point).items():
+            curve.setdefault(label, {})[epochs] = f"{values['updates']:,} upd.: " + " / ".join(spread(values[m]) for m in scores)
+    rows = [[label, *(cells.get(e, "–") for e in budgets)] for label, cells in curve.items()]
+    out = ("# Budget curve\n\nEvery trained method of a run trains the same epochs over the same data, so the same "
+           f"number of updates; one run per budget and seed (seeds {', '.join(map(str, result['seeds']))}). Each cell: "
+           f"updates: {' / '.join(scores.values())} (mean ± sd over the seeds).\n\n"
+           + markdown_table(["Method", *(f"{e} epoch(s) each" for e in budgets)], rows))
+    for epochs, point in budgets.items():
+        out += f"\n# At {epochs} epoch(s) each\n\n" + _without_title(body(point))
+    return out
+
+
+def _without_title(text: str) -> str:
+    """A study's markdown under another title: its own title dropped, its sections a level down."""
+    return text.split("\n", 1)[1].lstrip("\n").replace("\n# ", "\n## ")
+
+
+def budget_panels(result: dict, headline: Headline, scores: dict[str, str], ylabel: str) -> list[Panel]:
+    """Each headline score against the updates, one line per trained method (from the same runs as the tables)."""
+    series: dict[str, dict[str, dict]] = {m: {} for m in scores}
+    for point in result["epoch_budgets"].values():
+        for label, values in headline(point).items():
+            for metric in scores if values["updates"] else ():
+                series[metric].setdefault(label, {})[values["updates"]] = values[metric]
+    return [Panel(title, "optimiser updates", ylabel, lines(series[m]), ylim=(0, 100)) for m, title in scores.items()]
