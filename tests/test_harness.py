@@ -56,3 +56,13 @@ def test_a_finished_run_of_other_settings_is_an_error_not_a_silent_reuse(tmp_pat
     with pytest.raises(TokMemError, match="other settings"):
         run_repeats(make_config(None, "main", backbone="tiny-random", tools=3, adapt_tools=2, seeds=(0,)), study,
                     tmp_path / "r.json", ("methods",))
+
+
+def test_past_the_first_budget_only_the_methods_that_train_run_again(tmp_path):
+    config = make_config(None, "main", backbone="tiny-random", tools=4, adapt_tools=2, methods=("icl", "rag", "lora"),
+                         epoch_budgets=(1, 2), seeds=(0,))
+    runs = []
+    run_repeats(config, lambda one, path: runs.append((one.epochs, one.methods)) or study(one, path), tmp_path / "r.json", ("methods",))
+    assert runs == [(1, ("icl", "rag", "lora")), (2, ("lora",))]
+    untrained = make_config(None, "main", backbone="tiny-random", tools=4, adapt_tools=2, methods=("icl",), epoch_budgets=(1, 2), seeds=(0,))
+    assert list(run_repeats(untrained, study, tmp_path / "u.json", ("methods",))["epoch_budgets"]) == ["1"]

@@ -103,8 +103,8 @@ def _combine(values: list, key: str | None = None):
 
 
 def run_repeats(config, run_one: Callable[[Any, Path], dict], json_path, keys: tuple[str, ...]) -> dict:
-    """One run of the study per budget (``config.epoch_budgets``, epochs of every trained method) and seed
-    (``config.seeds``), one after the other, each saved to ``<json stem>-runs/epochs<b>-seed<s>.json``; a run already
+    """One run of the study per budget (``config.epoch_budgets``, epochs of every trained method; past the first
+    budget only the trained methods) and seed (``config.seeds``), one after the other, each saved to ``<json stem>-runs/epochs<b>-seed<s>.json``; a run already
     finished there (with the same settings) is read, not run again.  ``run_one(config, path)`` runs one and saves it
     to ``path``.  Returns (and saves to ``json_path`` after every run) ``{"study", "config", "machine", "seeds",
     "epoch_budgets": {epochs: the seeds' results aggregated (`aggregate_seeds`)}, "runs": [paths]}``."""
@@ -116,13 +116,26 @@ def run_repeats(config, run_one: Callable[[Any, Path], dict], json_path, keys: t
     for epochs in budgets:
         results = []
         for seed in seeds:
-            one = replace(config, epochs=epochs, seed=seed, seeds=None, epoch_budgets=None).resolved()
+            one = _budget_run(config, epochs, seed, first=epochs == budgets[0])
+            if one is None:
+                break
             path = folder / f"epochs{epochs}-seed{seed}.json"
             results.append(_finished_run(one, path) or _finish(run_one(one, path), path))
             combined["runs"].append(str(path))
             combined["epoch_budgets"][str(epochs)] = aggregate_seeds(results, keys)
             write_json_atomic(json_path, combined)
     return combined
+
+
+def _budget_run(config, epochs: int, seed: int, first: bool):
+    """The config of one run.  Past the first budget only the methods that train run: the others (ICL, RAG, the
+    base model) answer the same at every budget, so their rows are those of the first budget's tables; None when
+    no method trains."""
+    one = replace(config, epochs=epochs, seed=seed, seeds=None, epoch_budgets=None).resolved()
+    trained = tuple(m for m in one.methods if one.epochs_of(m))
+    if first or trained == one.methods:
+        return one
+    return replace(one, methods=trained) if trained else None
 
 
 def _settings(config) -> dict:
