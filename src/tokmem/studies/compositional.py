@@ -164,8 +164,8 @@ PRESETS = {
             adapt_multi=500, max_new_tokens=176, epochs=1, epoch_budgets=(1, 4), batch_size=2, lora_lr=1e-3, adapt_lr=1e-3,
             replay_buffer=100, init="orthogonal", schedule="linear", renorm_every_step=True, adapt_dropout=0.0,
         ),
-        # four training caps, each trained afresh
-        "generalization": dict(test_multi=32),
+        # four training caps, each trained afresh: a long budget of 3 epochs, so that a run stays within the hour
+        "generalization": dict(test_multi=32, epoch_budgets=(1, 3)),
         # 5 rounds of 2 tools, 42 training queries a round
         "forgetting": dict(per_tool=14, train_multi=20, test_multi=8),
         # four TokMem runs (as configured, then init, schedule and segments switched alone), all at one budget of 4 epochs
@@ -173,7 +173,7 @@ PRESETS = {
         # ComplexFuncBench's records with 2–4 calls (as the paper's queries): 150 to train, 24 to test; 300 BFCL
         # multi-turn turns to adapt.  Arguments-only sequences of these records reach ~320 tokens (p95), whole
         # calls a little more: max_length 512 keeps them whole.
-        "complexfuncbench": dict(train_multi=150, test_multi=24, adapt_multi=300, epoch_budgets=(1, 6), max_length=512,
+        "complexfuncbench": dict(train_multi=150, test_multi=24, adapt_multi=300, epoch_budgets=(1, 4), max_length=512,
                                  max_new_tokens=384),
     },
     # the paper's sizes and the reference code's recipe; a GPU (and, for 50 + 50 tools, the xLAM file: --xlam)
