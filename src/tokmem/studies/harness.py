@@ -60,10 +60,11 @@ def answer_all(method: Method, queries: list[str], batch_size: int, bar) -> list
     return answers
 
 
-def resumed(json_path, study: str, settings: dict, ignores=()) -> dict | None:
+def resumed(json_path, study: str, settings: dict, ignores=(), remedy: str = "drop --resume to start over") -> dict | None:
     """The result saved in ``json_path`` to continue from, or None when there is none (or no path: not resuming).
 
-    It must be of the same ``study`` and have the same ``settings`` but for ``ignores`` (the device, …)."""
+    It must be of the same ``study`` and have the same ``settings`` but for ``ignores`` (the device, …); the error
+    otherwise says what to do (``remedy``)."""
     if json_path is None or not Path(json_path).is_file():
         return None
     saved = read_json(json_path)
@@ -71,7 +72,7 @@ def resumed(json_path, study: str, settings: dict, ignores=()) -> dict | None:
     if saved.get("study") != study or changed:
         raise TokMemError(
             f"cannot resume {json_path}: it was run with other settings ({', '.join(changed) or 'another study'}); "
-            "use the same options, or drop --resume to start over"
+            f"use the same options, or {remedy}"
         )
     return saved
 
@@ -103,11 +104,12 @@ def _combine(values: list, key: str | None = None):
 
 
 def run_repeats(config, run_one: Callable[[Any, Path], dict], json_path, keys: tuple[str, ...]) -> dict:
-    """One run of the study per budget (``config.epoch_budgets``, epochs of every trained method; past the first
-    budget only the trained methods) and seed (``config.seeds``), one after the other, each saved to ``<json stem>-runs/epochs<b>-seed<s>.json``; a run already
-    finished there (with the same settings) is read, not run again.  ``run_one(config, path)`` runs one and saves it
-    to ``path``.  Returns (and saves to ``json_path`` after every run) ``{"study", "config", "machine", "seeds",
-    "epoch_budgets": {epochs: the seeds' results aggregated (`aggregate_seeds`)}, "runs": [paths]}``."""
+    """One run of the study per budget (``config.epoch_budgets``: epochs of every trained method; past the first
+    budget only the trained methods) and seed (``config.seeds``), one after the other, each saved to
+    ``<json stem>-runs/epochs<b>-seed<s>.json``; a run already finished there (with the same settings) is read, not
+    run again.  ``run_one(config, path)`` runs one and saves it to ``path``.  Returns (and saves to ``json_path``
+    after every run) ``{"study": "repeats", "config", "machine", "seeds", "epoch_budgets": {epochs: the seeds'
+    results aggregated (`aggregate_seeds`)}, "runs": [paths]}``."""
     json_path = Path(json_path)
     budgets, seeds = config.epoch_budgets or (config.epochs,), config.seeds or (config.seed,)
     folder = json_path.with_name(f"{json_path.stem}-runs")
@@ -146,7 +148,9 @@ def _settings(config) -> dict:
 def _finished_run(config, path: Path) -> dict | None:
     """The run saved at ``path`` when it finished; an error when it was run with other settings."""
     saved = read_json(path) if path.is_file() else {}
-    return resumed(path, saved["study"], _settings(config), RUN_IGNORES) if saved.get("finished") else None
+    if not saved.get("finished"):
+        return None
+    return resumed(path, saved["study"], _settings(config), RUN_IGNORES, "remove that run file, or choose another --json")
 
 
 def _finish(result: dict, path: Path) -> dict:

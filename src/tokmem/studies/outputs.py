@@ -118,7 +118,8 @@ def budget_markdown(result: dict, headline: Headline, scores: dict[str, str], bo
             curve.setdefault(label, {})[epochs] = f"{values['updates']:,} upd.: " + " / ".join(spread(values[m]) for m in scores)
     rows = [[label, *(cells.get(e, "–") for e in budgets)] for label, cells in curve.items()]
     out = ("# Budget curve\n\nEvery trained method of a run trains the same epochs over the same data, so the same "
-           f"number of updates; one run per budget and seed (seeds {', '.join(map(str, result['seeds']))}). Each cell: "
+           f"number of updates; one run per budget and seed (seeds {', '.join(map(str, result['seeds']))}); past the "
+           "first budget only the methods that train run again (the others answer the same at every budget). Each cell: "
            f"updates: {' / '.join(scores.values())} (mean ± sd over the seeds).\n\n"
            + markdown_table(["Method", *(f"{e} epoch(s) each" for e in budgets)], rows))
     for epochs, point in budgets.items():
