@@ -2,6 +2,7 @@
 and both query modes, its files, resuming after a crash, the reference scoring, and the baselines' own
 contracts (LoRA leaves the backbone alone, replay mixes 20%, RAG's retrieval accuracy)."""
 
+import copy
 import json
 from collections import defaultdict
 from dataclasses import replace
@@ -12,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from tokmem import Example, Step
+from tokmem.backbones import Backbone
 from tokmem.methods.base import Base
 from tokmem.methods.method import Answer, Method, first_block, plain_answers
 from tokmem.methods.lora import LoRA, Replay
@@ -215,18 +217,29 @@ def test_retrieval_accuracy_is_the_share_of_queries_whose_nearest_training_examp
     assert result["retrieval_accuracy"] == 0.75
 
 
+@pytest.fixture(scope="module")
+def blank_line_backbone(lively_backbone):
+    """lively tiny-random with the newline's (tied) row tripled: its answers often have a blank line after some text."""
+    model = copy.deepcopy(lively_backbone.model)
+    newline = lively_backbone.tokenizer("\n", add_special_tokens=False).input_ids[-1]
+    with torch.no_grad():
+        model.get_output_embeddings().weight[newline].mul_(3)
+    return Backbone("tiny-random-blank-lines", model, lively_backbone.tokenizer)
+
+
 @pytest.mark.parametrize("kind", ["atomic", "tool"])
-def test_every_rag_baseline_ends_its_answer_at_the_first_blank_line(backbone, kind):
+def test_every_rag_baseline_ends_its_answer_at_the_first_blank_line(blank_line_backbone, kind):
     """One stop rule for the prompted baselines: the answer is the unstopped decoding's text up to its first blank line."""
-    queries = ["Will it rain in Paris tomorrow?", "What is 12 plus 30?"]
+    queries = [f"Input: {word} {i}" for i in range(6) for word in ("rain", "sums")]
     if kind == "atomic":
-        rag = RAG(backbone, k=1, max_new_tokens=24)
-        rag.learn([Example("Is it sunny in Rome today?", (Step("weather", "no\n\nInput: more"),))])
+        rag = RAG(blank_line_backbone, k=1, max_new_tokens=32)
+        rag.learn([Example("Is it sunny in Rome today?", (Step("weather", "no"),))])
         prompts = [demonstration_prompt(shots, q) for shots, q in zip(rag.retrieve(queries), queries)]
     else:
-        rag = ToolRAG(backbone, catalog(split_tools()[1][:2]), k=1, shots=0, max_new_tokens=24)
+        rag = ToolRAG(blank_line_backbone, catalog(split_tools()[1][:2]), k=1, shots=0, max_new_tokens=32)
         prompts = [tool_prompt(tools, [], q) for tools, q in zip(rag.retrieve_tools(queries), queries)]
-    whole = plain_answers(rag.model, prompts, 24, 8)
+    whole = plain_answers(rag.model, prompts, 32, 16)
+    assert any("\n\n" in text.strip() for text in whole)  # the rule has something to cut
     assert [a.text for a in rag.answer(queries)] == [first_block(text) for text in whole]
 
 

@@ -71,8 +71,9 @@ def plain_answers(model: TokMemModel, prompts: list[str | list[dict]], max_new_t
 
 
 def first_block(text: str) -> str:
-    """The text up to its first blank line."""
-    return text.strip().split("\n\n", 1)[0]
+    """The text up to its first blank line, without the spaces around it (so that an answer cut where decoding
+    stopped equals the same answer cut from a longer decoding)."""
+    return text.strip().split("\n\n", 1)[0].rstrip()
 
 
 def prompted_answers(model: TokMemModel, prompts: list[str], max_new_tokens: int, batch_size: int,
