@@ -135,7 +135,8 @@ def test_a_crash_keeps_the_finished_checkpoint_and_resume_ends_where_an_uninterr
     assert resumed["checkpoints"][0] == crashed["checkpoints"][0]  # not redone: even its timings are the saved ones
     uninterrupted, full_path = study
     for name in config.methods:
-        assert resumed["checkpoints"][1]["methods"][name]["per_task"] == uninterrupted["checkpoints"][1]["methods"][name]["per_task"]
+        after, before = resumed["checkpoints"][1]["methods"][name], uninterrupted["checkpoints"][1]["methods"][name]
+        assert (after["per_task"], after["updates"]) == (before["per_task"], before["updates"])
     here, there = tmp_path / "atomic-state" / "3", full_path.parent / "atomic-state" / "3"
     for file in ("replay/adapter.safetensors", "tokmem/bank.safetensors"):
         mine, theirs = load_file(here / file), load_file(there / file)
