@@ -33,6 +33,8 @@ import tokmem
 from tokmem import DecodeConfig, load_backbone
 from tokmem.backbones import Backbone
 from tokmem.bank import metadata_path
+from tokmem.io import write_json_atomic
+from tokmem.report import machine
 from tokmem.serve.api import create_app
 from tokmem.serve.banks import BankRegistry, revision
 from tokmem.serve.config import ServeConfig
@@ -206,11 +208,14 @@ def main(argv=None) -> int:
     parser.add_argument("--time-limit", type=float, default=300, help="seconds for the whole run")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", metavar="PATH", help="write the summary, the options and the machine here")
     args = parser.parse_args(argv)
     backbone = load_backbone(args.backbone, device=args.device)
     summary = run(backbone, args.banks, args.requests, args.concurrency, args.max_tokens, args.replace,
                   args.time_limit, args.max_batch, seed=args.seed)
     print(json.dumps(summary, indent=2))
+    if args.json:
+        write_json_atomic(args.json, {"options": {k: v for k, v in vars(args).items() if k != "json"}, **summary, "machine": machine()})
     return 0 if summary["ok"] else 1
 
 

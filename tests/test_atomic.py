@@ -2,6 +2,7 @@
 and both query modes, its files, resuming after a crash, the reference scoring, and the baselines' own
 contracts (LoRA leaves the backbone alone, replay mixes 20%, RAG's retrieval accuracy)."""
 
+import copy
 import json
 from collections import defaultdict
 from dataclasses import replace
@@ -12,11 +13,14 @@ import torch
 from safetensors.torch import load_file
 
 from tokmem import Example, Step
+from tokmem.backbones import Backbone
 from tokmem.methods.base import Base
-from tokmem.methods.method import Answer, Method
+from tokmem.methods.method import Answer, Method, first_block, plain_answers
 from tokmem.methods.lora import LoRA, Replay
 from tokmem.methods.tokmem import TokMem
-from tokmem.methods.rag import RAG
+from tokmem.methods.rag import RAG, demonstration_prompt
+from tokmem.methods.tools import ToolRAG, tool_prompt
+from tokmem.data.tools import catalog, split_tools
 from tokmem.cli import main
 from tokmem.data.sni import Instance, Task, load_tasks
 from tokmem.errors import TokMemError
@@ -131,7 +135,8 @@ def test_a_crash_keeps_the_finished_checkpoint_and_resume_ends_where_an_uninterr
     assert resumed["checkpoints"][0] == crashed["checkpoints"][0]  # not redone: even its timings are the saved ones
     uninterrupted, full_path = study
     for name in config.methods:
-        assert resumed["checkpoints"][1]["methods"][name]["per_task"] == uninterrupted["checkpoints"][1]["methods"][name]["per_task"]
+        after, before = resumed["checkpoints"][1]["methods"][name], uninterrupted["checkpoints"][1]["methods"][name]
+        assert (after["per_task"], after["updates"]) == (before["per_task"], before["updates"])
     here, there = tmp_path / "atomic-state" / "3", full_path.parent / "atomic-state" / "3"
     for file in ("replay/adapter.safetensors", "tokmem/bank.safetensors"):
         mine, theirs = load_file(here / file), load_file(there / file)
@@ -213,6 +218,32 @@ def test_retrieval_accuracy_is_the_share_of_queries_whose_nearest_training_examp
     assert result["retrieval_accuracy"] == 0.75
 
 
+@pytest.fixture(scope="module")
+def blank_line_backbone(lively_backbone):
+    """lively tiny-random with the newline's (tied) row tripled: its answers often have a blank line after some text."""
+    model = copy.deepcopy(lively_backbone.model)
+    newline = lively_backbone.tokenizer("\n", add_special_tokens=False).input_ids[-1]
+    with torch.no_grad():
+        model.get_output_embeddings().weight[newline].mul_(3)
+    return Backbone("tiny-random-blank-lines", model, lively_backbone.tokenizer)
+
+
+@pytest.mark.parametrize("kind", ["atomic", "tool"])
+def test_every_rag_baseline_ends_its_answer_at_the_first_blank_line(blank_line_backbone, kind):
+    """One stop rule for the prompted baselines: the answer is the unstopped decoding's text up to its first blank line."""
+    queries = [f"Input: {word} {i}" for i in range(6) for word in ("rain", "sums")]
+    if kind == "atomic":
+        rag = RAG(blank_line_backbone, k=1, max_new_tokens=32)
+        rag.learn([Example("Is it sunny in Rome today?", (Step("weather", "no"),))])
+        prompts = [demonstration_prompt(shots, q) for shots, q in zip(rag.retrieve(queries), queries)]
+    else:
+        rag = ToolRAG(blank_line_backbone, catalog(split_tools()[1][:2]), k=1, shots=0, max_new_tokens=32)
+        prompts = [tool_prompt(tools, [], q) for tools, q in zip(rag.retrieve_tools(queries), queries)]
+    whole = plain_answers(rag.model, prompts, 32, 16)
+    assert any("\n\n" in text.strip() for text in whole)  # the rule has something to cut
+    assert [a.text for a in rag.answer(queries)] == [first_block(text) for text in whole]
+
+
 class Lookup(Method):
     """Answers from a fixed table: the harness's scoring is what is under test."""
 
@@ -256,7 +287,7 @@ def test_presets_give_the_sizes_and_options_override_them(tmp_path):
     assert (paper.query, paper.task_schedule, paper.methods) == ("definition", "joint", JOINT_METHODS)
     cpu = make_config("cpu").resolved()
     assert (cpu.query, cpu.task_schedule, cpu.checkpoints, cpu.methods) == ("definition", "joint", (14,), ("base", "rag", "lora", "tokmem"))
-    assert (cpu.train_per_task, cpu.min_train_per_task, cpu.test_per_task, cpu.tokmem_epochs, cpu.lora_epochs) == (100, 20, 10, 2, 1)
+    assert (cpu.train_per_task, cpu.min_train_per_task, cpu.test_per_task, cpu.epochs, cpu.epoch_budgets) == (100, 20, 10, 1, (1, 2))
     cpu = make_config("cpu", checkpoints=(1, 2), methods=("base",)).resolved()
     assert (cpu.num_tasks, cpu.methods, cpu.lora_rank) == (2, ("base",), 8)
     with pytest.raises(TokMemError, match="unknown method"):
@@ -291,16 +322,19 @@ def test_bench_atomic_command_writes_the_json_table_and_plot(sni_dir, tmp_path):
                  "--methods", "base,tokmem", "--train-per-task", "4", "--test-per-task", "2", "--checkpoints", "1,3",
                  "--max-new-tokens", "3", "--tokmem-lr", "0.02", "--query", "input", "--schedule", "sequential",
                  "--init", "orthogonal", "--lr-schedule", "linear", "--warmup", "0.2", "--renorm-every-step",
-                 "--tokmem-epochs", "2", "--lora-epochs", "3", "--quiet", "--json", str(path)]) == 0
+                 "--epoch-budgets", "2", "--seeds", "0,1", "--quiet", "--json", str(path)]) == 0
     result = read_json(path)
     recorded = {k: result["config"][k] for k in ("tokmem_lr", "query", "task_schedule", "init", "schedule", "warmup",
-                                                   "renorm_every_step", "tokmem_epochs", "lora_epochs")}
+                                                   "renorm_every_step", "epoch_budgets", "seeds")}
     assert recorded == {"tokmem_lr": 0.02, "query": "input", "task_schedule": "sequential", "init": "orthogonal",
-                        "schedule": "linear", "warmup": 0.2, "renorm_every_step": True, "tokmem_epochs": 2, "lora_epochs": 3}
+                        "schedule": "linear", "warmup": 0.2, "renorm_every_step": True, "epoch_budgets": [2], "seeds": [0, 1]}
     assert "query = the instance input alone" in path.with_suffix(".md").read_text()
-    assert [p["num_tasks"] for p in result["checkpoints"]] == [1, 3]
-    assert list(result["checkpoints"][1]["methods"]) == ["base", "tokmem"]
-    assert path.with_suffix(".md").is_file() and path.with_suffix(".png").is_file()
+    point = result["epoch_budgets"]["2"]
+    assert [p["num_tasks"] for p in point["checkpoints"]] == [1, 3] and point["seeds"] == [0, 1]
+    tokmem = point["checkpoints"][1]["methods"]["tokmem"]
+    assert list(point["checkpoints"][1]["methods"]) == ["base", "tokmem"] and len(tokmem["rougeL"]["per_seed"]) == 2
+    assert tokmem["updates"] == 2 * sum(-(-t["train"] // 4) for t in point["tasks"])  # 2 epochs of batches of 4, a task a round
+    assert "# Budget curve" in path.with_suffix(".md").read_text() and path.with_suffix(".png").is_file()
 
 
 def test_bench_atomic_refuses_a_checkpoint_beyond_the_tasks_found(sni_dir, tmp_path, capsys):

@@ -3,17 +3,19 @@ the result shapes, the scoring by number of calls, the prompting baselines and t
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from tokmem import Example, Step
-from tokmem.eval.evaluate import predicted_calls
+from tokmem.eval.evaluate import memory_routes, predicted_calls
 from tokmem.eval.evaluate import score_calls as score
 from tokmem.methods.method import Answer
 from tokmem.decode import Segment
 from tokmem.methods.tokmem import UnfrozenTokMem
-from tokmem.methods.tools import ICL, ToolRAG, compact_schema, first_block, tool_prompt
+from tokmem.methods.method import first_block
+from tokmem.methods.tools import ICL, ToolRAG, compact_schema, tool_prompt
 from tokmem.cli import main
 from tokmem.data.tools import call_json, catalog, split_tools
 from tokmem.errors import TokMemError
@@ -76,7 +78,7 @@ def assert_scores(scores, calls=("2", "3")):
 
 # ---- scoring ---------------------------------------------------------------------------------------------
 def texts(*calls):
-    return [(c, None) for c in calls]
+    return list(calls)
 
 
 def test_scores_are_bucketed_by_the_number_of_gold_calls_and_averaged_over_the_buckets():
@@ -102,11 +104,20 @@ def test_an_unparseable_predicted_call_matches_nothing_and_never_crashes():
     assert scores["tool_f1"]["2"] == pytest.approx(200.0 / 9)
 
 
-def test_tokmems_tool_comes_from_its_memory_token_even_when_its_arguments_do_not_parse():
+@pytest.mark.parametrize("routes", [None, [["f", "g"]]], ids=["baseline", "tokmem"])
+def test_a_calls_tool_is_the_name_its_text_gives_for_every_method(routes):
+    """One rule: a call whose text does not parse names no tool, whether or not a memory token chose one."""
     a, b = call("f", x=1), call("g", y=2)
-    scores = score([example(a, b)], [[('{"name":"f","arguments":{"x": 1', "f"), (b, "g")]])
-    assert scores["tool_f1"]["2"] == 100.0
+    scores = score([example(a, b)], [['{"name":"f","arguments":{"x": 1', b]], routes)
+    assert scores["tool_f1"]["2"] == pytest.approx(100 * 2 / 3)  # g right; the broken f call names no tool
     assert scores["arg_f1"]["2"] == scores["call_f1"]["2"] == 50.0
+    assert ("routing_f1" in scores) == (routes is not None)
+
+
+def test_tokmems_memory_token_routing_is_scored_apart_as_routing_f1():
+    a, b = call("f", x=1), call("g", y=2)
+    scores = score([example(a, b)], [['{"name":"f","arguments":{"x": 1', b]], [["f", "h"]])
+    assert scores["routing_f1"] == {"2": 50.0, "avg": 50.0}  # f chosen right, h wrong, whatever the texts say
 
 
 def test_score_refuses_a_prediction_list_of_another_length():
@@ -116,7 +127,9 @@ def test_score_refuses_a_prediction_list_of_another_length():
 
 def test_a_tokmem_segment_is_one_call_and_other_answers_are_split_into_calls():
     segments = [Segment("f", '{"a"\n: 1}'), Segment("g", "")]
-    assert predicted_calls(Answer("ignored", segments=segments)) == [('{"a"\n: 1}', "f"), ("", "g")]
+    assert predicted_calls(Answer("ignored", segments=segments)) == ['{"a"\n: 1}', ""]
+    assert memory_routes(Answer("ignored", segments=segments)) == ["f", "g"]
+    assert memory_routes(Answer('{"name": "f"}')) is None
     assert predicted_calls(Answer(' {"name": "f"} \n\n{"name": "g"}\n')) == texts('{"name": "f"}', '{"name": "g"}')
 
 
@@ -179,7 +192,7 @@ def test_main_study_reports_both_f1s_by_calls_and_the_trainable_params_of_every_
         assert_scores(scores)
     params = {name: scores["trainable_params"] for name, scores in result["methods"].items()}
     rows = TINY["tools"] * backbone.hidden_size
-    assert params == {"icl": 0, "rag": 0, "lora": lora_params(backbone), "tokmem-noadapt": rows, "tokmem": rows}
+    assert params == {"icl": 0, "rag": 0, "lora": lora_params(backbone), "tokmem-noadapt": rows, "tokmem": rows, "tokmem-better": rows}
     assert result["data"]["test"] == sum(result["data"]["test_by_calls"].values()) > 0
     assert result["adaptation"]["tools"] == split_tools()[0][:2]
 
@@ -198,18 +211,25 @@ def test_recipe_study_trains_tokmem_as_configured_and_with_each_option_switched_
     assert "| init: mean (not orthogonal) | TokMem (w/ adapt) |" in markdown.read_text() and plot.stat().st_size > 0
 
 
-def test_the_main_study_gives_tokmem_its_own_epochs(backbone):
-    config = make_config(None, "main", **TINY, epochs=1, tokmem_epochs=3)
-    method = tool_setup.build_method("tokmem", config, {"base": backbone, "adapted": backbone}, {})
-    assert method.epochs == method.train_config.epochs == 3
-    assert tool_setup.build_method("lora", config, {"base": backbone}, {}).epochs == 1
+def test_every_trained_method_trains_the_same_epochs(backbone):
+    config = make_config(None, "main", **TINY, epochs=3)
+    backbones = {"base": backbone, "adapted": backbone}
+    trained = [tool_setup.build_method(name, config, backbones, {}) for name in ("lora", "tokmem-noadapt", "tokmem", "tokmem-better")]
+    assert [m.epochs for m in trained] == [3, 3, 3, 3] and trained[1].train_config.epochs == 3
+
+
+def test_the_better_recipe_row_is_tokmem_with_mean_rows_and_a_constant_learning_rate(backbone):
+    config = make_config(None, "main", **TINY, init="orthogonal", schedule="linear")
+    method = tool_setup.build_method("tokmem-better", config, {"base": backbone, "adapted": backbone}, {})
+    assert (method.train_config.init, method.train_config.schedule) == ("mean", "constant")
+    assert method.label == TOKMEM_LABELS["tokmem-better"] and "tokmem-better" in STUDIES["main"][0]
 
 
 def test_main_study_writes_table_3_and_a_plot(main_study):
     result, (json_path, markdown, plot) = main_study
     assert json.loads(json_path.read_text())["methods"].keys() == result["methods"].keys()
     table = markdown.read_text()
-    assert "| Method | #Params | Tool F1 2 calls | Tool F1 3 calls | Tool F1 Avg. | Argument F1 2 calls" in table
+    assert "| Method | #Params | Updates | Routing F1 Avg. | Tool F1 2 calls | Tool F1 3 calls | Tool F1 Avg. | Argument F1 2 calls" in table
     assert all(f"| {s['label']} |" in table for s in result["methods"].values())
     assert plot.stat().st_size > 0
 
@@ -337,33 +357,49 @@ def test_the_cpu_preset_takes_the_forgetting_studys_own_sizes():
     assert forgetting_config.test_multi < main_config.test_multi and forgetting_config.per_tool == 7
 
 
-def test_the_cpu_presets_of_studies_that_train_tokmem_many_times_give_it_fewer_epochs_so_they_fit_the_hour():
-    main_epochs = make_config("cpu", "main").tokmem_epochs
-    for study in ("generalization", "recipe", "forgetting"):
-        assert make_config("cpu", study).tokmem_epochs < main_epochs, study
+def test_the_cpu_presets_compare_methods_at_the_papers_one_epoch_and_at_a_longer_budget():
+    for study in ("main", "generalization", "forgetting"):
+        config = make_config("cpu", study)
+        assert config.epoch_budgets[0] == 1 < config.epoch_budgets[1] and config.repeated(), study
+    assert make_config("cpu", "main", dataset="complexfuncbench").epoch_budgets == (1, 4)
+
+
+def point_methods(result: dict) -> dict[str, list[str]]:
+    return {epochs: list(point["methods"]) for epochs, point in result["epoch_budgets"].items()}
 
 
 def test_bench_compositional_command_writes_the_json_table_and_plot(tmp_path):
     path = tmp_path / "out" / "main.json"
     options = ["--backbone", "tiny-random", "--device", "cpu", "--tools", "3", "--per-tool", "3", "--train-multi", "2",
-               "--test-multi", "2", "--max-length", "48", "--max-new-tokens", "2", "--methods", "icl,tokmem-noadapt", "--tokmem-lr", "0.02", "--quiet"]
+               "--test-multi", "2", "--max-length", "48", "--max-new-tokens", "2", "--methods", "icl,tokmem-noadapt", "--tokmem-lr", "0.02",
+               "--epoch-budgets", "1,2", "--seeds", "0,1", "--quiet"]
     assert main(["bench", "compositional", "--study", "main", "--json", str(path), *options]) == 0
     result = json.loads(path.read_text())
-    assert result["config"]["tokmem_lr"] == 0.02
-    assert list(result["methods"]) == ["icl", "tokmem-noadapt"] and result["adaptation"] is None
-    assert result["methods"]["tokmem-noadapt"]["label"] == TOKMEM_LABELS["tokmem-noadapt"]
-    assert path.with_suffix(".md").is_file() and path.with_suffix(".png").is_file()
+    assert result["config"]["tokmem_lr"] == 0.02 and result["seeds"] == [0, 1] and list(result["epoch_budgets"]) == ["1", "2"]
+    assert point_methods(result) == {"1": ["icl", "tokmem-noadapt"], "2": ["tokmem-noadapt"]}  # ICL trains nothing
+    assert result["epoch_budgets"]["1"]["methods"]["icl"]["updates"] == 0
+    for epochs, point in result["epoch_budgets"].items():
+        tokmem = point["methods"]["tokmem-noadapt"]
+        assert tokmem["label"] == TOKMEM_LABELS["tokmem-noadapt"] and point["adaptation"] is None
+        assert tokmem["updates"] == int(epochs) * -(-point["data"]["train"] // 2)  # batch 2 (the config's default)
+        assert set(tokmem["call_f1"]["avg"]) == {"avg", "sd", "per_seed"} and len(tokmem["call_f1"]["avg"]["per_seed"]) == 2
+    assert [Path(p).name for p in result["runs"]] == ["epochs1-seed0.json", "epochs1-seed1.json", "epochs2-seed0.json", "epochs2-seed1.json"]
+    assert all(json.loads(Path(p).read_text())["finished"] for p in result["runs"])
+    table = path.with_suffix(".md").read_text()
+    assert "# Budget curve" in table and "## At 2 epoch(s) each" not in table and "# At 2 epoch(s) each" in table and " ± " in table
+    assert path.with_suffix(".png").is_file()
 
 
 def test_every_recipe_option_on_the_command_line_reaches_the_config():
     parser = argparse.ArgumentParser()
     bench.add_compositional(parser.add_subparsers())
-    args = parser.parse_args(["compositional", "--json", "x.json", "--tokmem-epochs", "3", "--lora-epochs", "5",
+    args = parser.parse_args(["compositional", "--json", "x.json", "--epoch-budgets", "1,10", "--seeds", "0,1,2",
                               "--warmup", "0.2", "--no-renorm-every-step", "--init", "mean", "--lr-schedule", "constant"])
     config = bench.compositional_config(args)
-    assert (config.tokmem_epochs, config.lora_epochs, config.warmup) == (3, 5, 0.2)
+    assert (config.epoch_budgets, config.seeds, config.warmup) == ((1, 10), (0, 1, 2), 0.2)
     assert (config.renorm_every_step, config.init, config.schedule) == (False, "mean", "constant")
 
 
-def test_the_recipe_preset_trains_tokmem_fewer_epochs_than_the_main_study():
-    assert make_config("cpu", "recipe").tokmem_epochs < make_config("cpu", "main").tokmem_epochs
+def test_the_recipe_preset_compares_its_tokmem_variants_at_one_budget():
+    config = make_config("cpu", "recipe")
+    assert (config.epochs, config.epoch_budgets, config.repeated()) == (4, None, False)

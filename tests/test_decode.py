@@ -12,7 +12,7 @@ from helpers import random_rows
 
 import tokmem
 from tokmem import DecodeConfig
-from tokmem.methods.tools import first_block
+from tokmem.methods.method import first_block
 from tokmem.decode import BlankLineStop, complete
 from tokmem.sequences import chat_prefix, chat_turns, positions
 

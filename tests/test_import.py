@@ -392,9 +392,9 @@ def test_import_then_train_then_eval_reports_tool_argument_and_call_f1(nestful_f
     capsys.readouterr()
     assert main(["eval", "--bank", str(bank), "--data", str(out), "--max-new-tokens", "8", "--device", "cpu",
                  "--json", str(tmp_path / "eval.json")]) == 0
-    assert "Argument F1" in capsys.readouterr().out
+    assert "Argument F1" in (printed := capsys.readouterr().out) and "Routing F1" in printed
     calls = json.loads((tmp_path / "eval.json").read_text())["calls"]
-    assert set(calls) == {"tool_f1", "arg_f1", "call_f1"} and set(calls["tool_f1"]) == {"1", "2", "avg"}
+    assert set(calls) == {"tool_f1", "arg_f1", "call_f1", "routing_f1"} and set(calls["tool_f1"]) == {"1", "2", "avg"}
     assert all(0 <= calls[m][n] <= 100 for m in calls for n in calls[m])
 
 

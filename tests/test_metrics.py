@@ -13,6 +13,7 @@ from tokmem.eval.metrics import (
     call_scores,
     gold_calls,
     read_call,
+    routing_f1,
     exact_match,
     exact_match_any,
     gsm8k_exact_match,
@@ -164,9 +165,9 @@ def test_parse_call_returns_none_for_anything_but_a_call(text):
     assert parse_call(text) is None
 
 
-def reads(*texts, tools=None):
-    """Predicted calls as ``read_call`` gives them; ``tools``: the tool a memory token chose for each."""
-    return [read_call(text, tool) for text, tool in zip(texts, tools or [None] * len(texts))]
+def reads(*texts):
+    """Predicted calls as ``read_call`` gives them."""
+    return [read_call(text) for text in texts]
 
 
 def test_tool_f1_scores_names_only():
@@ -182,9 +183,13 @@ def test_tool_f1_unparseable_call_contributes_no_name():
     assert tool_f1(reads("garbage"), gold) == 0.0
 
 
-def test_tool_f1_takes_the_memory_tokens_tool_even_when_the_arguments_do_not_parse():
-    gold = gold_calls([call("search", q="cats")])
-    assert tool_f1(reads('{"name":"search","arguments":{"q": cats}', tools=["search"]), gold) == 1.0
+def test_a_call_that_does_not_parse_names_no_tool_and_no_arguments():
+    assert read_call('{"name":"search","arguments":{"q": cats}') == (None, None)
+
+
+def test_routing_f1_scores_the_memory_tokens_tools_against_the_gold_names():
+    gold = gold_calls([call("search", q="cats"), call("weather", city="Oslo")])
+    assert routing_f1(["search", "calendar"], gold) == 0.5
 
 
 def test_argument_f1_ignores_key_order_and_whitespace():
@@ -212,7 +217,7 @@ def test_unparseable_call_counts_as_wrong_not_crash():
     # The garbage prediction still counts as predicted: F1 = 2 * 1 / (2 + 1).
     assert argument_f1(reads(call("search", q="cats"), "search(q='cats')"), gold) == pytest.approx(2 / 3)
     assert argument_f1(reads("{", "None"), gold) == 0.0
-    assert call_f1(reads("{", tools=["search"]), gold) == 0.0
+    assert call_f1(reads("{"), gold) == 0.0
 
 
 def test_unparseable_gold_call_is_an_error():

@@ -55,7 +55,8 @@ def scores_table(title: str, result: dict) -> Table:
 
 
 def call_scores_table(title: str, calls: dict) -> Table:
-    """Tool / argument / call F1 (``metrics.call_scores``): one row per score, one column per number of calls."""
+    """Tool / argument / call F1 (``metrics.call_scores``), and the memory tokens' routing F1 where there is one:
+    one row per score, one column per number of calls."""
     from tokmem.eval.metrics import CALL_METRICS
 
     columns = [c for c in calls["tool_f1"] if c != "avg"]
@@ -64,8 +65,9 @@ def call_scores_table(title: str, calls: dict) -> Table:
     for column in columns:
         table.add_column(f"{column} calls", justify="right")
     table.add_column("avg", justify="right")
-    for metric, name in CALL_METRICS.items():
-        table.add_row(name, *(f"{calls[metric][c]:.1f}" for c in [*columns, "avg"]))
+    for metric, name in (CALL_METRICS | {"routing_f1": "Routing F1"}).items():
+        if metric in calls:
+            table.add_row(name, *(f"{calls[metric][c]:.1f}" for c in [*columns, "avg"]))
     return table
 
 

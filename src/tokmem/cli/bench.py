@@ -85,7 +85,7 @@ def compositional_config(args) -> compositional.CompositionalConfig:
 
 
 def cmd_compositional(args) -> None:
-    result = compositional.run(compositional_config(args), progress=not args.quiet, json_path=args.json)
+    result = compositional.run_all(compositional_config(args), progress=not args.quiet, json_path=args.json)
     written = compositional_report.write_outputs(result, args.json)
     console.print(compositional_report.markdown(result), markup=False, highlight=False, soft_wrap=True)
     _written(written)

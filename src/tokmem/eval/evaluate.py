@@ -62,23 +62,33 @@ def are_tool_calls(examples: list[Example]) -> bool:
 
 
 def tool_call_scores(examples: list[Example], generations: list[Generation]) -> dict:
-    """``score_calls`` of TokMem's generations: each memory-token segment is one call of the tool it chose."""
-    return score_calls(examples, [[(s.text, s.procedure) for s in g.trace] for g in generations])
+    """``score_calls`` of TokMem's generations: each memory-token segment is one call, its memory token a route."""
+    return score_calls(examples, [[s.text for s in g.trace] for g in generations],
+                       [[s.procedure for s in g.trace if s.procedure is not None] for g in generations])
 
 
-def predicted_calls(answer) -> list[tuple[str, str | None]]:
-    """(call text, tool) pairs of an answer (a ``tokmem.methods.Answer``): TokMem's segments, one call each, with the
-    tool its memory token chose; or else the calls found in the answer's text, whose tool is the name they give."""
+def predicted_calls(answer) -> list[str]:
+    """The call texts of an answer (a ``tokmem.methods.Answer``): TokMem's segments, one call each, or else the
+    calls found in the answer's text."""
     if answer.segments is not None:
-        return [(segment.text, segment.procedure) for segment in answer.segments]
-    return [(text, None) for text in metrics.split_calls(answer.text)]
+        return [segment.text for segment in answer.segments]
+    return metrics.split_calls(answer.text)
 
 
-def score_calls(examples: list[Example], predictions: list[list[tuple[str, str | None]]]) -> dict:
-    """Tool, argument and call F1 (``metrics.call_scores``) of predicted (call text, tool) pairs against the gold
-    calls: the one scoring rule of every method.  A call that does not parse matches no gold call."""
-    calls = [[metrics.read_call(text, tool) for text, tool in predicted] for predicted in predictions]
-    return metrics.call_scores([[step.response for step in e.steps] for e in examples], calls)
+def memory_routes(answer) -> list[str] | None:
+    """The tools an answer's memory tokens chose (TokMem), or None for a method without memory tokens."""
+    if answer.segments is None:
+        return None
+    return [segment.procedure for segment in answer.segments if segment.procedure is not None]
+
+
+def score_calls(examples: list[Example], predictions: list[list[str]], routes: list[list[str]] | None = None) -> dict:
+    """Tool, argument and call F1 (``metrics.call_scores``) of predicted call texts against the gold calls: the one
+    scoring rule of every method (a call's tool is the name its text gives; a call that does not parse names no tool
+    and matches no gold call).  ``routes``: the memory tokens' tools of a method that has them, scored apart as
+    ``routing_f1``."""
+    calls = [[metrics.read_call(text) for text in predicted] for predicted in predictions]
+    return metrics.call_scores([[step.response for step in e.steps] for e in examples], calls, routes)
 
 
 def _per_procedure(rows: list[dict]) -> dict:

@@ -7,7 +7,7 @@ is imported on the first ROUGE-L call).
 import ast
 import json
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -143,12 +143,12 @@ def gold_calls(texts: Iterable[str]) -> list[tuple]:
     return parsed
 
 
-def read_call(text: str, tool: str | None = None) -> tuple:
-    """A predicted call as ``(name, canonical arguments)``.  The name is ``tool`` when a memory token chose the
-    tool (TokMem), else the one the text gives; a text that is no call gives None for what it does not give."""
+def read_call(text: str) -> tuple:
+    """A predicted call as ``(name, canonical arguments)``, read from its text alone: the one rule of every method.
+    A text that is no call gives ``(None, None)``: it names no tool and matches no arguments (TokMem's memory-token
+    choice is scored apart, by `routing_f1`)."""
     call = parse_call(text)
-    arguments = call[1] if call else None
-    return (tool if tool is not None else call[0] if call else None), arguments
+    return call if call else (None, None)
 
 
 def split_calls(text: str) -> list[str]:
@@ -187,24 +187,33 @@ def call_f1(predicted: Iterable[tuple], gold: Iterable[tuple]) -> float:
     return multiset_f1(predicted, gold)
 
 
+def routing_f1(routes: Iterable[str], gold: Iterable[tuple]) -> float:
+    """Multiset F1 of the tools a method's memory tokens chose (TokMem's routing) against the gold calls' names."""
+    return multiset_f1(routes, [name for name, _ in gold])
+
+
 CALL_METRICS = {"tool_f1": "Tool F1", "arg_f1": "Argument F1", "call_f1": "Call F1"}
 
 
-def call_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[tuple]]) -> dict:
+def call_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[tuple]],
+                routes: Sequence[Sequence[str]] | None = None) -> dict:
     """Tool, argument and call F1 of each query's predicted calls (``read_call``) against its gold call texts:
     ``{"tool_f1": {"2": …, "3": …, "avg": …}, "arg_f1": …, "call_f1": …}``, 0–100, per number of gold calls
-    (averaged over those queries), and "avg" the mean over the numbers of calls present (as the paper averages)."""
-    if len(gold) != len(predicted):
+    (averaged over those queries), and "avg" the mean over the numbers of calls present (as the paper averages).
+    With ``routes`` (each query's memory-token tools), ``routing_f1`` besides, scored the same way."""
+    if len(gold) != len(predicted) or (routes is not None and len(routes) != len(gold)):
         raise ValueError(f"{len(predicted)} predictions for {len(gold)} queries")
     functions = {"tool_f1": tool_f1, "arg_f1": argument_f1, "call_f1": call_f1}
     by_calls: dict[int, dict[str, list[float]]] = {}
-    for texts, calls in zip(gold, predicted):
+    for i, (texts, calls) in enumerate(zip(gold, predicted)):
         expected = gold_calls(texts)
-        bucket = by_calls.setdefault(len(expected), {metric: [] for metric in functions})
+        bucket = by_calls.setdefault(len(expected), defaultdict(list))
         for metric, function in functions.items():
             bucket[metric].append(100 * function(calls, expected))
+        if routes is not None:
+            bucket["routing_f1"].append(100 * routing_f1(routes[i], expected))
     scores = {}
-    for metric in functions:
+    for metric in [*functions, *(["routing_f1"] if routes is not None else [])]:
         means = {str(n): mean(by_calls[n][metric]) for n in sorted(by_calls)}
         scores[metric] = means | {"avg": mean(means.values())}
     return scores

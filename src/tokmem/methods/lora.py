@@ -97,10 +97,10 @@ class LoRA(Method):
         return True
 
     def state(self) -> dict:
-        return {"rounds": self.rounds}
+        return {"rounds": self.rounds, "updates": self.updates}
 
     def restore(self, state: dict) -> None:
-        self.rounds = state["rounds"]
+        self.rounds, self.updates = state["rounds"], state.get("updates", 0)
 
 
 class Replay(LoRA):

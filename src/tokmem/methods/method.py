@@ -5,7 +5,8 @@ answers queries.  The studies drive TokMem and every baseline through this inter
 
 Baselines that answer with the backbone itself decode with TokMem's own decoder on an empty bank,
 which is the plain backbone (no memory token can be chosen): every method then shares the same
-chat prompt, the same batched, left-padded, cached greedy decoding and the same stopping rule.
+chat prompt, the same batched, left-padded, cached greedy decoding and the same stopping rule; the
+prompted ones (RAG, ICL) also stop at their answer's end, the first blank line (``prompted_answers``).
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ class Method:
     choice_metric: str | None = None  # what the accuracy of ``Answer.choice`` is called, if the method makes one
     learns = True  # False: the answers never change, so a study may reuse a task's earlier scores
     epochs = 0  # passes over a round's examples (0: learning trains nothing), for a study's progress bar
+    updates = 0  # optimiser steps taken so far, over every round: the budget a study compares methods at
     on_step: Callable[[float], None] | None = None  # set by a study to follow a round: gets the fraction done
 
     def report_step(self, done: int, total: int) -> None:
-        """Called by ``learn`` after each optimiser step, so that a long round shows progress."""
+        """Called by ``learn`` after each optimiser step: counts the updates, and a long round shows progress."""
+        self.updates += 1
         if self.on_step is not None:
             self.on_step(done / total)
 
@@ -65,3 +68,17 @@ def plain_answers(model: TokMemModel, prompts: list[str | list[dict]], max_new_t
     config = DecodeConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, share_prefix=share_prefix,
                           stop_at_blank_line=stop_at_blank_line)
     return [g.text for g in generate(model, prompts, config)]
+
+
+def first_block(text: str) -> str:
+    """The text up to its first blank line, without the spaces around it (so that an answer cut where decoding
+    stopped equals the same answer cut from a longer decoding)."""
+    return text.strip().split("\n\n", 1)[0].rstrip()
+
+
+def prompted_answers(model: TokMemModel, prompts: list[str], max_new_tokens: int, batch_size: int,
+                     share_prefix: bool = False) -> list[str]:
+    """The stop rule of every prompted baseline (RAG, ICL) in every study: their demonstrations end each answer
+    with a blank line, so an answer ends at its first blank line (decoding stops there; the text is cut there)."""
+    texts = plain_answers(model, prompts, max_new_tokens, batch_size, share_prefix, stop_at_blank_line=True)
+    return [first_block(text) for text in texts]

@@ -13,7 +13,8 @@ go into the same user turn, most similar first::
     Input: <query>
     Output:
 
-The procedure of the top retrieved example is the method's choice: its accuracy is the retrieval
+An answer ends at its first blank line, where the next demonstration would begin (``prompted_answers``: the stop
+rule of every prompted baseline).  The procedure of the top retrieved example is the method's choice: its accuracy is the retrieval
 accuracy (how often the nearest example comes from the query's own procedure).
 """
 
@@ -26,7 +27,7 @@ import torch
 import tokmem
 from tokmem.decode import DecodeConfig
 from tokmem.backbones import Backbone, default_device
-from tokmem.methods.method import Answer, Method, plain_answers
+from tokmem.methods.method import Answer, Method, prompted_answers
 from tokmem.data.procedures import Example
 
 
@@ -74,5 +75,5 @@ class RAG(Method):
     def answer(self, queries: list[str]) -> list[Answer]:
         retrieved = self.retrieve(queries)
         prompts = [demonstration_prompt(shots, q) for shots, q in zip(retrieved, queries)]
-        texts = plain_answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size)
+        texts = prompted_answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size)
         return [Answer(text, shots[0].procedures[0] if shots else None) for text, shots in zip(texts, retrieved)]

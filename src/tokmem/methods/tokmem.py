@@ -14,6 +14,7 @@ from pathlib import Path
 import tokmem
 from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
+from tokmem.io import read_json, write_json_atomic
 from tokmem.methods.method import Answer, Method
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig, generate
@@ -22,6 +23,7 @@ from tokmem.model import TokMemModel
 from tokmem.train import TrainConfig
 
 BANK_FILE = "bank.safetensors"
+STATE_FILE = "state.json"  # the updates made so far
 ADAPTER_DIR = "adapter"
 
 
@@ -58,6 +60,7 @@ class TokMem(Method):
 
     def save(self, directory: Path) -> bool:
         self.model.bank.save(directory / BANK_FILE)
+        write_json_atomic(directory / STATE_FILE, {"updates": self.updates})
         return True
 
     def load(self, directory: Path) -> bool:
@@ -66,6 +69,8 @@ class TokMem(Method):
             return False
         backbone = self.model.backbone
         self.model = TokMemModel(backbone, MemoryBank.load(path, backbone=backbone))
+        state = directory / STATE_FILE
+        self.updates = read_json(state)["updates"] if state.is_file() else 0
         return True
 
 

@@ -34,7 +34,7 @@ import json
 
 from tokmem.decode import DecodeConfig
 from tokmem.backbones import Backbone
-from tokmem.methods.method import Answer, Method, plain_answers
+from tokmem.methods.method import Answer, Method, prompted_answers
 from tokmem.methods.rag import RAG
 from tokmem.data.procedures import Example
 from tokmem.model import create
@@ -56,17 +56,6 @@ def compact_schema(schema: dict) -> dict:
     order = sorted(properties, key=lambda name: name not in required)
     types = {(name if name in required else f"{name}?"): properties[name].get("type", "any") for name in order}
     return {"name": schema["name"], "description": schema.get("description", ""), "parameters": types}
-
-
-def first_block(text: str) -> str:
-    """The text up to its first blank line."""
-    return text.strip().split("\n\n", 1)[0]
-
-
-def answers(model, prompts: list[str], max_new_tokens: int, batch_size: int, share_prefix: bool = False) -> list[Answer]:
-    """The backbone's answers to the prompts, each cut at its first blank line (where decoding stops)."""
-    texts = plain_answers(model, prompts, max_new_tokens, batch_size, share_prefix=share_prefix, stop_at_blank_line=True)
-    return [Answer(first_block(text)) for text in texts]
 
 
 def compositional(examples: list[Example]) -> list[Example]:
@@ -94,7 +83,8 @@ class ICL(Method):
 
     def answer(self, queries: list[str]) -> list[Answer]:
         prompts = [tool_prompt(self.schemas, self.demonstrations, q) for q in queries]
-        return answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size, share_prefix=True)
+        texts = prompted_answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size, share_prefix=True)
+        return [Answer(text) for text in texts]
 
 
 class ToolRAG(RAG):
@@ -116,7 +106,7 @@ class ToolRAG(RAG):
 
     def answer(self, queries: list[str]) -> list[Answer]:
         prompts = [tool_prompt(t, d, q) for t, d, q in zip(self.retrieve_tools(queries), self.retrieve(queries), queries)]
-        return answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size)
+        return [Answer(text) for text in prompted_answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size)]
 
 
 def fits(backbone: Backbone, prompt: str, max_new_tokens: int, room: float = 0.75) -> bool:

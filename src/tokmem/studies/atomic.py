@@ -49,8 +49,8 @@ from tokmem.data.shared import shared_data
 from tokmem.data.sni import QUERIES, Task, load_tasks
 from tokmem.errors import TokMemError
 from tokmem.io import write_json_atomic, write_text_atomic
-from tokmem.studies.harness import answer_all, learn_round, progress_bar, resumed
-from tokmem.studies.outputs import Panel, line_plot, lines, pivot_table
+from tokmem.studies.harness import answer_all, learn_round, progress_bar, resumed, run_repeats
+from tokmem.studies.outputs import Panel, budget_markdown, budget_panels, line_plot, lines, pivot_table, scaled
 from tokmem.studies.settings import MethodSettings
 from tokmem.report import machine
 from tokmem.train import INITS, SCHEDULES as LR_SCHEDULES, Schedule
@@ -61,6 +61,7 @@ EFFICIENCY_METHODS = ("rag", "lora", "tokmem", "tokmem-dc")
 CLASSES = {"base": Base, "rag": RAG, "lora": LoRA, "replay": Replay, "tokmem": TokMem, "tokmem-dc": TokMem}
 EFFICIENCY_TASKS = 10
 RESUME_IGNORES = ("device", "preset")  # settings a resumed run may change
+SCORE_KEYS = ("checkpoints", "budgets")  # where a result's scores are (averaged over seeds)
 ACCURACIES = {"retrieval_accuracy": "retrieval", "routing_accuracy": "routing"}
 Query = Literal[QUERIES]
 TaskSchedule = Literal["joint", "sequential"]
@@ -137,12 +138,13 @@ class AtomicConfig(MethodSettings):
 PRESETS = {
     # the paper's protocol (definition queries, joint schedule) on the 14 SNI files of the shared data and smollm2-135m,
     # for a CPU (run time: docs/studies.md): 10 test and up to 100 training instances a task (the files hold 30–120;
-    # a task with fewer than 20 left would be skipped), one joint run on all 14 tasks (1,052 examples: TokMem 526
-    # steps in 2 epochs, LoRA 263 in 1), Base/RAG/LoRA/TokMem (TokMem+DC and replay as separate commands).  LoRA's
-    # lr is 1e-3, not the paper's 5e-5: 263 steps instead of the paper's ~125k (as the compositional cpu preset).
+    # a task with fewer than 20 left would be skipped), one joint run on all 14 tasks (1,052 examples: 263 updates an
+    # epoch), Base/RAG/LoRA/TokMem (TokMem+DC and replay as separate commands), every trained method at two budgets:
+    # the paper's one epoch and two.  LoRA's lr is 1e-3, not the paper's 5e-5: 263 steps instead of the paper's
+    # ~125k (as the compositional cpu preset).
     "cpu": dict(
         tasks_dir=str(shared_data("sni", "tasks")), backbone=DEFAULT_BACKBONE, train_per_task=100, min_train_per_task=20,
-        test_per_task=10, checkpoints=(14,), methods=("base", "rag", "lora", "tokmem"), tokmem_epochs=2, lora_epochs=1,
+        test_per_task=10, checkpoints=(14,), methods=("base", "rag", "lora", "tokmem"), epochs=1, epoch_budgets=(1, 2),
         lora_lr=1e-3, max_new_tokens=48, replay_buffer=100, replay_every=5, budgets=(5, 10, 20),
     ),
     # the paper's sizes (1,000 English tasks, 500 train / 50 test each); needs a GPU and the full natural-instructions
@@ -190,9 +192,19 @@ EFFICIENCY = Study("budgets", "train_per_task", "Training examples per task", "S
 
 
 def run(config: AtomicConfig, backbone=None, json_path=None, out_dir=None, resume: bool = False, progress: bool = True) -> dict:
-    """The atomic-recall study, or its sample-efficiency variant when ``config.sample_efficiency``."""
+    """The atomic-recall study, or its sample-efficiency variant when ``config.sample_efficiency``; with several seeds
+    or budgets, once per seed and budget (``harness.run_repeats``: each run resumes where it stopped)."""
     study = run_sample_efficiency if config.sample_efficiency else run_atomic
-    return study(config, backbone, json_path, out_dir, resume, progress)
+    if not config.repeated():
+        return study(config, backbone, json_path, out_dir, resume, progress)
+    if json_path is None:
+        raise TokMemError("several seeds or budgets need a result file (--json): each run is saved beside it")
+    backbone = backbone or _load_backbone(config)
+    result = run_repeats(config, lambda one, path: study(one, backbone, path, None, True, progress), json_path, SCORE_KEYS)
+    files = Files(json_path, out_dir)
+    write_text_atomic(files.markdown, markdown(result, EFFICIENCY if config.sample_efficiency else ATOMIC))
+    plot(result, EFFICIENCY if config.sample_efficiency else ATOMIC, files.plot)
+    return result
 
 
 def run_atomic(config: AtomicConfig, backbone=None, json_path=None, out_dir=None, resume: bool = False, progress: bool = True) -> dict:
@@ -397,6 +409,7 @@ def evaluate(method: Method, tasks: list[Task], batch_size: int = 16, bar=None, 
     if method.choice_metric:
         out[method.choice_metric] = metrics.mean(s[method.choice_metric] for s in per_task.values())
     return out | {
+        "updates": method.updates,
         "trainable_params": method.trainable_params(),
         "train_seconds": round(train_seconds, 2),
         "eval_seconds": round(time.perf_counter() - start, 2),
@@ -438,7 +451,7 @@ def _series(result: dict, study: Study, metric: str, scale: float = 1.0) -> tupl
     for point in points:
         for scores in point["methods"].values():
             if metric in scores:
-                series.setdefault(scores["label"], {})[point[study.x]] = scale * scores[metric]
+                series.setdefault(scores["label"], {})[point[study.x]] = scaled(scores[metric], scale)
     return series, [point[study.x] for point in points]
 
 
@@ -471,18 +484,32 @@ def protocol(result: dict, study: Study) -> str:
     return (
         f"Protocol: query = {QUERY_TEXT[config['query']]}; schedule = {SCHEDULE_TEXT[config['task_schedule']]}; "
         "split = MD5 order of id‖input‖output[0], test first; ROUGE-L against output[0], Porter-stemmed.\n\n"
-        f"Training: TokMem lr {config['tokmem_lr']:g}, {config['init']} init, {config['tokmem_epochs'] or config['epochs']} "
-        f"epoch(s); fine-tuning LoRA r={config['lora_rank']}, lr {config['lora_lr']:g}, {config['lora_epochs'] or config['epochs']} "
-        f"epoch(s); {config['schedule']} lr schedule; batch {config['batch_size']}; seed {config['seed']}.\n\n"
+        f"Training: every trained method {config['epochs']} epoch(s) over its data (the same updates); TokMem lr "
+        f"{config['tokmem_lr']:g}, {config['init']} init; fine-tuning LoRA r={config['lora_rank']}, lr {config['lora_lr']:g}; "
+        f"{config['schedule']} lr schedule; batch {config['batch_size']}; {_seeds(result)}.\n\n"
         f"Data: backbone `{config['backbone']}`; {len(tasks)} tasks from `{config['tasks_dir']}`; {sizes}"
         + (f"; {len(result['skipped_tasks'])} task file(s) skipped" if result["skipped_tasks"] else "")
         + (f"; kept without language fields (taken as English): {', '.join(unknown)}" if unknown else "") + ".\n\n"
     )
 
 
+def _seeds(result: dict) -> str:
+    seeds = result.get("seeds")
+    return f"seed {result['config']['seed']}" if seeds is None else f"seeds {', '.join(map(str, seeds))} (mean ± sd)"
+
+
+def headline(result: dict, study: Study) -> dict[str, dict]:
+    """label → {"updates", "rougeL"} of each method at the study's last point (the budget curve's points)."""
+    last = result[study.key][-1]["methods"] if result[study.key] else {}
+    return {s["label"]: {"updates": s.get("updates", 0), "rougeL": s["rougeL"]} for s in last.values()}
+
+
 def markdown(result: dict, study: Study) -> str:
     """The paper's tables: ROUGE-L (methods × settings, with the average and the trainable parameters),
-    then the routing / retrieval accuracy; the protocol above them."""
+    then the routing / retrieval accuracy; the protocol above them.  Several seeds or budgets: the budget curve,
+    then these tables at each budget."""
+    if result["study"] == "repeats":
+        return budget_markdown(result, lambda r: headline(r, study), {"rougeL": "ROUGE-L"}, lambda r: markdown(r, study))
     rouge, columns = _series(result, study, "rougeL")
     last = result[study.key][-1]["methods"] if result[study.key] else {}
     params = {s["label"]: f"{s['trainable_params']:,}" for s in last.values()}
@@ -496,7 +523,10 @@ def markdown(result: dict, study: Study) -> str:
 
 
 def plot(result: dict, study: Study, path) -> Path:
-    """ROUGE-L against the setting for every method, and TokMem's routing against RAG's retrieval accuracy."""
+    """ROUGE-L against the setting for every method, and TokMem's routing against RAG's retrieval accuracy (several
+    seeds or budgets: ROUGE-L at the last point against the updates)."""
+    if result["study"] == "repeats":
+        return line_plot(path, budget_panels(result, lambda r: headline(r, study), {"rougeL": "ROUGE-L"}, "ROUGE-L"))
     rouge, xs = _series(result, study, "rougeL")
     logx = bool(xs) and max(xs) >= 20 * min(xs)
     return line_plot(path, [

@@ -21,8 +21,9 @@ Each tool is one procedure; a query needs 2–4 calls, answered as calls one JSO
 
 Scores, per number of gold calls and their mean over those numbers ("avg", as the paper averages):
 tool-selection F1 (multiset F1 of the called tools' names) and argument F1 (multiset F1 of whole
-calls after AST normalisation), 0–100, averaged over queries (`tokmem.eval.metrics`).  A predicted call
-that does not parse matches no gold call: it lowers argument F1 and names no tool.
+calls after AST normalisation), 0–100, averaged over queries (`tokmem.eval.metrics`).  One rule for every
+method: a call's tool is the name its text gives; a predicted call that does not parse matches no gold call (it
+lowers argument F1) and names no tool.  TokMem's memory-token choices are scored apart, as routing F1.
 
 TokMem with adaptation (the default TokMem, as in the paper) learns its memory tokens on a backbone
 adapted once per study (`tokmem.adapt`) on the held-out adaptation tools; its trainable parameters
@@ -47,16 +48,16 @@ from tokmem.data.procedures import Example
 from tokmem.data.tools import StudySizes, ToolData, split_tools
 from tokmem.errors import TokMemError
 from tokmem.eval import metrics
-from tokmem.eval.evaluate import predicted_calls, score_calls
+from tokmem.eval.evaluate import memory_routes, predicted_calls, score_calls
 from tokmem.io import write_json_atomic
 from tokmem.methods.method import Method
 from tokmem.report import machine
-from tokmem.studies.harness import answer_all, learn_round, progress_bar
+from tokmem.studies.harness import answer_all, learn_round, progress_bar, run_repeats
 from tokmem.studies.settings import MethodSettings
 from tokmem.studies.tool_setup import build_method, groups, new_row_norms, prepare_backbones, real_data, tool_data
 
 METRICS = metrics.CALL_METRICS
-MAIN_METHODS = ("icl", "rag", "lora", "tokmem-noadapt", "tokmem")
+MAIN_METHODS = ("icl", "rag", "lora", "tokmem-noadapt", "tokmem", "tokmem-better")
 STUDIES = {  # study → (default methods, methods it accepts)
     "main": (MAIN_METHODS, MAIN_METHODS),
     "generalization": (("lora", "tokmem"), MAIN_METHODS),
@@ -153,33 +154,31 @@ class CompositionalConfig(MethodSettings):
 PRESETS = {
     # smollm2-135m on 2 CPU cores, the reference code's recipe (batch 2, orthogonal rows, warm-up + linear decay,
     # per-step renormalisation, arguments-only segments) at a tenth of its data: 10 evaluation tools, ~220 training
-    # queries.  TokMem's rows train 10 epochs (~1,100 updates, 10× the earlier preset's 110); fine-tuning 2 epochs (it
-    # learns faster, and 2 were enough for 91.5 tool F1 before).  LoRA's lrs are 20× the paper's for the small data.
+    # queries.  Every trained method trains the same epochs: two budgets, the paper's one epoch (~110 updates) and a
+    # longer one (a budget curve; docs/studies.md has the run times).  LoRA's lrs are 20× the paper's for the small data.
     # The adaptation phase (1,000 queries over the 25 built-in adaptation tools, 1 epoch) is cached on disk; its LoRA
     # has no dropout here: on a CPU, dropout makes a step several times slower (docs/studies.md).
     "cpu": {
         "common": dict(
             backbone=DEFAULT_BACKBONE, tools=10, per_tool=12, train_multi=120, test_multi=40, adapt_per_tool=20,
-            adapt_multi=500, max_new_tokens=176, epochs=2, tokmem_epochs=10, batch_size=2, lora_lr=1e-3, adapt_lr=1e-3,
+            adapt_multi=500, max_new_tokens=176, epochs=1, epoch_budgets=(1, 4), batch_size=2, lora_lr=1e-3, adapt_lr=1e-3,
             replay_buffer=100, init="orthogonal", schedule="linear", renorm_every_step=True, adapt_dropout=0.0,
         ),
-        # four training caps, each trained afresh: TokMem 4 epochs (the recipe study's budget), not the main study's 10
-        "generalization": dict(test_multi=32, tokmem_epochs=4),
-        # 5 rounds of 2 tools, 42 training queries a round; TokMem's four variants at 4 epochs (84 updates a round)
-        # so that the five methods fit a CPU budget (run times: docs/studies.md)
-        "forgetting": dict(per_tool=14, train_multi=20, test_multi=8, tokmem_epochs=4),
-        # four TokMem runs (as configured, then init, schedule and segments switched alone) at 4 epochs each, not the
-        # main study's 10, so that the ablation fits a CPU budget
-        "recipe": dict(tokmem_epochs=4),
+        # four training caps, each trained afresh: a long budget of 3 epochs, so that a run stays within the hour
+        "generalization": dict(test_multi=32, epoch_budgets=(1, 3)),
+        # 5 rounds of 2 tools, 42 training queries a round
+        "forgetting": dict(per_tool=14, train_multi=20, test_multi=8),
+        # four TokMem runs (as configured, then init, schedule and segments switched alone), all at one budget of 4 epochs
+        "recipe": dict(epochs=4, epoch_budgets=None),
         # ComplexFuncBench's records with 2–4 calls (as the paper's queries): 150 to train, 24 to test; 300 BFCL
         # multi-turn turns to adapt.  Arguments-only sequences of these records reach ~320 tokens (p95), whole
         # calls a little more: max_length 512 keeps them whole.
-        "complexfuncbench": dict(train_multi=150, test_multi=24, adapt_multi=300, tokmem_epochs=6, max_length=512,
+        "complexfuncbench": dict(train_multi=150, test_multi=24, adapt_multi=300, epoch_budgets=(1, 4), max_length=512,
                                  max_new_tokens=384),
     },
     # the paper's sizes and the reference code's recipe; a GPU (and, for 50 + 50 tools, the xLAM file: --xlam)
     "paper": {
-        "common": dict(backbone="meta-llama/Llama-3.2-1B-Instruct", epochs=3, batch_size=2, init="orthogonal",
+        "common": dict(backbone="meta-llama/Llama-3.2-1B-Instruct", epochs=1, epoch_budgets=(1, 3), batch_size=2, init="orthogonal",
                        schedule="linear", renorm_every_step=True),
         "forgetting": dict(train_multi=1000, test_multi=100),
     },
@@ -203,10 +202,12 @@ def evaluate(method: Method, examples: list[Example], batch_size: int, bar, samp
     """Scores of the method's answers to ``examples``, its trainable parameters and a few answers to read."""
     start = time.perf_counter()
     bar.set_description_str(f"{method.name}: answering {len(examples)} queries")
-    predictions = [predicted_calls(a) for a in answer_all(method, [e.query for e in examples], batch_size, bar)]
+    answers = answer_all(method, [e.query for e in examples], batch_size, bar)
+    predictions = [predicted_calls(a) for a in answers]
     return {
         "label": method.label,
-        **score_calls(examples, predictions),
+        **score_calls(examples, predictions, routes(answers)),
+        "updates": method.updates,
         "trainable_params": method.trainable_params(),
         "eval_seconds": round(time.perf_counter() - start, 2),
         "samples": answer_samples(examples[:samples], predictions),
@@ -215,8 +216,13 @@ def evaluate(method: Method, examples: list[Example], batch_size: int, bar, samp
 
 def answer_samples(examples: list[Example], predictions: list) -> list[dict]:
     """Queries with their gold and predicted calls, for a reader to see what the scores mean."""
-    return [{"query": e.query, "gold": [s.response for s in e.steps], "predicted": [text for text, _ in p]}
-            for e, p in zip(examples, predictions)]
+    return [{"query": e.query, "gold": [s.response for s in e.steps], "predicted": p} for e, p in zip(examples, predictions)]
+
+
+def routes(answers: list) -> list[list[str]] | None:
+    """Each answer's memory-token tools when the method has memory tokens (TokMem), else None."""
+    chosen = [memory_routes(a) for a in answers]
+    return None if any(r is None for r in chosen) else chosen
 
 
 def learn_and_evaluate(method: Method, data: ToolData, config: CompositionalConfig, bar) -> dict:
@@ -225,6 +231,18 @@ def learn_and_evaluate(method: Method, data: ToolData, config: CompositionalConf
 
 
 # ---- the studies -----------------------------------------------------------------------------------------
+SCORE_KEYS = ("methods", "train_max_calls", "variants")  # where a result's scores are (averaged over seeds)
+
+
+def run_all(config: CompositionalConfig, backbone: Backbone | None = None, progress: bool = True, json_path=None) -> dict:
+    """The study once, or, with several seeds or budgets, once per seed and budget (``harness.run_repeats``)."""
+    if not config.repeated():
+        return run(config, backbone, progress, json_path)
+    if json_path is None:
+        raise TokMemError("several seeds or budgets need a result file (--json): each run is saved beside it")
+    return run_repeats(config, lambda one, path: run(one, backbone, progress, path), json_path, SCORE_KEYS)
+
+
 def run(config: CompositionalConfig, backbone: Backbone | None = None, progress: bool = True, json_path=None) -> dict:
     """The study ``config.study`` names; ``json_path``: where to save the result so far after every step."""
     runners = {"main": run_main, "generalization": run_generalization, "forgetting": run_forgetting, "recipe": run_recipe}
@@ -320,7 +338,7 @@ def forgetting_round(method: Method, datasets: list[ToolData], r: int, config: C
     seconds = learn_round(method, data.train, f"round {r}", bar)
     scores, samples = evaluate_groups(method, datasets[:r], config.eval_batch_size, bar)
     bar.write(f"{method.name} round {r}: argument F1 " + ", ".join(f"group {g} {s['arg_f1']['avg']:.1f}" for g, s in scores.items()))
-    return {"round": r, "train_seconds": round(seconds, 2), "new_rows": new_row_norms(method, list(data.tools)),
+    return {"round": r, "updates": method.updates, "train_seconds": round(seconds, 2), "new_rows": new_row_norms(method, list(data.tools)),
             "groups": scores, "samples": samples}
 
 
@@ -329,11 +347,14 @@ def evaluate_groups(method: Method, datasets: list[ToolData], batch_size: int, b
     group's first answer: following one query over the rounds shows how an old tool's calls change."""
     queries = [e.query for d in datasets for e in d.test]
     bar.set_description_str(f"{method.name}: answering {len(queries)} queries")
-    predictions = [predicted_calls(a) for a in answer_all(method, queries, batch_size, bar)]
+    answers = answer_all(method, queries, batch_size, bar)
+    predictions, chosen = [predicted_calls(a) for a in answers], routes(answers)
     scores, samples, first = {}, {}, 0
     for g, data in enumerate(datasets, 1):
-        predicted = predictions[first : first + len(data.test)]
-        scores[str(g)], samples[str(g)] = score_calls(data.test, predicted), answer_samples(data.test[:1], predicted)
+        part = slice(first, first + len(data.test))
+        predicted = predictions[part]
+        scores[str(g)] = score_calls(data.test, predicted, chosen[part] if chosen is not None else None)
+        samples[str(g)] = answer_samples(data.test[:1], predicted)
         first += len(data.test)
     return scores, samples
 

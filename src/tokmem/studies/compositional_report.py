@@ -7,16 +7,24 @@ from pathlib import Path
 from tokmem.eval import metrics
 from tokmem.io import write_json_atomic, write_text_atomic
 from tokmem.studies.compositional import MAIN_METHODS, METRICS
-from tokmem.studies.outputs import Panel, line_plot, lines, markdown_table, pivot_table
+from tokmem.studies.outputs import (
+    Panel, budget_markdown, budget_panels, line_plot, lines, markdown_table, mean_of, pivot_table, spread,
+)
+
+AVERAGES = {metric: f"{title} (avg.)" for metric, title in METRICS.items()}  # the budget curve's scores
 
 
 def markdown(result: dict) -> str:
+    if result["study"] == "repeats":
+        return budget_markdown(result, headline, AVERAGES, markdown)
     writers = {"main": main_markdown, "generalization": generalization_markdown, "forgetting": forgetting_markdown,
                "recipe": recipe_markdown}
     return writers[result["study"]](result)
 
 
 def plot(result: dict, path) -> Path:
+    if result["study"] == "repeats":
+        return line_plot(path, budget_panels(result, headline, AVERAGES, "F1"))
     plotters = {"main": main_panels, "generalization": generalization_panels, "forgetting": forgetting_panels,
                 "recipe": recipe_panels}
     columns = len(result["methods"]) if result["study"] == "forgetting" else None
@@ -42,21 +50,29 @@ def _note(result: dict) -> str:
         train = f"{train} ({', '.join(f'{c} with {n} calls' for n, c in data['train_calls'].items())})"
         adapted += " Left out: " + "; ".join(f"{n} {why}" for why, n in data["left_out"].items()) + "."
     return (f"Backbone `{config['backbone']}`; {len(data['tools'])} tools ({data['source']}); {train} training "
-            f"and {data['test']} test queries ({calls}); seed {config['seed']}.{adapted}\n\n{_protocol(config)}\n\n"
-            "Tool F1: the tools called (TokMem's from its memory tokens); argument F1: the paper's, argument objects "
-            "matched whatever the name; call F1: name and arguments both right. 0–100; Avg. is the mean over the "
-            "numbers of calls.\n\n")
+            f"and {data['test']} test queries ({calls}); {_seeds(result)}.{adapted}\n\n{_protocol(config)}\n\n"
+            "Tool F1: the tools the calls' texts name, for every method alike (a call that does not parse names "
+            "none); argument F1: the paper's, argument objects matched whatever the name; call F1: name and arguments "
+            "both right; routing F1: the tools TokMem's memory tokens chose, scored apart. 0–100; Avg. is the mean "
+            "over the numbers of calls.\n\n")
+
+
+def _seeds(result: dict) -> str:
+    seeds = result.get("seeds")
+    if seeds is None:
+        return f"seed {result['config']['seed']}"
+    return f"seeds {', '.join(map(str, seeds))} (scores: mean ± sd over the seeds; each seed's in the JSON)"
 
 
 def _protocol(config: dict) -> str:
     """Which protocol the run followed: the reference code's recipe, or which parts of it differ."""
     reference = {"tool_segments": "arguments", "init": "orthogonal", "schedule": "linear", "renorm_every_step": True}
     differs = [f"{k} {config.get(k)}" for k, v in reference.items() if config.get(k, v) != v]
-    epochs = f"TokMem {config.get('tokmem_epochs') or config['epochs']}, fine-tuning {config.get('lora_epochs') or config['epochs']}"
     recipe = ("Protocol: the reference code's (arguments-only tool segments, orthogonal rows, warm-up + linear decay, "
               "per-step renormalisation)" if not differs else "Protocol: ours, differing from the reference code in "
               + ", ".join(differs))
-    return f"{recipe}; batch {config['batch_size']}; epochs: {epochs}."
+    return (f"{recipe}; batch {config['batch_size']}; every trained method {config['epochs']} epoch(s) over its data: "
+            "the same number of updates (column Updates).")
 
 
 def _calls(scores: dict) -> list[str]:
@@ -68,15 +84,22 @@ def _score_header(calls: list[str]) -> list[str]:
 
 
 def _score_cells(scores: dict, calls: list[str]) -> list[str]:
-    return [f"{scores[m][c]:.1f}" if c in scores[m] else "–" for m in METRICS for c in [*calls, "avg"]]
+    return [spread(scores[m][c]) if c in scores[m] else "–" for m in METRICS for c in [*calls, "avg"]]
+
+
+def _budget_cells(scores: dict) -> list[str]:
+    """The updates a method made and its memory tokens' routing F1 (TokMem), beside its scores."""
+    routing = scores.get("routing_f1")
+    return [f"{scores.get('updates', 0):,}", spread(routing["avg"]) if routing else "–"]
 
 
 def main_markdown(result: dict) -> str:
     """Table 3: methods (in the paper's order) × (tool, argument, call F1) × number of calls, with the trainable parameters."""
     methods = [result["methods"][m] for m in MAIN_METHODS if m in result["methods"]]
     calls = _calls(methods[0]) if methods else []
-    rows = [[s["label"], f"{s['trainable_params']:,}", *_score_cells(s, calls)] for s in methods]
-    return "# Compositional tool calling\n\n" + _note(result) + markdown_table(["Method", "#Params", *_score_header(calls)], rows)
+    rows = [[s["label"], f"{s['trainable_params']:,}", *_budget_cells(s), *_score_cells(s, calls)] for s in methods]
+    header = ["Method", "#Params", "Updates", "Routing F1 Avg.", *_score_header(calls)]
+    return "# Compositional tool calling\n\n" + _note(result) + markdown_table(header, rows)
 
 
 def generalization_markdown(result: dict) -> str:
@@ -84,15 +107,16 @@ def generalization_markdown(result: dict) -> str:
     points = result["train_max_calls"]
     first = next((s for p in points.values() for s in p["methods"].values()), None)
     calls = _calls(first) if first else []
-    rows = [[f"≤ {n} calls ({result['data']['train'][n]} queries)", s["label"], *_score_cells(s, calls)]
+    rows = [[f"≤ {n} calls ({result['data']['train'][n]} queries)", s["label"], *_budget_cells(s), *_score_cells(s, calls)]
             for n, p in points.items() for s in p["methods"].values()]
+    header = ["Train maximum calls", "Method", "Updates", "Routing F1 Avg.", *_score_header(calls)]
     return ("# Compositional generalisation\n\nTrained on queries with at most the given number of calls; tested on the same "
-            "queries for every setting. " + _note(result) + markdown_table(["Train maximum calls", "Method", *_score_header(calls)], rows))
+            "queries for every setting. " + _note(result) + markdown_table(header, rows))
 
 
 def recipe_markdown(result: dict) -> str:
     """One row per recipe variant and method: average F1s and the seconds it trained."""
-    rows = [[label, s["label"], *(f"{s[m]['avg']:.1f}" for m in METRICS), f"{s['train_seconds']:.0f}"]
+    rows = [[label, s["label"], *(spread(s[m]["avg"]) for m in METRICS), spread(s["train_seconds"], "{:.0f}")]
             for label, point in result["variants"].items() for s in point["methods"].values()]
     return ("# Training-recipe ablation\n\nEach row changes one option of the configured recipe "
             f"(init {result['config']['init']}, schedule {result['config']['schedule']}, tool segments "
@@ -108,7 +132,7 @@ def recipe_panels(result: dict) -> list[Panel]:
         series: dict[str, dict] = {}
         for k, point in enumerate(result["variants"].values()):
             for scores in point["methods"].values():
-                series.setdefault(scores["label"], {})[k] = scores[metric]["avg"]
+                series.setdefault(scores["label"], {})[k] = mean_of(scores[metric]["avg"])
         panels.append(Panel(f"{title} (avg.)", "variant (row of the table, 0 = as configured)", "F1", lines(series), ylim=(0, 100)))
     return panels
 
@@ -120,7 +144,7 @@ def _group_series(entry: dict, metric: str) -> dict[str, dict]:
         for group, scores in point["groups"].items():
             series.setdefault(f"group {group}", {})[point["round"]] = scores[metric]["avg"]
     rounds = {p["round"]: p["groups"].values() for p in entry["rounds"]}
-    return series | {"all seen groups": {r: metrics.mean(s[metric]["avg"] for s in seen) for r, seen in rounds.items()}}
+    return series | {"all seen groups": {r: metrics.mean(mean_of(s[metric]["avg"]) for s in seen) for r, seen in rounds.items()}}
 
 
 def forgetting_markdown(result: dict) -> str:
@@ -134,7 +158,7 @@ def forgetting_markdown(result: dict) -> str:
             out += "\n"
     norms = _new_rows(result)
     if norms:
-        rows = [[label, *(f"{n['mean']:.3f} ± {n['std']:.3f}" for n in per_round)] for label, per_round in norms.items()]
+        rows = [[label, *(f"{mean_of(n['mean']):.3f} ± {mean_of(n['std']):.3f}" for n in per_round)] for label, per_round in norms.items()]
         out += "## L2 norm of each round's new memory rows (mean ± std)\n\n" + markdown_table(["Method", *map(str, rounds)], rows)
     return out + _first_group_answers(result)
 
@@ -185,7 +209,24 @@ def forgetting_panels(result: dict) -> list[Panel]:
     norms (the paper finds them inflating round after round without renormalisation)."""
     panels = [Panel(f"{entry['label']}: {title}", "round", title, lines(_group_series(entry, metric)), ylim=(0, 100))
               for metric, title in METRICS.items() for entry in result["methods"].values()]
-    norms = {label: {r: n["mean"] for r, n in enumerate(per_round, 1)} for label, per_round in _new_rows(result).items()}
+    norms = {label: {r: mean_of(n["mean"]) for r, n in enumerate(per_round, 1)} for label, per_round in _new_rows(result).items()}
     if norms:
         panels.append(Panel("New memory rows", "round", "mean L2 norm", lines(norms), ylim=(0, None)))
     return panels
+
+
+# ---- several seeds and budgets ---------------------------------------------------------------------------------
+def headline(result: dict) -> dict[str, dict]:
+    """label → {"updates": …, metric: average score} of each method in a study's headline setting: the main table;
+    generalisation's largest training cap; the recipe as configured; forgetting's every group after the last round."""
+    study = result["study"]
+    if study == "forgetting":
+        return {e["label"]: {"updates": e["rounds"][-1]["updates"], **_all_groups(e["rounds"][-1]["groups"])}
+                for e in result["methods"].values() if e["rounds"]}
+    methods = {"main": lambda: result["methods"], "generalization": lambda: list(result["train_max_calls"].values())[-1]["methods"],
+               "recipe": lambda: result["variants"]["as configured"]["methods"]}[study]()
+    return {s["label"]: {"updates": s.get("updates", 0), **{m: s[m]["avg"] for m in METRICS}} for s in methods.values()}
+
+
+def _all_groups(groups: dict) -> dict:
+    return {m: metrics.mean(mean_of(g[m]["avg"]) for g in groups.values()) for m in METRICS}

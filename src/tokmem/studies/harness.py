@@ -5,14 +5,22 @@ A study is a config dataclass and a function returning a result dict; these are 
 
 from __future__ import annotations
 
+import json
+import statistics
 import time
+from collections.abc import Callable
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 from tqdm.auto import tqdm
 
 from tokmem.errors import TokMemError
-from tokmem.io import read_json
+from tokmem.io import read_json, write_json_atomic
 from tokmem.methods.method import Answer, Method
+from tokmem.report import machine
+
+RUN_IGNORES = ("device", "preset")  # settings a finished run may differ in and still be reused
 
 
 def progress_bar(total: int, progress: bool):
@@ -52,10 +60,11 @@ def answer_all(method: Method, queries: list[str], batch_size: int, bar) -> list
     return answers
 
 
-def resumed(json_path, study: str, settings: dict, ignores=()) -> dict | None:
+def resumed(json_path, study: str, settings: dict, ignores=(), remedy: str = "drop --resume to start over") -> dict | None:
     """The result saved in ``json_path`` to continue from, or None when there is none (or no path: not resuming).
 
-    It must be of the same ``study`` and have the same ``settings`` but for ``ignores`` (the device, …)."""
+    It must be of the same ``study`` and have the same ``settings`` but for ``ignores`` (the device, …); the error
+    otherwise says what to do (``remedy``)."""
     if json_path is None or not Path(json_path).is_file():
         return None
     saved = read_json(json_path)
@@ -63,6 +72,88 @@ def resumed(json_path, study: str, settings: dict, ignores=()) -> dict | None:
     if saved.get("study") != study or changed:
         raise TokMemError(
             f"cannot resume {json_path}: it was run with other settings ({', '.join(changed) or 'another study'}); "
-            "use the same options, or drop --resume to start over"
+            f"use the same options, or {remedy}"
         )
     return saved
+
+
+# ---- several seeds and budgets -----------------------------------------------------------------------------
+PLAIN = ("trainable_params", "updates", "round", "num_tasks", "train_per_task")  # the same in every seed: kept as numbers
+
+
+def aggregate_seeds(results: list[dict], keys: tuple[str, ...]) -> dict:
+    """The per-seed results of one study and budget as one result of the same shape: the first's, with every
+    number under ``keys`` (the scores) replaced by ``{"avg", "sd", "per_seed"}`` over the seeds (sd 0 for one
+    seed); texts (labels, sample answers) are the first seed's.  Top-level ``seeds`` lists the seeds."""
+    combined = dict(results[0]) | {key: _combine([r[key] for r in results]) for key in keys if key in results[0]}
+    return combined | {"seeds": [r["config"]["seed"] for r in results]}
+
+
+def _combine(values: list, key: str | None = None):
+    first = values[0]
+    if isinstance(first, (int, float)) and not isinstance(first, bool):
+        if key in PLAIN and all(v == first for v in values):
+            return first
+        return {"avg": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+                "per_seed": values}
+    if isinstance(first, dict):
+        return {k: _combine([v[k] for v in values], k) for k in first if all(isinstance(v, dict) and k in v for v in values)}
+    if isinstance(first, list) and all(isinstance(v, list) and len(v) == len(first) for v in values):
+        return [_combine(list(items), key) for items in zip(*values)]
+    return first
+
+
+def run_repeats(config, run_one: Callable[[Any, Path], dict], json_path, keys: tuple[str, ...]) -> dict:
+    """One run of the study per budget (``config.epoch_budgets``: epochs of every trained method; past the first
+    budget only the trained methods) and seed (``config.seeds``), one after the other, each saved to
+    ``<json stem>-runs/epochs<b>-seed<s>.json``; a run already finished there (with the same settings) is read, not
+    run again.  ``run_one(config, path)`` runs one and saves it to ``path``.  Returns (and saves to ``json_path``
+    after every run) ``{"study": "repeats", "config", "machine", "seeds", "epoch_budgets": {epochs: the seeds'
+    results aggregated (`aggregate_seeds`)}, "runs": [paths]}``."""
+    json_path = Path(json_path)
+    budgets, seeds = config.epoch_budgets or (config.epochs,), config.seeds or (config.seed,)
+    folder = json_path.with_name(f"{json_path.stem}-runs")
+    combined = {"study": "repeats", "config": _settings(config), "machine": machine(), "seeds": list(seeds),
+                "epoch_budgets": {}, "runs": []}
+    for epochs in budgets:
+        results = []
+        for seed in seeds:
+            one = _budget_run(config, epochs, seed, first=epochs == budgets[0])
+            if one is None:
+                break
+            path = folder / f"epochs{epochs}-seed{seed}.json"
+            results.append(_finished_run(one, path) or _finish(run_one(one, path), path))
+            combined["runs"].append(str(path))
+            combined["epoch_budgets"][str(epochs)] = aggregate_seeds(results, keys)
+            write_json_atomic(json_path, combined)
+    return combined
+
+
+def _budget_run(config, epochs: int, seed: int, first: bool):
+    """The config of one run.  Past the first budget only the methods that train run: the others (ICL, RAG, the
+    base model) answer the same at every budget, so their rows are those of the first budget's tables; None when
+    no method trains."""
+    one = replace(config, epochs=epochs, seed=seed, seeds=None, epoch_budgets=None).resolved()
+    trained = tuple(m for m in one.methods if one.epochs_of(m))
+    if first or trained == one.methods:
+        return one
+    return replace(one, methods=trained) if trained else None
+
+
+def _settings(config) -> dict:
+    """The config as its JSON reads back (tuples as lists)."""
+    return json.loads(json.dumps(asdict(config)))
+
+
+def _finished_run(config, path: Path) -> dict | None:
+    """The run saved at ``path`` when it finished; an error when it was run with other settings."""
+    saved = read_json(path) if path.is_file() else {}
+    if not saved.get("finished"):
+        return None
+    return resumed(path, saved["study"], _settings(config), RUN_IGNORES, "remove that run file, or choose another --json")
+
+
+def _finish(result: dict, path: Path) -> dict:
+    result["finished"] = True
+    write_json_atomic(path, result)
+    return result

@@ -1,10 +1,32 @@
 """Outputs every study writes beside its JSON (`tokmem.io.write_json_atomic`): markdown
-tables in the paper's layout (methods × settings) and line plots (matplotlib, Agg backend)."""
+tables in the paper's layout (methods × settings) and line plots (matplotlib, Agg backend).  A score is a
+number, or over several seeds ``{"avg", "sd", "per_seed"}`` (`tokmem.studies.harness.aggregate_seeds`):
+tables print it as mean ± sd, plots draw its mean."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+
+def mean_of(value) -> float:
+    """A score as a number: itself, or the mean of a score over seeds (``{"avg", "sd", "per_seed"}``)."""
+    return value["avg"] if isinstance(value, dict) else value
+
+
+def spread(value, fmt: str = "{:.1f}") -> str:
+    """A score as a table prints it: the number, or over seeds "mean ± sd"."""
+    if isinstance(value, dict):
+        return f"{fmt.format(value['avg'])} ± {fmt.format(value['sd'])}"
+    return fmt.format(value)
+
+
+def scaled(value, factor: float):
+    """A score times ``factor`` (a fraction as a percentage), over seeds too."""
+    if isinstance(value, dict):
+        return {"avg": value["avg"] * factor, "sd": value["sd"] * factor, "per_seed": [v * factor for v in value["per_seed"]]}
+    return value * factor
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -24,8 +46,8 @@ def pivot_table(
     header = [corner, *map(str, columns)] + (["Avg."] if average else []) + list(extra)
     rows = []
     for label, values in series.items():
-        present = [values[c] for c in columns if values.get(c) is not None]
-        row = [label, *(fmt.format(values[c]) if values.get(c) is not None else "–" for c in columns)]
+        present = [mean_of(values[c]) for c in columns if values.get(c) is not None]
+        row = [label, *(spread(values[c], fmt) if values.get(c) is not None else "–" for c in columns)]
         if average:
             row.append(fmt.format(sum(present) / len(present)) if present else "–")
         rows.append(row + [texts.get(label, "–") for texts in extra.values()])
@@ -33,8 +55,8 @@ def pivot_table(
 
 
 def lines(series: dict[str, dict]) -> dict[str, tuple[list, list]]:
-    """Series given as label → {x: y}, as a Panel takes them: label → (xs, ys)."""
-    return {label: (list(values), list(values.values())) for label, values in series.items()}
+    """Series given as label → {x: y} (y a number or a score over seeds: its mean), as a Panel takes them: label → (xs, ys)."""
+    return {label: (list(values), [mean_of(y) for y in values.values()]) for label, values in series.items()}
 
 
 @dataclass
@@ -80,3 +102,41 @@ def line_plot(path, panels: list[Panel], columns: int | None = None) -> Path:
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path
+
+
+# ---- several seeds and budgets (`tokmem.studies.harness.run_repeats`) -------------------------------------------
+Headline = Callable[[dict], dict[str, dict]]  # a study's result → label → {"updates": …, score: value} of its headline
+
+
+def budget_markdown(result: dict, headline: Headline, scores: dict[str, str], body: Callable[[dict], str]) -> str:
+    """The budget curve (each method's headline ``scores`` and updates at every budget), then the study's own tables
+    (``body``) at each budget."""
+    budgets = result["epoch_budgets"]
+    curve: dict[str, dict] = {}
+    for epochs, point in budgets.items():
+        for label, values in headline(point).items():
+            curve.setdefault(label, {})[epochs] = f"{values['updates']:,} upd.: " + " / ".join(spread(values[m]) for m in scores)
+    rows = [[label, *(cells.get(e, "–") for e in budgets)] for label, cells in curve.items()]
+    out = ("# Budget curve\n\nEvery trained method of a run trains the same epochs over the same data, so the same "
+           f"number of updates; one run per budget and seed (seeds {', '.join(map(str, result['seeds']))}); past the "
+           "first budget only the methods that train run again (the others answer the same at every budget). Each cell: "
+           f"updates: {' / '.join(scores.values())} (mean ± sd over the seeds).\n\n"
+           + markdown_table(["Method", *(f"{e} epoch(s) each" for e in budgets)], rows))
+    for epochs, point in budgets.items():
+        out += f"\n# At {epochs} epoch(s) each\n\n" + _without_title(body(point))
+    return out
+
+
+def _without_title(text: str) -> str:
+    """A study's markdown under another title: its own title dropped, its sections a level down."""
+    return text.split("\n", 1)[1].lstrip("\n").replace("\n# ", "\n## ")
+
+
+def budget_panels(result: dict, headline: Headline, scores: dict[str, str], ylabel: str) -> list[Panel]:
+    """Each headline score against the updates, one line per trained method (from the same runs as the tables)."""
+    series: dict[str, dict[str, dict]] = {m: {} for m in scores}
+    for point in result["epoch_budgets"].values():
+        for label, values in headline(point).items():
+            for metric in scores if values["updates"] else ():
+                series[metric].setdefault(label, {})[values["updates"]] = values[metric]
+    return [Panel(title, "optimiser updates", ylabel, lines(series[m]), ylim=(0, 100)) for m, title in scores.items()]

@@ -1,7 +1,8 @@
 """The settings the atomic and compositional studies share: how their methods train and answer.
 
 Each study's config inherits them and adds its data, its methods and the defaults of its own; the defaults
-here are those of `TrainConfig`, `DecodeConfig` and `LoRASettings`.
+here are those of `TrainConfig`, `DecodeConfig` and `LoRASettings`.  Every trained method of a run trains the
+same number of epochs (``epochs``): methods are compared at equal budgets by construction.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ T, D, L = TrainConfig, DecodeConfig, LoRASettings  # every default below is thei
 
 @dataclass(frozen=True)
 class MethodSettings:
-    epochs: int = option(T.epochs, "epochs over the training examples")
-    tokmem_epochs: int | None = option(None, "epochs of TokMem's rows (default: --epochs)")
-    lora_epochs: int | None = option(None, "epochs of fine-tuning and replay (default: --epochs)")
+    epochs: int = option(T.epochs, "epochs of every trained method alike (the same number of updates): the run's budget")
+    epoch_budgets: tuple[int, ...] | None = option(None, "several budgets, e.g. 1,10: one run per value of --epochs "
+                                                   "(a budget curve: the score against the updates)")
+    seeds: tuple[int, ...] | None = option(None, "several seeds, e.g. 0,1,2: one run per seed, one after the other "
+                                           "(resumable); tables show mean ± sd")
     init: Init = option(T.init, "TokMem's new rows: mean embedding (the paper's text) or orthogonal (the reference code)")
     schedule: Schedule = option(T.schedule, "learning rate of every trained method: constant, or linear (10% warm-up, "
                                 "then decay; the reference code)", flag="--lr-schedule")
@@ -43,9 +46,11 @@ class MethodSettings:
 
     def epochs_of(self, method: str) -> int:
         """How many passes a method (by name) makes over a round's examples: 0 for those that train nothing."""
-        if method.startswith("tokmem"):
-            return self.tokmem_epochs or self.epochs
-        return self.lora_epochs or self.epochs if method in ("lora", "replay") else 0
+        return self.epochs if method.startswith("tokmem") or method in ("lora", "replay") else 0
+
+    def repeated(self) -> bool:
+        """Whether the study runs more than once: several seeds or budgets (`tokmem.studies.harness.run_repeats`)."""
+        return self.seeds is not None or self.epoch_budgets is not None
 
     def decode_options(self) -> dict:
         """Keyword arguments of every method: how it answers."""
@@ -58,10 +63,9 @@ class MethodSettings:
 
     def tokmem_options(self) -> dict:
         """Keyword arguments of TokMem's variants."""
-        return self.train_options() | dict(lr=self.tokmem_lr, epochs=self.tokmem_epochs or self.epochs, init=self.init,
+        return self.train_options() | dict(lr=self.tokmem_lr, init=self.init,
                                            renorm_every_step=self.renorm_every_step, tool_segments=self.tool_segments)
 
     def lora_options(self) -> dict:
         """Keyword arguments of fine-tuning and replay."""
-        return self.train_options() | dict(rank=self.lora_rank, lr=self.lora_lr, weight_decay=self.lora_weight_decay,
-                                           epochs=self.lora_epochs or self.epochs)
+        return self.train_options() | dict(rank=self.lora_rank, lr=self.lora_lr, weight_decay=self.lora_weight_decay)

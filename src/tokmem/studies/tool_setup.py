@@ -27,11 +27,13 @@ if TYPE_CHECKING:
 TOKMEM_LABELS = {
     "tokmem-noadapt": "TokMem (w/o adapt)",
     "tokmem": "TokMem (w/ adapt)",
+    "tokmem-better": "TokMem (w/ adapt; mean init, constant lr)",
     "tokmem-roundnorm": "TokMem (renorm after round)",
     "tokmem-norenorm": "TokMem (w/o renorm)",
     "tokmem-unfrozen": "TokMem (unfrozen backbone)",
 }
-ADAPTED = {"tokmem", "tokmem-roundnorm", "tokmem-norenorm", "tokmem-unfrozen"}  # built on the adapted backbone
+ADAPTED = {"tokmem", "tokmem-better", "tokmem-roundnorm", "tokmem-norenorm", "tokmem-unfrozen"}
+BETTER_RECIPE = dict(init="mean", schedule="constant")  # the recipe study's better defaults (--init mean --lr-schedule constant)  # built on the adapted backbone
 
 
 def tool_data(config: CompositionalConfig, ranks: tuple[int, int], train_max_calls: int | None = None) -> ToolData:
@@ -108,6 +110,7 @@ def build_method(name: str, config: CompositionalConfig, backbones: dict, tools:
         "replay": lambda: Replay(base, **replay, **lora),
         "tokmem-noadapt": lambda: TokMem(base, **memory),
         "tokmem": lambda: TokMem(adapted, **memory),
+        "tokmem-better": lambda: TokMem(adapted, **memory | BETTER_RECIPE),
         "tokmem-roundnorm": lambda: TokMem(adapted, **memory | dict(renorm_every_step=False)),
         "tokmem-norenorm": lambda: TokMem(adapted, renormalize=False, **memory),
         "tokmem-unfrozen": lambda: UnfrozenTokMem(adapted, config.lora_rank, config.lora_lr, config.lora_weight_decay, **memory),

@@ -1,0 +1,114 @@
+"""The study harness's repeats: per-seed results aggregated in one place, and one resumable run per budget and seed."""
+
+import json
+
+import pytest
+
+from tokmem.errors import TokMemError
+from tokmem.studies.compositional import make_config
+from tokmem.studies.harness import aggregate_seeds, run_repeats
+
+
+def seed_result(seed: int, f1: float, label: str = "TokMem") -> dict:
+    return {
+        "study": "main",
+        "config": {"seed": seed},
+        "data": {"train": 10},
+        "methods": {
+            "tokmem": {
+                "label": label,
+                "updates": 5,
+                "trainable_params": 64,
+                "tool_f1": {"2": f1, "avg": f1},
+                "samples": [{"predicted": [f"call {seed}"]}],
+            }
+        },
+    }
+
+
+def test_every_score_becomes_its_mean_sd_and_per_seed_values():
+    combined = aggregate_seeds([seed_result(0, 50.0), seed_result(1, 70.0), seed_result(2, 60.0)], ("methods",))
+    assert combined["seeds"] == [0, 1, 2]
+    assert combined["methods"]["tokmem"]["tool_f1"]["avg"] == {
+        "avg": 60.0,
+        "sd": pytest.approx(10.0),
+        "per_seed": [50.0, 70.0, 60.0],
+    }
+
+
+def test_labels_samples_updates_and_parameters_stay_as_the_first_seed_gives_them_and_other_keys_are_not_averaged():
+    combined = aggregate_seeds([seed_result(0, 50.0), seed_result(1, 70.0)], ("methods",))
+    tokmem = combined["methods"]["tokmem"]
+    assert (tokmem["label"], tokmem["updates"], tokmem["trainable_params"]) == ("TokMem", 5, 64)
+    assert tokmem["samples"] == [{"predicted": ["call 0"]}] and combined["data"] == {"train": 10}
+
+
+def test_one_seed_has_no_spread():
+    assert aggregate_seeds([seed_result(3, 40.0)], ("methods",))["methods"]["tokmem"]["tool_f1"]["2"] == {
+        "avg": 40.0,
+        "sd": 0.0,
+        "per_seed": [40.0],
+    }
+
+
+def study(config, path) -> dict:
+    """A stand-in study run (what run_repeats drives, not what it is tested for): its score is the seed plus the epochs."""
+    return seed_result(config.seed, float(config.seed + config.epochs)) | {
+        "config": json.loads(json.dumps(config.__dict__))
+    }
+
+
+def test_a_study_runs_once_per_budget_and_seed_and_a_finished_run_is_not_run_again(tmp_path):
+    config = make_config(
+        None, "main", backbone="tiny-random", tools=4, adapt_tools=2, epoch_budgets=(1, 3), seeds=(0, 1)
+    )
+    runs = []
+    result = run_repeats(
+        config,
+        lambda one, path: runs.append((one.epochs, one.seed)) or study(one, path),
+        tmp_path / "r.json",
+        ("methods",),
+    )
+    assert runs == [(1, 0), (1, 1), (3, 0), (3, 1)]
+    assert result["seeds"] == [0, 1] and list(result["epoch_budgets"]) == ["1", "3"]
+    assert result["epoch_budgets"]["3"]["methods"]["tokmem"]["tool_f1"]["avg"]["per_seed"] == [3.0, 4.0]
+    assert json.loads((tmp_path / "r.json").read_text()) == result
+    again = run_repeats(config, lambda one, path: runs.append("again"), tmp_path / "r.json", ("methods",))
+    assert "again" not in runs and again["epoch_budgets"] == result["epoch_budgets"]
+
+
+def test_a_finished_run_of_other_settings_is_an_error_not_a_silent_reuse(tmp_path):
+    config = make_config(None, "main", backbone="tiny-random", tools=4, adapt_tools=2, seeds=(0,))
+    run_repeats(config, study, tmp_path / "r.json", ("methods",))
+    with pytest.raises(TokMemError, match="other settings"):
+        run_repeats(
+            make_config(None, "main", backbone="tiny-random", tools=3, adapt_tools=2, seeds=(0,)),
+            study,
+            tmp_path / "r.json",
+            ("methods",),
+        )
+
+
+def test_past_the_first_budget_only_the_methods_that_train_run_again(tmp_path):
+    config = make_config(
+        None,
+        "main",
+        backbone="tiny-random",
+        tools=4,
+        adapt_tools=2,
+        methods=("icl", "rag", "lora"),
+        epoch_budgets=(1, 2),
+        seeds=(0,),
+    )
+    runs = []
+    run_repeats(
+        config,
+        lambda one, path: runs.append((one.epochs, one.methods)) or study(one, path),
+        tmp_path / "r.json",
+        ("methods",),
+    )
+    assert runs == [(1, ("icl", "rag", "lora")), (2, ("lora",))]
+    untrained = make_config(
+        None, "main", backbone="tiny-random", tools=4, adapt_tools=2, methods=("icl",), epoch_budgets=(1, 2), seeds=(0,)
+    )
+    assert list(run_repeats(untrained, study, tmp_path / "u.json", ("methods",))["epoch_budgets"]) == ["1"]
