@@ -189,8 +189,8 @@ class Answers:
         watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
         deadline = time.monotonic() + self.config.timeout + GRACE
         try:
-            if shape.chat:
-                yield sse({**meta, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+            if shape.chat:  # no content yet: the answer may be tool calls (content null, as OpenAI's)
+                yield sse({**meta, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
             while not handle.finished and time.monotonic() < deadline:
                 await _updated(handle, deadline - time.monotonic())
                 tokens = handle.tokens
