@@ -8,13 +8,11 @@ from dataclasses import replace
 
 import openai
 import pytest
-from helpers import call, random_rows, serve, write_bank
+from helpers import CITY, COUNT, call, serve, write_bank, write_tool_bank
 
 import tokmem
 from tokmem import DecodeConfig
 
-CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Rome"]}}, "required": ["city"]}
-COUNT = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 TOOLS = [{"type": "function", "function": {"name": name, "parameters": schema}} for name, schema in (("city", CITY), ("count", COUNT))]
 CONFIG = DecodeConfig(max_new_tokens=200)  # room for the longest reference ("$var…$") the grammar allows to close
 ASK = [{"role": "user", "content": "Weather in Rome, then count."}]
@@ -39,11 +37,7 @@ def execute(name: str, arguments: dict) -> str:
 @pytest.fixture
 def offline(lively_backbone, tmp_path):
     """The served tool bank (two tools with schemas, one text row) and a bank without tools, as offline models."""
-    model = tokmem.create(lively_backbone)
-    model.bank.add(["city", "count", "chat"], lively_backbone.mean_embedding(), kinds=["tool", "tool", "text"],
-                   schemas=[CITY, COUNT, None])
-    random_rows(model.bank, scale=0.7)
-    model.bank.save(tmp_path / "banks" / "tools.safetensors")
+    model = write_tool_bank(lively_backbone, tmp_path / "banks" / "tools.safetensors")
     return {"tools": model, "alpha": write_bank(lively_backbone, tmp_path / "banks" / "alpha.safetensors", rows=3)}
 
 
@@ -190,6 +184,7 @@ def test_streamed_tool_calls_are_deltas_the_sdk_assembles_into_the_whole_answer(
     ({"logprobs": True}, "logprobs is not supported"),
     ({"response_format": {"type": "json_object"}}, "response_format is not supported"),
     ({"messages": [*ASK, {"role": "tool", "content": "sunny"}]}, "needs the tool_call_id"),
+    ({"messages": CONVERSATION[1:]}, "messages[0]: the conversation must start"),
     ({"messages": CONVERSATION[:2] + [{"role": "user", "content": "and?"}]}, "no 'tool' message answers tool call(s) a"),
     ({"messages": [*ASK, {"role": "assistant", "tool_calls": [tool_call("a", "weather", {})]},
                    {"role": "tool", "tool_call_id": "a", "content": "x"}]}, "'weather' is not a tool in the bank"),

@@ -103,6 +103,8 @@ def conversation_ids(model: TokMemModel, messages: list[dict], result_tokens: in
     """The conversation's tokens up to where the assistant answers next (see the module's docstring)."""
     tokenizer = model.backbone.tokenizer
     first_call = next((i for i, m in enumerate(messages) if _calls(m)), len(messages))
+    if first_call == 0:
+        raise DataError("messages[0]: the conversation must start with the messages the tool calls answer (a user turn)")
     ids = chat_prefix(tokenizer, [_text_message(m, i) for i, m in enumerate(messages[:first_call])])
     i = first_call
     while i < len(messages):
