@@ -12,6 +12,10 @@ from helpers import CITY, COUNT, call, serve, write_bank, write_tool_bank
 
 import tokmem
 from tokmem import DecodeConfig
+from tokmem.chat import conversation_ids, reply_from, tool_routing
+from tokmem.sequences import chat_prefix
+from tokmem.serve.banks import BankRegistry
+from tokmem.serve.engine import Engine, Request
 
 TOOLS = [{"type": "function", "function": {"name": name, "parameters": schema}} for name, schema in (("city", CITY), ("count", COUNT))]
 CONFIG = DecodeConfig(max_new_tokens=200)  # room for the longest reference ("$var…$") the grammar allows to close
@@ -209,3 +213,30 @@ def test_the_values_that_leave_unimplemented_fields_off_are_accepted(app, offlin
                                                     logprobs=False, response_format={"type": "text"}, presence_penalty=0)
 
     assert served(call(app, scenario)) == offline_reply(offline["tools"], ASK)
+
+
+def test_schema_bound_rows_keep_their_grammar_as_rows_without_one_join_and_leave(lively_backbone, tmp_path, offline):
+    """The engine driven step by step: a tool row joins a running row of a bank without schemas, another tool row
+    joins later, the plain row leaves first; each tool answer equals tokmem.chat's."""
+    registry, engine = BankRegistry(lively_backbone, tmp_path / "banks"), Engine(lively_backbone)
+    tokenizer, tools = lively_backbone.tokenizer, registry.get("tools")
+    model = tools.model
+
+    def tool_request(messages, tool_choice):
+        allowed, forced, threshold = tool_routing(model, None, tool_choice, CONFIG.threshold)
+        return Request(tools, conversation_ids(model, messages), "", max_tokens=CONFIG.max_new_tokens,
+                       allowed=allowed, forced=forced, threshold=threshold)
+
+    plain = engine.submit(Request(registry.get("alpha"), chat_prefix(tokenizer, "hi"), "hi", max_tokens=6))
+    engine.step()
+    first = engine.submit(tool_request(ASK, "required"))
+    for _ in range(3):
+        engine.step()
+    second = engine.submit(tool_request(CONVERSATION, {"type": "function", "function": {"name": "count"}}))
+    while engine.step():
+        pass
+    assert plain.finish_reason == "length" and len(plain.tokens) == 6
+    for handle, messages, choice in ((first, ASK, "required"), (second, CONVERSATION, {"type": "function", "function": {"name": "count"}})):
+        reply = reply_from(model, handle.tokens, handle.plain, len(messages))
+        assert reply == tokmem.chat(model, messages, tool_choice=choice, config=CONFIG)
+        assert reply.tool_calls
