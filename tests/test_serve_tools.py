@@ -142,15 +142,15 @@ def test_the_openai_sdk_runs_a_whole_agent_loop_with_the_answers_of_tokmem_chat(
         async def ask(messages, tool_choice):
             response = await client.chat.completions.create(model="tools", messages=messages, tools=TOOLS,
                                                             tool_choice=tool_choice, max_tokens=200)
-            message = response.choices[0].message
-            return message.model_dump(exclude_none=True) | {"content": message.content}
+            return response.choices[0].message.model_dump(exclude_none=True)  # as docs/serving.md's loop does
 
         return await agent_loop(ask)
 
     cache = tokmem.ChatCache()
 
     async def ask_offline(messages, tool_choice):
-        return tokmem.chat(offline["tools"], messages, ["city", "count"], tool_choice, CONFIG, cache).message
+        message = tokmem.chat(offline["tools"], messages, ["city", "count"], tool_choice, CONFIG, cache).message
+        return {key: value for key, value in message.items() if value is not None}
 
     conversation = call(app, scenario)
     assert conversation == asyncio.run(agent_loop(ask_offline))

@@ -97,7 +97,7 @@ class ArgumentGrammar:
 
     def _with(self, schemas, matchers) -> "ArgumentGrammar":
         grammar = ArgumentGrammar(self.grammars, schemas, self.eos)
-        grammar.matchers = matchers
+        grammar.matchers, grammar.batch = matchers, self.batch
         return grammar
 
     def advance(self, tokens: torch.Tensor) -> None:
