@@ -171,12 +171,7 @@ class _Batch:
             mine.keys = torch.cat([_pad_columns(mine.keys, width), _pad_columns(theirs.keys, width)])
             mine.values = torch.cat([_pad_columns(mine.values, width), _pad_columns(theirs.values, width)])
         mask = torch.cat([pad(self.mask, (width - self.mask.shape[1], 0)), pad(other.mask, (width - other.mask.shape[1], 0))])
-        grammar = None
-        if self.grammar is not None or other.grammar is not None:
-            mine, theirs = (g or argument_grammar([h.request for h in b.handles], always=True) for g, b in
-                            ((self.grammar, self), (other.grammar, other)))
-            grammar = mine.join(theirs)
-        return _Batch(self.handles + other.handles, self.cache, mask, *self._cat(other), grammar)
+        return _Batch(self.handles + other.handles, self.cache, mask, *self._cat(other), self._join_grammars(other))
 
     def select(self, keep: list[int]) -> "_Batch":
         """The rows ``keep``, without the leading columns none of them attends to."""
@@ -188,6 +183,15 @@ class _Batch:
         state = [t[rows] for t in (self.position, self.last, self.steps, self.plain, self.max_steps, self.temperature)]
         grammar = None if self.grammar is None else self.grammar.select(keep)
         return _Batch([self.handles[i] for i in keep], self.cache, mask[:, start:], *state, grammar)
+
+    def _join_grammars(self, other: "_Batch") -> ArgumentGrammar | None:
+        """The joined rows' grammar: None if neither side has one, else each side's (a side without one gets a blank:
+        its rows have no schema in use)."""
+        if self.grammar is None and other.grammar is None:
+            return None
+        mine = self.grammar or argument_grammar([h.request for h in self.handles], always=True)
+        theirs = other.grammar or argument_grammar([h.request for h in other.handles], always=True)
+        return mine.join(theirs)
 
     def _cat(self, other: "_Batch") -> list[torch.Tensor]:
         names = ("position", "last", "steps", "plain", "max_steps", "temperature")
