@@ -30,6 +30,21 @@ def write_bank(backbone, path, rows: int, decoupled: bool = False, seed: int = 0
     return model
 
 
+CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Rome"]}}, "required": ["city"]}
+COUNT = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+
+def write_tool_bank(backbone, path):
+    """Save a bank with two tool rows with schemas (city, count) and a text row (chat); returns its model."""
+    import tokmem
+
+    model = tokmem.create(backbone)
+    model.bank.add(["city", "count", "chat"], backbone.mean_embedding(), kinds=["tool", "tool", "text"], schemas=[CITY, COUNT, None])
+    random_rows(model.bank, scale=0.7)
+    model.bank.save(path)
+    return model
+
+
 def write_served_banks(backbone, directory) -> dict:
     """Every bank of SERVED_BANKS in ``directory``; returns name -> model (the offline reference)."""
     return {

@@ -75,7 +75,7 @@ def test_batched_schema_bound_generation_equals_one_query_at_a_time(tool_model):
 
 def test_each_row_is_masked_by_its_own_tools_grammar_and_memory_tokens_wait_for_the_json_to_close(tool_model):
     vocab, eos = tool_model.vocab_size, tool_model.backbone.eos_token_id
-    grammar = ArgumentGrammar(grammars_for(tool_model.backbone.tokenizer, vocab), tool_model.bank.schemas, 3, eos)
+    grammar = ArgumentGrammar(grammars_for(tool_model.backbone.tokenizer, vocab), [tool_model.bank.schemas] * 3, eos)
     grammar.advance(torch.tensor([vocab + 0, vocab + 1, vocab + 2]))  # city, count, free (no schema)
     logits = grammar.constrain(torch.zeros(3, vocab + 3))
     brace = tool_model.backbone.tokenizer.convert_tokens_to_ids("{")

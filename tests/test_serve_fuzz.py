@@ -13,12 +13,12 @@ from urllib.parse import quote
 
 import httpx2
 import pytest
-from helpers import bank_files, expected, loopback, serve, write_bank, write_served_banks
+from helpers import bank_files, expected, loopback, serve, write_bank, write_served_banks, write_tool_bank
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 EXAMPLES = 400
-BANKS = ["alpha", "beta", "gamma", "empty"]
+BANKS = ["alpha", "beta", "gamma", "empty", "tools"]
 CLEAN = {"model": "alpha", "prompt": "Reverse apple.", "max_tokens": 8, "threshold": 0.0}
 
 JSON = st.recursive(
@@ -27,15 +27,22 @@ JSON = st.recursive(
     max_leaves=6,
 )
 TEXTS = st.text(max_size=60) | st.sampled_from(["Reverse apple.", "hi", "What is the weather like today?"])
+TOOL_NAMES = st.sampled_from(["city", "count", "chat", "p0"]) | st.text(max_size=8)
+CALLS = st.lists(st.fixed_dictionaries({"id": st.sampled_from(["a", "b"]), "type": st.just("function"), "function": st.fixed_dictionaries(
+    {"name": TOOL_NAMES, "arguments": st.sampled_from(['{"city":"Rome"}', '{"n":3}', "{}", "not json"]) | st.text(max_size=12)})}),
+    max_size=2)
 MESSAGES = st.lists(st.fixed_dictionaries({
-    "role": st.sampled_from(["system", "developer", "user", "assistant"]),
+    "role": st.sampled_from(["system", "developer", "user", "assistant", "tool"]),
     "content": TEXTS | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXTS}), max_size=2),
-}), min_size=1, max_size=3)
+}, optional={"tool_calls": CALLS, "tool_call_id": st.sampled_from(["a", "b"])}), min_size=1, max_size=3)
 PLAUSIBLE = {
     "model": st.sampled_from(BANKS) | st.text(max_size=20),
     "messages": MESSAGES | MESSAGES.map(lambda m: [*m, {"role": "user", "content": "hi"}]),
     "prompt": TEXTS | st.lists(TEXTS, max_size=2),
     "procedure": st.sampled_from(["p0", "p1", "p9"]) | st.text(max_size=8),
+    "tools": st.lists(st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries({"name": TOOL_NAMES})}),
+                      max_size=3),
+    "tool_choice": st.sampled_from(["auto", "none", "required"]) | TOOL_NAMES.map(lambda n: {"type": "function", "function": {"name": n}}),
 }
 
 
@@ -131,6 +138,7 @@ def fuzz(base: str, strategy, statuses: list) -> None:
 def test_fuzzed_requests_never_get_5xx_hang_or_log_a_traceback_and_a_clean_request_stays_exact(lively_backbone, tmp_path):
     (tmp_path / "banks").mkdir()
     offline = write_served_banks(lively_backbone, tmp_path / "banks")
+    write_tool_bank(lively_backbone, tmp_path / "banks" / "tools.safetensors")
     write_bank(lively_backbone, tmp_path / "upload" / "bank.safetensors", rows=2)
     tensors, metadata = bank_files(tmp_path / "upload" / "bank.safetensors")
     app, _ = serve(lively_backbone, tmp_path / "banks", max_new_tokens=16, default_max_tokens=8, max_prompt_tokens=300)

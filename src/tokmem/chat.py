@@ -25,7 +25,7 @@ import torch
 from transformers import DynamicCache
 
 from tokmem.data.procedures import arguments_json, schema_order
-from tokmem.decode import DecodeConfig, decode_rows
+from tokmem.decode import DecodeConfig, decode_rows, to_generation
 from tokmem.errors import DataError
 from tokmem.sequences import RESULT_TOKENS, chat_prefix, result_ids
 from tokmem.model import TokMemModel
@@ -72,9 +72,8 @@ def chat(model: TokMemModel, messages: list[dict], tools=None, tool_choice="auto
     config = config or DecodeConfig()
     cache = cache if cache is not None else ChatCache()
     ids = conversation_ids(model, messages, result_tokens)
-    allowed, forced = tool_routing(model, tools, tool_choice)
-    if tool_choice == "required":  # routing always picks a memory token, among the allowed (tool) rows
-        config = replace(config, threshold=0.0)
+    allowed, forced, threshold = tool_routing(model, tools, tool_choice, config.threshold)
+    config = replace(config, threshold=threshold)
     new, kv = _reuse(model, cache, ids)
     mask = torch.ones(1, len(ids), dtype=torch.long, device=model.device)
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
@@ -82,7 +81,7 @@ def chat(model: TokMemModel, messages: list[dict], tools=None, tool_choice="auto
                                      torch.tensor([forced], device=model.device), generator, allowed.unsqueeze(0))
     tokens = rows[0]
     cache.ids, cache.kv, cache.prefilled = ids + tokens[:-1], kv, len(new)
-    return _reply(model, tokens, bool(plain[0]), len(messages))
+    return reply_from(model, tokens, bool(plain[0]), len(messages))
 
 
 def run_tools(model: TokMemModel, messages: list[dict], executor, tools=None, max_turns: int = 8, **options) -> list[dict]:
@@ -104,6 +103,8 @@ def conversation_ids(model: TokMemModel, messages: list[dict], result_tokens: in
     """The conversation's tokens up to where the assistant answers next (see the module's docstring)."""
     tokenizer = model.backbone.tokenizer
     first_call = next((i for i, m in enumerate(messages) if _calls(m)), len(messages))
+    if first_call == 0:
+        raise DataError("messages[0]: the conversation must start with the messages the tool calls answer (a user turn)")
     ids = chat_prefix(tokenizer, [_text_message(m, i) for i, m in enumerate(messages[:first_call])])
     i = first_call
     while i < len(messages):
@@ -124,8 +125,8 @@ def _calls(message) -> list:
 
 
 def _text_message(message, i: int) -> dict:
-    if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant"):
-        raise DataError(f"messages[{i}]: expected a system, user or assistant message (a 'tool' result must follow "
+    if not isinstance(message, dict) or message.get("role") not in ("system", "developer", "user", "assistant"):
+        raise DataError(f"messages[{i}]: expected a system, developer, user or assistant message (a 'tool' result must follow "
                         "the assistant turn that called it)")
     if not isinstance(message.get("content"), str):
         raise DataError(f"messages[{i}].content: must be a string")
@@ -167,10 +168,11 @@ def _results(messages: list[dict], start: int, call_ids: list) -> list[str]:
     return [found[call_id] for call_id in call_ids]
 
 
-def tool_routing(model: TokMemModel, tools, tool_choice) -> tuple[torch.Tensor, int]:
-    """(the bank rows the turn may use, the memory id forced first or -1) for OpenAI's ``tools`` and ``tool_choice``
-    (``"required"`` also needs routing's threshold at 0).  Bad names are ``DataError``s naming the field (a server's
-    400)."""
+def tool_routing(model: TokMemModel, tools, tool_choice, threshold: float) -> tuple[torch.Tensor, int, float]:
+    """(the bank rows the turn may use, the memory id forced first or -1, routing's threshold) for OpenAI's ``tools``
+    and ``tool_choice``; ``threshold`` is the open-set rule's, 0 for ``"required"`` (it always routes, among the
+    allowed tool rows).  Bad names are ``DataError``s naming the field (a server's 400).  ``tokmem.chat`` and the
+    server (``tokmem.serve``) both map a request through here."""
     bank = model.bank
     names = None if tools is None else [t if isinstance(t, str) else (t.get("function") or {}).get("name") for t in tools]
     unknown = [n for n in names or [] if n not in bank.tool_names()]
@@ -188,10 +190,10 @@ def tool_routing(model: TokMemModel, tools, tool_choice) -> tuple[torch.Tensor, 
         if named not in bank.tool_names() or (names is not None and named not in names):
             raise DataError(f"tool_choice: {tool_choice!r} is not 'auto', 'none', 'required' or one of the allowed tools")
         allowed = torch.tensor([n == named for n in bank.names], dtype=torch.bool)
-        return allowed.to(model.device), model.memory_id(named)
+        return allowed.to(model.device), model.memory_id(named), threshold
     if tool_choice == "required" and not allowed.any():
         raise DataError("tool_choice 'required': the bank has no tool among the allowed ones")
-    return allowed.to(model.device), -1
+    return allowed.to(model.device), -1, 0.0 if tool_choice == "required" else threshold
 
 
 def _reuse(model: TokMemModel, cache: ChatCache, ids: list[int]) -> tuple[list[int], DynamicCache]:
@@ -208,19 +210,30 @@ def _reuse(model: TokMemModel, cache: ChatCache, ids: list[int]) -> tuple[list[i
     return ids[shared:], kv
 
 
-def _reply(model: TokMemModel, tokens: list[int], plain: bool, turn: int) -> Reply:
-    """The turn's tokens (up to EOS) as text or as tool calls (ids ``call_<turn>_<k>``)."""
+def reply_from(model: TokMemModel, tokens: list[int], plain: bool, turn: int) -> Reply:
+    """The turn's tokens (up to EOS) as text (``Generation.text``: ``generate``'s) or as tool calls (ids
+    ``call_<turn>_<k>``) when the turn starts with a tool row's memory token."""
     vocab, eos, tokenizer = model.vocab_size, model.backbone.eos_token_id, model.backbone.tokenizer
     finish = "stop" if tokens[-1] == eos else "length"
     tokens = tokens[:-1] if tokens[-1] == eos else tokens
+    if not tokens or not starts_calls(model, tokens[0], plain):
+        return Reply(to_generation(model, "", tokens, 0.0, not plain).text, [], finish)
     starts = [k for k, token in enumerate(tokens) if token >= vocab]
-    if plain or not starts or not model.bank.is_tool(tokens[0] - vocab):
-        return Reply(tokenizer.decode([t for t in tokens if t < vocab], skip_special_tokens=True).strip(), [], finish)
     calls = []
     for k, (start, end) in enumerate(zip(starts, [*starts[1:], len(tokens)])):
         arguments = tokenizer.decode(tokens[start + 1 : end], skip_special_tokens=True).strip()
-        calls.append(ToolCall(f"call_{turn}_{k}", model.bank.names[tokens[start] - vocab], arguments))
+        calls.append(ToolCall(call_id(turn, k), model.bank.names[tokens[start] - vocab], arguments))
     return Reply(None, calls, "tool_calls" if finish == "stop" else finish)
+
+
+def starts_calls(model: TokMemModel, first: int, plain: bool) -> bool:
+    """Whether a turn whose first token is ``first`` answers with tool calls: it starts with a tool row's memory token."""
+    return not plain and first >= model.vocab_size and model.bank.is_tool(first - model.vocab_size)
+
+
+def call_id(turn: int, k: int) -> str:
+    """The id of the ``k``-th tool call of the turn answering a conversation of ``turn`` messages."""
+    return f"call_{turn}_{k}"
 
 
 def _arguments(call: ToolCall) -> dict:

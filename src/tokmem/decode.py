@@ -301,7 +301,7 @@ def argument_grammar(model: TokMemModel, rows: int, config: DecodeConfig):
     from tokmem.grammar import ArgumentGrammar, grammars_for
 
     tokenizer = model.backbone.tokenizer
-    return ArgumentGrammar(grammars_for(tokenizer, model.vocab_size), model.bank.schemas, rows, model.backbone.eos_token_id)
+    return ArgumentGrammar(grammars_for(tokenizer, model.vocab_size), [model.bank.schemas] * rows, model.backbone.eos_token_id)
 
 
 def to_generation(model, query, row, mass, routed) -> Generation:

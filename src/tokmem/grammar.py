@@ -76,21 +76,36 @@ def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 class ArgumentGrammar:
     """Per decoded row, the matcher of the tool arguments it is writing (None: unconstrained).
 
-    ``schemas[r]`` is bank row r's tool schema, or None (a text row, or a tool without one: decoded as before).
+    ``schemas[i][r]`` is, for decoded row i, its bank row r's tool schema, or None (a text row, or a tool without
+    one: decoded as before); rows of one batch may use different banks (the server's engine).  ``select`` and
+    ``join`` follow the rows as they leave and join a running batch.
     """
 
-    def __init__(self, grammars: Grammars, schemas: list[dict | None], rows: int, eos: int):
-        self.grammars, self.schemas, self.eos = grammars, schemas, eos
+    def __init__(self, grammars: Grammars, schemas: list[list[dict | None]], eos: int):
+        self.grammars, self.schemas, self.eos = grammars, list(schemas), eos
         self.vocab = grammars.vocab_size
-        self.matchers: list[xgrammar.GrammarMatcher | None] = [None] * rows
+        self.matchers: list[xgrammar.GrammarMatcher | None] = [None] * len(self.schemas)
         self.batch = xgrammar.BatchGrammarMatcher(max_threads=1)
+
+    def select(self, keep: list[int]) -> "ArgumentGrammar":
+        """The rows ``keep``, with their matchers as they are."""
+        return self._with([self.schemas[i] for i in keep], [self.matchers[i] for i in keep])
+
+    def join(self, other: "ArgumentGrammar") -> "ArgumentGrammar":
+        """These rows, then ``other``'s."""
+        return self._with(self.schemas + other.schemas, self.matchers + other.matchers)
+
+    def _with(self, schemas, matchers) -> "ArgumentGrammar":
+        grammar = ArgumentGrammar(self.grammars, schemas, self.eos)
+        grammar.matchers, grammar.batch = matchers, self.batch
+        return grammar
 
     def advance(self, tokens: torch.Tensor) -> None:
         """Feed each row's new token: a memory token starts its tool's grammar (or none); EOS ends the row's."""
         tokens = tokens.tolist()
         for i, token in enumerate(tokens):
             if token >= self.vocab:
-                schema = self.schemas[token - self.vocab]
+                schema = self.schemas[i][token - self.vocab]
                 self.matchers[i] = None if schema is None else self.grammars.matcher(schema)
             elif token == self.eos:
                 self.matchers[i] = None

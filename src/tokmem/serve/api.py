@@ -4,7 +4,13 @@ The ``model`` field of a request names the bank.  Answers are split into segment
 ``tokmem.decode`` (memory tokens never reach ``content``); the routed procedures and the segments
 come back in a ``tokmem`` field (of the response, or of the streamed chunk that carries
 ``finish_reason``).  Per-request extras ride in the body: ``procedure`` (force one, routing
-skipped), ``threshold`` (the open-set rule), ``max_steps`` (segments per answer) and ``ignore_eos``.
+skipped), ``threshold`` (the open-set rule), ``max_steps`` (segments per answer), ``ignore_eos`` and
+``schema`` (false: tool arguments decode without their schemas).
+
+Chat requests speak OpenAI's tools API through ``tokmem.chat``'s rules: the conversation (assistant
+``tool_calls`` turns, ``role: "tool"`` results) is laid out by ``conversation_ids``, ``tools``/``tool_choice`` map
+through ``tool_routing``, and an answer that starts with a tool row's memory token comes back as
+``message.tool_calls`` (``reply_from``) with ``finish_reason: "tool_calls"``; streamed, as tool-call deltas.
 The bodies and their bounds are in ``protocol``; the key and body limits in ``guards``.
 
 Every request ends with an answer or an OpenAI error body: a request the engine fails gets 500 with
@@ -28,6 +34,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException
 
+from tokmem.chat import Reply, conversation_ids, reply_from, starts_calls
 from tokmem.errors import TokMemError
 from tokmem.sequences import chat_prefix
 from tokmem.serve.banks import BankConflict, BankNotFound, BankRegistry, BankUnusable, BankWriteError, stamp
@@ -36,7 +43,7 @@ from tokmem.serve.engine import Engine, Handle, Overloaded
 from tokmem.serve.engine import Request as EngineRequest
 from tokmem.serve.guards import Auth, BodyGuard
 from tokmem.serve.protocol import CHAT, COMPLETION, ApiError, ChatBody, CompletionBody, Shape, TokMemOptions
-from tokmem.serve.stream import Deltas, IncrementalText
+from tokmem.serve.stream import CallDeltas, Deltas, IncrementalText
 
 log = logging.getLogger(__name__)
 GRACE = 5.0  # seconds past a request's time limit before the route stops waiting for the engine
@@ -86,18 +93,19 @@ def _info_routes(app: FastAPI, registry: BankRegistry, engine: Engine) -> None:
 def _completion_routes(app: FastAPI, answers: "Answers") -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatBody, request: Request):
-        if body.messages[-1].role != "user":
-            raise ApiError(400, "the last message must be the user's", param="messages")
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        if body.messages[-1].role not in ("user", "tool"):
+            raise ApiError(400, "the last message must be the user's or a tool result", param="messages")
+        messages = [m.as_dict() for m in body.messages]
         max_tokens = body.max_completion_tokens or body.max_tokens
-        return await answers.answer(CHAT, body, request, messages, messages[-1]["content"], max_tokens)
+        chars = sum(m.chars() for m in body.messages)
+        return await answers.answer(CHAT, body, request, messages, messages[-1]["content"], max_tokens, chars)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, request: Request):
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         if len(prompts) != 1:
             raise ApiError(400, "send one prompt per request", param="prompt")
-        return await answers.answer(COMPLETION, body, request, prompts[0], prompts[0], body.max_tokens)
+        return await answers.answer(COMPLETION, body, request, prompts[0], prompts[0], body.max_tokens, len(prompts[0]))
 
 
 def _bank_routes(app: FastAPI, registry: BankRegistry) -> None:
@@ -121,38 +129,45 @@ class Answers:
     def __init__(self, registry: BankRegistry, engine: Engine, config: ServeConfig):
         self.registry, self.engine, self.config = registry, engine, config
 
-    async def answer(self, shape: Shape, body: TokMemOptions, request: Request, query, text: str, max_tokens: int | None):
-        handle = await self.submit(body, query, text, max_tokens)
+    async def answer(self, shape: Shape, body: TokMemOptions, request: Request, query: str | list[dict], text: str,
+                     max_tokens: int | None, chars: int):
+        """``query``: the prompt (text completions) or the conversation (chat: its length numbers the call ids)."""
+        handle = await self.submit(body, query, text, max_tokens, chars)
+        turn = len(query) if isinstance(query, list) else 1
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(self.stream(shape, body.model, handle, request, include_usage), media_type="text/event-stream")
+            return StreamingResponse(self.stream(shape, body.model, handle, request, include_usage, turn),
+                                     media_type="text/event-stream")
         await self.wait(handle, request)
         self.raise_unfinished(handle)
-        generation = handle.generation()
+        if shape.chat:
+            reply = _reply(handle, turn)
+            choice = shape.choice(reply.content, reply.finish_reason, False, [c.to_openai() for c in reply.tool_calls])
+        else:
+            choice = shape.choice(handle.generation().text, handle.finish_reason, stream=False)
         return {
             "id": _id(shape), "object": shape.object, "created": int(time.time()), "model": body.model,
-            "choices": [shape.choice(generation.text, handle.finish_reason, stream=False)],
-            "usage": usage(handle), "tokmem": tokmem_field(handle),
+            "choices": [choice], "usage": usage(handle), "tokmem": tokmem_field(handle),
         }
 
-    async def submit(self, body: TokMemOptions, query, text: str, max_tokens: int | None) -> Handle:
+    async def submit(self, body: TokMemOptions, query: str | list[dict], text: str, max_tokens: int | None, chars: int) -> Handle:
         config = self.config
         max_tokens = max_tokens or min(config.default_max_tokens, config.max_new_tokens)
         if max_tokens > config.max_new_tokens:
             raise ApiError(400, f"max_tokens is {max_tokens}; this server allows at most {config.max_new_tokens}", param="max_tokens")
-        chars = len(query) if isinstance(query, str) else sum(len(m["content"]) for m in query)
         if chars > config.max_prompt_chars:
             raise ApiError(400, f"the prompt has {chars} characters; this server allows at most {config.max_prompt_chars}",
                            code="context_length_exceeded")
         bank = await run_in_threadpool(self.registry.get, body.model)
-        prompt = await run_in_threadpool(chat_prefix, self.registry.backbone.tokenizer, query)
+        prompt = await run_in_threadpool(_prompt, bank.model, query)
         if len(prompt) > config.max_prompt_tokens:
             raise ApiError(400, f"the prompt has {len(prompt)} tokens; this server allows at most {config.max_prompt_tokens}",
                            code="context_length_exceeded")
-        forced = -1 if body.procedure is None else bank.model.memory_id(body.procedure)
+        allowed, forced, threshold = body.routing(bank.model)
         return self.engine.submit(EngineRequest(
-            bank, prompt, text, max_tokens=max_tokens, max_steps=body.max_steps, threshold=body.threshold,
+            bank, prompt, text, max_tokens=max_tokens, max_steps=body.steps(), threshold=threshold,
             temperature=body.temperature, forced=forced, ignore_eos=body.ignore_eos, timeout=config.timeout,
+            allowed=allowed, schema=body.bind_schema,
         ))
 
     async def wait(self, handle: Handle, request: Request) -> None:
@@ -166,25 +181,38 @@ class Answers:
         finally:
             watcher.cancel()
 
-    async def stream(self, shape: Shape, model: str, handle: Handle, request: Request, include_usage: bool) -> AsyncIterator[str]:
+    async def stream(self, shape: Shape, model: str, handle: Handle, request: Request, include_usage: bool,
+                     turn: int) -> AsyncIterator[str]:
         meta = {"id": _id(shape), "object": shape.chunk_object, "created": int(time.time()), "model": model}
-        deltas, text = Deltas(), IncrementalText(handle.request.bank.model)
+        bank = handle.request.bank.model
+        deltas, calls, text = Deltas(), CallDeltas(turn), IncrementalText(bank)
         watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
         deadline = time.monotonic() + self.config.timeout + GRACE
         try:
-            if shape.chat:
-                yield sse({**meta, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+            if shape.chat:  # no content yet: the answer may be tool calls (content null, as OpenAI's)
+                yield sse({**meta, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
             while not handle.finished and time.monotonic() < deadline:
                 await _updated(handle, deadline - time.monotonic())
-                piece = deltas.update(text.update(handle.tokens))
-                if piece:
-                    yield sse({**meta, "choices": [shape.choice(piece, None, stream=True)]})
+                tokens = handle.tokens
+                if shape.chat and tokens and starts_calls(bank, tokens[0], handle.plain):
+                    piece = calls.update(text.calls(tokens))
+                    if piece:
+                        yield sse({**meta, "choices": [shape.choice(None, None, True, piece)]})
+                else:
+                    piece = deltas.update(text.update(tokens))
+                    if piece:
+                        yield sse({**meta, "choices": [shape.choice(piece, None, stream=True)]})
             try:
                 self.raise_unfinished(handle)
             except ApiError as err:
                 yield sse(err.body())
                 return
-            last = shape.choice(deltas.final(handle.generation().text) or None, handle.finish_reason, stream=True)
+            if shape.chat:
+                reply = _reply(handle, turn)
+                rest = calls.final([(c.name, c.arguments) for c in reply.tool_calls])
+                last = shape.choice(deltas.final(reply.content or "") or None, reply.finish_reason, True, rest)
+            else:
+                last = shape.choice(deltas.final(handle.generation().text) or None, handle.finish_reason, stream=True)
             yield sse({**meta, "choices": [last], "tokmem": tokmem_field(handle)})
             if include_usage:
                 yield sse({**meta, "choices": [], "usage": usage(handle)})
@@ -198,6 +226,20 @@ class Answers:
             raise ApiError(504, f"the answer took longer than the server's limit of {self.config.timeout:g} s", "timeout")
         if handle.finish_reason == "error":
             raise ApiError(500, handle.error or "the request failed (see the server log)", "server_error")
+
+
+def _prompt(model, query: str | list[dict]) -> list[int]:
+    """The prompt's token ids: a text completion's query through the chat template, a chat as ``tokmem.chat``
+    lays out a conversation (tool calls and results included)."""
+    return chat_prefix(model.backbone.tokenizer, query) if isinstance(query, str) else conversation_ids(model, query)
+
+
+def _reply(handle: Handle, turn: int) -> Reply:
+    """The chat answer (``tokmem.chat``'s ``Reply``); a request the engine ended early keeps the engine's reason."""
+    reply = reply_from(handle.request.bank.model, handle.tokens, handle.plain, turn)
+    if handle.finish_reason not in ("stop", "length"):
+        reply.finish_reason = handle.finish_reason
+    return reply
 
 
 async def _finished(handle: Handle) -> None:

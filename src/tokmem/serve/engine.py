@@ -12,6 +12,12 @@ gather (memory ids' input embeddings) and one batched matmul with masked padding
 logits) — the same two places as offline, never a loop over banks.  The routing, open-set and
 chaining rules are ``tokmem.decode``'s, so greedy answers are token-identical to ``generate``.
 
+A request may limit the memory rows it routes to (``Request.allowed``: OpenAI's ``tools`` / ``tool_choice``,
+mapped by ``tokmem.chat.tool_routing``); the limit is folded into the row's ``valid`` columns, so it costs
+nothing per step.  After a tool row's memory token the arguments decode under the tool's schema where the bank
+has one (``tokmem.grammar``): the batch keeps one ``ArgumentGrammar`` whose rows follow the batch's rows, its
+masks applied as one tensor op per step, as ``decode`` does offline.
+
 Every admitted request is finished (answer, error, cancel or timeout), whatever happens to the
 others: a group whose prefill fails is prefilled again one request at a time, so only the requests
 that fail alone end with an error; a row whose logits are NaN or +inf ends with an error and leaves
@@ -30,12 +36,14 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.nn.functional import pad
+from torch.nn.utils.rnn import pad_sequence
 from transformers import DynamicCache
 
 from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
 from tokmem.decode import DecodeConfig, Generation, to_generation, first_tokens, left_pad, next_tokens
 from tokmem.errors import BackboneError, TokMemError
+from tokmem.grammar import ArgumentGrammar, grammars_for
 from tokmem.sequences import positions
 from tokmem.model import TokMemModel
 from tokmem.serve.banks import BankVersion
@@ -58,6 +66,8 @@ class Request:
     temperature: float = DecodeConfig.temperature
     forced: int = -1  # a memory id to start with (routing skipped), or -1
     ignore_eos: bool = False  # go on past EOS up to max_tokens (benchmarks: equal output lengths)
+    allowed: torch.Tensor | None = None  # (bank rows,) bool: the memory rows it may use; None: every one
+    schema: bool = DecodeConfig.schema  # tool arguments under their schemas, where the bank has them
     timeout: float | None = None  # seconds from submission
 
 
@@ -144,12 +154,13 @@ class _Batch:
     plain: torch.Tensor  # open set: no memory tokens for this row
     max_steps: torch.Tensor
     temperature: torch.Tensor
+    grammar: ArgumentGrammar | None = None  # the rows' schema-bound arguments; None: no row needs one
     index: torch.Tensor = field(init=False)  # (rows, widest bank, d): each row's own bank, padded
     steer: torch.Tensor = field(init=False)
     valid: torch.Tensor = field(init=False)  # (rows, widest bank): which columns are real memory rows
 
     def __post_init__(self):
-        self.index, self.steer, self.valid = bank_tables([h.request.bank for h in self.handles], self.mask.device)
+        self.index, self.steer, self.valid = request_tables([h.request for h in self.handles], self.mask.device)
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -160,7 +171,7 @@ class _Batch:
             mine.keys = torch.cat([_pad_columns(mine.keys, width), _pad_columns(theirs.keys, width)])
             mine.values = torch.cat([_pad_columns(mine.values, width), _pad_columns(theirs.values, width)])
         mask = torch.cat([pad(self.mask, (width - self.mask.shape[1], 0)), pad(other.mask, (width - other.mask.shape[1], 0))])
-        return _Batch(self.handles + other.handles, self.cache, mask, *self._cat(other))
+        return _Batch(self.handles + other.handles, self.cache, mask, *self._cat(other), self._join_grammars(other))
 
     def select(self, keep: list[int]) -> "_Batch":
         """The rows ``keep``, without the leading columns none of them attends to."""
@@ -170,7 +181,17 @@ class _Batch:
         for layer in self.cache.layers:
             layer.keys, layer.values = layer.keys[rows, :, start:], layer.values[rows, :, start:]
         state = [t[rows] for t in (self.position, self.last, self.steps, self.plain, self.max_steps, self.temperature)]
-        return _Batch([self.handles[i] for i in keep], self.cache, mask[:, start:], *state)
+        grammar = None if self.grammar is None else self.grammar.select(keep)
+        return _Batch([self.handles[i] for i in keep], self.cache, mask[:, start:], *state, grammar)
+
+    def _join_grammars(self, other: "_Batch") -> ArgumentGrammar | None:
+        """The joined rows' grammar: None if neither side has one, else each side's (a side without one gets a blank:
+        its rows have no schema in use)."""
+        if self.grammar is None and other.grammar is None:
+            return None
+        mine = self.grammar or argument_grammar([h.request for h in self.handles], always=True)
+        theirs = other.grammar or argument_grammar([h.request for h in other.handles], always=True)
+        return mine.join(theirs)
 
     def _cat(self, other: "_Batch") -> list[torch.Tensor]:
         names = ("position", "last", "steps", "plain", "max_steps", "temperature")
@@ -200,6 +221,24 @@ def bank_tables(banks: list[BankVersion], device) -> tuple[torch.Tensor, torch.T
     offsets = sizes.cumsum(0) - sizes
     gather = torch.where(valid, offsets[which].unsqueeze(-1) + columns, len(stacked_index) - 1)
     return stacked_index[gather], stacked_steer[gather], valid
+
+
+def request_tables(requests: list[Request], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``bank_tables`` of the requests' banks, each row's ``valid`` columns also limited to what its request
+    allows (one padded tensor, no loop in tensor code)."""
+    index, steer, valid = bank_tables([r.bank for r in requests], device)
+    allowed = [r.allowed.to(device) if r.allowed is not None else valid.new_ones(r.bank.rows) for r in requests]
+    return index, steer, valid & pad_sequence(allowed, batch_first=True)
+
+
+def argument_grammar(requests: list[Request], always: bool = False):
+    """The ``ArgumentGrammar`` of a batch of ``requests`` (each row its bank's schemas, or none where the request
+    switched them off); None when no row has a schema to decode under, unless ``always``."""
+    schemas = [r.bank.model.bank.schemas if r.schema else [None] * r.bank.rows for r in requests]
+    if not always and all(schema is None for row in schemas for schema in row):
+        return None
+    model = requests[0].bank.model
+    return ArgumentGrammar(grammars_for(model.backbone.tokenizer, model.vocab_size), schemas, model.backbone.eos_token_id)
 
 
 def _fail_broken_rows(handles: list[Handle], logits: torch.Tensor) -> torch.Tensor:
@@ -326,7 +365,7 @@ class Engine:
             "max_steps": torch.tensor([r.max_steps for r in requests], device=device),
             "temperature": torch.tensor([r.temperature for r in requests], device=device),
         }
-        index, steer, valid = bank_tables([r.bank for r in requests], device)
+        index, steer, valid = request_tables(requests, device)
         hidden, cache = model.hidden(ids, mask, position_ids, DynamicCache(config=model.lm.config), steer)
         logits = _fail_broken_rows(handles, model.logits(hidden[:, -1], index, valid).float())
         threshold = torch.tensor([r.threshold for r in requests], device=device)
@@ -337,7 +376,7 @@ class Engine:
         self._record(handles, token)
         return _Batch(
             handles, cache, mask, position_ids[:, -1] + 1, token, model.is_memory(token).long(),
-            plain, state["max_steps"], state["temperature"],
+            plain, state["max_steps"], state["temperature"], argument_grammar(requests),
         )
 
     def _decode(self) -> None:
@@ -345,6 +384,9 @@ class Engine:
         mask = pad(batch.mask, (0, 1), value=1)
         hidden, _ = self.model.hidden(batch.last.unsqueeze(-1), mask, batch.position.unsqueeze(-1), batch.cache, batch.steer)
         logits = _fail_broken_rows(batch.handles, self.model.logits(hidden[:, -1], batch.index, batch.valid).float())
+        if batch.grammar is not None:
+            batch.grammar.advance(batch.last)
+            batch.grammar.constrain(logits)
         token = next_tokens(logits, vocab, batch.plain | (batch.steps >= batch.max_steps), batch.temperature, self.generator)
         batch.mask, batch.last, batch.position = mask, token, batch.position + 1
         batch.steps = batch.steps + self.model.is_memory(token).long()

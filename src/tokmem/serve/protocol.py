@@ -4,22 +4,33 @@ Every field a client sends is bounded here, so that nothing past the door meets 
 temperatures are 0 (greedy) or at least ``MIN_TEMPERATURE``, integers have upper bounds, floats are
 finite, and every string must be encodable as UTF-8 (a lone surrogate such as ``"\\ud800"`` is refused
 with 400 rather than reaching the tokenizer).
+
+OpenAI's tools API: ``tools`` (function tools: the bank's tool rows of those names), ``tool_choice``,
+``parallel_tool_calls`` (false: at most one call a turn, i.e. one memory token), assistant messages with
+``tool_calls`` and ``role: "tool"`` results.  The OpenAI fields in ``OFF`` are not implemented: a request may
+send them only with the value that leaves them off, anything else is a 400 naming the field, never ignored.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import AfterValidator, BaseModel, Field, field_validator
+from pydantic import AfterValidator, BaseModel, Field, JsonValue, ValidationInfo, field_validator, model_validator
 from starlette.exceptions import HTTPException
 
+from tokmem.chat import tool_routing
 from tokmem.decode import DecodeConfig
 
 MIN_TEMPERATURE = 0.01  # below it (except 0, greedy) sampling is greedy in all but name, and scaled logits overflow
 MAX_STEPS = 64  # segments (memory tokens) per answer
 MAX_INT = 2**31 - 1  # the largest integer a client may send anywhere
+NAME = 200  # the longest bank, procedure or tool name (and tool call id)
+# the OpenAI fields this server does not implement, and the values that leave them off (the only ones accepted)
+OFF = {"stop": (None, "", []), "seed": (None,), "top_p": (None, 1), "logprobs": (None, False), "top_logprobs": (None, 0),
+       "frequency_penalty": (None, 0), "presence_penalty": (None, 0), "logit_bias": (None, {}),
+       "response_format": (None, {"type": "text"})}
 
 
 def _utf8(text: str) -> str:
@@ -65,6 +76,17 @@ class TokMemOptions(BaseModel):
     threshold: float = Field(DecodeConfig.threshold, ge=0, le=1, allow_inf_nan=False, description="open-set rule: the least memory mass that routes")
     max_steps: int = Field(DecodeConfig.max_steps, ge=1, le=MAX_STEPS, description="most segments (memory tokens) per answer")
     ignore_eos: bool = Field(False, description="go on past EOS up to max_tokens (benchmarking)")
+    bind_schema: bool = Field(DecodeConfig.schema, alias="schema",
+                              description="decode a tool's arguments under its JSON schema, where the bank has one")
+    stop: JsonValue = None
+    seed: JsonValue = None
+    top_p: JsonValue = None
+    logprobs: JsonValue = None
+    top_logprobs: JsonValue = None
+    frequency_penalty: JsonValue = None
+    presence_penalty: JsonValue = None
+    logit_bias: JsonValue = None
+    response_format: JsonValue = None
 
     @field_validator("temperature")
     @classmethod
@@ -73,23 +95,117 @@ class TokMemOptions(BaseModel):
             raise ValueError(f"use 0 (greedy) or at least {MIN_TEMPERATURE}")
         return value
 
+    @field_validator(*OFF)
+    @classmethod
+    def _off(cls, value: Any, info: ValidationInfo) -> Any:
+        if not any(value == off and isinstance(value, bool) == isinstance(off, bool) for off in OFF[info.field_name]):
+            offs = " or ".join("null" if off is None else repr(off) for off in OFF[info.field_name])
+            raise ValueError(f"{info.field_name} is not supported by this server (send {offs}, or leave it out)")
+        return value
+
+    def routing(self, model) -> tuple[Any, int, float]:
+        """(allowed bank rows or None, forced memory id or -1, threshold): ``procedure`` forces one."""
+        return None, -1 if self.procedure is None else model.memory_id(self.procedure), self.threshold
+
+    def steps(self) -> int:
+        return self.max_steps
+
 
 class TextPart(BaseModel):
     type: Literal["text"]
     text: Text
 
 
+class FunctionCall(BaseModel):
+    name: Text = Field(max_length=NAME)
+    arguments: Text = Field(description="the call's arguments: a JSON object as text")
+
+
+class ToolCall(BaseModel):
+    id: Text = Field(max_length=NAME)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = Field(None, max_length=MAX_STEPS)
+    tool_call_id: Text | None = Field(None, max_length=NAME)
+
+    @model_validator(mode="after")
+    def _complete(self) -> "Message":
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant message may carry tool_calls")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a 'tool' message needs the tool_call_id of the call it answers")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (only an assistant message with tool_calls may leave it out)")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+    def chars(self) -> int:
+        """The characters this message brings to the prompt (its text, its calls' names and arguments)."""
+        return len(self.text()) + sum(len(c.function.name) + len(c.function.arguments) for c in self.tool_calls or [])
+
+    def as_dict(self) -> dict:
+        """The message as ``tokmem.chat`` takes it."""
+        message = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class Function(BaseModel):
+    name: Text = Field(max_length=NAME)
+    description: Text | None = None
+    parameters: dict[str, JsonValue] | None = Field(None, description="not used: the bank's own schema binds the arguments")
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: Function
+
+
+class ToolName(BaseModel):
+    name: Text = Field(max_length=NAME)
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: ToolName
 
 
 class ChatBody(TokMemOptions):
     messages: list[Message] = Field(min_length=1, max_length=1000)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_INT)
+    tools: list[Tool] | None = Field(None, max_length=4096, description="limit routing to the bank's tool rows of these names")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice = "auto"
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one tool call a turn")
+
+    @model_validator(mode="after")
+    def _one_way_to_route(self) -> "ChatBody":
+        if self.procedure is not None and (self.tools is not None or self.tool_choice != "auto"):
+            raise ValueError("procedure (routing skipped) cannot be combined with tools or tool_choice")
+        return self
+
+    def routing(self, model) -> tuple[Any, int, float]:
+        """(allowed bank rows, forced memory id or -1, threshold) as ``tokmem.chat`` maps ``tools``/``tool_choice``."""
+        if self.procedure is not None:
+            return super().routing(model)
+        names = None if self.tools is None else [tool.function.name for tool in self.tools]
+        choice = self.tool_choice if isinstance(self.tool_choice, str) else self.tool_choice.model_dump()
+        return tool_routing(model, names, choice, self.threshold)
+
+    def steps(self) -> int:
+        return 1 if self.parallel_tool_calls is False else self.max_steps
 
 
 class CompletionBody(TokMemOptions):
@@ -106,13 +222,15 @@ class Shape:
     id_prefix: str
     chat: bool
 
-    def choice(self, text: str | None, finish_reason: str | None, stream: bool) -> dict:
+    def choice(self, text: str | None, finish_reason: str | None, stream: bool, tool_calls: list[dict] | None = None) -> dict:
+        """One choice: ``tool_calls`` are OpenAI's (whole in a message, deltas in a streamed chunk)."""
         choice = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
         if not self.chat:
             return {**choice, "text": text or ""}
+        calls = {"tool_calls": tool_calls} if tool_calls else {}
         if stream:
-            return {**choice, "delta": {} if text is None else {"content": text}}
-        return {**choice, "message": {"role": "assistant", "content": text}}
+            return {**choice, "delta": ({} if text is None else {"content": text}) | calls}
+        return {**choice, "message": {"role": "assistant", "content": text} | calls}
 
 
 CHAT = Shape("chat.completion", "chat.completion.chunk", "chatcmpl", chat=True)

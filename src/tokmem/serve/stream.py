@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from tokmem.chat import call_id
 from tokmem.data.procedures import assemble_call
 
 
@@ -47,6 +48,16 @@ class IncrementalText:
         self.ended = False
 
     def update(self, tokens: list[int]) -> str:
+        self._feed(tokens)
+        return "\n".join(self._segment_text(s) for s in self.segments)
+
+    def calls(self, tokens: list[int]) -> list[tuple[str, str]]:
+        """(tool name, arguments so far) per segment of an answer that is tool calls (``tokmem.chat.reply_from``'s)."""
+        self._feed(tokens)
+        tokenizer, names = self.model.backbone.tokenizer, self.model.bank.names
+        return [(names[s.row], s.current(tokenizer).strip()) for s in self.segments]
+
+    def _feed(self, tokens: list[int]) -> None:
         vocab, eos = self.model.vocab_size, self.model.backbone.eos_token_id
         for token in tokens[self.seen :]:
             if self.ended or token == eos:
@@ -58,13 +69,43 @@ class IncrementalText:
                     self.segments.append(_Segment(None))
                 self.segments[-1].ids.append(token)
         self.seen = len(tokens)
-        return "\n".join(self._segment_text(s) for s in self.segments)
 
     def _segment_text(self, segment: _Segment) -> str:
         text, bank = segment.current(self.model.backbone.tokenizer).strip(), self.model.bank
         if segment.row is not None and bank.is_tool(segment.row):
             return assemble_call(bank.names[segment.row], text)
         return text
+
+
+class CallDeltas:
+    """Streamed tool calls as OpenAI streams them: a call's first delta carries its ``index``, ``id``, ``type`` and
+    ``function.name`` (and the arguments so far), later ones ``index`` and more ``function.arguments``; arguments go
+    out as ``Deltas`` settle them."""
+
+    def __init__(self, turn: int):
+        self.turn = turn
+        self.sent: list[Deltas] = []
+
+    def update(self, calls: list[tuple[str, str]]) -> list[dict]:
+        return self._deltas(calls, final=False)
+
+    def final(self, calls: list[tuple[str, str]]) -> list[dict]:
+        """The rest of each call, from the whole answer's calls."""
+        return self._deltas(calls, final=True)
+
+    def _deltas(self, calls: list[tuple[str, str]], final: bool) -> list[dict]:
+        out = []
+        for k, (name, arguments) in enumerate(calls):
+            new = k == len(self.sent)
+            if new:
+                self.sent.append(Deltas())
+            piece = self.sent[k].final(arguments) if final else self.sent[k].update(arguments)
+            if new:
+                out.append({"index": k, "id": call_id(self.turn, k), "type": "function",
+                            "function": {"name": name, "arguments": piece}})
+            elif piece:
+                out.append({"index": k, "function": {"arguments": piece}})
+        return out
 
 
 class Deltas:
