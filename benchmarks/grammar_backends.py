@@ -39,7 +39,9 @@ class XGrammar:
     name = "xgrammar"
 
     def __init__(self, tokenizer, vocab):
-        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab, stop_token_ids=[tokenizer.eos_token_id])
+        info = xgrammar.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab, stop_token_ids=[tokenizer.eos_token_id]
+        )
         self.compiler, self.vocab = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False), vocab
 
     def compile(self, schema):
@@ -63,7 +65,8 @@ class LLGuidance:
 
     def compile(self, schema):
         return llguidance.LLMatcher.grammar_from_json_schema(
-            schema, defaults={"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"})
+            schema, defaults={"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+        )
 
     def matcher(self, grammar):
         return llguidance.LLMatcher(self.tokenizer, grammar)
@@ -131,8 +134,11 @@ def measure(backend, tokenizer, spec, calls) -> dict:
         "schemas": len(spec),
         "compile_ms": {"mean": round(statistics.mean(compile_s) * 1e3, 2), "max": round(max(compile_s) * 1e3, 2)},
         "mask_and_accept_us_per_token": {
-            "tokens": len(per_token_us), "mean": round(statistics.mean(per_token_us), 1),
-            "p50": round(per_token_us[len(per_token_us) // 2], 1), "p99": round(per_token_us[int(len(per_token_us) * 0.99)], 1)},
+            "tokens": len(per_token_us),
+            "mean": round(statistics.mean(per_token_us), 1),
+            "p50": round(per_token_us[len(per_token_us) // 2], 1),
+            "p99": round(per_token_us[int(len(per_token_us) * 0.99)], 1),
+        },
         "gold_calls_accepted": f"{accepted}/{len(calls)}",
         "gold_calls_accepted_with_keys_in_schema_order": f"{in_schema_order}/{len(calls)}",
         "broken_calls_refused": {kind: f"{ok}/{total}" for kind, (total, ok) in sorted(refused.items())},
@@ -142,20 +148,29 @@ def measure(backend, tokenizer, spec, calls) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=60, help="ComplexFuncBench records (spread over the file) whose calls are walked")
+    parser.add_argument(
+        "--records", type=int, default=60, help="ComplexFuncBench records (spread over the file) whose calls are walked"
+    )
     parser.add_argument("--json", default="results/grammar_backends.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
     tokenizer = load_backbone("smollm2-135m", device="cpu").tokenizer
     spec = load_spec(DATA / "complexfuncbench-spec.json.gz")
     records = read_records(DATA / "complexfuncbench-data.json.gz")
-    records = records[:: max(1, len(records) // args.records)][: args.records]  # spread over the domains (the file is sorted)
+    records = records[:: max(1, len(records) // args.records)][
+        : args.records
+    ]  # spread over the domains (the file is sorted)
     calls = [(c["name"], c["arguments"]) for r in records for c in r["output"] if c["name"] in spec]
     result = {
         "command": f"PYTHONPATH=src python benchmarks/grammar_backends.py --records {args.records}",
         "machine": f"{platform.platform()}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), 1 torch thread",
-        "tokenizer": "smollm2-135m", "records": len(records), "calls": len(calls),
-        "backends": {b.name: measure(b, tokenizer, spec, calls) for b in (XGrammar(tokenizer, len(tokenizer)), LLGuidance(tokenizer, len(tokenizer)))},
+        "tokenizer": "smollm2-135m",
+        "records": len(records),
+        "calls": len(calls),
+        "backends": {
+            b.name: measure(b, tokenizer, spec, calls)
+            for b in (XGrammar(tokenizer, len(tokenizer)), LLGuidance(tokenizer, len(tokenizer)))
+        },
     }
     text = json.dumps(result, indent=2, ensure_ascii=False)
     write_text_atomic(args.json, text + "\n")

@@ -29,7 +29,9 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
 
-    _, test = demo_dataset(seed=args.seed, train_per_procedure=0, test_per_procedure=args.per_procedure, train_chains=0, test_chains=0)
+    _, test = demo_dataset(
+        seed=args.seed, train_per_procedure=0, test_per_procedure=args.per_procedure, train_chains=0, test_chains=0
+    )
     plain = create(args.backbone, device="cpu")
     start = time.perf_counter()
     scores = instructed_scores(plain, test, gold_procedures)
@@ -41,7 +43,9 @@ def main() -> None:
     table.add_section()
     table.add_row("all", percent(scores["exact_match"]))
     console.print(table)
-    console.print(f"{len(test)} queries in {time.perf_counter() - start:.0f} s, {scores['prompt_tokens']:.0f} prompt tokens per query")
+    console.print(
+        f"{len(test)} queries in {time.perf_counter() - start:.0f} s, {scores['prompt_tokens']:.0f} prompt tokens per query"
+    )
     if args.json:
         write_json(args.json, {**vars(args), **scores, "machine": machine()})
 

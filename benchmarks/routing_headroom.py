@@ -87,10 +87,20 @@ def main() -> None:
         for lr in args.lr:
             for epochs in args.epochs:
                 steps, train_acc, test_acc = fit_index(data, lr, epochs, args.batch_size)
-                rows.append(dict(train_per_procedure=per_procedure, lr=lr, epochs=epochs, steps=steps,
-                                 train_routing=train_acc, test_routing=test_acc))
-                console.print(f"{per_procedure} per procedure, lr {lr:g}, {epochs} epochs ({steps} steps): "
-                              f"train {100 * train_acc:.1f}%, held-out {100 * test_acc:.1f}%")
+                rows.append(
+                    dict(
+                        train_per_procedure=per_procedure,
+                        lr=lr,
+                        epochs=epochs,
+                        steps=steps,
+                        train_routing=train_acc,
+                        test_routing=test_acc,
+                    )
+                )
+                console.print(
+                    f"{per_procedure} per procedure, lr {lr:g}, {epochs} epochs ({steps} steps): "
+                    f"train {100 * train_acc:.1f}%, held-out {100 * test_acc:.1f}%"
+                )
     if args.json:
         write_json(args.json, {"config": vars(args), "results": rows, "machine": machine()})
 

@@ -36,8 +36,9 @@ def meets_schema(text: str, schema: dict) -> bool:
         arguments = json.loads(text)["arguments"]
     except (ValueError, TypeError, KeyError):
         return False
-    return (isinstance(arguments, dict) and set(schema.get("required", [])) <= set(arguments)
-            <= set(schema.get("properties", {})))
+    return isinstance(arguments, dict) and set(schema.get("required", [])) <= set(arguments) <= set(
+        schema.get("properties", {})
+    )
 
 
 def answer(model, test, catalog, config) -> dict:
@@ -45,9 +46,17 @@ def answer(model, test, catalog, config) -> dict:
     result = evaluate(model, test, config)
     calls = [(segment, name) for row in result["predictions"] for name, segment in row["trace"] if name is not None]
     valid = sum(meets_schema(text, catalog[name]["parameters"]) for text, name in calls)
-    return {"calls": result["calls"], "routing_accuracy": result["routing_accuracy"],
-            "predicted_calls": len(calls), "calls_meeting_their_schema": valid, "seconds": round(time.perf_counter() - start, 1),
-            "examples": [{"query": r["query"][:120], "reference": r["reference"], "answer": r["answer"]} for r in result["predictions"][:3]]}
+    return {
+        "calls": result["calls"],
+        "routing_accuracy": result["routing_accuracy"],
+        "predicted_calls": len(calls),
+        "calls_meeting_their_schema": valid,
+        "seconds": round(time.perf_counter() - start, 1),
+        "examples": [
+            {"query": r["query"][:120], "reference": r["reference"], "answer": r["answer"]}
+            for r in result["predictions"][:3]
+        ],
+    }
 
 
 def main() -> None:
@@ -73,10 +82,15 @@ def main() -> None:
     decode = tokmem.DecodeConfig(max_new_tokens=args.max_new_tokens, max_steps=args.max_calls, batch_size=10)
     result = {
         "command": f"PYTHONPATH=src python benchmarks/schema_decoding.py --train {args.train} --test {args.test} "
-                   f"--max-calls {args.max_calls} --epochs {args.epochs} --max-new-tokens {args.max_new_tokens}",
+        f"--max-calls {args.max_calls} --epochs {args.epochs} --max-new-tokens {args.max_new_tokens}",
         "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, 1 torch thread (shared with other work)",
-        "backbone": "smollm2-135m", "train_records": len(train), "test_records": len(test), "train": asdict(config),
-        "train_steps": report.steps, "train_seconds": round(trained_s, 1), "final_loss": report.losses[-1],
+        "backbone": "smollm2-135m",
+        "train_records": len(train),
+        "test_records": len(test),
+        "train": asdict(config),
+        "train_steps": report.steps,
+        "train_seconds": round(trained_s, 1),
+        "final_loss": report.losses[-1],
         "schema_bound": answer(model, test, imported.catalog, decode),
         "free": answer(model, test, imported.catalog, tokmem.DecodeConfig(**{**asdict(decode), "schema": False})),
     }

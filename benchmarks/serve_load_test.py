@@ -40,8 +40,15 @@ from tokmem.serve.banks import BankRegistry, revision
 from tokmem.serve.config import ServeConfig
 from tokmem.serve.engine import Engine
 
-QUERIES = ["Reverse apple.", "hi", "What is the weather like today?", "Write house in capitals.", "Double water, please.",
-           "Name three colours.", "Sort 3, 1, 2."]
+QUERIES = [
+    "Reverse apple.",
+    "hi",
+    "What is the weather like today?",
+    "Write house in capitals.",
+    "Double water, please.",
+    "Name three colours.",
+    "Sort 3, 1, 2.",
+]
 THRESHOLDS = (0.0, 0.5)
 
 
@@ -86,7 +93,9 @@ class LoopbackServer:
         self.thread.join()
 
 
-async def ask(client: openai.AsyncOpenAI, index: int, bank: str, query: str, threshold: float, max_tokens: int) -> Answer:
+async def ask(
+    client: openai.AsyncOpenAI, index: int, bank: str, query: str, threshold: float, max_tokens: int
+) -> Answer:
     """One request: chat or text completion, streamed or not (by ``index``)."""
     options = dict(model=bank, max_tokens=max_tokens, extra_body={"threshold": threshold}, stream=index % 3 == 0)
     chat = index % 2 == 0
@@ -96,7 +105,9 @@ async def ask(client: openai.AsyncOpenAI, index: int, bank: str, query: str, thr
         response = await client.completions.create(prompt=query, **options)
     if not options["stream"]:
         choice = response.choices[0]
-        return Answer(bank, query, threshold, response.tokmem["bank_revision"], choice.message.content if chat else choice.text)
+        return Answer(
+            bank, query, threshold, response.tokmem["bank_revision"], choice.message.content if chat else choice.text
+        )
     pieces, extra = [], {}
     async for chunk in response:
         pieces += [(choice.delta.content if chat else choice.text) or "" for choice in chunk.choices]
@@ -104,8 +115,15 @@ async def ask(client: openai.AsyncOpenAI, index: int, bank: str, query: str, thr
     return Answer(bank, query, threshold, extra["tokmem"]["bank_revision"], "".join(pieces))
 
 
-async def load(base_url: str, banks: list[str], replacements: dict[str, tuple[bytes, bytes]], requests: int,
-               concurrency: int, max_tokens: int, seed: int) -> tuple[list[Answer | BaseException], dict[str, str]]:
+async def load(
+    base_url: str,
+    banks: list[str],
+    replacements: dict[str, tuple[bytes, bytes]],
+    requests: int,
+    concurrency: int,
+    max_tokens: int,
+    seed: int,
+) -> tuple[list[Answer | BaseException], dict[str, str]]:
     """Send ``requests`` requests, ``concurrency`` at a time; a third of the way in, upload the replacements."""
     rng = random.Random(seed)
     jobs = [(rng.choice(banks), rng.choice(QUERIES), rng.choice(THRESHOLDS)) for _ in range(requests)]
@@ -155,12 +173,24 @@ def check(answers: list, models: dict[str, tokmem.TokMemModel], max_tokens: int)
             if answer.text == texts[answer.query]:
                 equal += 1
             else:
-                problems.append(f"{answer.bank} ({digest}) {answer.query!r}: served {answer.text!r}, offline {texts[answer.query]!r}")
+                problems.append(
+                    f"{answer.bank} ({digest}) {answer.query!r}: served {answer.text!r}, offline {texts[answer.query]!r}"
+                )
     return equal, problems
 
 
-def run(backbone: Backbone, banks: int = 20, requests: int = 200, concurrency: int = 32, max_tokens: int = 16,
-        replace: int = 3, time_limit: float = 300, max_batch: int = 32, scale: float = 0.7, seed: int = 0) -> dict:
+def run(
+    backbone: Backbone,
+    banks: int = 20,
+    requests: int = 200,
+    concurrency: int = 32,
+    max_tokens: int = 16,
+    replace: int = 3,
+    time_limit: float = 300,
+    max_batch: int = 32,
+    scale: float = 0.7,
+    seed: int = 0,
+) -> dict:
     """The whole load test; returns the summary (``ok`` false when anything was lost or differs)."""
     with tempfile.TemporaryDirectory() as tmp:
         directory, staging = Path(tmp) / "banks", Path(tmp) / "replacements"
@@ -178,21 +208,34 @@ def run(backbone: Backbone, banks: int = 20, requests: int = 200, concurrency: i
             replacements[name] = (path.read_bytes(), metadata_path(path).read_bytes())
             models[revision(*replacements[name])] = model
         engine = Engine(backbone, max_batch=max_batch, max_queue=requests)
-        app = create_app(BankRegistry(backbone, directory, max_resident=max(1, banks // 2)), engine, ServeConfig(banks=str(directory)))
+        app = create_app(
+            BankRegistry(backbone, directory, max_resident=max(1, banks // 2)),
+            engine,
+            ServeConfig(banks=str(directory)),
+        )
         start = time.perf_counter()
         with LoopbackServer(app) as base_url:
             try:
-                answers, uploaded = asyncio.run(asyncio.wait_for(
-                    load(base_url, names, replacements, requests, concurrency, max_tokens, seed), time_limit))
+                answers, uploaded = asyncio.run(
+                    asyncio.wait_for(
+                        load(base_url, names, replacements, requests, concurrency, max_tokens, seed), time_limit
+                    )
+                )
             except TimeoutError:
                 answers, uploaded = [TimeoutError(f"the run passed its limit of {time_limit:g} s")], {}
         seconds = time.perf_counter() - start
     equal, problems = check(answers, models, max_tokens)
     replaced_answers = sum(isinstance(a, Answer) and a.revision in uploaded.values() for a in answers)
     return {
-        "requests": requests, "answered": sum(isinstance(a, Answer) for a in answers), "equal_to_generate": equal,
-        "replaced_banks": len(uploaded), "answers_from_replacements": replaced_answers, "seconds": round(seconds, 2),
-        "requests_per_s": round(requests / seconds, 2), "ok": not problems and equal == requests, "problems": problems[:10],
+        "requests": requests,
+        "answered": sum(isinstance(a, Answer) for a in answers),
+        "equal_to_generate": equal,
+        "replaced_banks": len(uploaded),
+        "answers_from_replacements": replaced_answers,
+        "seconds": round(seconds, 2),
+        "requests_per_s": round(requests / seconds, 2),
+        "ok": not problems and equal == requests,
+        "problems": problems[:10],
     }
 
 
@@ -211,11 +254,23 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write the summary, the options and the machine here")
     args = parser.parse_args(argv)
     backbone = load_backbone(args.backbone, device=args.device)
-    summary = run(backbone, args.banks, args.requests, args.concurrency, args.max_tokens, args.replace,
-                  args.time_limit, args.max_batch, seed=args.seed)
+    summary = run(
+        backbone,
+        args.banks,
+        args.requests,
+        args.concurrency,
+        args.max_tokens,
+        args.replace,
+        args.time_limit,
+        args.max_batch,
+        seed=args.seed,
+    )
     print(json.dumps(summary, indent=2))
     if args.json:
-        write_json_atomic(args.json, {"options": {k: v for k, v in vars(args).items() if k != "json"}, **summary, "machine": machine()})
+        write_json_atomic(
+            args.json,
+            {"options": {k: v for k, v in vars(args).items() if k != "json"}, **summary, "machine": machine()},
+        )
     return 0 if summary["ok"] else 1
 
 

@@ -63,8 +63,15 @@ def queries(count: int, seed: int) -> list[str]:
     return [make_example([names[i % len(names)]], rng).query for i in range(count)]
 
 
-def decode_steps(engine: Engine, registry: BankRegistry, pool: int, wave: int, prompts: list[list[int]], texts: list[str],
-                 tokens: int) -> list[float]:
+def decode_steps(
+    engine: Engine,
+    registry: BankRegistry,
+    pool: int,
+    wave: int,
+    prompts: list[list[int]],
+    texts: list[str],
+    tokens: int,
+) -> list[float]:
     """Seconds of each pure decoding step of one batch whose requests are spread over ``pool`` banks."""
     handles = []
     for row, (prompt, text) in enumerate(zip(prompts, texts)):
@@ -92,14 +99,21 @@ def bare_steps(backbone: Backbone, prompts: list[list[int]], tokens: int) -> lis
     ids, mask = left_pad(prompts, backbone.tokenizer.pad_token_id, backbone.device)
     position = positions(mask)
     cache = DynamicCache(config=backbone.model.config)
-    out = backbone.model(input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True)
+    out = backbone.model(
+        input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True
+    )
     token, position = out.logits[:, -1].argmax(-1), position[:, -1:]
     steps = []
     for _ in range(tokens - 1):
         start = time.perf_counter()
         mask, position = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1), position + 1
-        out = backbone.model(input_ids=token.unsqueeze(-1), attention_mask=mask, position_ids=position,
-                             past_key_values=cache, use_cache=True)
+        out = backbone.model(
+            input_ids=token.unsqueeze(-1),
+            attention_mask=mask,
+            position_ids=position,
+            past_key_values=cache,
+            use_cache=True,
+        )
         token = out.logits[:, -1].argmax(-1)
         synchronize(token.device)
         steps.append(time.perf_counter() - start)
@@ -127,7 +141,9 @@ def bank_cost_us(engine: Engine, registry: BankRegistry, pool: int, rows: int, r
             times.append(time.perf_counter() - start)
         return 1e6 * statistics.median(times)
 
-    bank = median_us(lambda: (model.embed(ids, steer), torch.cat([words, model.memory_logits(hidden, index, valid)], dim=-1)))
+    bank = median_us(
+        lambda: (model.embed(ids, steer), torch.cat([words, model.memory_logits(hidden, index, valid)], dim=-1))
+    )
     return round(bank - median_us(lambda: model.embed(ids.clamp(max=vocab - 1), steer[:, :0])), 1)
 
 
@@ -153,12 +169,17 @@ async def http_measurements(app, directory: Path, puts: int, tokens: int, repeat
     """p50 of PUT until the new revision serves; TokMem vs RAG end-to-end latency at equal output length."""
     import httpx2
 
-    uploads = [(p.read_bytes(), metadata_path(p).read_bytes()) for p in (directory / "bank0.safetensors", directory / "bank1.safetensors")]
+    uploads = [
+        (p.read_bytes(), metadata_path(p).read_bytes())
+        for p in (directory / "bank0.safetensors", directory / "bank1.safetensors")
+    ]
     rng = random.Random(seed)
     procedure = sorted(catalog())[0]  # bank0's first row is named after it, with the suffix "-0"
     query = make_example([procedure], rng).query
     rag = demonstration_prompt([make_example([procedure], rng) for _ in range(2)], query)
-    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://tokmem", timeout=600) as http:
+    async with httpx2.AsyncClient(
+        transport=httpx2.ASGITransport(app=app), base_url="http://tokmem", timeout=600
+    ) as http:
         put_ms = []
         for i in range(puts):
             tensors, metadata = uploads[i % 2]
@@ -171,8 +192,10 @@ async def http_measurements(app, directory: Path, puts: int, tokens: int, repeat
 
         latency = {"tokmem": [], "rag": []}
         for _ in range(repeats):
-            for method, body in (("tokmem", {"model": "bank0", "prompt": query, "procedure": f"{procedure}-0"}),
-                                 ("rag", {"model": "plain", "prompt": rag})):
+            for method, body in (
+                ("tokmem", {"model": "bank0", "prompt": query, "procedure": f"{procedure}-0"}),
+                ("rag", {"model": "plain", "prompt": rag}),
+            ):
                 start = time.perf_counter()
                 result = await answer(http, {**body, "max_tokens": tokens, "ignore_eos": True})
                 latency[method].append(1000 * (time.perf_counter() - start))
@@ -221,28 +244,46 @@ def run(args) -> dict:
         http = {} if args.no_http else serve_http(registry, engine, directory, args)
     overhead = {k: round(1000 * (1 / v - 1 / bare), 3) for k, v in rates.items()}
     return {
-        "backbone": args.backbone, "device": str(backbone.device), "dtype": str(backbone.model.dtype), "batch": args.batch, "tokens_per_request": args.tokens, "waves": args.waves,
-        "bank_rows": args.rows, "tokens_per_s": rates, "ratio": {k: round(v / rates["1"], 3) for k, v in rates.items()},
-        "ratio_1000": round(rates["1000"] / rates["1"], 3), "bare_tokens_per_s": bare,
-        "added_ms_per_token": overhead, "bank_us_per_step": bank_us, **http, "machine": machine(),
+        "backbone": args.backbone,
+        "device": str(backbone.device),
+        "dtype": str(backbone.model.dtype),
+        "batch": args.batch,
+        "tokens_per_request": args.tokens,
+        "waves": args.waves,
+        "bank_rows": args.rows,
+        "tokens_per_s": rates,
+        "ratio": {k: round(v / rates["1"], 3) for k, v in rates.items()},
+        "ratio_1000": round(rates["1000"] / rates["1"], 3),
+        "bare_tokens_per_s": bare,
+        "added_ms_per_token": overhead,
+        "bank_us_per_step": bank_us,
+        **http,
+        "machine": machine(),
     }
 
 
 def table(result: dict) -> str:
-    rows = ["| banks in the run | decode tokens/s | ratio to 1 bank | ms/token vs bare backbone | bank alone, µs/step |",
-            "|---|---|---|---|---|"]
+    rows = [
+        "| banks in the run | decode tokens/s | ratio to 1 bank | ms/token vs bare backbone | bank alone, µs/step |",
+        "|---|---|---|---|---|",
+    ]
     for k, rate in result["tokens_per_s"].items():
-        rows.append(f"| {k} | {rate} | {result['ratio'][k]} | {result['added_ms_per_token'][k]} | {result['bank_us_per_step'][k]} |")
+        rows.append(
+            f"| {k} | {rate} | {result['ratio'][k]} | {result['added_ms_per_token'][k]} | {result['bank_us_per_step'][k]} |"
+        )
     rows.append(f"| bare backbone | {result['bare_tokens_per_s']} | | | |")
     if "latency_ms" not in result:
         return "\n".join(rows)
     latency, prompt = result["latency_ms"], result["prompt_tokens"]
-    return "\n".join(rows + [
-        "",
-        f"PUT of a {result['bank_rows']}-row bank until it serves: p50 {result['put_p50_ms']} ms",
-        f"end to end, {result['output_tokens']['tokmem']} output tokens: TokMem {latency['tokmem']} ms ({prompt['tokmem']} prompt tokens), "
-        f"RAG {latency['rag']} ms ({prompt['rag']} prompt tokens)",
-    ])
+    return "\n".join(
+        rows
+        + [
+            "",
+            f"PUT of a {result['bank_rows']}-row bank until it serves: p50 {result['put_p50_ms']} ms",
+            f"end to end, {result['output_tokens']['tokmem']} output tokens: TokMem {latency['tokmem']} ms ({prompt['tokmem']} prompt tokens), "
+            f"RAG {latency['rag']} ms ({prompt['rag']} prompt tokens)",
+        ]
+    )
 
 
 def main(argv=None) -> None:
@@ -258,7 +299,9 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dir", help="where the bank folder goes (default: the system's temporary folder)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--no-http", action="store_true", help="decode measurements only (no upload or latency over HTTP)")
+    parser.add_argument(
+        "--no-http", action="store_true", help="decode measurements only (no upload or latency over HTTP)"
+    )
     parser.add_argument("--json", metavar="PATH", required=True)
     args = parser.parse_args(argv)
     result = run(args)

@@ -56,8 +56,18 @@ def hostile_requests(upload: tuple[bytes, dict]) -> dict:
     return {
         "tiny-temperature": ("POST", "/v1/chat/completions", chat(temperature=1e-45), 400),
         "overflowing-max-steps": ("POST", "/v1/chat/completions", chat(max_steps=2**63), 400),
-        "lone-surrogate": ("POST", "/v1/chat/completions", {"content": b'{"model": "bank0", "prompt": "\\ud800"}', "headers": JSON_TYPE}, 400),
-        "long-prompt": ("POST", "/v1/completions", {"json": {"model": "bank0", "prompt": "x" * (MAX_PROMPT_CHARS + 1)}}, 400),
+        "lone-surrogate": (
+            "POST",
+            "/v1/chat/completions",
+            {"content": b'{"model": "bank0", "prompt": "\\ud800"}', "headers": JSON_TYPE},
+            400,
+        ),
+        "long-prompt": (
+            "POST",
+            "/v1/completions",
+            {"json": {"model": "bank0", "prompt": "x" * (MAX_PROMPT_CHARS + 1)}},
+            400,
+        ),
         "not-json": ("POST", "/v1/completions", {"content": b"{nope", "headers": JSON_TYPE}, 400),
         "deep-json": ("POST", "/v1/completions", {"content": b"[" * 5000 + b"]" * 5000, "headers": JSON_TYPE}, 400),
         "two-choices": ("POST", "/v1/chat/completions", chat(n=2), 400),
@@ -65,9 +75,18 @@ def hostile_requests(upload: tuple[bytes, dict]) -> dict:
         "bad-upload-names": ("PUT", "/v1/banks/junk", bad_upload(names=[[1], [2]]), 400),
         "bad-upload-backbone": ("PUT", "/v1/banks/junk", bad_upload(backbone="x"), 400),
         "traversal-upload": ("PUT", "/v1/banks/..%2Fbank0", bad_upload(), 400),
-        "oversized-body": ("POST", "/v1/completions", {"content": b"x" * int(MAX_BODY_MB * 2**20 + 1), "headers": JSON_TYPE}, 413),
-        "leaves-mid-stream": ("POST", "/v1/completions", {"json": {"model": "bank1", "prompt": "hi", "stream": True,
-                                                                     "max_tokens": 64, "ignore_eos": True}}, None),
+        "oversized-body": (
+            "POST",
+            "/v1/completions",
+            {"content": b"x" * int(MAX_BODY_MB * 2**20 + 1), "headers": JSON_TYPE},
+            413,
+        ),
+        "leaves-mid-stream": (
+            "POST",
+            "/v1/completions",
+            {"json": {"model": "bank1", "prompt": "hi", "stream": True, "max_tokens": 64, "ignore_eos": True}},
+            None,
+        ),
     }
 
 
@@ -82,12 +101,18 @@ async def hostile(http: httpx2.AsyncClient, kind: str, job: tuple) -> tuple[str,
     return kind, response.status_code
 
 
-async def load(base: str, names: list[str], hostiles: dict, replacements: list[dict], args, on_warm) -> tuple[list, list]:
+async def load(
+    base: str, names: list[str], hostiles: dict, replacements: list[dict], args, on_warm
+) -> tuple[list, list]:
     """Send every request; ``on_warm()`` when a tenth of them are done (the server's caches have filled)."""
     rng = random.Random(args.seed)
     kinds = sorted(hostiles)
-    jobs = [("hostile", rng.choice(kinds)) if i % args.hostile_every == 0 else ("clean", (rng.choice(names), rng.choice(QUERIES), rng.choice(THRESHOLDS)))
-            for i in range(args.requests)]
+    jobs = [
+        ("hostile", rng.choice(kinds))
+        if i % args.hostile_every == 0
+        else ("clean", (rng.choice(names), rng.choice(QUERIES), rng.choice(THRESHOLDS)))
+        for i in range(args.requests)
+    ]
     gate, done = asyncio.Semaphore(args.concurrency), [0]
     marks = [asyncio.Event() for _ in replacements]
     async with httpx2.AsyncClient(base_url=base, timeout=args.request_timeout) as http:
@@ -123,9 +148,26 @@ def start_server(directory: Path, args, log) -> tuple[subprocess.Popen, str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-c", "import sys; from tokmem.cli import main; sys.exit(main())", "serve",
-               "--backbone", args.backbone, "--device", args.device, "--banks", str(directory), "--port", str(port),
-               "--max-prompt-chars", str(MAX_PROMPT_CHARS), "--max-body-mb", str(MAX_BODY_MB), "--max-batch", str(args.max_batch)]
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from tokmem.cli import main; sys.exit(main())",
+        "serve",
+        "--backbone",
+        args.backbone,
+        "--device",
+        args.device,
+        "--banks",
+        str(directory),
+        "--port",
+        str(port),
+        "--max-prompt-chars",
+        str(MAX_PROMPT_CHARS),
+        "--max-body-mb",
+        str(MAX_BODY_MB),
+        "--max-batch",
+        str(args.max_batch),
+    ]
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -168,9 +210,14 @@ def summarise(jobs, results, hostiles, models, uploaded_rounds, args) -> dict:
             if result[1] != (expected if expected is not None else "left"):
                 problems.append(f"hostile {result[0]}: status {result[1]}, expected {expected}")
     return {
-        "clean_requests": len(clean), "clean_answered": sum(isinstance(a, Answer) for a in clean), "equal_to_generate": equal,
-        "hostile_requests": len(jobs) - len(clean), "hostile_statuses": dict(sorted(statuses.items())),
-        "lost_or_hung": len(lost), "replacement_rounds": uploaded_rounds, "problems": (lost + problems)[:20],
+        "clean_requests": len(clean),
+        "clean_answered": sum(isinstance(a, Answer) for a in clean),
+        "equal_to_generate": equal,
+        "hostile_requests": len(jobs) - len(clean),
+        "hostile_statuses": dict(sorted(statuses.items())),
+        "lost_or_hung": len(lost),
+        "replacement_rounds": uploaded_rounds,
+        "problems": (lost + problems)[:20],
     }
 
 
@@ -208,25 +255,52 @@ def run(args) -> dict:
             process = psutil.Process(server.pid)
             rss = {"after_start": process.memory_info().rss}
             start = time.perf_counter()
-            jobs, results = asyncio.run(load(base, names, hostiles, rounds, args,
-                                             lambda: rss.setdefault("after_a_tenth", process.memory_info().rss)))
+            jobs, results = asyncio.run(
+                load(
+                    base,
+                    names,
+                    hostiles,
+                    rounds,
+                    args,
+                    lambda: rss.setdefault("after_a_tenth", process.memory_info().rss),
+                )
+            )
             seconds = time.perf_counter() - start
             rss["after_run"] = process.memory_info().rss
             shutdown = stop_server(server)
         server_log = log_path.read_text(errors="replace")
     summary = summarise(jobs, results, hostiles, models, len(rounds), args)
     tracebacks = server_log.count("Traceback")
-    summary.update({
-        "requests": args.requests, "concurrency": args.concurrency, "seconds": round(seconds, 1),
-        "requests_per_s": round(args.requests / seconds, 1),
-        "server_rss_mb": {**{k: round(v / 2**20, 1) for k, v in rss.items()},
-                          "growth_after_the_first_tenth": round((rss["after_run"] - rss["after_a_tenth"]) / 2**20, 1)},
-        "sigterm": {**shutdown, "clean": clean_exit(shutdown, server_log)}, "tracebacks_in_server_log": tracebacks,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(), "device": args.device},
-        "backbone": args.backbone, "banks": args.banks, "max_tokens": args.max_tokens,
-    })
-    summary["ok"] = (not summary["problems"] and summary["equal_to_generate"] == summary["clean_requests"]
-                     and summary["lost_or_hung"] == 0 and tracebacks == 0 and summary["sigterm"]["clean"])
+    summary.update(
+        {
+            "requests": args.requests,
+            "concurrency": args.concurrency,
+            "seconds": round(seconds, 1),
+            "requests_per_s": round(args.requests / seconds, 1),
+            "server_rss_mb": {
+                **{k: round(v / 2**20, 1) for k, v in rss.items()},
+                "growth_after_the_first_tenth": round((rss["after_run"] - rss["after_a_tenth"]) / 2**20, 1),
+            },
+            "sigterm": {**shutdown, "clean": clean_exit(shutdown, server_log)},
+            "tracebacks_in_server_log": tracebacks,
+            "machine": {
+                "platform": platform.platform(),
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "device": args.device,
+            },
+            "backbone": args.backbone,
+            "banks": args.banks,
+            "max_tokens": args.max_tokens,
+        }
+    )
+    summary["ok"] = (
+        not summary["problems"]
+        and summary["equal_to_generate"] == summary["clean_requests"]
+        and summary["lost_or_hung"] == 0
+        and tracebacks == 0
+        and summary["sigterm"]["clean"]
+    )
     return summary
 
 
@@ -242,12 +316,20 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--scale", type=float, default=0.7, help="size of the random bank rows")
-    parser.add_argument("--request-timeout", type=float, default=120, help="a request not answered by then counts as hung")
+    parser.add_argument(
+        "--request-timeout", type=float, default=120, help="a request not answered by then counts as hung"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the summary here")
     args = parser.parse_args(argv)
     summary = run(args)
-    text = json.dumps({"command": " ".join(["python", "benchmarks/serve_soak.py", *(argv if argv is not None else sys.argv[1:])]), **summary}, indent=2)
+    text = json.dumps(
+        {
+            "command": " ".join(["python", "benchmarks/serve_soak.py", *(argv if argv is not None else sys.argv[1:])]),
+            **summary,
+        },
+        indent=2,
+    )
     print(text)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -42,12 +42,19 @@ def batches(model, batch_size: int, count: int, length_grouped: bool) -> list[di
     model.bank.add(sorted({p for e in train for p in e.procedures}), model.backbone.mean_embedding())
     tokenizer = model.backbone.tokenizer
     encoded = [encode(e, tokenizer, model.memory_id, 1024) for e in train]
-    config = TrainConfig(batch_size=batch_size, length_grouped=length_grouped, epochs=1 + batch_size * count // len(train))
+    config = TrainConfig(
+        batch_size=batch_size, length_grouped=length_grouped, epochs=1 + batch_size * count // len(train)
+    )
     order = example_order([len(e.input_ids) for e in encoded], config)[: batch_size * count]
     chunks = [[encoded[i] for i in order[j : j + batch_size]] for j in range(0, len(order), batch_size)]
     device = model.device
-    return [{k: v.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else v
-             for k, v in collate(chunk, tokenizer.pad_token_id).items()} for chunk in chunks]
+    return [
+        {
+            k: v.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else v
+            for k, v in collate(chunk, tokenizer.pad_token_id).items()
+        }
+        for chunk in chunks
+    ]
 
 
 def tokmem_step(model):
@@ -82,7 +89,9 @@ def naive_step(backbone, rows: int):
 def lora_step(backbone):
     from peft import LoraConfig, get_peft_model
 
-    lm = get_peft_model(copy.deepcopy(backbone.model), LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    lm = get_peft_model(
+        copy.deepcopy(backbone.model), LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+    )
     optimizer = torch.optim.AdamW([p for p in lm.parameters() if p.requires_grad], lr=5e-5, weight_decay=0.01)
     vocab, eos = backbone.vocab_size, backbone.eos_token_id
 
@@ -180,9 +189,18 @@ def run(args) -> dict:
     tokens = sum(int(b["attention_mask"].sum()) for b in timed)
     peak = matmul_peak(device, dtype, args.peak_size)
     padding, prefix = token_shares(timed)
-    result = {"backbone": args.backbone, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
-              "batch_size": args.batch_size, "steps": args.steps, "length_grouped": args.length_grouped,
-              "tokens": tokens, "padding_share": padding, "prefix_share": prefix, "peak_flops": peak}
+    result = {
+        "backbone": args.backbone,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+        "length_grouped": args.length_grouped,
+        "tokens": tokens,
+        "padding_share": padding,
+        "prefix_share": prefix,
+        "peak_flops": peak,
+    }
     for name, step in steps.items():
         rate = tokens / sum(seconds[name])
         flops = counted_flops(step, timed)
@@ -202,9 +220,16 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, … (default: cuda when available)")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--steps", type=int, default=6, help="timed steps per method (after one warm-up step)")
-    parser.add_argument("--length-grouped", action="store_true", help="order the batches as TrainConfig(length_grouped=True)")
+    parser.add_argument(
+        "--length-grouped", action="store_true", help="order the batches as TrainConfig(length_grouped=True)"
+    )
     parser.add_argument("--no-naive", action="store_true", help="leave out the naive resized-vocabulary step")
-    parser.add_argument("--peak-size", type=int, default=None, help="side of the peak matrix product (default: 8192 on GPU, 2048 on CPU)")
+    parser.add_argument(
+        "--peak-size",
+        type=int,
+        default=None,
+        help="side of the peak matrix product (default: 8192 on GPU, 2048 on CPU)",
+    )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
     on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
@@ -212,10 +237,14 @@ def main() -> None:
     result = run(args)
     for name in ("tokmem", "lora", "naive"):
         if f"{name}_tokens_per_s" in result:
-            console.print(f"{name:>7}: {result[f'{name}_tokens_per_s']:.0f} tokens/s, "
-                          f"{result[f'{name}_flops_per_token'] / 1e9:.2f} GFLOP/token, MFU {result[f'{name}_mfu']:.1%}")
-    console.print(f"tokmem / lora: {result['tokmem_over_lora']:.2f}×; peak {result['peak_flops'] / 1e12:.2f} TFLOP/s "
-                  f"({result['dtype']}); padding {result['padding_share']:.1%}, repeated prefix {result['prefix_share']:.1%}")
+            console.print(
+                f"{name:>7}: {result[f'{name}_tokens_per_s']:.0f} tokens/s, "
+                f"{result[f'{name}_flops_per_token'] / 1e9:.2f} GFLOP/token, MFU {result[f'{name}_mfu']:.1%}"
+            )
+    console.print(
+        f"tokmem / lora: {result['tokmem_over_lora']:.2f}×; peak {result['peak_flops'] / 1e12:.2f} TFLOP/s "
+        f"({result['dtype']}); padding {result['padding_share']:.1%}, repeated prefix {result['prefix_share']:.1%}"
+    )
     if args.json:
         write_json(args.json, {**result, "machine": machine()})
 

@@ -49,7 +49,9 @@ def write_banks(backbone, directory: Path, count: int, rows: int) -> list[Path]:
     generator = torch.Generator().manual_seed(0)
     paths = []
     for i in range(count):
-        model.bank.index = backbone.mean_embedding() * (1 + torch.randn(rows, backbone.hidden_size, generator=generator))
+        model.bank.index = backbone.mean_embedding() * (
+            1 + torch.randn(rows, backbone.hidden_size, generator=generator)
+        )
         paths.append(model.bank.save(directory / f"bank{i}.safetensors"))
     return paths
 
@@ -68,13 +70,25 @@ def write_adapters(config, directory: Path, count: int) -> list[Path]:
         for layer in range(config.num_hidden_layers):
             for module, out in shapes.items():
                 prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
-                tensors[f"{prefix}.lora_A.weight"] = 0.01 * torch.randn(LORA_RANK, config.hidden_size, generator=generator)
+                tensors[f"{prefix}.lora_A.weight"] = 0.01 * torch.randn(
+                    LORA_RANK, config.hidden_size, generator=generator
+                )
                 tensors[f"{prefix}.lora_B.weight"] = 0.01 * torch.randn(out, LORA_RANK, generator=generator)
         save_file(tensors, path / "adapter_model.safetensors")
-        (path / "adapter_config.json").write_text(json.dumps({
-            "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": LORA_RANK, "lora_alpha": 2 * LORA_RANK,
-            "target_modules": list(shapes), "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
-        }))
+        (path / "adapter_config.json").write_text(
+            json.dumps(
+                {
+                    "peft_type": "LORA",
+                    "task_type": "CAUSAL_LM",
+                    "r": LORA_RANK,
+                    "lora_alpha": 2 * LORA_RANK,
+                    "target_modules": list(shapes),
+                    "lora_dropout": 0.0,
+                    "bias": "none",
+                    "fan_in_fan_out": False,
+                }
+            )
+        )
         paths.append(path)
     return paths
 
@@ -97,8 +111,15 @@ def decode_rate(generate, batch: int, tokens: int, repeats: int = 3) -> float:
 def start_llm(model_dir: Path, **options):
     from vllm import LLM
 
-    return LLM(model=str(model_dir), dtype="float32", enforce_eager=True, seed=0, max_model_len=512,
-               enable_prefix_caching=False, **options)  # every run prefills: equal work across configurations
+    return LLM(
+        model=str(model_dir),
+        dtype="float32",
+        enforce_eager=True,
+        seed=0,
+        max_model_len=512,
+        enable_prefix_caching=False,
+        **options,
+    )  # every run prefills: equal work across configurations
 
 
 def stop_llm(llm) -> None:
@@ -112,8 +133,13 @@ def measure_plain(model_dir, prompts, args) -> float:
 
     llm = start_llm(model_dir, max_num_seqs=args.batch)
     try:
-        return decode_rate(lambda n: llm.generate(
-            prompts, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), use_tqdm=False), len(prompts), args.tokens)
+        return decode_rate(
+            lambda n: llm.generate(
+                prompts, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), use_tqdm=False
+            ),
+            len(prompts),
+            args.tokens,
+        )
     finally:
         stop_llm(llm)
 
@@ -144,15 +170,30 @@ def measure_lora(model_dir, prompts, adapters, args) -> dict:
     from vllm import SamplingParams
     from vllm.lora.request import LoRARequest
 
-    llm = start_llm(model_dir, max_num_seqs=args.batch, enable_lora=True, max_loras=max(ADAPTER_POOLS),
-                    max_cpu_loras=max(ADAPTER_POOLS), max_lora_rank=LORA_RANK)
+    llm = start_llm(
+        model_dir,
+        max_num_seqs=args.batch,
+        enable_lora=True,
+        max_loras=max(ADAPTER_POOLS),
+        max_cpu_loras=max(ADAPTER_POOLS),
+        max_lora_rank=LORA_RANK,
+    )
     rates = {}
     try:
         for pool in ADAPTER_POOLS:
-            loras = [LoRARequest(f"adapter{j % pool}", j % pool + 1, str(adapters[j % pool])) for j in range(len(prompts))]
-            rates[str(pool)] = decode_rate(lambda n, loras=loras: llm.generate(
-                prompts, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), lora_request=loras, use_tqdm=False),
-                len(prompts), args.tokens)
+            loras = [
+                LoRARequest(f"adapter{j % pool}", j % pool + 1, str(adapters[j % pool])) for j in range(len(prompts))
+            ]
+            rates[str(pool)] = decode_rate(
+                lambda n, loras=loras: llm.generate(
+                    prompts,
+                    SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True),
+                    lora_request=loras,
+                    use_tqdm=False,
+                ),
+                len(prompts),
+                args.tokens,
+            )
             console.print(f"vLLM multi-LoRA, {pool} adapters: {rates[str(pool)]:.0f} tokens/s")
     finally:
         stop_llm(llm)
@@ -165,8 +206,12 @@ def measure_tokmem_serve(backbone, bank_dir, token_prompts, queries, args) -> fl
     engine = Engine(backbone, max_batch=args.batch, max_queue=args.batch)
 
     def generate(n):
-        handles = [engine.submit(Request(registry.get(f"bank{j % max(BANK_POOLS)}"), p, q, max_tokens=n, ignore_eos=True,
-                                         threshold=0.0)) for j, (p, q) in enumerate(zip(token_prompts, queries))]
+        handles = [
+            engine.submit(
+                Request(registry.get(f"bank{j % max(BANK_POOLS)}"), p, q, max_tokens=n, ignore_eos=True, threshold=0.0)
+            )
+            for j, (p, q) in enumerate(zip(token_prompts, queries))
+        ]
         while engine.step():
             pass
         return handles
@@ -182,8 +227,12 @@ def parity(backbone, banks, queries, outputs) -> bool:
         ids = list(output.outputs[0].token_ids)
         ids = ids[: ids.index(eos)] if eos in ids else ids
         model = tokmem.load(banks[j % max(BANK_POOLS)], backbone)
-        served = to_generation(model, queries[j], [t - offset if t >= vocab else t for t in ids], 0.0, routed=ids[0] >= vocab)
-        expected = tokmem.generate(model, [queries[j]], DecodeConfig(max_new_tokens=len(output.outputs[0].token_ids), threshold=0.0))[0]
+        served = to_generation(
+            model, queries[j], [t - offset if t >= vocab else t for t in ids], 0.0, routed=ids[0] >= vocab
+        )
+        expected = tokmem.generate(
+            model, [queries[j]], DecodeConfig(max_new_tokens=len(output.outputs[0].token_ids), threshold=0.0)
+        )[0]
         same &= served.trace == expected.trace
     return bool(same)
 
@@ -212,11 +261,15 @@ def run(args) -> dict:
         result = {"backbone": args.backbone, "batch": args.batch, "tokens": args.tokens, "rows_per_bank": args.rows}
         result["plain_tokens_per_s"] = measure_plain(model_dir, prompts, args)
         console.print(f"vLLM plain: {result['plain_tokens_per_s']:.0f} tokens/s")
-        result["tokmem_tokens_per_s"], outputs = measure_tokmem(model_dir, prompts, banks, backbone.tokenizer, queries, args)
+        result["tokmem_tokens_per_s"], outputs = measure_tokmem(
+            model_dir, prompts, banks, backbone.tokenizer, queries, args
+        )
         result["parity"] = parity(backbone, banks, queries, outputs)
         result["parity_requests"] = len(outputs)
         result["lora_tokens_per_s"] = lora_or_reason(model_dir, prompts, scratch, args)
-        result["tokmem_serve_tokens_per_s"] = measure_tokmem_serve(backbone, scratch / "banks", token_prompts, queries, args)
+        result["tokmem_serve_tokens_per_s"] = measure_tokmem_serve(
+            backbone, scratch / "banks", token_prompts, queries, args
+        )
     result["machine"] = machine()
     result["vllm"] = __import__("vllm").__version__
     return result
@@ -236,9 +289,12 @@ def lora_or_reason(model_dir, prompts, scratch, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backbone", default="smollm2-135m",
-                        help="smollm2-135m, tiny-random-head32, or a Hugging Face model directory")
-    parser.add_argument("--batch", type=int, default=1000, help="requests decoded together (at least the largest bank pool)")
+    parser.add_argument(
+        "--backbone", default="smollm2-135m", help="smollm2-135m, tiny-random-head32, or a Hugging Face model directory"
+    )
+    parser.add_argument(
+        "--batch", type=int, default=1000, help="requests decoded together (at least the largest bank pool)"
+    )
     parser.add_argument("--tokens", type=int, default=16, help="output tokens per request")
     parser.add_argument("--rows", type=int, default=4, help="rows per bank")
     parser.add_argument("--parity", type=int, default=16, help="requests checked against tokmem.generate")

@@ -43,6 +43,7 @@ def examples():
     """Two atomic procedures on four words each, plus one chain."""
     reverse = [Example(f"Reverse {w}.", (Step("reverse", w[::-1]),), id=f"reverse-{w}") for w in WORDS]
     upper = [Example(f"Write {w} in capitals.", (Step("upper", w.upper()),), id=f"upper-{w}") for w in WORDS]
-    chain = Example("Reverse water, then capitalise it.", (Step("reverse", "retaw"), Step("upper", "RETAW")), id="chain")
+    chain = Example(
+        "Reverse water, then capitalise it.", (Step("reverse", "retaw"), Step("upper", "RETAW")), id="chain"
+    )
     return reverse + upper + [chain]
-

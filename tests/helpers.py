@@ -39,7 +39,12 @@ def write_tool_bank(backbone, path):
     import tokmem
 
     model = tokmem.create(backbone)
-    model.bank.add(["city", "count", "chat"], backbone.mean_embedding(), kinds=["tool", "tool", "text"], schemas=[CITY, COUNT, None])
+    model.bank.add(
+        ["city", "count", "chat"],
+        backbone.mean_embedding(),
+        kinds=["tool", "tool", "text"],
+        schemas=[CITY, COUNT, None],
+    )
     random_rows(model.bank, scale=0.7)
     model.bank.save(path)
     return model

@@ -149,11 +149,15 @@ def test_the_second_cached_adaptation_with_the_same_inputs_loads_the_first(backb
     assert again.fingerprint() == first.fingerprint() != backbone.fingerprint()
 
 
-@pytest.mark.parametrize("change", [
-    lambda examples, config, rows: (examples[:-1], config, rows),
-    lambda examples, config, rows: (examples, AdaptConfig(lr=2e-2), rows),
-    lambda examples, config, rows: (examples, config, options(max_steps=2, init="orthogonal")),
-], ids=["data", "lora", "rows"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda examples, config, rows: (examples[:-1], config, rows),
+        lambda examples, config, rows: (examples, AdaptConfig(lr=2e-2), rows),
+        lambda examples, config, rows: (examples, config, options(max_steps=2, init="orthogonal")),
+    ],
+    ids=["data", "lora", "rows"],
+)
 def test_the_adaptation_key_changes_with_the_data_and_every_setting(backbone, adaptation_examples, change):
     key = adaptation_key(backbone, adaptation_examples, FAST, options(max_steps=2))
     assert adaptation_key(backbone, *change(adaptation_examples, FAST, options(max_steps=2))) != key
@@ -162,8 +166,27 @@ def test_the_adaptation_key_changes_with_the_data_and_every_setting(backbone, ad
 
 def test_tokmem_adapt_saves_an_adapted_backbone_that_loads_by_its_directory(tmp_path, capsys):
     out = tmp_path / "adapted"
-    assert main(["adapt", "--backbone", "tiny-random", "--out", str(out), "--samples", "60", "--max-length", "64",
-                 "--device", "cpu", "--quiet", "--json", str(tmp_path / "adapt.json")]) == 0
+    assert (
+        main(
+            [
+                "adapt",
+                "--backbone",
+                "tiny-random",
+                "--out",
+                str(out),
+                "--samples",
+                "60",
+                "--max-length",
+                "64",
+                "--device",
+                "cpu",
+                "--quiet",
+                "--json",
+                str(tmp_path / "adapt.json"),
+            ]
+        )
+        == 0
+    )
     info = json.loads((tmp_path / "adapt.json").read_text())
     assert info["examples"] == 60 and load_backbone(str(out)).fingerprint() == info["fingerprint"]
     assert main(["adapt", "--backbone", "tiny-random", "--out", str(out)]) == 2

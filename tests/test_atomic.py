@@ -25,7 +25,13 @@ from tokmem.cli import main
 from tokmem.data.sni import Instance, Task, load_tasks
 from tokmem.errors import TokMemError
 from tokmem.studies.atomic import (
-    JOINT_METHODS, METHODS, AtomicConfig, evaluate, make_config, run_atomic, run_sample_efficiency,
+    JOINT_METHODS,
+    METHODS,
+    AtomicConfig,
+    evaluate,
+    make_config,
+    run_atomic,
+    run_sample_efficiency,
 )
 from tokmem.io import read_json
 from tokmem.studies.harness import learn_round
@@ -46,7 +52,9 @@ def sni_dir(tmp_path_factory):
     for name, pairs in TASKS.items():
         languages = {key: ["English"] for key in ("Input_language", "Output_language", "Instruction_language")}
         instances = [{"id": f"{name}-{i}", "input": q, "output": [a]} for i, (q, a) in enumerate(pairs)]
-        (folder / f"{name}.json").write_text(json.dumps({"Definition": [f"Do {name}."], **languages, "Instances": instances}))
+        (folder / f"{name}.json").write_text(
+            json.dumps({"Definition": [f"Do {name}."], **languages, "Instances": instances})
+        )
     return folder
 
 
@@ -54,8 +62,17 @@ def sni_dir(tmp_path_factory):
 def config(sni_dir):
     """The sequential schedule (tasks arrive one at a time), every method."""
     return AtomicConfig(
-        tasks_dir=str(sni_dir), task_schedule="sequential", train_per_task=4, test_per_task=2, checkpoints=(2, 3),
-        backbone="tiny-random", max_new_tokens=4, eval_batch_size=8, replay_buffer=3, replay_every=1, device="cpu",
+        tasks_dir=str(sni_dir),
+        task_schedule="sequential",
+        train_per_task=4,
+        test_per_task=2,
+        checkpoints=(2, 3),
+        backbone="tiny-random",
+        max_new_tokens=4,
+        eval_batch_size=8,
+        replay_buffer=3,
+        replay_every=1,
+        device="cpu",
     )
 
 
@@ -67,7 +84,11 @@ def study(config, backbone, tmp_path_factory):
 
 
 def lora_params(backbone, rank):
-    return sum(rank * (m.in_features + m.out_features) for n, m in backbone.model.named_modules() if n.endswith(("q_proj", "v_proj")))
+    return sum(
+        rank * (m.in_features + m.out_features)
+        for n, m in backbone.model.named_modules()
+        if n.endswith(("q_proj", "v_proj"))
+    )
 
 
 def words(task, count):
@@ -84,13 +105,24 @@ def test_every_method_reports_rouge_its_accuracy_and_its_parameters_at_every_che
             assert list(scores["per_task"]) == NAMES[:n]
             assert scores["rougeL"] == pytest.approx(sum(s["rougeL"] for s in scores["per_task"].values()) / n)
             assert 0.0 <= scores["rougeL"] <= 100.0
-        assert 0.0 <= methods["tokmem"]["routing_accuracy"] <= 1.0 and 0.0 <= methods["tokmem-dc"]["routing_accuracy"] <= 1.0
+        assert (
+            0.0 <= methods["tokmem"]["routing_accuracy"] <= 1.0
+            and 0.0 <= methods["tokmem-dc"]["routing_accuracy"] <= 1.0
+        )
         assert 0.0 <= methods["rag"]["retrieval_accuracy"] <= 1.0
-        assert not {"routing_accuracy", "retrieval_accuracy"} & set(methods["base"] | methods["lora"] | methods["replay"])
+        assert not {"routing_accuracy", "retrieval_accuracy"} & set(
+            methods["base"] | methods["lora"] | methods["replay"]
+        )
         params = {name: scores["trainable_params"] for name, scores in methods.items()}
         hidden = backbone.hidden_size
-        assert params == {"base": 0, "rag": 0, "lora": lora_params(backbone, 8), "replay": lora_params(backbone, 8),
-                          "tokmem": n * hidden, "tokmem-dc": 2 * n * hidden}
+        assert params == {
+            "base": 0,
+            "rag": 0,
+            "lora": lora_params(backbone, 8),
+            "replay": lora_params(backbone, 8),
+            "tokmem": n * hidden,
+            "tokmem-dc": 2 * n * hidden,
+        }
 
 
 def test_the_json_on_disk_is_the_result_with_its_config_tasks_and_machine(study):
@@ -108,13 +140,18 @@ def test_a_markdown_table_in_the_paper_layout_and_a_png_plot_are_written(study):
     for label in ("Base", "RAG", "Fine-tuning", "Replay Memory", "TokMem", "TokMem+DC"):
         assert f"\n| {label} | " in table
     assert "| RAG (retrieval) |" in table and "| TokMem (routing) |" in table
-    assert "query = the task definition, a blank line, the instance input (the paper's protocol); schedule = sequential" in table
+    assert (
+        "query = the task definition, a blank line, the instance input (the paper's protocol); schedule = sequential"
+        in table
+    )
     assert "ROUGE-L against output[0], Porter-stemmed" in table and "TokMem lr 0.005, mean init" in table
     assert "3 tasks from" in table and "2 test and up to 4 training examples per task." in table
     assert path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_crash_keeps_the_finished_checkpoint_and_resume_ends_where_an_uninterrupted_run_does(config, backbone, study, tmp_path, monkeypatch):
+def test_a_crash_keeps_the_finished_checkpoint_and_resume_ends_where_an_uninterrupted_run_does(
+    config, backbone, study, tmp_path, monkeypatch
+):
     config = replace(config, methods=("rag", "replay", "tokmem"))
     path = tmp_path / "atomic.json"
     learn = TokMem.learn
@@ -201,17 +238,33 @@ def test_the_replay_buffer_is_refreshed_every_k_procedures_from_all_examples_see
 
 
 def test_retrieval_accuracy_is_the_share_of_queries_whose_nearest_training_example_is_from_their_task(backbone):
-    weather = Task("task001_weather", 1, "", train=[Instance("w1", "Will it rain in Paris tomorrow?", ("yes",)),
-                                                    Instance("w2", "Is it sunny in Rome today?", ("no",))],
-                   test=[Instance("w3", "Will it rain in London tomorrow?", ("yes",)),
-                         Instance("w4", "Is it sunny in Madrid today?", ("no",))])
-    math = Task("task002_math", 2, "", train=[Instance("m1", "What is 12 plus 30?", ("42",)), Instance("m2", "What is 7 times 6?", ("42",))],
-                test=[Instance("m3", "What is 5 plus 9?", ("14",)),
-                      Instance("m4", "Is it sunny in Rome today?", ("4",))])  # worded as a weather example: retrieval misses it
+    weather = Task(
+        "task001_weather",
+        1,
+        "",
+        train=[
+            Instance("w1", "Will it rain in Paris tomorrow?", ("yes",)),
+            Instance("w2", "Is it sunny in Rome today?", ("no",)),
+        ],
+        test=[
+            Instance("w3", "Will it rain in London tomorrow?", ("yes",)),
+            Instance("w4", "Is it sunny in Madrid today?", ("no",)),
+        ],
+    )
+    math = Task(
+        "task002_math",
+        2,
+        "",
+        train=[Instance("m1", "What is 12 plus 30?", ("42",)), Instance("m2", "What is 7 times 6?", ("42",))],
+        test=[Instance("m3", "What is 5 plus 9?", ("14",)), Instance("m4", "Is it sunny in Rome today?", ("4",))],
+    )  # worded as a weather example: retrieval misses it
     rag = RAG(backbone, k=1, max_new_tokens=2)
     for task in (weather, math):
         rag.learn(task.examples(query="input"))
-    assert [[e.id for e in shots] for shots in rag.retrieve(["Is it sunny in Rome today?", "What is 5 plus 9?"])] == [["w2"], ["m1"]]
+    assert [[e.id for e in shots] for shots in rag.retrieve(["Is it sunny in Rome today?", "What is 5 plus 9?"])] == [
+        ["w2"],
+        ["m1"],
+    ]
     result = evaluate(rag, [weather, math], query="input")
     assert result["per_task"]["task001_weather"]["retrieval_accuracy"] == 1.0
     assert result["per_task"]["task002_math"]["retrieval_accuracy"] == 0.5
@@ -257,8 +310,15 @@ class Lookup(Method):
 
 
 def test_rouge_l_is_scored_against_the_first_output_stemmed_and_averaged_per_task_then_over_tasks():
-    one = Task("task001_one", 1, "", test=[Instance("a", "q1", ("The cats are running", "unrelated")),
-                                           Instance("b", "q2", ("alpha beta", "gamma delta"))])
+    one = Task(
+        "task001_one",
+        1,
+        "",
+        test=[
+            Instance("a", "q1", ("The cats are running", "unrelated")),
+            Instance("b", "q2", ("alpha beta", "gamma delta")),
+        ],
+    )
     two = Task("task002_two", 2, "", test=[Instance("c", "q3", ("right answer",))])
     answers = {"q1": "the cat are run", "q2": "gamma delta", "q3": "right answer"}
     result = evaluate(Lookup(answers), [one, two], batch_size=1, query="input")
@@ -269,7 +329,9 @@ def test_rouge_l_is_scored_against_the_first_output_stemmed_and_averaged_per_tas
 
 
 def test_sample_efficiency_trains_fresh_methods_per_budget_and_drops_budgets_the_data_lacks(config, backbone, tmp_path):
-    efficiency = replace(config, task_schedule="joint", sample_efficiency=True, budgets=(2, 4, 100), methods=("rag", "lora", "tokmem"))
+    efficiency = replace(
+        config, task_schedule="joint", sample_efficiency=True, budgets=(2, 4, 100), methods=("rag", "lora", "tokmem")
+    )
     result = run_sample_efficiency(efficiency, backbone, tmp_path / "efficiency.json", progress=False)
     assert [p["train_per_task"] for p in result["budgets"]] == [2, 4] and result["dropped_budgets"] == [100]
     assert result["config"]["lora_rank"] == 1
@@ -283,11 +345,27 @@ def test_sample_efficiency_trains_fresh_methods_per_budget_and_drops_budgets_the
 
 def test_presets_give_the_sizes_and_options_override_them(tmp_path):
     paper = make_config("paper", tasks_dir=str(tmp_path)).resolved()
-    assert (paper.train_per_task, paper.test_per_task, paper.checkpoints, paper.num_tasks) == (500, 50, (10, 50, 200, 500, 1000), 1000)
+    assert (paper.train_per_task, paper.test_per_task, paper.checkpoints, paper.num_tasks) == (
+        500,
+        50,
+        (10, 50, 200, 500, 1000),
+        1000,
+    )
     assert (paper.query, paper.task_schedule, paper.methods) == ("definition", "joint", JOINT_METHODS)
     cpu = make_config("cpu").resolved()
-    assert (cpu.query, cpu.task_schedule, cpu.checkpoints, cpu.methods) == ("definition", "joint", (14,), ("base", "rag", "lora", "tokmem"))
-    assert (cpu.train_per_task, cpu.min_train_per_task, cpu.test_per_task, cpu.epochs, cpu.epoch_budgets) == (100, 20, 10, 1, (1, 2))
+    assert (cpu.query, cpu.task_schedule, cpu.checkpoints, cpu.methods) == (
+        "definition",
+        "joint",
+        (14,),
+        ("base", "rag", "lora", "tokmem"),
+    )
+    assert (cpu.train_per_task, cpu.min_train_per_task, cpu.test_per_task, cpu.epochs, cpu.epoch_budgets) == (
+        100,
+        20,
+        10,
+        1,
+        (1, 2),
+    )
     cpu = make_config("cpu", checkpoints=(1, 2), methods=("base",)).resolved()
     assert (cpu.num_tasks, cpu.methods, cpu.lora_rank) == (2, ("base",), 8)
     with pytest.raises(TokMemError, match="unknown method"):
@@ -298,19 +376,26 @@ def test_each_schedule_defaults_to_its_own_recipe_and_options_override_it(tmp_pa
     joint = make_config(None, tasks_dir=str(tmp_path)).resolved()
     sequential = make_config(None, tasks_dir=str(tmp_path), task_schedule="sequential").resolved()
     assert (joint.tokmem_lr, joint.schedule, joint.methods) == (1e-3, "linear", JOINT_METHODS)  # the reference code
-    assert (sequential.tokmem_lr, sequential.schedule, sequential.methods) == (5e-3, "constant", METHODS)  # the paper's text
+    assert (sequential.tokmem_lr, sequential.schedule, sequential.methods) == (
+        5e-3,
+        "constant",
+        METHODS,
+    )  # the paper's text
     assert joint.tokmem_options()["lr"] == 1e-3 and joint.lora_options()["schedule"] == "linear"
     mine = make_config(None, tasks_dir=str(tmp_path), tokmem_lr=0.02, schedule="constant").resolved()
     assert (mine.tokmem_lr, mine.schedule) == (0.02, "constant")
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(methods=("lora", "replay")), "replay needs tasks that arrive one at a time"),
-    (dict(query="both"), "unknown query 'both'"),
-    (dict(task_schedule="random"), "unknown schedule 'random'"),
-    (dict(task_schedule="sequential", sample_efficiency=True), "joint schedule only"),
-    (dict(init="zeros"), "init must be one of mean, orthogonal"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(methods=("lora", "replay")), "replay needs tasks that arrive one at a time"),
+        (dict(query="both"), "unknown query 'both'"),
+        (dict(task_schedule="random"), "unknown schedule 'random'"),
+        (dict(task_schedule="sequential", sample_efficiency=True), "joint schedule only"),
+        (dict(init="zeros"), "init must be one of mean, orthogonal"),
+    ],
+)
 def test_settings_that_cannot_run_are_refused_before_any_work(tmp_path, options, message):
     with pytest.raises(TokMemError, match=message):
         make_config(None, tasks_dir=str(tmp_path), **options).resolved()
@@ -318,28 +403,110 @@ def test_settings_that_cannot_run_are_refused_before_any_work(tmp_path, options,
 
 def test_bench_atomic_command_writes_the_json_table_and_plot(sni_dir, tmp_path):
     path = tmp_path / "out.json"
-    assert main(["bench", "atomic", "--tasks-dir", str(sni_dir), "--backbone", "tiny-random", "--device", "cpu",
-                 "--methods", "base,tokmem", "--train-per-task", "4", "--test-per-task", "2", "--checkpoints", "1,3",
-                 "--max-new-tokens", "3", "--tokmem-lr", "0.02", "--query", "input", "--schedule", "sequential",
-                 "--init", "orthogonal", "--lr-schedule", "linear", "--warmup", "0.2", "--renorm-every-step",
-                 "--epoch-budgets", "2", "--seeds", "0,1", "--quiet", "--json", str(path)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "atomic",
+                "--tasks-dir",
+                str(sni_dir),
+                "--backbone",
+                "tiny-random",
+                "--device",
+                "cpu",
+                "--methods",
+                "base,tokmem",
+                "--train-per-task",
+                "4",
+                "--test-per-task",
+                "2",
+                "--checkpoints",
+                "1,3",
+                "--max-new-tokens",
+                "3",
+                "--tokmem-lr",
+                "0.02",
+                "--query",
+                "input",
+                "--schedule",
+                "sequential",
+                "--init",
+                "orthogonal",
+                "--lr-schedule",
+                "linear",
+                "--warmup",
+                "0.2",
+                "--renorm-every-step",
+                "--epoch-budgets",
+                "2",
+                "--seeds",
+                "0,1",
+                "--quiet",
+                "--json",
+                str(path),
+            ]
+        )
+        == 0
+    )
     result = read_json(path)
-    recorded = {k: result["config"][k] for k in ("tokmem_lr", "query", "task_schedule", "init", "schedule", "warmup",
-                                                   "renorm_every_step", "epoch_budgets", "seeds")}
-    assert recorded == {"tokmem_lr": 0.02, "query": "input", "task_schedule": "sequential", "init": "orthogonal",
-                        "schedule": "linear", "warmup": 0.2, "renorm_every_step": True, "epoch_budgets": [2], "seeds": [0, 1]}
+    recorded = {
+        k: result["config"][k]
+        for k in (
+            "tokmem_lr",
+            "query",
+            "task_schedule",
+            "init",
+            "schedule",
+            "warmup",
+            "renorm_every_step",
+            "epoch_budgets",
+            "seeds",
+        )
+    }
+    assert recorded == {
+        "tokmem_lr": 0.02,
+        "query": "input",
+        "task_schedule": "sequential",
+        "init": "orthogonal",
+        "schedule": "linear",
+        "warmup": 0.2,
+        "renorm_every_step": True,
+        "epoch_budgets": [2],
+        "seeds": [0, 1],
+    }
     assert "query = the instance input alone" in path.with_suffix(".md").read_text()
     point = result["epoch_budgets"]["2"]
     assert [p["num_tasks"] for p in point["checkpoints"]] == [1, 3] and point["seeds"] == [0, 1]
     tokmem = point["checkpoints"][1]["methods"]["tokmem"]
     assert list(point["checkpoints"][1]["methods"]) == ["base", "tokmem"] and len(tokmem["rougeL"]["per_seed"]) == 2
-    assert tokmem["updates"] == 2 * sum(-(-t["train"] // 4) for t in point["tasks"])  # 2 epochs of batches of 4, a task a round
+    assert tokmem["updates"] == 2 * sum(
+        -(-t["train"] // 4) for t in point["tasks"]
+    )  # 2 epochs of batches of 4, a task a round
     assert "# Budget curve" in path.with_suffix(".md").read_text() and path.with_suffix(".png").is_file()
 
 
 def test_bench_atomic_refuses_a_checkpoint_beyond_the_tasks_found(sni_dir, tmp_path, capsys):
-    assert main(["bench", "atomic", "--tasks-dir", str(sni_dir), "--backbone", "tiny-random", "--train-per-task", "4",
-                 "--test-per-task", "2", "--checkpoints", "2,5", "--json", str(tmp_path / "x.json")]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "atomic",
+                "--tasks-dir",
+                str(sni_dir),
+                "--backbone",
+                "tiny-random",
+                "--train-per-task",
+                "4",
+                "--test-per-task",
+                "2",
+                "--checkpoints",
+                "2,5",
+                "--json",
+                str(tmp_path / "x.json"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "checkpoint 5 needs 5 tasks" in err and "Traceback" not in err
 
@@ -357,10 +524,14 @@ class RecordingBar:
         self.updates.append(n)
 
 
-@pytest.mark.parametrize("make", [
-    lambda backbone: LoRA(backbone, epochs=2, batch_size=2, max_length=32),
-    lambda backbone: TokMem(backbone, epochs=2, batch_size=2, max_length=32),
-], ids=["lora", "tokmem"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda backbone: LoRA(backbone, epochs=2, batch_size=2, max_length=32),
+        lambda backbone: TokMem(backbone, epochs=2, batch_size=2, max_length=32),
+    ],
+    ids=["lora", "tokmem"],
+)
 def test_learn_round_advances_the_bar_after_every_step_of_the_round(make, backbone, examples):
     method, bar = make(backbone), RecordingBar()
     learn_round(method, examples, "a round", bar)
@@ -369,7 +540,9 @@ def test_learn_round_advances_the_bar_after_every_step_of_the_round(make, backbo
     assert sum(bar.updates) == 2 * len(examples) and method.on_step is None
 
 
-def test_the_joint_schedule_trains_a_fresh_method_on_all_tasks_of_a_checkpoint_in_one_shuffled_round(config, backbone, sni_dir, tmp_path, monkeypatch):
+def test_the_joint_schedule_trains_a_fresh_method_on_all_tasks_of_a_checkpoint_in_one_shuffled_round(
+    config, backbone, sni_dir, tmp_path, monkeypatch
+):
     rounds = []
     learn = TokMem.learn
 
@@ -378,14 +551,19 @@ def test_the_joint_schedule_trains_a_fresh_method_on_all_tasks_of_a_checkpoint_i
         learn(self, examples)
 
     monkeypatch.setattr(TokMem, "learn", recorded)
-    result = run_atomic(replace(config, task_schedule="joint", methods=("tokmem",)), backbone, tmp_path / "joint.json", progress=False)
+    result = run_atomic(
+        replace(config, task_schedule="joint", methods=("tokmem",)), backbone, tmp_path / "joint.json", progress=False
+    )
     tasks = load_tasks(sni_dir, None, config.train_per_task, config.test_per_task)[0]
     assert len(rounds) == 2  # one round per checkpoint (2 and 3 tasks)
     for (rows_before, ids, procedures), n in zip(rounds, (2, 3)):
         assert rows_before == 0  # a fresh bank
         assert sorted(ids) == sorted(i.id for t in tasks[:n] for i in t.train)
         assert procedures != sorted(procedures, key=NAMES.index)  # shuffled together, not task after task
-    assert [p["methods"]["tokmem"]["trainable_params"] for p in result["checkpoints"]] == [2 * backbone.hidden_size, 3 * backbone.hidden_size]
+    assert [p["methods"]["tokmem"]["trainable_params"] for p in result["checkpoints"]] == [
+        2 * backbone.hidden_size,
+        3 * backbone.hidden_size,
+    ]
     assert result["config"]["tokmem_lr"] == 1e-3 and result["config"]["schedule"] == "linear"
     assert "schedule = joint: one run per checkpoint" in (tmp_path / "joint.md").read_text()
 
@@ -394,6 +572,7 @@ def test_the_joint_schedule_trains_a_fresh_method_on_all_tasks_of_a_checkpoint_i
 def test_every_method_learns_and_is_asked_the_same_user_turn(config, backbone, tmp_path, monkeypatch, query):
     learned, asked = defaultdict(list), defaultdict(list)
     for cls in (Base, RAG, LoRA, TokMem):
+
         def learn(self, examples, original=cls.learn):
             learned[self.name] += [e.query for e in examples]
             original(self, examples)
@@ -404,7 +583,9 @@ def test_every_method_learns_and_is_asked_the_same_user_turn(config, backbone, t
 
         monkeypatch.setattr(cls, "learn", learn)
         monkeypatch.setattr(cls, "answer", answer)
-    study = replace(config, query=query, task_schedule="joint", checkpoints=(3,), methods=("base", "rag", "lora", "tokmem"))
+    study = replace(
+        config, query=query, task_schedule="joint", checkpoints=(3,), methods=("base", "rag", "lora", "tokmem")
+    )
     run_atomic(study, backbone, None, progress=False)
     turn = (lambda name, text: f"Do {name}.\n\n{text}") if query == "definition" else (lambda name, text: text)
     every = {turn(name, text) for name, pairs in TASKS.items() for text, _ in pairs}
@@ -417,18 +598,35 @@ def test_every_method_learns_and_is_asked_the_same_user_turn(config, backbone, t
 
 
 def test_a_study_on_task_files_of_both_layouts_says_which_tasks_had_no_language_fields(backbone, tmp_path):
-    study = AtomicConfig(tasks_dir=str(LAYOUTS), train_per_task=3, test_per_task=1, checkpoints=(2,), methods=("base", "tokmem"),
-                         backbone="tiny-random", max_new_tokens=2, device="cpu")
+    study = AtomicConfig(
+        tasks_dir=str(LAYOUTS),
+        train_per_task=3,
+        test_per_task=1,
+        checkpoints=(2,),
+        methods=("base", "tokmem"),
+        backbone="tiny-random",
+        max_new_tokens=2,
+        device="cpu",
+    )
     result = run_atomic(study, backbone, tmp_path / "layouts.json", progress=False)
     assert result["tasks"] == [
         {"name": "task901_current_layout", "train": 3, "test": 1},
-        {"name": "task902_older_layout", "train": 3, "test": 1,
-         "unknown_languages": ["Input_language", "Output_language", "Instruction_language"]},
+        {
+            "name": "task902_older_layout",
+            "train": 3,
+            "test": 1,
+            "unknown_languages": ["Input_language", "Output_language", "Instruction_language"],
+        },
     ]
-    assert "kept without language fields (taken as English): task902_older_layout." in (tmp_path / "layouts.md").read_text()
+    assert (
+        "kept without language fields (taken as English): task902_older_layout."
+        in (tmp_path / "layouts.md").read_text()
+    )
 
 
-def test_a_joint_checkpoint_is_its_own_run_and_resume_redoes_only_the_unfinished_ones(config, backbone, tmp_path, monkeypatch):
+def test_a_joint_checkpoint_is_its_own_run_and_resume_redoes_only_the_unfinished_ones(
+    config, backbone, tmp_path, monkeypatch
+):
     joint = replace(config, task_schedule="joint", methods=("base", "tokmem"))
     alone = run_atomic(replace(joint, checkpoints=(3,)), backbone, tmp_path / "alone" / "atomic.json", progress=False)
     path = tmp_path / "resumed" / "atomic.json"
@@ -447,6 +645,12 @@ def test_a_joint_checkpoint_is_its_own_run_and_resume_redoes_only_the_unfinished
 
     resumed = run_atomic(joint, backbone, path, resume=True, progress=False)
     assert [p["num_tasks"] for p in resumed["checkpoints"]] == [2, 3]
-    assert resumed["checkpoints"][1]["methods"]["tokmem"]["per_task"] == alone["checkpoints"][0]["methods"]["tokmem"]["per_task"]
-    mine, theirs = (load_file(p.parent / "atomic-state" / "3" / "tokmem" / "bank.safetensors") for p in (path, tmp_path / "alone" / "atomic.json"))
+    assert (
+        resumed["checkpoints"][1]["methods"]["tokmem"]["per_task"]
+        == alone["checkpoints"][0]["methods"]["tokmem"]["per_task"]
+    )
+    mine, theirs = (
+        load_file(p.parent / "atomic-state" / "3" / "tokmem" / "bank.safetensors")
+        for p in (path, tmp_path / "alone" / "atomic.json")
+    )
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)

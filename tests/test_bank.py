@@ -218,7 +218,10 @@ def non_finite_rows(bank, path):
         (edit_metadata(format_version=99), "format version 99 is not supported"),
         (edit_metadata(names="abc"), "field 'names' is missing or not a list"),
         (truncate, "corrupted or truncated bank file"),
-        (edit_metadata(names=["a", "b"], kinds=["text", "text"], descriptions=["", ""]), r"tensor 'index' has shape \(3, 8\), the metadata says \(2, 8\)"),
+        (
+            edit_metadata(names=["a", "b"], kinds=["text", "text"], descriptions=["", ""]),
+            r"tensor 'index' has shape \(3, 8\), the metadata says \(2, 8\)",
+        ),
         (edit_metadata(kinds=["text", "tool"]), "field 'kinds' must list one of text, tool for each of the 3 names"),
         (edit_metadata(kinds=["text", "tool", "call"]), "field 'kinds' must list one of text, tool"),
         (edit_metadata(schemas=[None]), r"field 'schemas' must be a list of 3 entries"),
@@ -229,9 +232,22 @@ def non_finite_rows(bank, path):
         (non_finite_rows, r"NaN/Inf values in rows \[1, 2\] \(b, c\)"),
     ],
     ids=[
-        "missing-file", "missing-json", "corrupted-json", "not-a-bank", "format-version", "bad-field",
-        "truncated", "shape-mismatch", "kinds-length", "kinds-value", "schemas-length", "schema-type", "schema-required",
-        "missing-steer", "wrong-dtype", "non-finite",
+        "missing-file",
+        "missing-json",
+        "corrupted-json",
+        "not-a-bank",
+        "format-version",
+        "bad-field",
+        "truncated",
+        "shape-mismatch",
+        "kinds-length",
+        "kinds-value",
+        "schemas-length",
+        "schema-type",
+        "schema-required",
+        "missing-steer",
+        "wrong-dtype",
+        "non-finite",
     ],
 )
 def test_load_rejects_a_broken_bank_with_a_message_naming_the_file(saved, corrupt, message):
@@ -245,7 +261,10 @@ def test_load_rejects_a_broken_bank_with_a_message_naming_the_file(saved, corrup
 @pytest.mark.parametrize(
     "trained_for, message",
     [
-        (lambda other: tokmem.create(other).bank, r"trained for backbone 'tiny-random-x20' \(width 64, fingerprint \w+\)"),
+        (
+            lambda other: tokmem.create(other).bank,
+            r"trained for backbone 'tiny-random-x20' \(width 64, fingerprint \w+\)",
+        ),
         (lambda other: MemoryBank(32, backbone={"name": "wide"}), r"trained for backbone 'wide' \(width 32"),
     ],
     ids=["fingerprint", "hidden-size"],
@@ -346,23 +365,27 @@ def deep(levels: int) -> str:
     return '{"format": "tokmem-bank", "format_version": 2, "x": ' + "[" * levels + "]" * levels + "}"
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"backbone": "x"}, "field 'backbone' must be an object"),
-    ({"backbone": {"name": "test", "fingerprint": 5}}, "field 'backbone.fingerprint' must be a non-empty text"),
-    ({"hidden_size": -1}, "field 'hidden_size' must be a whole number from 1"),
-    ({"hidden_size": True}, "field 'hidden_size' must be a whole number"),
-    ({"hidden_size": 8.0}, "field 'hidden_size' must be a whole number"),
-    ({"decoupled": "no"}, "field 'decoupled' is missing or not true/false"),
-    ({"names": [[1], [2], [3]]}, "field 'names', row 0: invalid procedure name"),
-    ({"names": [1, 2, 3]}, "field 'names', row 0: invalid procedure name"),
-    ({"names": ["a", "", " x "]}, "field 'names', row 1: invalid procedure name"),
-    ({"names": ["a", "b", "x" * 129]}, "row 2: invalid procedure name"),
-    ({"names": ["a", "b", "a"]}, "field 'names' has duplicates"),
-    ({"descriptions": 5}, "field 'descriptions' must list one text for each of the 3 names"),
-    ({"descriptions": ["x"]}, "field 'descriptions' must list one text for each of the 3 names"),
-    ({"descriptions": ["x", "y", None]}, "field 'descriptions' must list one text"),
-    ({"format_version": True}, "format version True is not supported"),
-], ids=repr)
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"backbone": "x"}, "field 'backbone' must be an object"),
+        ({"backbone": {"name": "test", "fingerprint": 5}}, "field 'backbone.fingerprint' must be a non-empty text"),
+        ({"hidden_size": -1}, "field 'hidden_size' must be a whole number from 1"),
+        ({"hidden_size": True}, "field 'hidden_size' must be a whole number"),
+        ({"hidden_size": 8.0}, "field 'hidden_size' must be a whole number"),
+        ({"decoupled": "no"}, "field 'decoupled' is missing or not true/false"),
+        ({"names": [[1], [2], [3]]}, "field 'names', row 0: invalid procedure name"),
+        ({"names": [1, 2, 3]}, "field 'names', row 0: invalid procedure name"),
+        ({"names": ["a", "", " x "]}, "field 'names', row 1: invalid procedure name"),
+        ({"names": ["a", "b", "x" * 129]}, "row 2: invalid procedure name"),
+        ({"names": ["a", "b", "a"]}, "field 'names' has duplicates"),
+        ({"descriptions": 5}, "field 'descriptions' must list one text for each of the 3 names"),
+        ({"descriptions": ["x"]}, "field 'descriptions' must list one text for each of the 3 names"),
+        ({"descriptions": ["x", "y", None]}, "field 'descriptions' must list one text"),
+        ({"format_version": True}, "format version True is not supported"),
+    ],
+    ids=repr,
+)
 def test_metadata_of_the_wrong_type_or_shape_is_refused_naming_the_field(saved, fields, message):
     bank, path = saved
     edit_metadata(**fields)(bank, path)
@@ -371,7 +394,9 @@ def test_metadata_of_the_wrong_type_or_shape_is_refused_naming_the_field(saved, 
     assert "bank.safetensors.json" in str(err.value)
 
 
-@pytest.mark.parametrize("text", [deep(5000), '{"hidden_size": 1' + "0" * 5000 + "}", b"\xff\xfe"], ids=["deep", "huge-number", "not-utf8"])
+@pytest.mark.parametrize(
+    "text", [deep(5000), '{"hidden_size": 1' + "0" * 5000 + "}", b"\xff\xfe"], ids=["deep", "huge-number", "not-utf8"]
+)
 def test_metadata_that_json_cannot_take_is_a_clear_error(saved, text):
     bank, path = saved
     metadata_path(path).write_bytes(text if isinstance(text, bytes) else text.encode())

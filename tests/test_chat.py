@@ -20,8 +20,12 @@ CONFIG = DecodeConfig(max_new_tokens=200)  # room for the longest reference ("$v
 @pytest.fixture
 def model(lively_backbone):
     model = tokmem.create(lively_backbone)
-    model.bank.add(["city", "count", "chat"], lively_backbone.mean_embedding(), kinds=["tool", "tool", "text"],
-                   schemas=[CITY, COUNT, None])
+    model.bank.add(
+        ["city", "count", "chat"],
+        lively_backbone.mean_embedding(),
+        kinds=["tool", "tool", "text"],
+        schemas=[CITY, COUNT, None],
+    )
     random_rows(model.bank, scale=0.7)
     return model
 
@@ -40,10 +44,13 @@ CONVERSATION = [
 
 
 def test_a_conversation_is_laid_out_exactly_as_training_lays_out_the_chain_with_results(model):
-    example = Example("Weather in Rome, then count.", (
-        Step("city", '{"name":"city","arguments":{"city":"Rome"}}', result="sunny"),
-        Step("count", '{"name":"count","arguments":{"n":3}}', result="3 apples"),
-    ))
+    example = Example(
+        "Weather in Rome, then count.",
+        (
+            Step("city", '{"name":"city","arguments":{"city":"Rome"}}', result="sunny"),
+            Step("count", '{"name":"count","arguments":{"n":3}}', result="3 apples"),
+        ),
+    )
     trained = encode(example, model.backbone.tokenizer, model.memory_id, 1024, tools=model.bank.tool_schemas())
     assert conversation_ids(model, CONVERSATION) == trained.input_ids[:-1]  # all but the final answer's EOS
 
@@ -54,7 +61,11 @@ def test_the_second_turn_encodes_only_the_new_tokens_and_answers_as_from_scratch
     first = tokmem.chat(model, messages, tool_choice="required", config=CONFIG, cache=cache)
     assert first.finish_reason == "tool_calls" and cache.prefilled == len(conversation_ids(model, messages))
     held = len(cache.ids)
-    messages = [*messages, first.message, *({"role": "tool", "tool_call_id": c.id, "content": "done"} for c in first.tool_calls)]
+    messages = [
+        *messages,
+        first.message,
+        *({"role": "tool", "tool_call_id": c.id, "content": "done"} for c in first.tool_calls),
+    ]
     second = tokmem.chat(model, messages, config=CONFIG, cache=cache)
     assert cache.prefilled == len(conversation_ids(model, messages)) - held  # the EOS and the result turn only
     assert cache.prefilled < held
@@ -71,11 +82,14 @@ def test_tool_choice_none_answers_with_text_and_required_or_named_with_a_tool_ca
     assert named.tool_calls[0].name == "city" and json.loads(named.tool_calls[0].arguments)["city"]
 
 
-@pytest.mark.parametrize("tools, tool_choice, message", [
-    (["weather"], "auto", "tools: 'weather' not a tool in the bank"),
-    (["chat"], "auto", "tools: 'chat' not a tool in the bank"),
-    (["count"], {"type": "function", "function": {"name": "city"}}, "tool_choice: .* one of the allowed tools"),
-])
+@pytest.mark.parametrize(
+    "tools, tool_choice, message",
+    [
+        (["weather"], "auto", "tools: 'weather' not a tool in the bank"),
+        (["chat"], "auto", "tools: 'chat' not a tool in the bank"),
+        (["count"], {"type": "function", "function": {"name": "city"}}, "tool_choice: .* one of the allowed tools"),
+    ],
+)
 def test_unknown_tools_and_tool_choices_are_refused_by_name(model, tools, tool_choice, message):
     with pytest.raises(DataError, match=message):
         tokmem.chat(model, [{"role": "user", "content": "hi"}], tools=tools, tool_choice=tool_choice)
@@ -93,8 +107,9 @@ def test_run_tools_gives_each_call_to_the_executor_and_its_result_back_until_an_
         seen.append((name, arguments))
         return f"result {len(seen)}"
 
-    conversation = tokmem.run_tools(model, [{"role": "user", "content": "Weather in Rome?"}], executor, max_turns=3,
-                                    config=CONFIG)
+    conversation = tokmem.run_tools(
+        model, [{"role": "user", "content": "Weather in Rome?"}], executor, max_turns=3, config=CONFIG
+    )
     calls = [c for m in conversation if m["role"] == "assistant" for c in m.get("tool_calls", [])]
     results = [m for m in conversation if m["role"] == "tool"]
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == seen

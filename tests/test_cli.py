@@ -34,8 +34,25 @@ def tokmem(*args) -> int:
 
 def train_bank(data, name="bank.safetensors", file="first.jsonl"):
     bank = data / name
-    assert tokmem("train", "--data", data / file, "--out", bank, "--backbone", "tiny-random", "--device", "cpu",
-                  "--catalog", data / "catalog.jsonl", "--quiet", "--json", data / "train.json") == 0
+    assert (
+        tokmem(
+            "train",
+            "--data",
+            data / file,
+            "--out",
+            bank,
+            "--backbone",
+            "tiny-random",
+            "--device",
+            "cpu",
+            "--catalog",
+            data / "catalog.jsonl",
+            "--quiet",
+            "--json",
+            data / "train.json",
+        )
+        == 0
+    )
     return bank
 
 
@@ -59,10 +76,39 @@ def test_add_grows_the_bank_and_keeps_old_rows(data):
 
 def test_run_and_eval_report_json(data):
     path = train_bank(data)
-    assert tokmem("run", "--bank", path, "Reverse table.", "--max-new-tokens", 4, "--device", "cpu", "--json", data / "run.json") == 0
+    assert (
+        tokmem(
+            "run",
+            "--bank",
+            path,
+            "Reverse table.",
+            "--max-new-tokens",
+            4,
+            "--device",
+            "cpu",
+            "--json",
+            data / "run.json",
+        )
+        == 0
+    )
     run = json.loads((data / "run.json").read_text())["results"][0]
     assert run["query"] == "Reverse table." and 0.0 <= run["memory_mass"] <= 1.0
-    assert tokmem("eval", "--bank", path, "--data", data / "first.jsonl", "--max-new-tokens", 4, "--device", "cpu", "--json", data / "eval.json") == 0
+    assert (
+        tokmem(
+            "eval",
+            "--bank",
+            path,
+            "--data",
+            data / "first.jsonl",
+            "--max-new-tokens",
+            4,
+            "--device",
+            "cpu",
+            "--json",
+            data / "eval.json",
+        )
+        == 0
+    )
     result = json.loads((data / "eval.json").read_text())
     assert result["examples"] == 12 and 0.0 <= result["routing_accuracy"] <= 1.0
     assert set(result["per_procedure"]) == {"reverse", "upper"} and result["calls"] is None
@@ -101,7 +147,19 @@ def test_bad_input_is_a_one_line_error_not_a_traceback(data, capsys, args, messa
 
 def test_malformed_training_file_names_file_and_line(data, capsys):
     (data / "bad.jsonl").write_text('{"query": "q", "steps": [{"procedure": "p", "response": "r"}]}\n{"query": "q"}\n')
-    assert tokmem("train", "--data", data / "bad.jsonl", "--out", data / "b.safetensors", "--backbone", "tiny-random", "--quiet") == 2
+    assert (
+        tokmem(
+            "train",
+            "--data",
+            data / "bad.jsonl",
+            "--out",
+            data / "b.safetensors",
+            "--backbone",
+            "tiny-random",
+            "--quiet",
+        )
+        == 2
+    )
     assert "bad.jsonl:2: field 'steps'" in capsys.readouterr().err
     assert not (data / "b.safetensors").exists()
 
@@ -111,11 +169,31 @@ def test_training_warns_how_many_sequences_max_length_truncated_and_how(data, ca
     short = [Example(f"Reverse {w}.", (Step("reverse", w[::-1]),)) for w in WORDS[:3]]
     long = [Example(f"Repeat {w}.", (Step("repeat", " ".join([w] * 20)),), id=f"repeat-{w}") for w in WORDS[:2]]
     save_examples(short + long, data / "mixed.jsonl")
-    assert tokmem("train", "--data", data / "mixed.jsonl", "--out", data / "b.safetensors", "--backbone", "tiny-random",
-                  "--device", "cpu", "--quiet", "--max-length", 24, "--json", data / "t.json") == 0
+    assert (
+        tokmem(
+            "train",
+            "--data",
+            data / "mixed.jsonl",
+            "--out",
+            data / "b.safetensors",
+            "--backbone",
+            "tiny-random",
+            "--device",
+            "cpu",
+            "--quiet",
+            "--max-length",
+            24,
+            "--json",
+            data / "t.json",
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    assert ("warning: 5 of 5 training sequences were longer than 24 tokens" in out
-            and "3 lost the start of their query" in out and "2 also lost the end of their responses" in out)
+    assert (
+        "warning: 5 of 5 training sequences were longer than 24 tokens" in out
+        and "3 lost the start of their query" in out
+        and "2 also lost the end of their responses" in out
+    )
     summary = json.loads((data / "t.json").read_text())["train"]
     assert (summary["truncated_queries"], summary["truncated_responses"]) == (5, 2)
 
@@ -132,6 +210,7 @@ def test_version_flag_prints_the_installed_version(capsys):
         tokmem("--version")
     assert exited.value.code == 0
     assert capsys.readouterr().out.strip() == f"tokmem {tokmem_package.__version__}"
+
 
 @pytest.mark.parametrize("study", [["atomic"], ["placement", "--study", "gsm8k"], ["compositional"]])
 def test_a_study_without_its_extra_fails_at_once_naming_the_extra(study, monkeypatch, tmp_path, capsys):

@@ -26,8 +26,22 @@ from tokmem.studies.compositional_report import forgetting_panels
 from tokmem.studies.tool_setup import TOKMEM_LABELS
 
 TINY = dict(
-    backbone="tiny-random", tools=4, adapt_tools=2, per_tool=4, train_multi=4, test_multi=4, max_calls=3, adapt_per_tool=2,
-    adapt_multi=2, max_length=64, max_new_tokens=4, eval_batch_size=8, train_max_calls=(1, 2), rounds=2, rag_k=2, device="cpu",
+    backbone="tiny-random",
+    tools=4,
+    adapt_tools=2,
+    per_tool=4,
+    train_multi=4,
+    test_multi=4,
+    max_calls=3,
+    adapt_per_tool=2,
+    adapt_multi=2,
+    max_length=64,
+    max_new_tokens=4,
+    eval_batch_size=8,
+    train_max_calls=(1, 2),
+    rounds=2,
+    rag_k=2,
+    device="cpu",
 )
 
 
@@ -58,7 +72,11 @@ def forgetting(backbone, backbone_state, tmp_path_factory):
 
 
 def lora_params(backbone, rank=8):
-    return sum(rank * (m.in_features + m.out_features) for n, m in backbone.model.named_modules() if n.endswith(("q_proj", "v_proj")))
+    return sum(
+        rank * (m.in_features + m.out_features)
+        for n, m in backbone.model.named_modules()
+        if n.endswith(("q_proj", "v_proj"))
+    )
 
 
 def call(name, **arguments):
@@ -135,8 +153,9 @@ def test_a_tokmem_segment_is_one_call_and_other_answers_are_split_into_calls():
 
 def test_calls_run_together_on_one_line_are_split_and_stray_text_stays_one_wrong_call():
     answer = Answer('{"name": "f", "arguments": {}}{"name": "g", "arguments": {"x": 1}} sure!\n{"name": "h"')
-    assert predicted_calls(answer) == texts('{"name": "f", "arguments": {}}', '{"name": "g", "arguments": {"x": 1}}',
-                                            "sure!", '{"name": "h"')
+    assert predicted_calls(answer) == texts(
+        '{"name": "f", "arguments": {}}', '{"name": "g", "arguments": {"x": 1}}', "sure!", '{"name": "h"'
+    )
     gold = example(call("f"), call("g", x=1))
     # f and g are right, "sure!" and the cut-off h are wrong: argument F1 2·2 / (4 + 2)
     assert score([gold], [predicted_calls(answer)])["arg_f1"]["2"] == pytest.approx(100 * 4 / 6)
@@ -145,15 +164,23 @@ def test_calls_run_together_on_one_line_are_split_and_stray_text_stays_one_wrong
 # ---- the prompting baselines ---------------------------------------------------------------------------------
 def test_icl_shows_every_tool_and_the_first_two_compositional_demonstrations(backbone):
     tools = catalog(split_tools()[1][:3])
-    single, first, second, third = (example(call("a", x=9)), example(call("a", x=1), call("b", x=2)),
-                                    example(call("b", x=3), call("c", x=4)), example(call("a", x=5), call("c", x=6)))
+    single, first, second, third = (
+        example(call("a", x=9)),
+        example(call("a", x=1), call("b", x=2)),
+        example(call("b", x=3), call("c", x=4)),
+        example(call("a", x=5), call("c", x=6)),
+    )
     icl = ICL(backbone, tools)
     icl.learn([single, first])
     icl.learn([second, third])
     assert icl.demonstrations == [first, second]
     prompt = tool_prompt(icl.schemas, icl.demonstrations, "Compute 5 factorial.")
     assert all(json.dumps(s, separators=(",", ":")) in prompt for s in tools.values())
-    assert prompt.endswith("Request: Compute 5 factorial.\nCalls:") and first.response in prompt and single.response not in prompt
+    assert (
+        prompt.endswith("Request: Compute 5 factorial.\nCalls:")
+        and first.response in prompt
+        and single.response not in prompt
+    )
 
 
 def test_icl_shows_compact_schemas_when_the_full_ones_do_not_fit_the_context_window(backbone):
@@ -161,15 +188,29 @@ def test_icl_shows_compact_schemas_when_the_full_ones_do_not_fit_the_context_win
     icl = ICL(backbone, tools)
     assert icl.label == "ICL (compact schemas)" and [s["name"] for s in icl.schemas] == list(tools)
     median = next(s for s in icl.schemas if s["name"] == "calculate_median")
-    assert median == {"name": "calculate_median", "description": tools["calculate_median"]["description"],
-                      "parameters": {"numbers": "array"}}
+    assert median == {
+        "name": "calculate_median",
+        "description": tools["calculate_median"]["description"],
+        "parameters": {"numbers": "array"},
+    }
     assert ICL(backbone, catalog(split_tools()[1][:2])).label == "ICL"
 
 
 def test_a_compact_schema_lists_required_parameters_first_and_marks_optional_ones():
-    schema = {"name": "f", "description": "d", "parameters": {"type": "object", "required": ["b"], "properties": {
-        "a": {"type": "integer", "description": "long words"}, "b": {"type": "string"}, "c": {}}}}
-    assert compact_schema(schema) == {"name": "f", "description": "d", "parameters": {"b": "string", "a?": "integer", "c?": "any"}}
+    schema = {
+        "name": "f",
+        "description": "d",
+        "parameters": {
+            "type": "object",
+            "required": ["b"],
+            "properties": {"a": {"type": "integer", "description": "long words"}, "b": {"type": "string"}, "c": {}},
+        },
+    }
+    assert compact_schema(schema) == {
+        "name": "f",
+        "description": "d",
+        "parameters": {"b": "string", "a?": "integer", "c?": "any"},
+    }
 
 
 def test_rag_retrieves_the_tools_whose_descriptions_match_the_query(backbone):
@@ -180,7 +221,10 @@ def test_rag_retrieves_the_tools_whose_descriptions_match_the_query(backbone):
 
 
 def test_a_prompted_answer_ends_at_its_first_blank_line():
-    assert first_block('\n{"name": "f"}\n{"name": "g"}\n\nRequest: more\nCalls:\n{"name": "h"}') == '{"name": "f"}\n{"name": "g"}'
+    assert (
+        first_block('\n{"name": "f"}\n{"name": "g"}\n\nRequest: more\nCalls:\n{"name": "h"}')
+        == '{"name": "f"}\n{"name": "g"}'
+    )
 
 
 # ---- the studies ---------------------------------------------------------------------------------------------
@@ -192,7 +236,14 @@ def test_main_study_reports_both_f1s_by_calls_and_the_trainable_params_of_every_
         assert_scores(scores)
     params = {name: scores["trainable_params"] for name, scores in result["methods"].items()}
     rows = TINY["tools"] * backbone.hidden_size
-    assert params == {"icl": 0, "rag": 0, "lora": lora_params(backbone), "tokmem-noadapt": rows, "tokmem": rows, "tokmem-better": rows}
+    assert params == {
+        "icl": 0,
+        "rag": 0,
+        "lora": lora_params(backbone),
+        "tokmem-noadapt": rows,
+        "tokmem": rows,
+        "tokmem-better": rows,
+    }
     assert result["data"]["test"] == sum(result["data"]["test_by_calls"].values()) > 0
     assert result["adaptation"]["tools"] == split_tools()[0][:2]
 
@@ -214,7 +265,10 @@ def test_recipe_study_trains_tokmem_as_configured_and_with_each_option_switched_
 def test_every_trained_method_trains_the_same_epochs(backbone):
     config = make_config(None, "main", **TINY, epochs=3)
     backbones = {"base": backbone, "adapted": backbone}
-    trained = [tool_setup.build_method(name, config, backbones, {}) for name in ("lora", "tokmem-noadapt", "tokmem", "tokmem-better")]
+    trained = [
+        tool_setup.build_method(name, config, backbones, {})
+        for name in ("lora", "tokmem-noadapt", "tokmem", "tokmem-better")
+    ]
     assert [m.epochs for m in trained] == [3, 3, 3, 3] and trained[1].train_config.epochs == 3
 
 
@@ -229,7 +283,10 @@ def test_main_study_writes_table_3_and_a_plot(main_study):
     result, (json_path, markdown, plot) = main_study
     assert json.loads(json_path.read_text())["methods"].keys() == result["methods"].keys()
     table = markdown.read_text()
-    assert "| Method | #Params | Updates | Routing F1 Avg. | Tool F1 2 calls | Tool F1 3 calls | Tool F1 Avg. | Argument F1 2 calls" in table
+    assert (
+        "| Method | #Params | Updates | Routing F1 Avg. | Tool F1 2 calls | Tool F1 3 calls | Tool F1 Avg. | Argument F1 2 calls"
+        in table
+    )
     assert all(f"| {s['label']} |" in table for s in result["methods"].values())
     assert plot.stat().st_size > 0
 
@@ -275,8 +332,10 @@ def test_forgetting_records_the_norms_of_each_rounds_new_rows_and_renormalises_t
 
 def test_the_round_renormalised_variant_renormalises_after_the_round_only_whatever_the_config(backbone):
     config = make_config(None, "forgetting", **TINY, renorm_every_step=True)
-    built = {name: tool_setup.build_method(name, config, {"base": backbone, "adapted": backbone}, {}).train_config
-             for name in ("tokmem", "tokmem-roundnorm", "tokmem-norenorm")}
+    built = {
+        name: tool_setup.build_method(name, config, {"base": backbone, "adapted": backbone}, {}).train_config
+        for name in ("tokmem", "tokmem-roundnorm", "tokmem-norenorm")
+    }
     assert built["tokmem"].renormalize and built["tokmem"].renorm_every_step
     assert built["tokmem-roundnorm"].renormalize and not built["tokmem-roundnorm"].renorm_every_step
     assert not built["tokmem-norenorm"].renormalize
@@ -370,31 +429,88 @@ def point_methods(result: dict) -> dict[str, list[str]]:
 
 def test_bench_compositional_command_writes_the_json_table_and_plot(tmp_path):
     path = tmp_path / "out" / "main.json"
-    options = ["--backbone", "tiny-random", "--device", "cpu", "--tools", "3", "--per-tool", "3", "--train-multi", "2",
-               "--test-multi", "2", "--max-length", "48", "--max-new-tokens", "2", "--methods", "icl,tokmem-noadapt", "--tokmem-lr", "0.02",
-               "--epoch-budgets", "1,2", "--seeds", "0,1", "--quiet"]
+    options = [
+        "--backbone",
+        "tiny-random",
+        "--device",
+        "cpu",
+        "--tools",
+        "3",
+        "--per-tool",
+        "3",
+        "--train-multi",
+        "2",
+        "--test-multi",
+        "2",
+        "--max-length",
+        "48",
+        "--max-new-tokens",
+        "2",
+        "--methods",
+        "icl,tokmem-noadapt",
+        "--tokmem-lr",
+        "0.02",
+        "--epoch-budgets",
+        "1,2",
+        "--seeds",
+        "0,1",
+        "--quiet",
+    ]
     assert main(["bench", "compositional", "--study", "main", "--json", str(path), *options]) == 0
     result = json.loads(path.read_text())
-    assert result["config"]["tokmem_lr"] == 0.02 and result["seeds"] == [0, 1] and list(result["epoch_budgets"]) == ["1", "2"]
+    assert (
+        result["config"]["tokmem_lr"] == 0.02
+        and result["seeds"] == [0, 1]
+        and list(result["epoch_budgets"]) == ["1", "2"]
+    )
     assert point_methods(result) == {"1": ["icl", "tokmem-noadapt"], "2": ["tokmem-noadapt"]}  # ICL trains nothing
     assert result["epoch_budgets"]["1"]["methods"]["icl"]["updates"] == 0
     for epochs, point in result["epoch_budgets"].items():
         tokmem = point["methods"]["tokmem-noadapt"]
         assert tokmem["label"] == TOKMEM_LABELS["tokmem-noadapt"] and point["adaptation"] is None
         assert tokmem["updates"] == int(epochs) * -(-point["data"]["train"] // 2)  # batch 2 (the config's default)
-        assert set(tokmem["call_f1"]["avg"]) == {"avg", "sd", "per_seed"} and len(tokmem["call_f1"]["avg"]["per_seed"]) == 2
-    assert [Path(p).name for p in result["runs"]] == ["epochs1-seed0.json", "epochs1-seed1.json", "epochs2-seed0.json", "epochs2-seed1.json"]
+        assert (
+            set(tokmem["call_f1"]["avg"]) == {"avg", "sd", "per_seed"}
+            and len(tokmem["call_f1"]["avg"]["per_seed"]) == 2
+        )
+    assert [Path(p).name for p in result["runs"]] == [
+        "epochs1-seed0.json",
+        "epochs1-seed1.json",
+        "epochs2-seed0.json",
+        "epochs2-seed1.json",
+    ]
     assert all(json.loads(Path(p).read_text())["finished"] for p in result["runs"])
     table = path.with_suffix(".md").read_text()
-    assert "# Budget curve" in table and "## At 2 epoch(s) each" not in table and "# At 2 epoch(s) each" in table and " ± " in table
+    assert (
+        "# Budget curve" in table
+        and "## At 2 epoch(s) each" not in table
+        and "# At 2 epoch(s) each" in table
+        and " ± " in table
+    )
     assert path.with_suffix(".png").is_file()
 
 
 def test_every_recipe_option_on_the_command_line_reaches_the_config():
     parser = argparse.ArgumentParser()
     bench.add_compositional(parser.add_subparsers())
-    args = parser.parse_args(["compositional", "--json", "x.json", "--epoch-budgets", "1,10", "--seeds", "0,1,2",
-                              "--warmup", "0.2", "--no-renorm-every-step", "--init", "mean", "--lr-schedule", "constant"])
+    args = parser.parse_args(
+        [
+            "compositional",
+            "--json",
+            "x.json",
+            "--epoch-budgets",
+            "1,10",
+            "--seeds",
+            "0,1,2",
+            "--warmup",
+            "0.2",
+            "--no-renorm-every-step",
+            "--init",
+            "mean",
+            "--lr-schedule",
+            "constant",
+        ]
+    )
     config = bench.compositional_config(args)
     assert (config.epoch_budgets, config.seeds, config.warmup) == ((1, 10), (0, 1, 2), 0.2)
     assert (config.renorm_every_step, config.init, config.schedule) == (False, "mean", "constant")

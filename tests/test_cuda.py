@@ -57,7 +57,8 @@ def test_float32_answers_on_the_gpu_equal_the_cpu_answers(lively_backbone, examp
     expected = tokmem.generate(cpu, QUERIES, config)
     answers = tokmem.generate(gpu, QUERIES, config)
     assert [[(s.procedure, s.text) for s in a.trace] for a in answers] == [
-        [(s.procedure, s.text) for s in e.trace] for e in expected]
+        [(s.procedure, s.text) for s in e.trace] for e in expected
+    ]
     assert len({a.text for a in answers}) > 1  # the answers depend on the query: the comparison is not trivial
 
 
@@ -67,8 +68,12 @@ def test_the_serving_engine_on_the_gpu_answers_as_generate_with_banks_mixed_in_o
     registry = BankRegistry(backbone, tmp_path)
     engine = Engine(backbone, max_batch=8)
     jobs = [(bank, query) for bank in SERVED_BANKS for query in QUERIES[:2]]
-    handles = [engine.submit(Request(registry.get(bank), chat_prefix(backbone.tokenizer, query), query, max_tokens=10,
-                                     threshold=0.0)) for bank, query in jobs]
+    handles = [
+        engine.submit(
+            Request(registry.get(bank), chat_prefix(backbone.tokenizer, query), query, max_tokens=10, threshold=0.0)
+        )
+        for bank, query in jobs
+    ]
     while engine.step():
         pass
     for (bank, query), handle in zip(jobs, handles):

@@ -16,7 +16,13 @@ from tokmem.methods.method import first_block
 from tokmem.decode import BlankLineStop, complete
 from tokmem.sequences import chat_prefix, chat_turns, positions
 
-QUERIES = ["Reverse apple.", "hi", "What is the weather like today?", "Write house in capitals.", "Double water, please."]
+QUERIES = [
+    "Reverse apple.",
+    "hi",
+    "What is the weather like today?",
+    "Write house in capitals.",
+    "Double water, please.",
+]
 
 
 @pytest.fixture(params=[False, True], ids=["coupled", "decoupled"])
@@ -126,8 +132,10 @@ def test_batched_generation_equals_one_query_at_a_time(model, threshold, batch_s
     assert len({g.text for g in single}) == len(QUERIES)  # the outputs differ, so the comparison means something
 
 
-TURNS = [{"role": "user", "content": "Put the word in quotes. Reply with the result only.\n\nPut sun in quotes."},
-         {"role": "assistant", "content": '"sun"'}]
+TURNS = [
+    {"role": "user", "content": "Put the word in quotes. Reply with the result only.\n\nPut sun in quotes."},
+    {"role": "assistant", "content": '"sun"'},
+]
 
 
 @pytest.mark.parametrize("threshold", [0.0, 1.01], ids=["routed", "plain"])
@@ -153,7 +161,9 @@ def test_kv_cache_generation_equals_rerunning_the_full_sequence(model):
     generations = tokmem.generate(model, QUERIES, config, procedure="a")
     expected = [decode_without_cache(model, q, model.memory_id("a"), 24, 24) for q in QUERIES]
     assert [pairs(g) for g in generations] == [segments(model, tokens) for tokens in expected]
-    assert any(model.is_memory(torch.tensor(tokens[1:])).any() for tokens in expected)  # memory tokens were fed mid-answer
+    assert any(
+        model.is_memory(torch.tensor(tokens[1:])).any() for tokens in expected
+    )  # memory tokens were fed mid-answer
 
 
 @pytest.mark.parametrize("scale, threshold", [(None, 0.5), (0.7, 1.01)], ids=["fresh-rows", "threshold-above-1"])
@@ -166,7 +176,9 @@ def test_open_set_fallback_answers_like_the_plain_backbone(lively_backbone, scal
     tokenizer = lively_backbone.tokenizer
     for query, generation in zip(QUERIES, generations):
         ids = prefix_ids(model, query)
-        plain = lively_backbone.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False)
+        plain = lively_backbone.model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False
+        )
         text = tokenizer.decode(plain[0, ids.shape[1] :], skip_special_tokens=True).strip()
         assert generation.memory_mass < threshold
         assert not generation.routed
@@ -217,7 +229,9 @@ def complete_without_cache(model, context, max_new_tokens) -> str:
 def test_complete_continues_contexts_with_a_memory_token_inside_like_rerunning_each_alone(model):
     tokenizer = model.backbone.tokenizer
     contexts = []
-    for query, name in zip(QUERIES, "abcab"):  # unequal lengths: left padding; the memory token before the assistant header
+    for query, name in zip(
+        QUERIES, "abcab"
+    ):  # unequal lengths: left padding; the memory token before the assistant header
         turn, header = chat_turns(tokenizer, query)
         contexts.append(turn + [model.memory_id(name)] + header)
     answers = complete(model, contexts, DecodeConfig(max_new_tokens=12, batch_size=2))
@@ -247,12 +261,15 @@ def test_a_tool_rows_segment_comes_back_as_the_whole_call(lively_backbone):
     assert call.text == '{"name":"text_row","arguments":' + plain.text + "}"
 
 
-@pytest.mark.parametrize("text, stop", [
-    ("\n\nab\ncd\n\nef", 8),  # leading blank lines are not the end: the answer has not started
-    ("ab\n\n", 3),  # within the text
-    ("a\n \nb\n\n", 6),  # a line of spaces is not a blank line
-    ("abc", None),
-])
+@pytest.mark.parametrize(
+    "text, stop",
+    [
+        ("\n\nab\ncd\n\nef", 8),  # leading blank lines are not the end: the answer has not started
+        ("ab\n\n", 3),  # within the text
+        ("a\n \nb\n\n", 6),  # a line of spaces is not a blank line
+        ("abc", None),
+    ],
+)
 def test_blank_line_stop_finds_the_first_blank_line_after_some_text(backbone, text, stop):
     ids = backbone.tokenizer(text, add_special_tokens=False).input_ids
     assert len(ids) == len(text)  # the tiny model's tokenizer: one token a byte

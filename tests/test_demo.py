@@ -22,7 +22,9 @@ def tokenizer_count(tokenizer, messages) -> int:
 def test_prompt_tokens_are_the_tokenizers_count_of_the_chat_formatted_prompts(backbone):
     tokenizer = backbone.tokenizer
     instructed = instructed_prompt(["first_word", "quote_word"], QUERY)
-    expected = (tokenizer_count(tokenizer, [{"role": "user", "content": QUERY}]) + tokenizer_count(tokenizer, instructed)) / 2
+    expected = (
+        tokenizer_count(tokenizer, [{"role": "user", "content": QUERY}]) + tokenizer_count(tokenizer, instructed)
+    ) / 2
     assert prompt_tokens(tokenizer, [QUERY, instructed]) == expected
 
 
@@ -46,11 +48,12 @@ def test_instructed_scores_grade_the_answers_to_the_instructed_prompts(lively_ba
     scores = instructed_scores(plain, examples[:1] + examples[2:], gold_procedures)
     assert scores["exact_match_per_procedure"] == {"first_word": 1.0}
     assert scores["exact_match"] == 0.5 and scores["chain_exact_match"] == 0.0
-    assert scores["prompt_tokens"] == prompt_tokens(plain.backbone.tokenizer, [
-        instructed_prompt(["first_word"], QUERY), instructed_prompt(["first_word", "quote_word"], QUERY)])
+    assert scores["prompt_tokens"] == prompt_tokens(
+        plain.backbone.tokenizer,
+        [instructed_prompt(["first_word"], QUERY), instructed_prompt(["first_word", "quote_word"], QUERY)],
+    )
     every = instructed_scores(plain, examples[:2], lambda _: ["first_word"])
     assert every["exact_match_per_procedure"] == {"first_word": 1.0, "kebab_case": 0.0}
-
 
 
 DEMO_PROCEDURES = ["first_word", "quote_word", "percent"]
@@ -58,15 +61,53 @@ DEMO_PROCEDURES = ["first_word", "quote_word", "percent"]
 
 def test_demo_reports_accuracies_and_prompt_tokens_and_saves_its_bank(tmp_path):
     out, bank = tmp_path / "demo.json", tmp_path / "demo.safetensors"
-    assert main(["demo", "--backbone", "tiny-random", "--epochs", "1", "--batch-size", "32", "--train-per-procedure", "3",
-                 "--procedures", ",".join(DEMO_PROCEDURES), "--no-decoupled", "--device", "cpu", "--quiet",
-                 "--json", str(out), "--out", str(bank)]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                "--backbone",
+                "tiny-random",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "32",
+                "--train-per-procedure",
+                "3",
+                "--procedures",
+                ",".join(DEMO_PROCEDURES),
+                "--no-decoupled",
+                "--device",
+                "cpu",
+                "--quiet",
+                "--json",
+                str(out),
+                "--out",
+                str(bank),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     assert result["train_examples"] == 3 * 3 + 40 and result["config"]["decoupled"] is False
-    assert {"backbone", "procedures", "routing_accuracy", "exact_match", "chain_accuracy", "train_seconds"} <= result.keys()
+    assert {
+        "backbone",
+        "procedures",
+        "routing_accuracy",
+        "exact_match",
+        "chain_accuracy",
+        "train_seconds",
+    } <= result.keys()
     assert result["backbone"] == "tiny-random" and result["procedures"] == 3
-    rates = ("routing_accuracy", "exact_match", "chain_accuracy", "chain_exact_match", "instruction_exact_match",
-             "instruction_chain_exact_match", "all_instructions_exact_match", "all_instructions_chain_exact_match")
+    rates = (
+        "routing_accuracy",
+        "exact_match",
+        "chain_accuracy",
+        "chain_exact_match",
+        "instruction_exact_match",
+        "instruction_chain_exact_match",
+        "all_instructions_exact_match",
+        "all_instructions_chain_exact_match",
+    )
     assert all(0 <= result[k] <= 1 for k in rates)
     assert set(result["instruction_exact_match_per_procedure"]) == set(DEMO_PROCEDURES)
     assert MemoryBank.load(bank).names == result["train"]["new_procedures"]
@@ -75,9 +116,15 @@ def test_demo_reports_accuracies_and_prompt_tokens_and_saves_its_bank(tmp_path):
     _, test = demo_dataset(seed=0, train_per_procedure=3, procedures=DEMO_PROCEDURES)
     tokenizer = load_backbone("tiny-random").tokenizer
     assert result["tokmem_prompt_tokens"] == prompt_tokens(tokenizer, [e.query for e in test])
-    assert result["instruction_prompt_tokens"] == prompt_tokens(tokenizer, [instructed_prompt(e.procedures, e.query) for e in test])
-    assert result["all_instructions_prompt_tokens"] == prompt_tokens(tokenizer, [instructed_prompt(DEMO_PROCEDURES, e.query) for e in test])
-    assert result["tokmem_prompt_tokens"] < result["instruction_prompt_tokens"] < result["all_instructions_prompt_tokens"]
+    assert result["instruction_prompt_tokens"] == prompt_tokens(
+        tokenizer, [instructed_prompt(e.procedures, e.query) for e in test]
+    )
+    assert result["all_instructions_prompt_tokens"] == prompt_tokens(
+        tokenizer, [instructed_prompt(DEMO_PROCEDURES, e.query) for e in test]
+    )
+    assert (
+        result["tokmem_prompt_tokens"] < result["instruction_prompt_tokens"] < result["all_instructions_prompt_tokens"]
+    )
 
 
 def test_demo_rejects_an_unknown_procedure(capsys):

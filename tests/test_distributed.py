@@ -30,14 +30,40 @@ def data(tmp_path):
 
 
 def train_options(data, out, batch_size: int) -> list[str]:
-    return ["train", "--data", str(data), "--out", str(out), "--backbone", "tiny-random", "--device", "cpu",
-            "--epochs", "2", "--batch-size", str(batch_size), "--lr", "0.05", "--quiet"]
+    return [
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--backbone",
+        "tiny-random",
+        "--device",
+        "cpu",
+        "--epochs",
+        "2",
+        "--batch-size",
+        str(batch_size),
+        "--lr",
+        "0.05",
+        "--quiet",
+    ]
 
 
 def under_torchrun(options: list[str]) -> None:
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "tokmem.cli"]
-    finished = subprocess.run(launch + options, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                              text=True, timeout=300)
+    launch = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "tokmem.cli",
+    ]
+    finished = subprocess.run(
+        launch + options, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300
+    )
     assert finished.returncode == 0, finished.stderr[-3000:]
 
 
@@ -60,8 +86,24 @@ def test_two_torchrun_processes_at_batch_2_train_the_bank_one_process_trains_at_
 
 def test_two_torchrun_processes_adapt_the_backbone_as_one_process_at_twice_the_batch(data, tmp_path):
     def options(out, batch_size):  # no LoRA dropout: its random masks would differ between the runs
-        return ["adapt", "--backbone", "tiny-random", "--device", "cpu", "--data", str(data), "--out", str(out),
-                "--batch-size", str(batch_size), "--lr", "0.01", "--dropout", "0", "--quiet"]
+        return [
+            "adapt",
+            "--backbone",
+            "tiny-random",
+            "--device",
+            "cpu",
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--batch-size",
+            str(batch_size),
+            "--lr",
+            "0.01",
+            "--dropout",
+            "0",
+            "--quiet",
+        ]
 
     assert main(options(tmp_path / "single", 4)) == 0
     under_torchrun(options(tmp_path / "double", 2))

@@ -13,8 +13,11 @@ GOLD = Example("Find hotels in Rome.", (Step("search", call("search", city="Rome
 
 
 def test_call_scores_take_the_tool_from_the_memory_token_and_the_arguments_from_the_text():
-    generation = Generation(GOLD.query, [Segment("search", call("search", city="Rome")),
-                                         Segment("book", call("book", id=8))], memory_mass=1.0)
+    generation = Generation(
+        GOLD.query,
+        [Segment("search", call("search", city="Rome")), Segment("book", call("book", id=8))],
+        memory_mass=1.0,
+    )
     scores = tool_call_scores([GOLD], [generation])
     assert scores["tool_f1"] == {"2": 100.0, "avg": 100.0}
     assert scores["arg_f1"]["2"] == 50.0 and scores["call_f1"]["2"] == 50.0

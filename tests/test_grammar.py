@@ -12,14 +12,20 @@ from tokmem import DecodeConfig
 from tokmem.grammar import REFERENCE, ArgumentGrammar, decoding_schema, grammars_for
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Rome"]}}, "required": ["city"]}
-COUNT = {"type": "object", "properties": {"n": {"type": "integer"}, "unit": {"type": "string"}}, "required": ["n", "unit"]}
+COUNT = {
+    "type": "object",
+    "properties": {"n": {"type": "integer"}, "unit": {"type": "string"}},
+    "required": ["n", "unit"],
+}
 
 
 @pytest.fixture
 def tool_model(lively_backbone):
     """Two tool rows with schemas and one without, random rows that route and write words on the lively backbone."""
     model = tokmem.create(lively_backbone)
-    model.bank.add(["city", "count", "free"], lively_backbone.mean_embedding(), kinds=["tool"] * 3, schemas=[CITY, COUNT, None])
+    model.bank.add(
+        ["city", "count", "free"], lively_backbone.mean_embedding(), kinds=["tool"] * 3, schemas=[CITY, COUNT, None]
+    )
     random_rows(model.bank, scale=0.7)
     return model
 
@@ -32,10 +38,16 @@ def valid(arguments: dict, schema: dict) -> bool:
 
     def fits(key, value):
         spec = properties[key]
-        return (isinstance(value, types[spec["type"]]) and value in spec.get("enum", [value])
-                or isinstance(value, str) and re.fullmatch(REFERENCE["pattern"], value) is not None)
+        return (
+            isinstance(value, types[spec["type"]])
+            and value in spec.get("enum", [value])
+            or isinstance(value, str)
+            and re.fullmatch(REFERENCE["pattern"], value) is not None
+        )
 
-    return set(schema["required"]) <= set(arguments) <= set(properties) and all(fits(k, v) for k, v in arguments.items())
+    return set(schema["required"]) <= set(arguments) <= set(properties) and all(
+        fits(k, v) for k, v in arguments.items()
+    )
 
 
 def call_fits(generation, schema: dict) -> bool:
@@ -61,7 +73,9 @@ def test_without_the_schema_the_same_model_writes_no_valid_arguments(tool_model)
 
 def test_a_tool_without_a_schema_decodes_as_with_schemas_off(tool_model):
     on = tokmem.generate(tool_model, ["What now?"], DecodeConfig(max_new_tokens=12, max_steps=1), procedure="free")
-    off = tokmem.generate(tool_model, ["What now?"], DecodeConfig(max_new_tokens=12, max_steps=1, schema=False), procedure="free")
+    off = tokmem.generate(
+        tool_model, ["What now?"], DecodeConfig(max_new_tokens=12, max_steps=1, schema=False), procedure="free"
+    )
     assert on[0].trace == off[0].trace
 
 
@@ -79,7 +93,7 @@ def test_each_row_is_masked_by_its_own_tools_grammar_and_memory_tokens_wait_for_
     grammar.advance(torch.tensor([vocab + 0, vocab + 1, vocab + 2]))  # city, count, free (no schema)
     logits = grammar.constrain(torch.zeros(3, vocab + 3))
     brace = tool_model.backbone.tokenizer.convert_tokens_to_ids("{")
-    allowed = (logits > float("-inf"))
+    allowed = logits > float("-inf")
     assert allowed[0, :vocab].nonzero().flatten().tolist() == [brace] and not allowed[0, vocab:].any()
     assert allowed[2].all()  # the tool without a schema is not constrained
     for token in tool_model.backbone.tokenizer('{"city":"Rome"}', add_special_tokens=False)["input_ids"]:

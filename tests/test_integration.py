@@ -21,7 +21,9 @@ FEW_STEPS = TrainConfig(epochs=3, lr=2e-2, progress=False)
 
 
 def dataset(names, seed=0):
-    return builtin.demo_dataset(seed=seed, train_per_procedure=12, test_per_procedure=4, train_chains=0, test_chains=0, procedures=names)
+    return builtin.demo_dataset(
+        seed=seed, train_per_procedure=12, test_per_procedure=4, train_chains=0, test_chains=0, procedures=names
+    )
 
 
 @pytest.fixture(scope="module")
@@ -96,5 +98,7 @@ def test_a_saved_bank_reloads_with_its_backbone_and_routes_identically(learned, 
     reloaded = tokmem.load(path, backbone=smollm)
     assert torch.equal(reloaded.bank.index, model.bank.index)
     queries = [e.query for e in test]
-    assert [r.candidates for r in tokmem.route(reloaded, queries)] == [r.candidates for r in tokmem.route(model, queries)]
+    assert [r.candidates for r in tokmem.route(reloaded, queries)] == [
+        r.candidates for r in tokmem.route(model, queries)
+    ]
     assert MemoryBank.load(path, backbone=smollm).names == model.bank.names

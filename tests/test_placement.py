@@ -65,8 +65,15 @@ def test_memorization_study_writes_json_markdown_and_png(tmp_path):
     text = tmp_path / "text.txt"
     text.write_text(TEXT, encoding="utf-8")
     config = MemorizationConfig(
-        backbone="tiny-random", text=str(text), text_tokens=(32, 64), memory_tokens=(1, 2), sequence_length=16,
-        steps=4, eval_every=2, seeds=2, progress=False,
+        backbone="tiny-random",
+        text=str(text),
+        text_tokens=(32, 64),
+        memory_tokens=(1, 2),
+        sequence_length=16,
+        steps=4,
+        eval_every=2,
+        seeds=2,
+        progress=False,
     )
     placement.run_study("memorization", config, tmp_path / "out" / "memo.json")
     result = json.loads((tmp_path / "out" / "memo.json").read_text())
@@ -148,7 +155,10 @@ def test_gsm8k_loader_refuses_an_empty_file(tmp_path):
 def _write_gsm8k(folder: Path, train: int, test: int) -> None:
     folder.mkdir()
     for name, count in (("train", train), ("test", test)):
-        lines = [json.dumps({"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"}) for i in range(count)]
+        lines = [
+            json.dumps({"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"})
+            for i in range(count)
+        ]
         (folder / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -160,7 +170,9 @@ def _tokens(tokenizer, text: str) -> list[int]:
 
 
 def _chat(tokenizer, query: str, header: bool) -> str:
-    return tokenizer.apply_chat_template([{"role": "user", "content": query}], tokenize=False, add_generation_prompt=header)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": query}], tokenize=False, add_generation_prompt=header
+    )
 
 
 def test_reference_layout_places_the_memory_token_between_the_user_turn_and_the_assistant_header(backbone):
@@ -168,9 +180,15 @@ def test_reference_layout_places_the_memory_token_between_the_user_turn_and_the_
     model = placement.build("tokmem", 1, backbone, name="gsm8k")
     encoded = placement.gsm8k_encode(model, "tokmem", "reference", PROBLEM)
     turn_text = _chat(tokenizer, "question: How many?", header=False)
-    turn, header = _tokens(tokenizer, turn_text), _tokens(tokenizer, _chat(tokenizer, "question: How many?", header=True)[len(turn_text) :])
+    turn, header = (
+        _tokens(tokenizer, turn_text),
+        _tokens(tokenizer, _chat(tokenizer, "question: How many?", header=True)[len(turn_text) :]),
+    )
     target = _tokens(tokenizer, "answer: 2 + 2 = 4\n#### 4") + [tokenizer.eos_token_id]
-    assert tokenizer.decode(turn).endswith("question: How many?<|im_end|>\n") and tokenizer.decode(header) == "<|im_start|>assistant\n"
+    assert (
+        tokenizer.decode(turn).endswith("question: How many?<|im_end|>\n")
+        and tokenizer.decode(header) == "<|im_start|>assistant\n"
+    )
     assert encoded.input_ids == turn + [backbone.vocab_size] + header + target
     assert encoded.labels == [IGNORE] * (len(turn) + 1 + len(header)) + target  # neither the query nor the memory token
     context = placement.gsm8k_context(model, "tokmem", "reference", PROBLEM.question)
@@ -249,18 +267,31 @@ def test_the_validation_split_is_the_end_of_the_training_file_and_the_subset_com
 
 
 @pytest.mark.parametrize("layout", ["reference", "assistant"])
-def test_gsm8k_study_trains_both_methods_per_fraction_keeps_the_best_epoch_and_scores_the_test_answers(tmp_path, layout):
+def test_gsm8k_study_trains_both_methods_per_fraction_keeps_the_best_epoch_and_scores_the_test_answers(
+    tmp_path, layout
+):
     _write_gsm8k(tmp_path / "gsm8k", train=12, test=3)
     config = GSM8KConfig(
-        backbone="tiny-random", data=str(tmp_path / "gsm8k"), layout=layout, validation_examples=2, epochs=2, batch_size=2,
-        max_new_tokens=4, progress=False,
+        backbone="tiny-random",
+        data=str(tmp_path / "gsm8k"),
+        layout=layout,
+        validation_examples=2,
+        epochs=2,
+        batch_size=2,
+        max_new_tokens=4,
+        progress=False,
     )
     result = placement.run_study("gsm8k", config, tmp_path / "gsm8k.json")
     assert json.loads((tmp_path / "gsm8k.json").read_text())["gsm8k"] == result["gsm8k"]
     assert result["config"]["layout"] == layout and result["config"]["epochs"] == 2
     assert (result["train_examples"], result["validation_examples"], result["test_examples"]) == (10, 2, 3)
     assert list(result["gsm8k"]) == ["20", "100"]
-    assert [result["gsm8k"][f][m]["train_examples"] for f in ("20", "100") for m in ("prefix", "tokmem")] == [2, 2, 10, 10]
+    assert [result["gsm8k"][f][m]["train_examples"] for f in ("20", "100") for m in ("prefix", "tokmem")] == [
+        2,
+        2,
+        10,
+        10,
+    ]
     assert [result["gsm8k"][f]["tokmem"]["steps"] for f in ("20", "100")] == [2, 10]  # batches of 2, two epochs
     for methods in result["gsm8k"].values():
         for scores in methods.values():
@@ -273,11 +304,15 @@ def test_gsm8k_study_trains_both_methods_per_fraction_keeps_the_best_epoch_and_s
     assert f"{layout} layout" in markdown and "| Compliance ↑ | Strict compliance ↑ | EM ↑ | Kept epoch |" in markdown
     rows = [line for line in markdown.splitlines() if line.startswith(("| 20% |", "| 100% |"))]
     kept = [f"| {result['gsm8k'][f][m]['best_epoch']} of 2 |" for f in ("20", "100") for m in ("prefix", "tokmem")]
-    assert [row.split(" | ")[1] for row in rows] == ["Prefix tuning", "TokMem"] * 2 and all(map(str.endswith, rows, kept))
+    assert [row.split(" | ")[1] for row in rows] == ["Prefix tuning", "TokMem"] * 2 and all(
+        map(str.endswith, rows, kept)
+    )
 
 
 def test_gsm8k_options_reach_the_config_and_the_layout_is_checked():
-    args = _cli("--study", "gsm8k", "--layout", "assistant", "--epochs", "2", "--validation-examples", "9", "--json", "x.json")
+    args = _cli(
+        "--study", "gsm8k", "--layout", "assistant", "--epochs", "2", "--validation-examples", "9", "--json", "x.json"
+    )
     config = bench.placement_config(args)
     assert (config.layout, config.epochs, config.validation_examples) == ("assistant", 2, 9)
     assert placement.PRESETS["gsm8k"]["paper"].layout == placement.PRESETS["gsm8k"]["cpu"].layout == "reference"
@@ -288,8 +323,13 @@ def test_gsm8k_options_reach_the_config_and_the_layout_is_checked():
 def test_a_resumed_gsm8k_study_skips_the_runs_its_json_holds_and_refuses_other_settings(tmp_path):
     _write_gsm8k(tmp_path / "gsm8k", train=8, test=2)
     config = GSM8KConfig(
-        backbone="tiny-random", data=str(tmp_path / "gsm8k"), validation_examples=2, epochs=1, fractions=(0.5, 1.0),
-        max_new_tokens=2, progress=False,
+        backbone="tiny-random",
+        data=str(tmp_path / "gsm8k"),
+        validation_examples=2,
+        epochs=1,
+        fractions=(0.5, 1.0),
+        max_new_tokens=2,
+        progress=False,
     )
     path = tmp_path / "gsm8k.json"
     first = placement.run_study("gsm8k", config, path)
@@ -300,7 +340,10 @@ def test_a_resumed_gsm8k_study_skips_the_runs_its_json_holds_and_refuses_other_s
     resumed = placement.run_study("gsm8k", replace(config, device="cpu"), path, resume=True)
     assert resumed["gsm8k"]["50"]["tokmem"]["train_seconds"] == -1.0
     assert resumed["gsm8k"]["100"]["prefix"]["steps"] == first["gsm8k"]["100"]["prefix"]["steps"] == 2
-    assert list(resumed["gsm8k"]["100"]) == ["tokmem", "prefix"] and json.loads(path.read_text())["gsm8k"] == resumed["gsm8k"]
+    assert (
+        list(resumed["gsm8k"]["100"]) == ["tokmem", "prefix"]
+        and json.loads(path.read_text())["gsm8k"] == resumed["gsm8k"]
+    )
     with pytest.raises(TokMemError, match="other settings \\(epochs\\)"):
         placement.run_study("gsm8k", replace(config, epochs=2), path, resume=True)
 

@@ -14,7 +14,10 @@ def test_only_the_prefix_rows_get_gradients(lively_backbone, examples):
     model = prefix.create(lively_backbone, tokens=2)
     tokenizer = lively_backbone.tokenizer
     params = model.unfreeze_rows()
-    batch = collate([prefix.encode(model, e.query, prefix.response_ids(tokenizer, e.response)) for e in examples], tokenizer.pad_token_id)
+    batch = collate(
+        [prefix.encode(model, e.query, prefix.response_ids(tokenizer, e.response)) for e in examples],
+        tokenizer.pad_token_id,
+    )
     loss, _ = model.loss(batch)
     loss.backward()
     assert [p.shape for p in params] == [(2, lively_backbone.hidden_size)]
@@ -58,7 +61,9 @@ def test_generation_feeds_the_prefix_rows_before_the_chat_formatted_query(backbo
     random_rows(model.bank)
     queries = ["Reverse sun.", "Write blueberry in capitals."]  # unequal lengths: the first is left-padded
     seen = []
-    hook = model.lm.base_model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(kwargs["inputs_embeds"]), with_kwargs=True)
+    hook = model.lm.base_model.register_forward_pre_hook(
+        lambda _, args, kwargs: seen.append(kwargs["inputs_embeds"]), with_kwargs=True
+    )
     try:
         prefix.generate(model, queries, DecodeConfig(max_new_tokens=1))
     finally:
@@ -99,5 +104,7 @@ def test_prefix_rows_are_never_output_classes(backbone):
 
 @pytest.mark.parametrize("tokens", [1, 2, 5])
 def test_prefix_trains_as_many_parameters_as_tokmem_with_as_many_tokens(backbone, tokens):
-    counts = [sum(p.numel() for p in build(method, tokens, backbone).unfreeze_rows()) for method in ("prefix", "tokmem")]
+    counts = [
+        sum(p.numel() for p in build(method, tokens, backbone).unfreeze_rows()) for method in ("prefix", "tokmem")
+    ]
     assert counts == [tokens * backbone.hidden_size] * 2

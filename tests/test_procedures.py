@@ -64,8 +64,10 @@ def test_blank_lines_are_skipped(tmp_path):
         ('{"query": "q", "steps": [{"procedure": "p", "response": ""}]}', "x.jsonl:2: field 'steps[0].response'"),
         ('{"query": "q", "steps": [{"response": "r"}]}', "x.jsonl:2: field 'steps[0].procedure'"),
         ('["not", "an", "object"]', "x.jsonl:2: expected a JSON object"),
-        ('{"query": "q", "steps": [{"procedure": "p", "response": "r", "result": {"t": 1}}]}',
-         "x.jsonl:2: field 'steps[0].result': must be a string"),
+        (
+            '{"query": "q", "steps": [{"procedure": "p", "response": "r", "result": {"t": 1}}]}',
+            "x.jsonl:2: field 'steps[0].result': must be a string",
+        ),
     ],
 )
 def test_malformed_line_is_named_by_file_line_and_field(tmp_path, line, message):
@@ -76,7 +78,9 @@ def test_malformed_line_is_named_by_file_line_and_field(tmp_path, line, message)
 
 
 def test_unknown_procedure_at_eval_names_the_line(tmp_path):
-    path = write_lines(tmp_path / "x.jsonl", json.dumps({"query": "q", "steps": [{"procedure": "nope", "response": "r"}]}))
+    path = write_lines(
+        tmp_path / "x.jsonl", json.dumps({"query": "q", "steps": [{"procedure": "nope", "response": "r"}]})
+    )
     with pytest.raises(DataError, match=r"x.jsonl:1: field 'steps\[0\].procedure': unknown procedure 'nope'"):
         load_examples(path, known_procedures=["reverse"])
 
@@ -97,27 +101,36 @@ def test_catalog_maps_names_to_descriptions_and_rejects_nameless_lines(tmp_path)
         load_catalog(bad)
 
 
-@pytest.mark.parametrize("response, arguments", [
-    ('{"name": "f", "arguments": {"b": 1, "a": [2, "x"]}}', '{"b":1,"a":[2,"x"]}'),
-    ('{"name": "g", "arguments": {}}', None),  # another tool's call
-    ('{"name": "f", "arguments": {}, "id": 3}', None),  # more than a call
-    ('{"name": "f", "arguments": "x=1"}', None),
-    ("f(x=1)", None),
-])
+@pytest.mark.parametrize(
+    "response, arguments",
+    [
+        ('{"name": "f", "arguments": {"b": 1, "a": [2, "x"]}}', '{"b":1,"a":[2,"x"]}'),
+        ('{"name": "g", "arguments": {}}', None),  # another tool's call
+        ('{"name": "f", "arguments": {}, "id": 3}', None),  # more than a call
+        ('{"name": "f", "arguments": "x=1"}', None),
+        ("f(x=1)", None),
+    ],
+)
 def test_call_arguments_are_the_compact_json_of_a_call_of_the_steps_own_procedure(response, arguments):
     assert Step("f", response).call_arguments == arguments
 
 
 def test_tool_procedures_are_those_whose_every_step_calls_them():
-    examples = [Example("q1", (Step("f", call_json("f", {"x": 1})), Step("g", call_json("g", {})))),
-                Example("q2", (Step("g", "plain text"),)), Example("q3", (Step("h", "text"),))]
+    examples = [
+        Example("q1", (Step("f", call_json("f", {"x": 1})), Step("g", call_json("g", {})))),
+        Example("q2", (Step("g", "plain text"),)),
+        Example("q3", (Step("h", "text"),)),
+    ]
     assert tool_procedures(examples) == {"f"}
 
 
-@pytest.mark.parametrize("generated, call", [
-    ('{"x": 1, "y": "a"}', '{"name":"f","arguments":{"x":1,"y":"a"}}'),
-    ('{"x": 1', '{"name":"f","arguments":{"x": 1}'),  # not JSON: kept verbatim, so the call does not parse
-])
+@pytest.mark.parametrize(
+    "generated, call",
+    [
+        ('{"x": 1, "y": "a"}', '{"name":"f","arguments":{"x":1,"y":"a"}}'),
+        ('{"x": 1', '{"name":"f","arguments":{"x": 1}'),  # not JSON: kept verbatim, so the call does not parse
+    ],
+)
 def test_assemble_call_wraps_generated_arguments_in_the_tools_call(generated, call):
     assert assemble_call("f", generated) == call
 
@@ -131,7 +144,9 @@ def test_a_steps_result_round_trips_and_a_step_without_one_writes_no_result_fiel
 
 def test_catalog_schemas_are_read_from_parameters_and_a_non_object_is_refused(tmp_path):
     schema = {"type": "object", "properties": {"city": {"type": "string"}}}
-    path = write_lines(tmp_path / "c.jsonl", json.dumps({"name": "weather", "parameters": schema}), '{"name": "reverse"}')
+    path = write_lines(
+        tmp_path / "c.jsonl", json.dumps({"name": "weather", "parameters": schema}), '{"name": "reverse"}'
+    )
     assert load_schemas(path) == {"weather": schema}
     bad = write_lines(tmp_path / "bad.jsonl", '{"name": "weather", "parameters": "city"}')
     with pytest.raises(DataError, match="bad.jsonl:1: field 'parameters': must be a JSON schema object"):

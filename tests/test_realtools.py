@@ -77,12 +77,28 @@ def test_a_users_own_test_file_replaces_the_hash_splits_test_side(tmp_path):
 
 @needs_shared
 def test_the_real_data_main_study_runs_end_to_end_on_the_tiny_model(backbone):
-    config = make_config(None, "main", dataset="complexfuncbench", data_dir=str(SHARED), methods=("rag", "tokmem"),
-                         backbone="tiny-random", max_calls=2, train_multi=4, test_multi=2, adapt_multi=2, max_length=96,
-                         max_new_tokens=4, device="cpu", rag_k=2)
+    config = make_config(
+        None,
+        "main",
+        dataset="complexfuncbench",
+        data_dir=str(SHARED),
+        methods=("rag", "tokmem"),
+        backbone="tiny-random",
+        max_calls=2,
+        train_multi=4,
+        test_multi=2,
+        adapt_multi=2,
+        max_length=96,
+        max_new_tokens=4,
+        device="cpu",
+        rag_k=2,
+    )
     result = compositional.run(config, backbone, progress=False)
     assert result["data"]["source"].startswith("ComplexFuncBench (split by query hash")
     assert (result["data"]["train"], result["data"]["test"], result["adaptation"]["examples"]) == (4, 2, 2)
-    assert result["data"]["train_calls"] == {2: 4} and "ComplexFuncBench records with more than 2 calls" in result["data"]["left_out"]
+    assert (
+        result["data"]["train_calls"] == {2: 4}
+        and "ComplexFuncBench records with more than 2 calls" in result["data"]["left_out"]
+    )
     assert set(result["methods"]) == {"rag", "tokmem"} and result["methods"]["tokmem"]["trainable_params"] > 0
     assert "Left out:" in compositional_report.markdown(result)

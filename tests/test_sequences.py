@@ -109,18 +109,27 @@ def test_collate_right_pads_with_mask_zero_and_ignored_labels(tokenizer):
     assert torch.all(batch["attention_mask"][1] == 1)
 
 
-TOOL_CHAIN = Example("Weather in Oslo, then convert 3 km.", (
-    Step("weather", '{"name": "weather", "arguments": {"city": "Oslo"}}'),
-    Step("convert", '{"name":"convert","arguments":{"value":3,"unit":"km"}}'),
-), id="tools")
+TOOL_CHAIN = Example(
+    "Weather in Oslo, then convert 3 km.",
+    (
+        Step("weather", '{"name": "weather", "arguments": {"city": "Oslo"}}'),
+        Step("convert", '{"name":"convert","arguments":{"value":3,"unit":"km"}}'),
+    ),
+    id="tools",
+)
 
 
 def test_after_a_tools_memory_token_come_only_its_arguments_as_compact_json(tokenizer):
     memory = {"weather": 1000, "convert": 1001}
     encoded = encode(TOOL_CHAIN, tokenizer, memory.get, max_length=1024, tools={"weather", "convert"})
     prefix = chat_prefix(tokenizer, TOOL_CHAIN.query)
-    target = [1000, *tokens(tokenizer, '{"city":"Oslo"}'), 1001, *tokens(tokenizer, '{"value":3,"unit":"km"}'),
-              tokenizer.eos_token_id]
+    target = [
+        1000,
+        *tokens(tokenizer, '{"city":"Oslo"}'),
+        1001,
+        *tokens(tokenizer, '{"value":3,"unit":"km"}'),
+        tokenizer.eos_token_id,
+    ]
     assert encoded.input_ids == prefix + target
     assert encoded.labels == [IGNORE] * len(prefix) + target
 
@@ -129,20 +138,26 @@ def test_a_tool_not_listed_keeps_its_whole_call_as_the_segment(tokenizer):
     memory = {"weather": 1000, "convert": 1001}
     encoded = encode(TOOL_CHAIN, tokenizer, memory.get, max_length=1024, tools={"convert"})
     weather = tokens(tokenizer, TOOL_CHAIN.steps[0].response)
-    assert encoded.input_ids[len(chat_prefix(tokenizer, TOOL_CHAIN.query)) + 1:][: len(weather)] == weather
+    assert encoded.input_ids[len(chat_prefix(tokenizer, TOOL_CHAIN.query)) + 1 :][: len(weather)] == weather
 
 
 def test_a_tool_whose_step_is_not_a_call_of_it_is_refused_naming_the_example(tokenizer):
     example = Example("Weather?", (Step("weather", "sunny"),), id="q7")
-    with pytest.raises(DataError, match="example q7: 'weather' is a tool in the bank, but its step is not a call of it"):
+    with pytest.raises(
+        DataError, match="example q7: 'weather' is a tool in the bank, but its step is not a call of it"
+    ):
         encode(example, tokenizer, {"weather": 1000}.get, max_length=1024, tools={"weather"})
 
 
 WEATHER_RESULT = '{"temp": 21}'
-WITH_RESULTS = Example("Weather in Oslo, then convert 3 km.", (
-    Step("weather", '{"name":"weather","arguments":{"city":"Oslo"}}', result=WEATHER_RESULT),
-    Step("convert", '{"name":"convert","arguments":{"value":3,"unit":"km"}}', result="5000 m"),
-), id="results")
+WITH_RESULTS = Example(
+    "Weather in Oslo, then convert 3 km.",
+    (
+        Step("weather", '{"name":"weather","arguments":{"city":"Oslo"}}', result=WEATHER_RESULT),
+        Step("convert", '{"name":"convert","arguments":{"value":3,"unit":"km"}}', result="5000 m"),
+    ),
+    id="results",
+)
 
 
 def test_a_result_follows_its_call_as_a_tool_turn_then_the_assistant_header_and_is_never_a_target(tokenizer):
@@ -155,14 +170,20 @@ def test_a_result_follows_its_call_as_a_tool_turn_then_the_assistant_header_and_
     prefix = chat_prefix(tokenizer, WITH_RESULTS.query)
     assert encoded.input_ids == prefix + call_1 + turn(WEATHER_RESULT) + call_2 + turn("5000 m") + [eos]
     ignored = lambda ids: [IGNORE] * len(ids)  # noqa: E731
-    assert encoded.labels == ignored(prefix) + call_1 + ignored(turn(WEATHER_RESULT)) + call_2 + ignored(turn("5000 m")) + [eos]
+    assert encoded.labels == ignored(prefix) + call_1 + ignored(turn(WEATHER_RESULT)) + call_2 + ignored(
+        turn("5000 m")
+    ) + [eos]
 
 
 def test_result_ids_are_the_template_tool_turns_of_the_whole_conversation(tokenizer):
-    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "CALL"},
-                {"role": "tool", "content": "r1"}, {"role": "tool", "content": "r2"}]
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "CALL"},
+        {"role": "tool", "content": "r1"},
+        {"role": "tool", "content": "r2"},
+    ]
     rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    after_call = rendered[rendered.index("CALL<|im_end|>") + len("CALL<|im_end|>"):]
+    after_call = rendered[rendered.index("CALL<|im_end|>") + len("CALL<|im_end|>") :]
     assert tokenizer.decode(result_ids(tokenizer, ["r1", "r2"])) == after_call
 
 
@@ -173,9 +194,11 @@ def test_a_long_result_is_cut_to_its_budget_and_says_so(tokenizer):
 
 
 def test_a_template_without_a_tool_role_gets_the_result_as_a_user_turn(tokenizer, monkeypatch):
-    no_tool_role = ("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool role') }}{% endif %}"
-                    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    no_tool_role = (
+        "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool role') }}{% endif %}"
+        "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     monkeypatch.setattr(tokenizer, "chat_template", no_tool_role)
     result_turn.cache_clear()
     try:
@@ -187,6 +210,11 @@ def test_a_template_without_a_tool_role_gets_the_result_as_a_user_turn(tokenizer
 
 def test_arguments_follow_the_schema_key_order_where_the_schema_is_known(tokenizer):
     schema = {"type": "object", "properties": {"unit": {"type": "string"}, "value": {"type": "number"}}}
-    encoded = encode(TOOL_CHAIN, tokenizer, {"weather": 1000, "convert": 1001}.get, max_length=1024,
-                     tools={"weather": None, "convert": schema})
+    encoded = encode(
+        TOOL_CHAIN,
+        tokenizer,
+        {"weather": 1000, "convert": 1001}.get,
+        max_length=1024,
+        tools={"weather": None, "convert": schema},
+    )
     assert tokenizer.decode([t for t in encoded.input_ids if t < 1000]).endswith('{"unit":"km","value":3}<|im_end|>')

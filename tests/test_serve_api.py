@@ -26,7 +26,9 @@ def offline(lively_backbone, tmp_path):
 
 @pytest.fixture
 def app(lively_backbone, tmp_path, offline):
-    app, engine = serve(lively_backbone, tmp_path / "banks", max_prompt_tokens=200, max_new_tokens=64, max_body_mb=1 / 16)
+    app, engine = serve(
+        lively_backbone, tmp_path / "banks", max_prompt_tokens=200, max_new_tokens=64, max_body_mb=1 / 16
+    )
     engine.start()
     yield app
     engine.stop()
@@ -41,11 +43,17 @@ def test_chat_answers_equal_generate_with_other_banks_requests_in_flight(app, of
     jobs = [(bank, query) for bank in SERVED_BANKS for query in QUERIES[:2]]
 
     async def scenario(client, http):
-        return await asyncio.gather(*[
-            client.chat.completions.create(model=bank, messages=[{"role": "user", "content": query}], max_tokens=10,
-                                           extra_body={"threshold": 0.0})
-            for bank, query in jobs
-        ])
+        return await asyncio.gather(
+            *[
+                client.chat.completions.create(
+                    model=bank,
+                    messages=[{"role": "user", "content": query}],
+                    max_tokens=10,
+                    extra_body={"threshold": 0.0},
+                )
+                for bank, query in jobs
+            ]
+        )
 
     tokenizer = offline["alpha"].backbone.tokenizer
     for (bank, query), response in zip(jobs, call(app, scenario)):
@@ -62,18 +70,23 @@ def test_chat_answers_equal_generate_with_other_banks_requests_in_flight(app, of
 
 def test_text_completions_treat_the_prompt_as_the_query_and_take_the_extras(app, offline):
     async def scenario(client, http):
-        return await client.completions.create(model="beta", prompt=QUERIES[2], max_tokens=12,
-                                               extra_body={"procedure": "p3", "max_steps": 2})
+        return await client.completions.create(
+            model="beta", prompt=QUERIES[2], max_tokens=12, extra_body={"procedure": "p3", "max_steps": 2}
+        )
 
     response = call(app, scenario)
-    reference = tokmem.generate(offline["beta"], [QUERIES[2]], DecodeConfig(max_new_tokens=12, max_steps=2), procedure="p3")[0]
+    reference = tokmem.generate(
+        offline["beta"], [QUERIES[2]], DecodeConfig(max_new_tokens=12, max_steps=2), procedure="p3"
+    )[0]
     assert response.choices[0].text == reference.text and response.object == "text_completion"
     assert response.tokmem["procedures"][0] == "p3" and response.tokmem["trace"] == trace(reference)
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 def test_streamed_chunks_add_up_to_the_answer_then_usage_then_done(app, offline, endpoint):
-    options = dict(model="alpha", max_tokens=16, extra_body={"threshold": 0.0}, stream=True, stream_options={"include_usage": True})
+    options = dict(
+        model="alpha", max_tokens=16, extra_body={"threshold": 0.0}, stream=True, stream_options={"include_usage": True}
+    )
 
     async def scenario(client, http):
         if endpoint == "chat":
@@ -90,7 +103,9 @@ def test_streamed_chunks_add_up_to_the_answer_then_usage_then_done(app, offline,
     choices = [chunk.choices[0] for chunk in chunks if chunk.choices]
     pieces = [(c.delta.content if endpoint == "chat" else c.text) or "" for c in choices]
     assert "".join(pieces) == reference.text and len([p for p in pieces if p]) > 1
-    assert [c.finish_reason for c in choices[:-1]] == [None] * (len(choices) - 1) and choices[-1].finish_reason == "length"
+    assert [c.finish_reason for c in choices[:-1]] == [None] * (len(choices) - 1) and choices[
+        -1
+    ].finish_reason == "length"
     final = [chunk for chunk in chunks if chunk.choices][-1]
     assert final.tokmem["trace"] == trace(reference)
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 16
@@ -116,16 +131,19 @@ def test_models_list_every_bank_with_the_backbone_as_parent_and_health_answers(a
 
 
 # ---- bad requests ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("body, status, message", [
-    ({"model": "delta"}, 404, "no bank named 'delta'"),
-    ({"temperature": -1}, 400, "temperature"),
-    ({"n": 2}, 400, "n:"),
-    ({"extra_body": {"procedure": "nope"}}, 400, "no procedure 'nope'"),
-    ({"max_tokens": 65}, 400, "at most 64"),
-    ({"messages": [{"role": "user", "content": "x" * 300}]}, 400, "at most 200"),
-    ({"messages": [{"role": "assistant", "content": "hi"}]}, 400, "the last message must be the user's"),
-    ({"messages": []}, 400, "messages"),
-])
+@pytest.mark.parametrize(
+    "body, status, message",
+    [
+        ({"model": "delta"}, 404, "no bank named 'delta'"),
+        ({"temperature": -1}, 400, "temperature"),
+        ({"n": 2}, 400, "n:"),
+        ({"extra_body": {"procedure": "nope"}}, 400, "no procedure 'nope'"),
+        ({"max_tokens": 65}, 400, "at most 64"),
+        ({"messages": [{"role": "user", "content": "x" * 300}]}, 400, "at most 200"),
+        ({"messages": [{"role": "assistant", "content": "hi"}]}, 400, "the last message must be the user's"),
+        ({"messages": []}, 400, "messages"),
+    ],
+)
 def test_bad_requests_get_an_openai_error_body_and_status(app, body, status, message):
     request = {"model": "alpha", "messages": [{"role": "user", "content": "hi"}], **body}
 
@@ -184,8 +202,17 @@ def test_a_client_that_disconnects_frees_its_row(lively_backbone, tmp_path, offl
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
-             "headers": [(b"content-type", b"application/json")], "root_path": "", "scheme": "http", "server": ("t", 80)}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json")],
+        "root_path": "",
+        "scheme": "http",
+        "server": ("t", 80),
+    }
     engine.start()
     try:
         asyncio.run(asyncio.wait_for(app(scope, receive, send), timeout=60))
@@ -197,7 +224,9 @@ def test_a_client_that_disconnects_frees_its_row(lively_backbone, tmp_path, offl
 
 
 # ---- bank management ------------------------------------------------------------------------------------
-def test_an_uploaded_bank_replaces_the_old_one_for_new_requests_and_delete_removes_it(app, lively_backbone, tmp_path, offline):
+def test_an_uploaded_bank_replaces_the_old_one_for_new_requests_and_delete_removes_it(
+    app, lively_backbone, tmp_path, offline
+):
     new = write_bank(lively_backbone, tmp_path / "new" / "bank.safetensors", rows=2, seed=7)
     tensors, metadata = bank_files(tmp_path / "new" / "bank.safetensors")
 
@@ -213,8 +242,14 @@ def test_an_uploaded_bank_replaces_the_old_one_for_new_requests_and_delete_remov
 
     before, put, after, deleted, models = call(app, scenario)
     assert before.choices[0].text == expected(offline, "alpha", QUERIES[0], threshold=0.0).text
-    assert put["procedures"] == ["p0", "p1"] and after.tokmem["bank_revision"] == put["revision"] != before.tokmem["bank_revision"]
-    assert after.choices[0].text == tokmem.generate(new, [QUERIES[0]], DecodeConfig(max_new_tokens=10, threshold=0.0))[0].text
+    assert (
+        put["procedures"] == ["p0", "p1"]
+        and after.tokmem["bank_revision"] == put["revision"] != before.tokmem["bank_revision"]
+    )
+    assert (
+        after.choices[0].text
+        == tokmem.generate(new, [QUERIES[0]], DecodeConfig(max_new_tokens=10, threshold=0.0))[0].text
+    )
     assert deleted == 200 and "alpha" not in [m.id for m in models.data]
     assert not (tmp_path / "banks" / "alpha.safetensors").exists()
 
@@ -239,18 +274,27 @@ def corrupt(kind, lively_backbone, backbone, tmp_path) -> tuple[str, bytes, byte
         from safetensors.torch import save
 
         tensors = save({"index": model.bank.index})
-    return ("..%2Falpha" if kind == "traversal" else "fresh"), tensors, metadata  # %2F: a client cannot normalise it away
+    return (
+        ("..%2Falpha" if kind == "traversal" else "fresh"),
+        tensors,
+        metadata,
+    )  # %2F: a client cannot normalise it away
 
 
-@pytest.mark.parametrize("kind, status, message", [
-    ("traversal", 400, "invalid bank name"),
-    ("truncated", 400, "corrupted or truncated"),
-    ("not-json", 400, "corrupted metadata"),
-    ("shape", 400, "has shape (2, 64), the metadata says (3, 64)"),
-    ("nan", 400, "NaN/Inf"),
-    ("wrong-backbone", 400, "was trained for backbone 'tiny-random'"),
-])
-def test_bad_uploads_are_refused_and_leave_the_bank_directory_as_it_was(app, lively_backbone, backbone, tmp_path, kind, status, message):
+@pytest.mark.parametrize(
+    "kind, status, message",
+    [
+        ("traversal", 400, "invalid bank name"),
+        ("truncated", 400, "corrupted or truncated"),
+        ("not-json", 400, "corrupted metadata"),
+        ("shape", 400, "has shape (2, 64), the metadata says (3, 64)"),
+        ("nan", 400, "NaN/Inf"),
+        ("wrong-backbone", 400, "was trained for backbone 'tiny-random'"),
+    ],
+)
+def test_bad_uploads_are_refused_and_leave_the_bank_directory_as_it_was(
+    app, lively_backbone, backbone, tmp_path, kind, status, message
+):
     name, tensors, metadata = corrupt(kind, lively_backbone, backbone, tmp_path)
     before = files(tmp_path / "banks")
 
@@ -267,7 +311,9 @@ def test_an_oversized_upload_gets_413_and_changes_nothing(app, lively_backbone, 
     write_bank(lively_backbone, tmp_path / "big" / "bank.safetensors", rows=300)
     tensors, metadata = bank_files(tmp_path / "big" / "bank.safetensors")
     before = files(tmp_path / "banks")
-    response = call(app, lambda client, http: http.put("/v1/banks/big", files={"tensors": tensors, "metadata": metadata}))
+    response = call(
+        app, lambda client, http: http.put("/v1/banks/big", files={"tensors": tensors, "metadata": metadata})
+    )
     assert response.status_code == 413 and files(tmp_path / "banks") == before
 
 
@@ -298,7 +344,9 @@ def test_serve_flags_are_the_config_fields_with_their_types_defaults_and_choices
     from tokmem.cli import build_parser
     from tokmem.serve.config import ServeConfig
 
-    args = build_parser().parse_args(["serve", "--banks", "d", "--protect", "all", "--max-connections", "3", "--header-timeout", "0.5"])
+    args = build_parser().parse_args(
+        ["serve", "--banks", "d", "--protect", "all", "--max-connections", "3", "--header-timeout", "0.5"]
+    )
     given = ServeConfig(**{f.name: getattr(args, f.name) for f in fields(ServeConfig)})
     assert given == ServeConfig(banks="d", protect="all", max_connections=3, header_timeout=0.5)
     with pytest.raises(SystemExit):

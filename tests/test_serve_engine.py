@@ -15,7 +15,13 @@ from tokmem.sequences import chat_prefix
 from tokmem.serve.banks import BankNotFound, BankRegistry, BankVersion
 from tokmem.serve.engine import Engine, Overloaded, Request, bank_tables
 
-QUERIES = ["Reverse apple.", "hi", "What is the weather like today?", "Write house in capitals.", "Double water, please."]
+QUERIES = [
+    "Reverse apple.",
+    "hi",
+    "What is the weather like today?",
+    "Write house in capitals.",
+    "Double water, please.",
+]
 
 
 @pytest.fixture
@@ -79,7 +85,11 @@ def test_greedy_answers_equal_generate_while_rows_of_other_banks_join_and_leave(
 def test_forced_procedures_and_step_limits_follow_generate(registry, offline):
     engine = Engine(registry.backbone)
     model = offline["beta"]
-    jobs = [dict(forced=model.memory_id("p2"), max_steps=1), dict(forced=model.memory_id("p0"), max_steps=2), dict(max_steps=1, threshold=0.0)]
+    jobs = [
+        dict(forced=model.memory_id("p2"), max_steps=1),
+        dict(forced=model.memory_id("p0"), max_steps=2),
+        dict(max_steps=1, threshold=0.0),
+    ]
     handles = [engine.submit(request(registry, "beta", QUERIES[0], max_tokens=16, **job)) for job in jobs]
     run(engine, *handles)
     for job, handle in zip(jobs, handles):
@@ -105,7 +115,9 @@ def test_a_running_request_finishes_on_the_bank_version_it_started_with(registry
 
 def test_rows_leave_when_done_cancelled_or_timed_out_and_unused_cache_columns_are_cut(registry):
     engine = Engine(registry.backbone)
-    long_prompt = engine.submit(request(registry, "alpha", "a much longer query than the others " * 3, max_tokens=40, ignore_eos=True))
+    long_prompt = engine.submit(
+        request(registry, "alpha", "a much longer query than the others " * 3, max_tokens=40, ignore_eos=True)
+    )
     short = engine.submit(request(registry, "gamma", "hi", max_tokens=40, ignore_eos=True))
     timed = engine.submit(request(registry, "beta", "hi", max_tokens=40, ignore_eos=True, timeout=0.0))
     engine.step()
@@ -190,7 +202,10 @@ def clean_jobs(registry):
 def assert_offline_answers(offline, jobs, handles):
     for (bank, query), handle in zip(jobs, handles):
         expected = tokmem.generate(offline[bank], [query], DecodeConfig(max_new_tokens=10, threshold=0.0))[0]
-        assert handle.finish_reason in ("stop", "length") and pairs(handle.generation()) == pairs(expected), (bank, query)
+        assert handle.finish_reason in ("stop", "length") and pairs(handle.generation()) == pairs(expected), (
+            bank,
+            query,
+        )
 
 
 def huge_bank(registry, name="alpha", value=3e38):
@@ -200,11 +215,17 @@ def huge_bank(registry, name="alpha", value=3e38):
     return BankVersion(version.name, "huge", version.model, index, index, version.stamp)
 
 
-@pytest.mark.parametrize("poison", [
-    dict(max_steps=2**63),  # cannot become a tensor: the prefill fails
-    dict(temperature=1e-45),  # sampled at a tiny temperature: must not overflow
-], ids=["max-steps-overflow", "tiny-temperature"])
-def test_a_request_that_cannot_be_prefilled_or_sampled_fails_alone_and_the_batch_answers_exactly(registry, offline, poison):
+@pytest.mark.parametrize(
+    "poison",
+    [
+        dict(max_steps=2**63),  # cannot become a tensor: the prefill fails
+        dict(temperature=1e-45),  # sampled at a tiny temperature: must not overflow
+    ],
+    ids=["max-steps-overflow", "tiny-temperature"],
+)
+def test_a_request_that_cannot_be_prefilled_or_sampled_fails_alone_and_the_batch_answers_exactly(
+    registry, offline, poison
+):
     engine = Engine(registry.backbone)
     jobs = clean_jobs(registry)
     running = engine.submit(request(registry, *jobs[0], max_tokens=10, threshold=0.0))
@@ -224,7 +245,13 @@ def test_a_row_whose_logits_overflow_fails_alone(registry, offline, temperature)
     engine = Engine(registry.backbone)
     jobs = clean_jobs(registry)
     handles = [engine.submit(request(registry, bank, query, max_tokens=10, threshold=0.0)) for bank, query in jobs]
-    poison = Request(huge_bank(registry), chat_prefix(registry.backbone.tokenizer, "hi"), "hi", max_tokens=10, temperature=temperature)
+    poison = Request(
+        huge_bank(registry),
+        chat_prefix(registry.backbone.tokenizer, "hi"),
+        "hi",
+        max_tokens=10,
+        temperature=temperature,
+    )
     bad = engine.submit(poison)
     run(engine, bad, *handles)
     assert bad.finish_reason == "error" and "NaN/inf" in bad.error
@@ -241,7 +268,9 @@ def test_stop_finishes_every_queued_and_running_request(registry):
     assert engine.batch is None and not engine.pending
 
 
-def test_the_engine_thread_survives_a_failed_step_and_finishes_the_requests_being_admitted(registry, offline, monkeypatch):
+def test_the_engine_thread_survives_a_failed_step_and_finishes_the_requests_being_admitted(
+    registry, offline, monkeypatch
+):
     """A failure of the shared step (here: joining the new rows to the running batch) ends every request with
     an error, including those that had left the queue; the thread goes on and answers the next request."""
     engine = Engine(registry.backbone)
@@ -256,7 +285,10 @@ def test_the_engine_thread_survives_a_failed_step_and_finishes_the_requests_bein
     engine.start()
     try:
         assert joining.wait(timeout=60) and running.wait(timeout=60)
-        assert (running.finish_reason, joining.finish_reason) == ("error", "error") and "decoding step failed" in joining.error
+        assert (running.finish_reason, joining.finish_reason) == (
+            "error",
+            "error",
+        ) and "decoding step failed" in joining.error
         later = engine.submit(request(registry, "gamma", QUERIES[1], max_tokens=10, threshold=0.0))
         assert later.wait(timeout=60)
     finally:

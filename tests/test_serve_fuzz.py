@@ -28,21 +28,44 @@ JSON = st.recursive(
 )
 TEXTS = st.text(max_size=60) | st.sampled_from(["Reverse apple.", "hi", "What is the weather like today?"])
 TOOL_NAMES = st.sampled_from(["city", "count", "chat", "p0"]) | st.text(max_size=8)
-CALLS = st.lists(st.fixed_dictionaries({"id": st.sampled_from(["a", "b"]), "type": st.just("function"), "function": st.fixed_dictionaries(
-    {"name": TOOL_NAMES, "arguments": st.sampled_from(['{"city":"Rome"}', '{"n":3}', "{}", "not json"]) | st.text(max_size=12)})}),
-    max_size=2)
-MESSAGES = st.lists(st.fixed_dictionaries({
-    "role": st.sampled_from(["system", "developer", "user", "assistant", "tool"]),
-    "content": TEXTS | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXTS}), max_size=2),
-}, optional={"tool_calls": CALLS, "tool_call_id": st.sampled_from(["a", "b"])}), min_size=1, max_size=3)
+CALLS = st.lists(
+    st.fixed_dictionaries(
+        {
+            "id": st.sampled_from(["a", "b"]),
+            "type": st.just("function"),
+            "function": st.fixed_dictionaries(
+                {
+                    "name": TOOL_NAMES,
+                    "arguments": st.sampled_from(['{"city":"Rome"}', '{"n":3}', "{}", "not json"])
+                    | st.text(max_size=12),
+                }
+            ),
+        }
+    ),
+    max_size=2,
+)
+MESSAGES = st.lists(
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["system", "developer", "user", "assistant", "tool"]),
+            "content": TEXTS | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXTS}), max_size=2),
+        },
+        optional={"tool_calls": CALLS, "tool_call_id": st.sampled_from(["a", "b"])},
+    ),
+    min_size=1,
+    max_size=3,
+)
 PLAUSIBLE = {
     "model": st.sampled_from(BANKS) | st.text(max_size=20),
     "messages": MESSAGES | MESSAGES.map(lambda m: [*m, {"role": "user", "content": "hi"}]),
     "prompt": TEXTS | st.lists(TEXTS, max_size=2),
     "procedure": st.sampled_from(["p0", "p1", "p9"]) | st.text(max_size=8),
-    "tools": st.lists(st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries({"name": TOOL_NAMES})}),
-                      max_size=3),
-    "tool_choice": st.sampled_from(["auto", "none", "required"]) | TOOL_NAMES.map(lambda n: {"type": "function", "function": {"name": n}}),
+    "tools": st.lists(
+        st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries({"name": TOOL_NAMES})}),
+        max_size=3,
+    ),
+    "tool_choice": st.sampled_from(["auto", "none", "required"])
+    | TOOL_NAMES.map(lambda n: {"type": "function", "function": {"name": n}}),
 }
 
 
@@ -67,13 +90,17 @@ def bodies(schema: dict):
     typed = {name: PLAUSIBLE.get(name, by_type(prop)) for name, prop in schema["properties"].items()}
     required = set(schema.get("required", []))
     return st.one_of(
-        st.fixed_dictionaries({k: typed[k] for k in required}, optional={k: v for k, v in typed.items() if k not in required}),
+        st.fixed_dictionaries(
+            {k: typed[k] for k in required}, optional={k: v for k, v in typed.items() if k not in required}
+        ),
         st.fixed_dictionaries({}, optional={name: value | JSON for name, value in typed.items()}),
     )
 
 
 def names():
-    return (st.sampled_from(["fresh", "fuzz", "nope", "..", "a/b"]) | st.text(max_size=12)).filter(lambda n: n != "alpha")
+    return (st.sampled_from(["fresh", "fuzz", "nope", "..", "a/b"]) | st.text(max_size=12)).filter(
+        lambda n: n != "alpha"
+    )
 
 
 def as_json(content: bytes) -> dict:
@@ -85,14 +112,22 @@ def requests(openapi: dict, upload: tuple[bytes, dict]):
     """(method, path, keyword arguments for httpx) of every route."""
     schemas = openapi["components"]["schemas"]
     tensors, metadata = upload
-    fuzzed_metadata = st.dictionaries(st.sampled_from(sorted(metadata)), JSON, max_size=2).map(lambda edit: {**metadata, **edit})
-    files = st.fixed_dictionaries({
-        "tensors": st.just(tensors) | st.binary(max_size=64),
-        "metadata": fuzzed_metadata.map(lambda m: json.dumps(m).encode()) | st.binary(max_size=64),
-    })
+    fuzzed_metadata = st.dictionaries(st.sampled_from(sorted(metadata)), JSON, max_size=2).map(
+        lambda edit: {**metadata, **edit}
+    )
+    files = st.fixed_dictionaries(
+        {
+            "tensors": st.just(tensors) | st.binary(max_size=64),
+            "metadata": fuzzed_metadata.map(lambda m: json.dumps(m).encode()) | st.binary(max_size=64),
+        }
+    )
     return st.one_of(
-        bodies(schemas["ChatBody"]).map(lambda body: ("POST", "/v1/chat/completions", as_json(json.dumps(body).encode()))),
-        bodies(schemas["CompletionBody"]).map(lambda body: ("POST", "/v1/completions", as_json(json.dumps(body).encode()))),
+        bodies(schemas["ChatBody"]).map(
+            lambda body: ("POST", "/v1/chat/completions", as_json(json.dumps(body).encode()))
+        ),
+        bodies(schemas["CompletionBody"]).map(
+            lambda body: ("POST", "/v1/completions", as_json(json.dumps(body).encode()))
+        ),
         st.binary(max_size=80).map(lambda raw: ("POST", "/v1/chat/completions", as_json(raw))),
         names().map(lambda name: ("GET", f"/v1/models/{quote(name, safe='')}", {})),
         st.tuples(names(), files).map(lambda job: ("PUT", f"/v1/banks/{quote(job[0], safe='')}", {"files": job[1]})),
@@ -116,13 +151,24 @@ def clean_loop(base: str, stop: threading.Event, answers: list) -> None:
     with httpx2.Client(base_url=base, timeout=60) as client:
         while not stop.is_set():
             response = client.post("/v1/completions", json=CLEAN)
-            answers.append((response.status_code, response.json()["choices"][0]["text"] if response.status_code == 200 else response.text))
+            answers.append(
+                (
+                    response.status_code,
+                    response.json()["choices"][0]["text"] if response.status_code == 200 else response.text,
+                )
+            )
 
 
 def fuzz(base: str, strategy, statuses: list) -> None:
     with httpx2.Client(base_url=base, timeout=30) as client:
 
-        @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(strategy)
         def one(job):
             method, path, options = job
@@ -135,7 +181,9 @@ def fuzz(base: str, strategy, statuses: list) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
-def test_fuzzed_requests_never_get_5xx_hang_or_log_a_traceback_and_a_clean_request_stays_exact(lively_backbone, tmp_path):
+def test_fuzzed_requests_never_get_5xx_hang_or_log_a_traceback_and_a_clean_request_stays_exact(
+    lively_backbone, tmp_path
+):
     (tmp_path / "banks").mkdir()
     offline = write_served_banks(lively_backbone, tmp_path / "banks")
     write_tool_bank(lively_backbone, tmp_path / "banks" / "tools.safetensors")

@@ -23,8 +23,14 @@ def offline(lively_backbone, tmp_path):
 
 @pytest.fixture
 def app(lively_backbone, tmp_path, offline):
-    app, engine = serve(lively_backbone, tmp_path / "banks", max_prompt_chars=2000, max_prompt_tokens=200, max_new_tokens=64,
-                        max_body_mb=1 / 16)
+    app, engine = serve(
+        lively_backbone,
+        tmp_path / "banks",
+        max_prompt_chars=2000,
+        max_prompt_tokens=200,
+        max_new_tokens=64,
+        max_body_mb=1 / 16,
+    )
     engine.start()
     yield app
     engine.stop()
@@ -42,6 +48,7 @@ def assert_clean(offline, answers) -> None:
 
 def with_clean_requests(app, request):
     """Send ``request(http)`` together with the clean requests; (its response, the clean answers)."""
+
     async def scenario(client, http):
         return await asyncio.gather(request(http), clean_answers(http))
 
@@ -53,29 +60,52 @@ def chat(content="hi", **fields) -> bytes:
     return json.dumps({"model": "alpha", "messages": [{"role": "user", "content": content}], **fields}).encode()
 
 
-@pytest.mark.parametrize("body, message", [
-    (chat(temperature=1e-45), "temperature: Value error, use 0 (greedy) or at least 0.01"),
-    (chat(temperature=3), "temperature"),
-    (chat(max_steps=9223372036854775808), "max_steps"),
-    (chat(max_tokens=9223372036854775808), "max_tokens"),
-    (chat(max_completion_tokens=-1), "max_completion_tokens"),
-    (b'{"model": "alpha", "prompt": "hi", "threshold": NaN}', "threshold"),
-    (b'{"model": "alpha", "prompt": "hi", "temperature": Infinity}', "temperature"),
-    (chat("\ud800"), "not valid Unicode"),
-    (chat([{"type": "text", "text": "a\udfff"}]), "messages.0.content"),
-    (chat(procedure="\ud800"), "not valid Unicode"),
-    (json.dumps({"model": "\ud800", "prompt": "hi"}).encode(), "unicode"),
-    (chat("x" * 2001), "the prompt has 2001 characters; this server allows at most 2000"),
-    (json.dumps({"model": "alpha", "messages": [{"role": "user", "content": "x" * 1500}] * 2}).encode(), "3000 characters"),
-    (b'{"model": "alpha", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", ""),
-    (b"\xff\xfe", ""),
-], ids=["tiny-temperature", "hot-temperature", "max-steps-overflow", "max-tokens-overflow", "negative-tokens", "nan",
-        "infinity", "lone-surrogate", "surrogate-part", "surrogate-procedure", "surrogate-model", "long-prompt",
-        "long-conversation", "deep-json", "not-utf8"])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (chat(temperature=1e-45), "temperature: Value error, use 0 (greedy) or at least 0.01"),
+        (chat(temperature=3), "temperature"),
+        (chat(max_steps=9223372036854775808), "max_steps"),
+        (chat(max_tokens=9223372036854775808), "max_tokens"),
+        (chat(max_completion_tokens=-1), "max_completion_tokens"),
+        (b'{"model": "alpha", "prompt": "hi", "threshold": NaN}', "threshold"),
+        (b'{"model": "alpha", "prompt": "hi", "temperature": Infinity}', "temperature"),
+        (chat("\ud800"), "not valid Unicode"),
+        (chat([{"type": "text", "text": "a\udfff"}]), "messages.0.content"),
+        (chat(procedure="\ud800"), "not valid Unicode"),
+        (json.dumps({"model": "\ud800", "prompt": "hi"}).encode(), "unicode"),
+        (chat("x" * 2001), "the prompt has 2001 characters; this server allows at most 2000"),
+        (
+            json.dumps({"model": "alpha", "messages": [{"role": "user", "content": "x" * 1500}] * 2}).encode(),
+            "3000 characters",
+        ),
+        (b'{"model": "alpha", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", ""),
+        (b"\xff\xfe", ""),
+    ],
+    ids=[
+        "tiny-temperature",
+        "hot-temperature",
+        "max-steps-overflow",
+        "max-tokens-overflow",
+        "negative-tokens",
+        "nan",
+        "infinity",
+        "lone-surrogate",
+        "surrogate-part",
+        "surrogate-procedure",
+        "surrogate-model",
+        "long-prompt",
+        "long-conversation",
+        "deep-json",
+        "not-utf8",
+    ],
+)
 def test_a_bad_body_gets_400_and_the_requests_beside_it_answer_exactly(app, offline, tmp_path, body, message):
     before = files(tmp_path / "banks")
     path = "/v1/completions" if b'"prompt"' in body else "/v1/chat/completions"
-    response, answers = with_clean_requests(app, lambda http: http.post(path, content=body, headers={"content-type": "application/json"}))
+    response, answers = with_clean_requests(
+        app, lambda http: http.post(path, content=body, headers={"content-type": "application/json"})
+    )
     assert response.status_code in (400, 422) and message in response.json()["error"]["message"]
     assert_clean(offline, answers)
     assert files(tmp_path / "banks") == before
@@ -101,19 +131,33 @@ def setter(**fields):
     return lambda meta: meta.update(fields)
 
 
-@pytest.mark.parametrize("edit, message", [
-    (setter(backbone="x"), "field 'backbone' must be an object"),
-    (setter(hidden_size=-1), "field 'hidden_size' must be a whole number from 1"),
-    (setter(names=[[1], [2]]), "field 'names', row 0: invalid procedure name"),
-    (setter(names=[1, 2]), "field 'names', row 0: invalid procedure name"),
-    (setter(names=["", " x "]), "field 'names', row 0: invalid procedure name"),
-    (setter(descriptions=5), "field 'descriptions' must list one text for each of the 2 names"),
-    (setter(descriptions=["only one"]), "field 'descriptions' must list one text for each of the 2 names"),
-    (setter(backbone={}), "field 'backbone' must give the backbone's 'fingerprint'"),
-    (setter(backbone=None), "field 'backbone' must give the backbone's 'fingerprint'"),
-    (setter(x=json.loads("[" * 900 + "]" * 900)), None),  # deep, but within what JSON takes: harmless extra field
-], ids=["backbone-text", "negative-size", "names-lists", "names-numbers", "names-blank", "descriptions-number",
-        "descriptions-count", "backbone-empty", "backbone-null", "deep-but-parsable"])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (setter(backbone="x"), "field 'backbone' must be an object"),
+        (setter(hidden_size=-1), "field 'hidden_size' must be a whole number from 1"),
+        (setter(names=[[1], [2]]), "field 'names', row 0: invalid procedure name"),
+        (setter(names=[1, 2]), "field 'names', row 0: invalid procedure name"),
+        (setter(names=["", " x "]), "field 'names', row 0: invalid procedure name"),
+        (setter(descriptions=5), "field 'descriptions' must list one text for each of the 2 names"),
+        (setter(descriptions=["only one"]), "field 'descriptions' must list one text for each of the 2 names"),
+        (setter(backbone={}), "field 'backbone' must give the backbone's 'fingerprint'"),
+        (setter(backbone=None), "field 'backbone' must give the backbone's 'fingerprint'"),
+        (setter(x=json.loads("[" * 900 + "]" * 900)), None),  # deep, but within what JSON takes: harmless extra field
+    ],
+    ids=[
+        "backbone-text",
+        "negative-size",
+        "names-lists",
+        "names-numbers",
+        "names-blank",
+        "descriptions-number",
+        "descriptions-count",
+        "backbone-empty",
+        "backbone-null",
+        "deep-but-parsable",
+    ],
+)
 def test_bad_upload_metadata_gets_400_and_changes_nothing(app, offline, lively_backbone, tmp_path, edit, message):
     before = files(tmp_path / "banks")
     sent = upload(lively_backbone, tmp_path, edit)
@@ -167,9 +211,14 @@ def test_protect_all_needs_the_key_on_every_v1_route_but_not_on_health(lively_ba
     app, engine = serve(lively_backbone, tmp_path / "banks", api_key="secret", protect="all")
 
     async def scenario(client, http):
-        refused = [await http.get("/v1/models"), await http.post("/v1/completions", json={"model": "alpha", "prompt": "hi"})]
+        refused = [
+            await http.get("/v1/models"),
+            await http.post("/v1/completions", json={"model": "alpha", "prompt": "hi"}),
+        ]
         keyed = openai.AsyncOpenAI(base_url="http://tokmem/v1", api_key="secret", http_client=http, max_retries=0)
-        answer = await keyed.completions.create(model="alpha", prompt=CLEAN[0][1], max_tokens=10, extra_body={"threshold": 0.0})
+        answer = await keyed.completions.create(
+            model="alpha", prompt=CLEAN[0][1], max_tokens=10, extra_body={"threshold": 0.0}
+        )
         return refused, answer, await http.get("/health")
 
     engine.start()
@@ -181,10 +230,18 @@ def test_protect_all_needs_the_key_on_every_v1_route_but_not_on_health(lively_ba
     assert answer.choices[0].text == expected(offline, *CLEAN[0], threshold=0.0).text
 
 
-@pytest.mark.parametrize("host, key, warned", [
-    ("0.0.0.0", None, True), ("192.168.1.5", None, True), ("::", None, True),
-    ("127.0.0.1", None, False), ("::1", None, False), ("localhost", None, False), ("0.0.0.0", "k", False),
-])
+@pytest.mark.parametrize(
+    "host, key, warned",
+    [
+        ("0.0.0.0", None, True),
+        ("192.168.1.5", None, True),
+        ("::", None, True),
+        ("127.0.0.1", None, False),
+        ("::1", None, False),
+        ("localhost", None, False),
+        ("0.0.0.0", "k", False),
+    ],
+)
 def test_open_management_on_a_reachable_host_is_warned_about(host, key, warned):
     warning = exposure_warning(ServeConfig(banks="b", host=host, api_key=key))
     assert (warning is not None) == warned
@@ -214,15 +271,22 @@ def test_a_bank_removed_or_replaced_on_disk_is_forgotten_or_reloaded(app, offlin
     before, (gone, replaced), deleted, retrieved = call(app, scenario)
     assert [r.status_code for r in before] == [200, 200]
     assert gone.status_code == deleted.status_code == retrieved.status_code == 404
-    assert replaced.json()["choices"][0]["text"] == expected({"beta": replacement}, "beta", CLEAN[0][1], threshold=0.0).text
+    assert (
+        replaced.json()["choices"][0]["text"]
+        == expected({"beta": replacement}, "beta", CLEAN[0][1], threshold=0.0).text
+    )
     assert replaced.json()["tokmem"]["bank_revision"] != before[1].json()["tokmem"]["bank_revision"]
 
 
-def test_a_bank_on_disk_that_does_not_validate_is_a_server_error_that_names_no_folder(app, offline, lively_backbone, tmp_path):
+def test_a_bank_on_disk_that_does_not_validate_is_a_server_error_that_names_no_folder(
+    app, offline, lively_backbone, tmp_path
+):
     model = write_bank(lively_backbone, tmp_path / "banks" / "huge.safetensors", rows=1)
     model.bank.index[:] = 3e38 / 64
     model.bank.save(tmp_path / "banks" / "huge.safetensors")
-    response, answers = with_clean_requests(app, lambda http: http.post("/v1/completions", json={"model": "huge", "prompt": "hi"}))
+    response, answers = with_clean_requests(
+        app, lambda http: http.post("/v1/completions", json={"model": "huge", "prompt": "hi"})
+    )
     assert response.status_code == 500 and "does not validate" in response.json()["error"]["message"]
     assert str(tmp_path) not in response.text
     assert_clean(offline, answers)
@@ -251,8 +315,17 @@ def test_a_body_slower_than_the_deadline_gets_408(lively_backbone, tmp_path, off
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
-             "headers": [(b"content-type", b"application/json")], "root_path": "", "scheme": "http", "server": ("t", 80)}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json")],
+        "root_path": "",
+        "scheme": "http",
+        "server": ("t", 80),
+    }
     asyncio.run(asyncio.wait_for(app(scope, receive, send), timeout=60))
     assert sent[0]["status"] == 408
     assert "limit of 0.2 s" in json.loads(b"".join(m.get("body", b"") for m in sent[1:]))["error"]["message"]
@@ -277,7 +350,9 @@ def test_connections_with_unfinished_headers_are_closed_and_their_number_is_boun
 def test_a_connection_with_an_unfinished_body_gets_408_and_is_closed(lively_backbone, tmp_path, offline):
     app, _ = serve(lively_backbone, tmp_path / "banks", body_timeout=0.5)
     with loopback(app) as (host, port), socket.create_connection((host, port), timeout=30) as slow:
-        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        slow.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )
         received = b""
         while chunk := slow.recv(4096):  # until the server closes the connection
             received += chunk

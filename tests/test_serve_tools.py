@@ -17,7 +17,10 @@ from tokmem.sequences import chat_prefix
 from tokmem.serve.banks import BankRegistry
 from tokmem.serve.engine import Engine, Request
 
-TOOLS = [{"type": "function", "function": {"name": name, "parameters": schema}} for name, schema in (("city", CITY), ("count", COUNT))]
+TOOLS = [
+    {"type": "function", "function": {"name": name, "parameters": schema}}
+    for name, schema in (("city", CITY), ("count", COUNT))
+]
 CONFIG = DecodeConfig(max_new_tokens=200)  # room for the longest reference ("$var…$") the grammar allows to close
 ASK = [{"role": "user", "content": "Weather in Rome, then count."}]
 
@@ -35,7 +38,9 @@ CONVERSATION = [
 
 def execute(name: str, arguments: dict) -> str:
     """Deterministic fake tools."""
-    return {"city": lambda: f"sunny in {arguments.get('city')}", "count": lambda: f"{arguments.get('n')} apples"}[name]()
+    return {"city": lambda: f"sunny in {arguments.get('city')}", "count": lambda: f"{arguments.get('n')} apples"}[
+        name
+    ]()
 
 
 @pytest.fixture
@@ -56,8 +61,10 @@ def app(lively_backbone, tmp_path, offline):
 def served(response) -> tuple:
     """(content, tool calls as OpenAI dicts, finish_reason) of a served chat answer."""
     choice = response.choices[0]
-    calls = [{"id": c.id, "type": c.type, "function": {"name": c.function.name, "arguments": c.function.arguments}}
-             for c in choice.message.tool_calls or []]  # the SDK's stream adds its own fields (index, parsed_arguments)
+    calls = [
+        {"id": c.id, "type": c.type, "function": {"name": c.function.name, "arguments": c.function.arguments}}
+        for c in choice.message.tool_calls or []
+    ]  # the SDK's stream adds its own fields (index, parsed_arguments)
     return choice.message.content, calls, choice.finish_reason
 
 
@@ -71,33 +78,48 @@ CASES = [
     ({"tool_choice": "required"}, {"tool_choice": "required"}),
     ({"tool_choice": "none"}, {"tool_choice": "none"}),
     ({"tools": TOOLS[1:], "tool_choice": "required"}, {"tools": ["count"], "tool_choice": "required"}),
-    ({"tool_choice": {"type": "function", "function": {"name": "city"}}},
-     {"tool_choice": {"type": "function", "function": {"name": "city"}}}),
+    (
+        {"tool_choice": {"type": "function", "function": {"name": "city"}}},
+        {"tool_choice": {"type": "function", "function": {"name": "city"}}},
+    ),
     ({"tools": TOOLS}, {"tools": ["city", "count"]}),
 ]
 
 
 @pytest.mark.parametrize("messages", [ASK, CONVERSATION], ids=["first-turn", "after-a-tool-result"])
-def test_served_answers_equal_tokmem_chat_for_each_tools_and_tool_choice_with_other_banks_in_flight(app, offline, messages):
+def test_served_answers_equal_tokmem_chat_for_each_tools_and_tool_choice_with_other_banks_in_flight(
+    app, offline, messages
+):
     async def scenario(client, http):
-        answers = [client.chat.completions.create(model="tools", messages=messages, max_tokens=200, **request)
-                   for request, _ in CASES]
-        others = [client.chat.completions.create(model="alpha", messages=ASK, max_tokens=10, extra_body={"threshold": 0.0})
-                  for _ in range(3)]
+        answers = [
+            client.chat.completions.create(model="tools", messages=messages, max_tokens=200, **request)
+            for request, _ in CASES
+        ]
+        others = [
+            client.chat.completions.create(model="alpha", messages=ASK, max_tokens=10, extra_body={"threshold": 0.0})
+            for _ in range(3)
+        ]
         return await asyncio.gather(*answers, *others)
 
     responses = call(app, scenario)
     for (_, options), response in zip(CASES, responses):
         assert served(response) == offline_reply(offline["tools"], messages, **options), options
     assert {served(r)[1][0]["function"]["name"] for r in responses[1:2] if served(r)[1]} <= {"city", "count"}
-    reference = tokmem.generate(offline["alpha"], [ASK[0]["content"]], DecodeConfig(max_new_tokens=10, threshold=0.0))[0]
-    assert [r.choices[0].message.content for r in responses[len(CASES):]] == [reference.text] * 3
+    reference = tokmem.generate(offline["alpha"], [ASK[0]["content"]], DecodeConfig(max_new_tokens=10, threshold=0.0))[
+        0
+    ]
+    assert [r.choices[0].message.content for r in responses[len(CASES) :]] == [reference.text] * 3
 
 
 def test_tool_calls_carry_ids_names_and_json_arguments_that_meet_the_tools_schema(app, offline):
     async def scenario(client, http):
-        return await client.chat.completions.create(model="tools", messages=ASK, max_tokens=200, tools=TOOLS,
-                                                    tool_choice={"type": "function", "function": {"name": "city"}})
+        return await client.chat.completions.create(
+            model="tools",
+            messages=ASK,
+            max_tokens=200,
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "city"}},
+        )
 
     response = call(app, scenario)
     (first, *_) = response.choices[0].message.tool_calls
@@ -108,15 +130,19 @@ def test_tool_calls_carry_ids_names_and_json_arguments_that_meet_the_tools_schem
 
 def test_schema_off_and_parallel_tool_calls_off_decode_as_their_offline_settings(app, offline):
     async def scenario(client, http):
-        loose = client.chat.completions.create(model="tools", messages=ASK, max_tokens=40, tool_choice="required",
-                                               extra_body={"schema": False})
-        single = client.chat.completions.create(model="tools", messages=ASK, max_tokens=200, tool_choice="required",
-                                                parallel_tool_calls=False)
+        loose = client.chat.completions.create(
+            model="tools", messages=ASK, max_tokens=40, tool_choice="required", extra_body={"schema": False}
+        )
+        single = client.chat.completions.create(
+            model="tools", messages=ASK, max_tokens=200, tool_choice="required", parallel_tool_calls=False
+        )
         return await asyncio.gather(loose, single)
 
     loose, single = call(app, scenario)
     model = offline["tools"]
-    assert served(loose) == offline_reply(model, ASK, replace(CONFIG, max_new_tokens=40, schema=False), tool_choice="required")
+    assert served(loose) == offline_reply(
+        model, ASK, replace(CONFIG, max_new_tokens=40, schema=False), tool_choice="required"
+    )
     assert served(single) == offline_reply(model, ASK, replace(CONFIG, max_steps=1), tool_choice="required")
     assert len(served(single)[1]) == 1
 
@@ -140,8 +166,9 @@ async def agent_loop(ask) -> list[dict]:
 def test_the_openai_sdk_runs_a_whole_agent_loop_with_the_answers_of_tokmem_chat(app, offline):
     async def scenario(client, http):
         async def ask(messages, tool_choice):
-            response = await client.chat.completions.create(model="tools", messages=messages, tools=TOOLS,
-                                                            tool_choice=tool_choice, max_tokens=200)
+            response = await client.chat.completions.create(
+                model="tools", messages=messages, tools=TOOLS, tool_choice=tool_choice, max_tokens=200
+            )
             return response.choices[0].message.model_dump(exclude_none=True)  # as docs/serving.md's loop does
 
         return await agent_loop(ask)
@@ -177,25 +204,54 @@ def test_streamed_tool_calls_are_deltas_the_sdk_assembles_into_the_whole_answer(
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
-@pytest.mark.parametrize("request_body, message", [
-    ({"tools": [{"type": "function", "function": {"name": "weather"}}]}, "tools: 'weather' not a tool in the bank"),
-    ({"tools": TOOLS[1:], "tool_choice": {"type": "function", "function": {"name": "city"}}}, "tool_choice:"),
-    ({"tool_choice": "sometimes"}, "tool_choice"),
-    ({"tool_choice": "required", "extra_body": {"procedure": "chat"}}, "procedure (routing skipped) cannot be combined"),
-    ({"seed": 3}, "seed is not supported"),
-    ({"top_p": 0.5}, "top_p is not supported"),
-    ({"stop": ["\n"]}, "stop is not supported"),
-    ({"logprobs": True}, "logprobs is not supported"),
-    ({"response_format": {"type": "json_object"}}, "response_format is not supported"),
-    ({"messages": [*ASK, {"role": "tool", "content": "sunny"}]}, "needs the tool_call_id"),
-    ({"messages": CONVERSATION[1:]}, "messages[0]: the conversation must start"),
-    ({"messages": CONVERSATION[:2] + [{"role": "user", "content": "and?"}]}, "no 'tool' message answers tool call(s) a"),
-    ({"messages": [*ASK, {"role": "assistant", "tool_calls": [tool_call("a", "weather", {})]},
-                   {"role": "tool", "tool_call_id": "a", "content": "x"}]}, "'weather' is not a tool in the bank"),
-    ({"messages": [*ASK, {"role": "assistant", "tool_calls": [{"id": "a", "type": "function", "function": {
-        "name": "city", "arguments": "not json"}}]}, {"role": "tool", "tool_call_id": "a", "content": "x"}]},
-     "arguments: must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "request_body, message",
+    [
+        ({"tools": [{"type": "function", "function": {"name": "weather"}}]}, "tools: 'weather' not a tool in the bank"),
+        ({"tools": TOOLS[1:], "tool_choice": {"type": "function", "function": {"name": "city"}}}, "tool_choice:"),
+        ({"tool_choice": "sometimes"}, "tool_choice"),
+        (
+            {"tool_choice": "required", "extra_body": {"procedure": "chat"}},
+            "procedure (routing skipped) cannot be combined",
+        ),
+        ({"seed": 3}, "seed is not supported"),
+        ({"top_p": 0.5}, "top_p is not supported"),
+        ({"stop": ["\n"]}, "stop is not supported"),
+        ({"logprobs": True}, "logprobs is not supported"),
+        ({"response_format": {"type": "json_object"}}, "response_format is not supported"),
+        ({"messages": [*ASK, {"role": "tool", "content": "sunny"}]}, "needs the tool_call_id"),
+        ({"messages": CONVERSATION[1:]}, "messages[0]: the conversation must start"),
+        (
+            {"messages": CONVERSATION[:2] + [{"role": "user", "content": "and?"}]},
+            "no 'tool' message answers tool call(s) a",
+        ),
+        (
+            {
+                "messages": [
+                    *ASK,
+                    {"role": "assistant", "tool_calls": [tool_call("a", "weather", {})]},
+                    {"role": "tool", "tool_call_id": "a", "content": "x"},
+                ]
+            },
+            "'weather' is not a tool in the bank",
+        ),
+        (
+            {
+                "messages": [
+                    *ASK,
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {"id": "a", "type": "function", "function": {"name": "city", "arguments": "not json"}}
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "a", "content": "x"},
+                ]
+            },
+            "arguments: must be a JSON object",
+        ),
+    ],
+)
 def test_bad_tool_requests_get_400_naming_the_field(app, request_body, message):
     request = {"model": "tools", "messages": ASK, "max_tokens": 8, **request_body}
 
@@ -209,8 +265,16 @@ def test_bad_tool_requests_get_400_naming_the_field(app, request_body, message):
 
 def test_the_values_that_leave_unimplemented_fields_off_are_accepted(app, offline):
     async def scenario(client, http):
-        return await client.chat.completions.create(model="tools", messages=ASK, max_tokens=200, top_p=1, stop=[],
-                                                    logprobs=False, response_format={"type": "text"}, presence_penalty=0)
+        return await client.chat.completions.create(
+            model="tools",
+            messages=ASK,
+            max_tokens=200,
+            top_p=1,
+            stop=[],
+            logprobs=False,
+            response_format={"type": "text"},
+            presence_penalty=0,
+        )
 
     assert served(call(app, scenario)) == offline_reply(offline["tools"], ASK)
 
@@ -224,8 +288,15 @@ def test_schema_bound_rows_keep_their_grammar_as_rows_without_one_join_and_leave
 
     def tool_request(messages, tool_choice):
         allowed, forced, threshold = tool_routing(model, None, tool_choice, CONFIG.threshold)
-        return Request(tools, conversation_ids(model, messages), "", max_tokens=CONFIG.max_new_tokens,
-                       allowed=allowed, forced=forced, threshold=threshold)
+        return Request(
+            tools,
+            conversation_ids(model, messages),
+            "",
+            max_tokens=CONFIG.max_new_tokens,
+            allowed=allowed,
+            forced=forced,
+            threshold=threshold,
+        )
 
     plain = engine.submit(Request(registry.get("alpha"), chat_prefix(tokenizer, "hi"), "hi", max_tokens=6))
     engine.step()
@@ -236,7 +307,10 @@ def test_schema_bound_rows_keep_their_grammar_as_rows_without_one_join_and_leave
     while engine.step():
         pass
     assert plain.finish_reason == "length" and len(plain.tokens) == 6
-    for handle, messages, choice in ((first, ASK, "required"), (second, CONVERSATION, {"type": "function", "function": {"name": "count"}})):
+    for handle, messages, choice in (
+        (first, ASK, "required"),
+        (second, CONVERSATION, {"type": "function", "function": {"name": "count"}}),
+    ):
         reply = reply_from(model, handle.tokens, handle.plain, len(messages))
         assert reply == tokmem.chat(model, messages, tool_choice=choice, config=CONFIG)
         assert reply.tool_calls

@@ -22,7 +22,10 @@ def write_task(folder: Path, name: str, instances: int = 6, **fields) -> Path:
     data = {
         "Definition": [f"Definition of {name}."],
         **ENGLISH,
-        "Instances": [{"id": f"{name}-{i}", "input": f"{name} input {i}", "output": [f"out {i}", f"alt {i}"]} for i in range(instances)],
+        "Instances": [
+            {"id": f"{name}-{i}", "input": f"{name} input {i}", "output": [f"out {i}", f"alt {i}"]}
+            for i in range(instances)
+        ],
     }
     data.update(fields)
     path = folder / f"{name}.json"
@@ -78,7 +81,11 @@ def test_real_split_is_stable_and_its_test_set_does_not_depend_on_the_training_b
 def test_the_user_turn_is_the_definition_a_blank_line_and_the_input_or_the_input_alone():
     task = load_tasks(LAYOUTS, num_tasks=1, train_per_task=3, test_per_task=1)[0][0]
     instance = task.train[0]
-    assert task.query(instance) == task.query(instance, "definition") == f"Given a word, write it in capital letters.\n\n{instance.input}"
+    assert (
+        task.query(instance)
+        == task.query(instance, "definition")
+        == f"Given a word, write it in capital letters.\n\n{instance.input}"
+    )
     assert task.query(instance, "input") == instance.input
     for mode in ("definition", "input"):
         example = task.examples(query=mode)[0]
@@ -96,7 +103,12 @@ def test_both_released_layouts_load_the_older_one_with_its_languages_unknown():
     assert older.definition == "Given a word, write it backwards."  # given as a plain string
     assert older.unknown_languages == ("Input_language", "Output_language", "Instruction_language")
     assert sorted(i.input for i in older.train + older.test) == ["apple", "house", "river", "stone"]
-    assert {i.id for i in older.train + older.test} == {"task902-a", "task902-b", "", "task902-d"}  # one instance has no id
+    assert {i.id for i in older.train + older.test} == {
+        "task902-a",
+        "task902-b",
+        "",
+        "task902-d",
+    }  # one instance has no id
 
 
 def test_a_stated_foreign_language_is_skipped_even_when_other_fields_are_missing(tmp_path):
@@ -151,11 +163,31 @@ def test_num_tasks_takes_the_first_usable_tasks_and_min_train_relaxes_the_size_r
     [
         ("{not json", "not a valid JSON file"),
         (json.dumps({**ENGLISH, "Instances": [{"input": "x", "output": ["y"]}]}), "field 'Definition'"),
-        (json.dumps({"Definition": "", **ENGLISH, "Instances": [{"input": "x", "output": ["y"]}]}), "field 'Definition'"),
-        (json.dumps({"Definition": ["d"], "Input_language": "English", "Instances": [{"input": "x", "output": ["y"]}]}), "field 'Input_language'"),
+        (
+            json.dumps({"Definition": "", **ENGLISH, "Instances": [{"input": "x", "output": ["y"]}]}),
+            "field 'Definition'",
+        ),
+        (
+            json.dumps(
+                {"Definition": ["d"], "Input_language": "English", "Instances": [{"input": "x", "output": ["y"]}]}
+            ),
+            "field 'Input_language'",
+        ),
         (json.dumps({"Definition": ["d"], **ENGLISH, "Instances": []}), "field 'Instances'"),
-        (json.dumps({"Definition": ["d"], **ENGLISH, "Instances": [{"input": "x", "output": ["y"]}, {"input": 3, "output": ["y"]}]}), "field 'Instances[1].input'"),
-        (json.dumps({"Definition": ["d"], **ENGLISH, "Instances": [{"input": "x", "output": "y"}]}), "field 'Instances[0].output'"),
+        (
+            json.dumps(
+                {
+                    "Definition": ["d"],
+                    **ENGLISH,
+                    "Instances": [{"input": "x", "output": ["y"]}, {"input": 3, "output": ["y"]}],
+                }
+            ),
+            "field 'Instances[1].input'",
+        ),
+        (
+            json.dumps({"Definition": ["d"], **ENGLISH, "Instances": [{"input": "x", "output": "y"}]}),
+            "field 'Instances[0].output'",
+        ),
     ],
 )
 def test_a_malformed_task_file_is_an_error_naming_the_file_and_the_field(tmp_path, content, message):

@@ -8,7 +8,16 @@ from collections import Counter
 import pytest
 
 from tokmem.data.tools import (
-    TOOLS, Param, Tool, array_of, call_json, catalog, join_queries, join_repeats, split_tools, tool_dataset,
+    TOOLS,
+    Param,
+    Tool,
+    array_of,
+    call_json,
+    catalog,
+    join_queries,
+    join_repeats,
+    split_tools,
+    tool_dataset,
     tool_examples,
 )
 from tokmem.data.xlam import load_xlam, rank_tools, xlam_dataset
@@ -16,8 +25,14 @@ from tokmem.errors import DataError
 from tokmem.eval.metrics import parse_call
 
 JSON_TYPES = {"integer", "number", "string", "boolean", "array"}
-PAPER_TOOLS = {"calculate_factorial", "binary_search", "cosine_similarity", "format_date", "is_valid_ip_address",
-               "solve_quadratic"}
+PAPER_TOOLS = {
+    "calculate_factorial",
+    "binary_search",
+    "cosine_similarity",
+    "format_date",
+    "is_valid_ip_address",
+    "solve_quadratic",
+}
 
 
 def fits(value, schema) -> bool:
@@ -51,6 +66,7 @@ def queries(examples) -> set[str]:
 
 
 # ---- the built-in catalog ---------------------------------------------------------------------------------
+
 
 def test_the_catalog_has_at_least_40_tools_in_disjoint_adaptation_and_evaluation_halves():
     adaptation, evaluation = split_tools()
@@ -117,6 +133,7 @@ def test_composed_queries_join_their_parts_with_natural_connectors():
 
 # ---- datasets ---------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def data():
     return tool_dataset(per_tool=20, train_multi=400, test_multi=120, seed=5)
@@ -166,9 +183,14 @@ def test_max_calls_bounds_composed_queries():
 
 
 def test_user_tools_extend_the_catalog():
-    echo = Tool("echo_words", "Repeats words.", (Param("words", array_of({"type": "string"}), "The words."),),
-                lambda r: {"words": r.sample(["a", "b", "c", "d"], 2)}, ("Echo {words}.", "Repeat {words}."),
-                "evaluation")
+    echo = Tool(
+        "echo_words",
+        "Repeats words.",
+        (Param("words", array_of({"type": "string"}), "The words."),),
+        lambda r: {"words": r.sample(["a", "b", "c", "d"], 2)},
+        ("Echo {words}.", "Repeat {words}."),
+        "evaluation",
+    )
     data = tool_dataset(["calculate_factorial", echo], per_tool=10, train_multi=20, test_multi=5)
     assert set(data.tools) == {"calculate_factorial", "echo_words"}
     assert all(len(set(e.procedures)) == 2 for e in data.test)
@@ -184,6 +206,7 @@ def test_unknown_tool_names_are_a_data_error():
 
 # ---- xLAM ----------------------------------------------------------------------------------------------------
 
+
 def xlam_tool(name):
     return {"name": name, "description": f"The {name} tool.", "parameters": {"x": {"type": "int", "description": "x"}}}
 
@@ -193,8 +216,12 @@ def xlam_record(index, *calls, as_strings=True):
     answers = [{"name": name, "arguments": {"x": index}} for name in calls]
     tools = [xlam_tool(name) for name in dict.fromkeys(calls)] + [xlam_tool("unused")]
     wrap = json.dumps if as_strings else (lambda value: value)
-    return {"id": index, "query": f"Use {' and '.join(calls)} on {index}.", "answers": wrap(answers),
-            "tools": wrap(tools)}
+    return {
+        "id": index,
+        "query": f"Use {' and '.join(calls)} on {index}.",
+        "answers": wrap(answers),
+        "tools": wrap(tools),
+    }
 
 
 FREQUENCIES = {"alpha": 8, "beta": 6, "gamma": 5, "delta": 2}
@@ -225,15 +252,18 @@ def test_xlam_tools_rank_by_their_single_tool_samples(xlam_file):
 def test_xlam_ranking_leaves_out_search_and_samples_with_empty_arguments(xlam_file, tmp_path):
     records = json.loads(xlam_file.read_text())
     searches = [xlam_record(100 + k, "search") for k in range(12)]
-    empty = [{**xlam_record(200 + k, "gamma"), "answers": json.dumps([{"name": "gamma", "arguments": {}}])} for k in range(9)]
+    empty = [
+        {**xlam_record(200 + k, "gamma"), "answers": json.dumps([{"name": "gamma", "arguments": {}}])} for k in range(9)
+    ]
     path = tmp_path / "more.json"
     path.write_text(json.dumps(records + searches + empty), encoding="utf-8")
     assert rank_tools(load_xlam(path)) == [("alpha", 9), ("beta", 6), ("gamma", 5), ("delta", 2)]
 
 
 def test_xlam_dataset_takes_the_ranked_tools_and_caps_the_composed_sets(xlam_file):
-    data = xlam_dataset(xlam_file, ranks=(1, 3), per_tool=5, train_multi=7, test_multi=3, max_calls=3,
-                        test_fraction=0.4)
+    data = xlam_dataset(
+        xlam_file, ranks=(1, 3), per_tool=5, train_multi=7, test_multi=3, max_calls=3, test_fraction=0.4
+    )
     assert set(data.tools) == {"alpha", "beta", "gamma"} and data.tools["beta"] == xlam_tool("beta")
     singles = [e for e in data.train if len(set(e.procedures)) == 1]
     assert Counter(e.procedures[0] for e in singles) == {"alpha": 3, "beta": 3, "gamma": 3}
@@ -241,8 +271,12 @@ def test_xlam_dataset_takes_the_ranked_tools_and_caps_the_composed_sets(xlam_fil
     assert len(composed) == 7 and len(data.test) == 3
     assert all(2 <= len(e.steps) <= 3 and len(set(e.procedures)) >= 2 for e in composed + data.test)
     assert not queries(data.train) & queries(data.test)
-    assert xlam_dataset(xlam_file, ranks=(1, 3), per_tool=5, train_multi=7, test_multi=3, max_calls=3,
-                        test_fraction=0.4).test == data.test
+    assert (
+        xlam_dataset(
+            xlam_file, ranks=(1, 3), per_tool=5, train_multi=7, test_multi=3, max_calls=3, test_fraction=0.4
+        ).test
+        == data.test
+    )
 
 
 def test_xlam_ranks_select_a_later_band_of_tools(xlam_file):
@@ -298,7 +332,17 @@ def test_an_xlam_study_adapts_on_the_first_ranks_and_evaluates_on_the_next(xlam_
     from tokmem.studies.compositional import make_config
     from tokmem.studies.tool_setup import adaptation_examples, tool_data
 
-    config = make_config(None, "main", xlam=str(xlam_file), tools=2, adapt_tools=2, per_tool=4, train_multi=2,
-                         test_multi=2, adapt_per_tool=2, adapt_multi=0).resolved()
+    config = make_config(
+        None,
+        "main",
+        xlam=str(xlam_file),
+        tools=2,
+        adapt_tools=2,
+        per_tool=4,
+        train_multi=2,
+        test_multi=2,
+        adapt_per_tool=2,
+        adapt_multi=0,
+    ).resolved()
     assert set(tool_data(config, (1, config.tools)).tools) == {"gamma", "delta"}
     assert {p for e in adaptation_examples(config) for p in e.procedures} == {"alpha", "beta"}

@@ -49,7 +49,9 @@ def test_gradients_reach_only_the_trainable_rows(backbone, examples, decoupled):
     params = model.unfreeze_rows()
     assert len(params) == (2 if decoupled else 1)
     assert all(p.shape == (1, backbone.hidden_size) for p in params)  # the trainable row only
-    batch = collate([encode(e, backbone.tokenizer, model.memory_id, 1024) for e in examples], backbone.tokenizer.pad_token_id)
+    batch = collate(
+        [encode(e, backbone.tokenizer, model.memory_id, 1024) for e in examples], backbone.tokenizer.pad_token_id
+    )
     loss, count = model.loss(batch)
     loss.backward()
     assert count == int((batch["labels"][:, 1:] != -100).sum())
@@ -167,8 +169,12 @@ def test_mean_init_gives_every_new_row_the_mean_embedding(backbone):
 
 def test_learn_starts_new_rows_orthogonal_when_asked(model, examples):
     seen = []
-    tokmem.learn(model, examples, config(init="orthogonal", max_steps=1, lr=0.0),
-                 on_step=lambda step, total: seen.append(model.row_index.detach().clone()))
+    tokmem.learn(
+        model,
+        examples,
+        config(init="orthogonal", max_steps=1, lr=0.0),
+        on_step=lambda step, total: seen.append(model.row_index.detach().clone()),
+    )
     start = seen[0]  # lr 0: the rows are still their initial values
     assert abs(float(start[0] @ start[1])) < 1e-3 * float(start[0].norm() * start[1].norm())
 
@@ -197,8 +203,12 @@ def test_constant_schedule_keeps_the_learning_rate():
 def test_per_step_renormalisation_keeps_new_rows_at_the_old_rows_mean_norm(learned, second_round):
     target = float(learned.bank.norms().mean())
     norms = []
-    tokmem.learn(learned, second_round, config(epochs=2, lr=0.5, renorm_every_step=True),
-                 on_step=lambda step, total: norms.append(learned.row_index.detach().norm(dim=1)))
+    tokmem.learn(
+        learned,
+        second_round,
+        config(epochs=2, lr=0.5, renorm_every_step=True),
+        on_step=lambda step, total: norms.append(learned.row_index.detach().norm(dim=1)),
+    )
     assert len(norms) > 1
     assert all(torch.allclose(n, torch.full_like(n, target), rtol=1e-5) for n in norms)
 
@@ -206,8 +216,12 @@ def test_per_step_renormalisation_keeps_new_rows_at_the_old_rows_mean_norm(learn
 def test_without_per_step_renormalisation_norms_drift_during_the_round(learned, second_round):
     target = float(learned.bank.norms().mean())
     norms = []
-    tokmem.learn(learned, second_round, config(epochs=2, lr=0.5),
-                 on_step=lambda step, total: norms.append(learned.row_index.detach().norm(dim=1)))
+    tokmem.learn(
+        learned,
+        second_round,
+        config(epochs=2, lr=0.5),
+        on_step=lambda step, total: norms.append(learned.row_index.detach().norm(dim=1)),
+    )
     assert not all(torch.allclose(n, torch.full_like(n, target), rtol=1e-3) for n in norms)
 
 
@@ -218,8 +232,10 @@ def test_unknown_recipe_options_are_refused(options):
 
 
 def test_learn_makes_procedures_answered_by_their_own_calls_tool_rows(model):
-    calls = [Example(f"Weather in {c}?", (Step("weather", f'{{"name": "weather", "arguments": {{"city": "{c}"}}}}'),))
-             for c in ("Oslo", "Rome")]
+    calls = [
+        Example(f"Weather in {c}?", (Step("weather", f'{{"name": "weather", "arguments": {{"city": "{c}"}}}}'),))
+        for c in ("Oslo", "Rome")
+    ]
     texts = [Example("Reverse sun.", (Step("reverse", "nus"),))]
     tokmem.learn(model, calls + texts, config(max_steps=1))
     assert dict(zip(model.bank.names, model.bank.kinds)) == {"weather": "tool", "reverse": "text"}

@@ -15,8 +15,10 @@ from tokmem.vllm.slots import SlotsFull, SlotTable
 @pytest.fixture
 def banks(backbone, tmp_path):
     """name -> (path, model) for banks of 3, 2 and 4 rows."""
-    return {name: (tmp_path / f"{name}.safetensors", write_bank(backbone, tmp_path / f"{name}.safetensors", rows, seed=i))
-            for i, (name, rows) in enumerate({"a": 3, "b": 2, "c": 4}.items())}
+    return {
+        name: (tmp_path / f"{name}.safetensors", write_bank(backbone, tmp_path / f"{name}.safetensors", rows, seed=i))
+        for i, (name, rows) in enumerate({"a": 3, "b": 2, "c": 4}.items())
+    }
 
 
 def table(backbone, slots: int) -> SlotTable:
@@ -71,19 +73,26 @@ def test_a_bank_of_another_width_is_refused(backbone, banks):
 
 def test_options_default_to_decode_configs_and_a_request_without_a_bank_has_none():
     options = Options.from_extra_args(extra_args("bank.safetensors"))
-    assert (options.threshold, options.max_steps, options.procedure) == (DecodeConfig.threshold, DecodeConfig.max_steps, None)
+    assert (options.threshold, options.max_steps, options.procedure) == (
+        DecodeConfig.threshold,
+        DecodeConfig.max_steps,
+        None,
+    )
     assert Options.from_extra_args(None) is None
     assert Options.from_extra_args({"other": 1}) is None
 
 
-@pytest.mark.parametrize("args, field", [
-    ({"tokmem_bank": "b", "tokmem_threshold": 1.5}, "tokmem_threshold"),
-    ({"tokmem_bank": "b", "tokmem_threshold": "high"}, "tokmem_threshold"),
-    ({"tokmem_bank": "b", "tokmem_max_steps": 0}, "tokmem_max_steps"),
-    ({"tokmem_bank": "b", "tokmem_max_steps": True}, "tokmem_max_steps"),
-    ({"tokmem_bank": 3}, "tokmem_bank"),
-    ({"tokmem_threshold": 0.2}, "without tokmem_bank"),
-])
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        ({"tokmem_bank": "b", "tokmem_threshold": 1.5}, "tokmem_threshold"),
+        ({"tokmem_bank": "b", "tokmem_threshold": "high"}, "tokmem_threshold"),
+        ({"tokmem_bank": "b", "tokmem_max_steps": 0}, "tokmem_max_steps"),
+        ({"tokmem_bank": "b", "tokmem_max_steps": True}, "tokmem_max_steps"),
+        ({"tokmem_bank": 3}, "tokmem_bank"),
+        ({"tokmem_threshold": 0.2}, "without tokmem_bank"),
+    ],
+)
 def test_bad_options_are_refused_naming_their_field(args, field):
     with pytest.raises(OptionError, match=field):
         Options.from_extra_args(args)

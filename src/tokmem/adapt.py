@@ -89,8 +89,11 @@ def _train_with_temporary_rows(backbone, lora_model, examples, train_config, lor
     """
     model = TokMemModel(Backbone(backbone.name, lora_model, backbone.tokenizer), MemoryBank(backbone.hidden_size))
     names = list(dict.fromkeys(p for e in examples for p in e.procedures))
-    model.bank.add(names, initial_rows(backbone, len(names), train_config.init, train_config.seed),
-                   kinds=row_kinds(names, examples, train_config))
+    model.bank.add(
+        names,
+        initial_rows(backbone, len(names), train_config.init, train_config.seed),
+        kinds=row_kinds(names, examples, train_config),
+    )
     report = train(model, examples, train_config, param_groups=[lora_group])
     log.info("adaptation on %d procedures: %s", len(model.bank), report.summary())
 
@@ -134,13 +137,20 @@ def adaptation_key(backbone: Backbone, examples: list[Example], config: AdaptCon
     digest = hashlib.sha256(backbone.fingerprint().encode())
     for example in examples:
         digest.update(json.dumps(example.to_json(), sort_keys=True, ensure_ascii=False).encode())
-    rows = {k: v for k, v in asdict(train_config).items() if k not in ("progress", "checkpoint", "checkpoint_every", "bf16")}
+    rows = {
+        k: v for k, v in asdict(train_config).items() if k not in ("progress", "checkpoint", "checkpoint_every", "bf16")
+    }
     digest.update(json.dumps([asdict(config), rows], sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
 
-def cached_adapt(backbone: Backbone, examples: list[Example], config: AdaptConfig | None = None,
-                 train_config: TrainConfig | None = None, cache=None) -> tuple[Backbone, Path, bool]:
+def cached_adapt(
+    backbone: Backbone,
+    examples: list[Example],
+    config: AdaptConfig | None = None,
+    train_config: TrainConfig | None = None,
+    cache=None,
+) -> tuple[Backbone, Path, bool]:
     """``adapt`` once per key (``adaptation_key``): the adapted backbone is saved under ``cache`` (default
     ``<tokmem cache>/adapted``) and later calls with the same backbone, data and settings load it.
     Returns the backbone, its directory and whether it came from the cache."""

@@ -106,7 +106,9 @@ def default_dtype(device: str) -> torch.dtype:
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
-def load_backbone(spec: str = DEFAULT_BACKBONE, device: str | None = None, dtype: torch.dtype | None = None) -> Backbone:
+def load_backbone(
+    spec: str = DEFAULT_BACKBONE, device: str | None = None, dtype: torch.dtype | None = None
+) -> Backbone:
     """Load and freeze a backbone. No parameter of it ever gets ``requires_grad``."""
     device = device or default_device()
     dtype = dtype or default_dtype(device)
@@ -195,16 +197,31 @@ def _convert_smollm2(target: Path) -> None:
 
 
 # Llama shapes for ``random:SHAPE`` (real architectures, random weights) and the tiny test models
-TINY_RANDOM = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True)
+TINY_RANDOM = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+)
 TINY_SHAPES = {
     "tiny-random": TINY_RANDOM,
     "tiny-random-head32": {**TINY_RANDOM, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32},
 }
 RANDOM_SHAPES = {
-    "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                         num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
-                         rope_theta=500000.0, tie_word_embeddings=True),
+    "llama-3.2-1b": dict(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -223,8 +240,12 @@ def _random_llama(shape: dict):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = byte_tokenizer()
-    config = LlamaConfig(**{"vocab_size": len(tokenizer), **shape}, bos_token_id=None,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(
+        **{"vocab_size": len(tokenizer), **shape},
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     state = torch.random.get_rng_state()
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)

@@ -116,7 +116,9 @@ class MemoryBank:
             if name in self._rows or names.count(name) > 1:
                 raise BankError(f"procedure '{name}' is already in the bank")
         if init.shape not in ((self.hidden_size,), (len(names), self.hidden_size)):
-            raise BankError(f"init has shape {tuple(init.shape)}, expected ({self.hidden_size},) or ({len(names)}, {self.hidden_size})")
+            raise BankError(
+                f"init has shape {tuple(init.shape)}, expected ({self.hidden_size},) or ({len(names)}, {self.hidden_size})"
+            )
         rows = init.detach().float().cpu().expand(len(names), -1).clone()
         start = len(self)
         self.names += names
@@ -225,10 +227,12 @@ class MemoryBank:
         if self.decoupled:
             tensors["steer"] = self.steer.contiguous()
         text = json.dumps(self.metadata(), indent=2, ensure_ascii=False)
-        write_files({
-            path: lambda tmp: save_file(tensors, tmp, metadata={"format": "tokmem-bank"}),
-            metadata_path(path): lambda tmp: Path(tmp).write_text(text, encoding="utf-8"),
-        })
+        write_files(
+            {
+                path: lambda tmp: save_file(tensors, tmp, metadata={"format": "tokmem-bank"}),
+                metadata_path(path): lambda tmp: Path(tmp).write_text(text, encoding="utf-8"),
+            }
+        )
         return path
 
     @classmethod
@@ -239,7 +243,9 @@ class MemoryBank:
         return cls.from_bytes(path.read_bytes(), meta_file.read_bytes(), backbone, where=path)
 
     @classmethod
-    def from_bytes(cls, tensors: bytes, metadata: bytes, backbone=None, where="<bank>", require_backbone: bool = False) -> "MemoryBank":
+    def from_bytes(
+        cls, tensors: bytes, metadata: bytes, backbone=None, where="<bank>", require_backbone: bool = False
+    ) -> "MemoryBank":
         """A bank from the contents of its two files, validated as ``load`` validates them (an upload is checked
         before anything is written); errors name ``where`` (the .safetensors path; the metadata's is ``where.json``).
         ``require_backbone``: the metadata must name the backbone's fingerprint (uploads)."""
@@ -411,8 +417,10 @@ def _format(meta: dict) -> str | None:
     if meta.get("format") != "tokmem-bank":
         return "not a tokmem bank metadata file"
     if meta.get("format_version") not in READABLE_VERSIONS or isinstance(meta.get("format_version"), bool):
-        return (f"bank format version {meta.get('format_version')} is not supported "
-                f"(this tokmem reads versions {', '.join(map(str, READABLE_VERSIONS))})")
+        return (
+            f"bank format version {meta.get('format_version')} is not supported "
+            f"(this tokmem reads versions {', '.join(map(str, READABLE_VERSIONS))})"
+        )
     return None
 
 
@@ -442,7 +450,11 @@ def _descriptions(meta: dict) -> str | None:
     descriptions, count = meta.get("descriptions"), len(meta["names"])
     if descriptions is None:
         return None
-    if not isinstance(descriptions, list) or len(descriptions) != count or not all(isinstance(d, str) for d in descriptions):
+    if (
+        not isinstance(descriptions, list)
+        or len(descriptions) != count
+        or not all(isinstance(d, str) for d in descriptions)
+    ):
         return f"field 'descriptions' must list one text for each of the {count} names"
     return None
 
@@ -466,7 +478,15 @@ def _backbone(meta: dict) -> str | None:
     return None
 
 
-FIELD_CHECKS: tuple[Callable[[dict], str | None], ...] = (_format, _hidden_size, _decoupled, _names, _descriptions, _kinds, _backbone)
+FIELD_CHECKS: tuple[Callable[[dict], str | None], ...] = (
+    _format,
+    _hidden_size,
+    _decoupled,
+    _names,
+    _descriptions,
+    _kinds,
+    _backbone,
+)
 
 
 def _parse_tensors(data: bytes, path: Path) -> dict:

@@ -66,8 +66,15 @@ class ChatCache:
 
 
 @torch.no_grad()
-def chat(model: TokMemModel, messages: list[dict], tools=None, tool_choice="auto", config: DecodeConfig | None = None,
-         cache: ChatCache | None = None, result_tokens: int = RESULT_TOKENS) -> Reply:
+def chat(
+    model: TokMemModel,
+    messages: list[dict],
+    tools=None,
+    tool_choice="auto",
+    config: DecodeConfig | None = None,
+    cache: ChatCache | None = None,
+    result_tokens: int = RESULT_TOKENS,
+) -> Reply:
     """The assistant's next turn: text, or tool calls.  ``cache``: reuse (and update) a conversation's KV cache."""
     config = config or DecodeConfig()
     cache = cache if cache is not None else ChatCache()
@@ -77,14 +84,24 @@ def chat(model: TokMemModel, messages: list[dict], tools=None, tool_choice="auto
     new, kv = _reuse(model, cache, ids)
     mask = torch.ones(1, len(ids), dtype=torch.long, device=model.device)
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
-    rows, _, plain, kv = decode_rows(model, torch.tensor([new], device=model.device), mask, kv, config,
-                                     torch.tensor([forced], device=model.device), generator, allowed.unsqueeze(0))
+    rows, _, plain, kv = decode_rows(
+        model,
+        torch.tensor([new], device=model.device),
+        mask,
+        kv,
+        config,
+        torch.tensor([forced], device=model.device),
+        generator,
+        allowed.unsqueeze(0),
+    )
     tokens = rows[0]
     cache.ids, cache.kv, cache.prefilled = ids + tokens[:-1], kv, len(new)
     return reply_from(model, tokens, bool(plain[0]), len(messages))
 
 
-def run_tools(model: TokMemModel, messages: list[dict], executor, tools=None, max_turns: int = 8, **options) -> list[dict]:
+def run_tools(
+    model: TokMemModel, messages: list[dict], executor, tools=None, max_turns: int = 8, **options
+) -> list[dict]:
     """Run the loop: ask, call ``executor(name, arguments: dict) -> str`` for each tool call, give back the results,
     until the model answers without calls (or after ``max_turns`` turns).  Returns the whole conversation; one
     KV cache serves every turn.  ``options``: as ``chat`` takes them."""
@@ -104,15 +121,21 @@ def conversation_ids(model: TokMemModel, messages: list[dict], result_tokens: in
     tokenizer = model.backbone.tokenizer
     first_call = next((i for i, m in enumerate(messages) if _calls(m)), len(messages))
     if first_call == 0:
-        raise DataError("messages[0]: the conversation must start with the messages the tool calls answer (a user turn)")
+        raise DataError(
+            "messages[0]: the conversation must start with the messages the tool calls answer (a user turn)"
+        )
     ids = chat_prefix(tokenizer, [_text_message(m, i) for i, m in enumerate(messages[:first_call])])
     i = first_call
     while i < len(messages):
         calls = _calls(messages[i])
         if not calls:
-            raise DataError(f"messages[{i}]: after the first tool calls, only assistant tool calls and 'tool' results can "
-                            "follow (a new user turn after tool results is not supported yet)")
-        ids += [token for k, call in enumerate(calls) for token in _call_ids(model, call, f"messages[{i}].tool_calls[{k}]")]
+            raise DataError(
+                f"messages[{i}]: after the first tool calls, only assistant tool calls and 'tool' results can "
+                "follow (a new user turn after tool results is not supported yet)"
+            )
+        ids += [
+            token for k, call in enumerate(calls) for token in _call_ids(model, call, f"messages[{i}].tool_calls[{k}]")
+        ]
         ids.append(tokenizer.eos_token_id)
         results = _results(messages, i + 1, [call.get("id") for call in calls])
         ids += result_ids(tokenizer, results, result_tokens)
@@ -126,8 +149,10 @@ def _calls(message) -> list:
 
 def _text_message(message, i: int) -> dict:
     if not isinstance(message, dict) or message.get("role") not in ("system", "developer", "user", "assistant"):
-        raise DataError(f"messages[{i}]: expected a system, developer, user or assistant message (a 'tool' result must follow "
-                        "the assistant turn that called it)")
+        raise DataError(
+            f"messages[{i}]: expected a system, developer, user or assistant message (a 'tool' result must follow "
+            "the assistant turn that called it)"
+        )
     if not isinstance(message.get("content"), str):
         raise DataError(f"messages[{i}].content: must be a string")
     return {"role": message["role"], "content": message["content"]}
@@ -138,8 +163,10 @@ def _call_ids(model: TokMemModel, call, where: str) -> list[int]:
     function = call.get("function") if isinstance(call, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if name not in model.bank or not model.bank.is_tool(model.bank.row(name)):
-        raise DataError(f"{where}.function.name: {name!r} is not a tool in the bank (its tools: "
-                        f"{', '.join(sorted(model.bank.tool_names())) or 'none'})")
+        raise DataError(
+            f"{where}.function.name: {name!r} is not a tool in the bank (its tools: "
+            f"{', '.join(sorted(model.bank.tool_names())) or 'none'})"
+        )
     try:
         arguments = json.loads(function.get("arguments") or "{}")
     except (TypeError, ValueError):
@@ -163,8 +190,10 @@ def _results(messages: list[dict], start: int, call_ids: list) -> list[str]:
         found[message.get("tool_call_id")] = message["content"]
     missing = [call_id for call_id in call_ids if call_id not in found]
     if missing:
-        raise DataError(f"messages[{start - 1}]: no 'tool' message answers tool call(s) {', '.join(map(str, missing))} "
-                        "(each call's result must follow it, with its tool_call_id)")
+        raise DataError(
+            f"messages[{start - 1}]: no 'tool' message answers tool call(s) {', '.join(map(str, missing))} "
+            "(each call's result must follow it, with its tool_call_id)"
+        )
     return [found[call_id] for call_id in call_ids]
 
 
@@ -174,11 +203,15 @@ def tool_routing(model: TokMemModel, tools, tool_choice, threshold: float) -> tu
     allowed tool rows).  Bad names are ``DataError``s naming the field (a server's 400).  ``tokmem.chat`` and the
     server (``tokmem.serve``) both map a request through here."""
     bank = model.bank
-    names = None if tools is None else [t if isinstance(t, str) else (t.get("function") or {}).get("name") for t in tools]
+    names = (
+        None if tools is None else [t if isinstance(t, str) else (t.get("function") or {}).get("name") for t in tools]
+    )
     unknown = [n for n in names or [] if n not in bank.tool_names()]
     if unknown:
-        raise DataError(f"tools: {', '.join(map(repr, unknown))} not a tool in the bank (its tools: "
-                        f"{', '.join(sorted(bank.tool_names())) or 'none'})")
+        raise DataError(
+            f"tools: {', '.join(map(repr, unknown))} not a tool in the bank (its tools: "
+            f"{', '.join(sorted(bank.tool_names())) or 'none'})"
+        )
     tool_rows = torch.tensor([kind == "tool" for kind in bank.kinds], dtype=torch.bool)
     allowed = torch.tensor([names is None or n in names for n in bank.names], dtype=torch.bool)
     if tool_choice == "none":
@@ -188,7 +221,9 @@ def tool_routing(model: TokMemModel, tools, tool_choice, threshold: float) -> tu
     elif tool_choice != "auto":
         named = (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice, dict) else None
         if named not in bank.tool_names() or (names is not None and named not in names):
-            raise DataError(f"tool_choice: {tool_choice!r} is not 'auto', 'none', 'required' or one of the allowed tools")
+            raise DataError(
+                f"tool_choice: {tool_choice!r} is not 'auto', 'none', 'required' or one of the allowed tools"
+            )
         allowed = torch.tensor([n == named for n in bank.names], dtype=torch.bool)
         return allowed.to(model.device), model.memory_id(named), threshold
     if tool_choice == "required" and not allowed.any():

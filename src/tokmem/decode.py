@@ -40,10 +40,12 @@ class DecodeConfig:
     temperature: float = option(0.0, "0 = greedy")
     batch_size: int = option(16, "queries answered together")
     seed: int = option(0, "seed of the sampler (temperature > 0)")
-    share_prefix: bool = option(False, "encode the tokens every prompt starts with once (prompts that repeat long "
-                                 "instructions)")
-    stop_at_blank_line: bool = option(False, "end an answer at its first blank line after some text (prompted "
-                                       "answers' separator)")
+    share_prefix: bool = option(
+        False, "encode the tokens every prompt starts with once (prompts that repeat long instructions)"
+    )
+    stop_at_blank_line: bool = option(
+        False, "end an answer at its first blank line after some text (prompted answers' separator)"
+    )
     schema: bool = option(True, "decode a tool's arguments under its JSON schema, where the bank has one")
 
 
@@ -95,7 +97,9 @@ def _encode_shared_prefix(model: TokMemModel, prompts: list[list[int]]) -> Dynam
         return None
     ids = torch.tensor([shared], device=model.device)
     mask = torch.ones_like(ids)
-    _, cache = model.hidden(ids, mask, positions(mask), DynamicCache(config=model.lm.config), model.memory_matrices()[1])
+    _, cache = model.hidden(
+        ids, mask, positions(mask), DynamicCache(config=model.lm.config), model.memory_matrices()[1]
+    )
     return cache
 
 
@@ -135,7 +139,9 @@ def route(model: TokMemModel, queries: list[str], k: int = 3, batch_size: int = 
 
 
 @torch.no_grad()
-def generate(model: TokMemModel, queries: list[str], config: DecodeConfig | None = None, procedure: str | None = None) -> list[Generation]:
+def generate(
+    model: TokMemModel, queries: list[str], config: DecodeConfig | None = None, procedure: str | None = None
+) -> list[Generation]:
     """Answer each query (or chat conversation); ``procedure`` forces that memory token (routing skipped)."""
     config = config or DecodeConfig()
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
@@ -175,7 +181,9 @@ def first_token_logits(logits, vocab, threshold, has_rows, forced):
     routing = forced < 0
     plain = ((mass < threshold) | ~has_rows) & routing
     columns = torch.arange(logits.shape[-1], device=logits.device)
-    allowed = torch.where(routing.unsqueeze(-1), (columns >= vocab) != plain.unsqueeze(-1), columns == forced.unsqueeze(-1))
+    allowed = torch.where(
+        routing.unsqueeze(-1), (columns >= vocab) != plain.unsqueeze(-1), columns == forced.unsqueeze(-1)
+    )
     return logits.masked_fill(~allowed, float("-inf")), plain, mass
 
 
@@ -242,7 +250,10 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
         mask = torch.cat([mask.new_ones(len(prompts), skip), mask], dim=-1)
     forced = torch.full((len(queries),), -1 if forced is None else forced, device=ids.device)
     rows, mass, plain, _ = decode_rows(model, ids, mask, cache, config, forced, generator)
-    return [to_generation(model, q, row, float(m), not p) for q, row, m, p in zip(queries, rows, mass.tolist(), plain.tolist())]
+    return [
+        to_generation(model, q, row, float(m), not p)
+        for q, row, m, p in zip(queries, rows, mass.tolist(), plain.tolist())
+    ]
 
 
 def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None):
@@ -301,7 +312,9 @@ def argument_grammar(model: TokMemModel, rows: int, config: DecodeConfig):
     from tokmem.grammar import ArgumentGrammar, grammars_for
 
     tokenizer = model.backbone.tokenizer
-    return ArgumentGrammar(grammars_for(tokenizer, model.vocab_size), [model.bank.schemas] * rows, model.backbone.eos_token_id)
+    return ArgumentGrammar(
+        grammars_for(tokenizer, model.vocab_size), [model.bank.schemas] * rows, model.backbone.eos_token_id
+    )
 
 
 def to_generation(model, query, row, mass, routed) -> Generation:
@@ -340,9 +353,15 @@ def complete(model: TokMemModel, contexts: list[list[int]], config: DecodeConfig
     for chunk in _batches(contexts, config.batch_size):
         padded = tokenizer.pad({"input_ids": chunk}, padding=True, padding_side="left", return_tensors="pt")
         out = model.lm.generate(
-            inputs_embeds=model.embed(padded["input_ids"].to(model.device)), attention_mask=padded["attention_mask"].to(model.device),
-            max_new_tokens=config.max_new_tokens, do_sample=sample, temperature=config.temperature if sample else None,
-            top_p=None, top_k=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+            inputs_embeds=model.embed(padded["input_ids"].to(model.device)),
+            attention_mask=padded["attention_mask"].to(model.device),
+            max_new_tokens=config.max_new_tokens,
+            do_sample=sample,
+            temperature=config.temperature if sample else None,
+            top_p=None,
+            top_k=None,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
         )
         answers += [text.strip() for text in tokenizer.batch_decode(out, skip_special_tokens=True)]
     return answers

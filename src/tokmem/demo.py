@@ -55,8 +55,12 @@ def prompt_tokens(tokenizer, prompts: list[str | list[dict]]) -> float:
     return metrics.mean(len(chat_prefix(tokenizer, p)) for p in prompts)
 
 
-def instructed_scores(plain: TokMemModel, examples: list[Example], instructions: Callable[[Example], list[str]],
-                      config: DecodeConfig = DECODE) -> dict:
+def instructed_scores(
+    plain: TokMemModel,
+    examples: list[Example],
+    instructions: Callable[[Example], list[str]],
+    config: DecodeConfig = DECODE,
+) -> dict:
     """The plain backbone (``plain`` has an empty bank) answering each query after the written
     instructions of the procedures ``instructions(example)`` names: exact match overall and per
     procedure (single-step queries), and prompt tokens per query."""
@@ -81,10 +85,14 @@ def gold_procedures(example: Example) -> list[str]:
     return example.procedures
 
 
-def run_demo(config: DemoConfig | None = None, device: str | None = None, progress: bool = True, bank_path=None) -> dict:
+def run_demo(
+    config: DemoConfig | None = None, device: str | None = None, progress: bool = True, bank_path=None
+) -> dict:
     config = config or DemoConfig()
     names = list(config.procedures or builtin.PROCEDURES)
-    train_set, test_set = builtin.demo_dataset(seed=config.seed, train_per_procedure=config.train_per_procedure, procedures=names)
+    train_set, test_set = builtin.demo_dataset(
+        seed=config.seed, train_per_procedure=config.train_per_procedure, procedures=names
+    )
     console.print(
         f"[bold]tokmem demo[/bold]: {len(names)} procedures, {len(train_set)} training and "
         f"{len(test_set)} held-out queries, backbone {config.backbone}"
@@ -141,7 +149,9 @@ def run_demo(config: DemoConfig | None = None, device: str | None = None, progre
 def learn_builtin(config: DemoConfig, train_set: list[Example], device: str | None, progress: bool):
     """A fresh bank on the backbone, trained on the built-in procedures' queries: the model and the report."""
     model = create(config.backbone, decoupled=config.decoupled, device=device)
-    train_config = TrainConfig(epochs=config.epochs, batch_size=config.batch_size, lr=config.lr, seed=config.seed, progress=progress)
+    train_config = TrainConfig(
+        epochs=config.epochs, batch_size=config.batch_size, lr=config.lr, seed=config.seed, progress=progress
+    )
     report = learn(model, train_set, train_config, descriptions=builtin.catalog())
     console.print(
         f"trained {len(model.bank)} memory tokens ({model.bank.parameter_count():,} "
@@ -156,24 +166,53 @@ def procedure_table(result: dict, instructed: dict, catalog: dict) -> Table:
     for column in ("procedure", "n", "TokMem routing", "TokMem", "+ its instruction", "+ all instructions"):
         table.add_column(column, justify="left" if column == "procedure" else "right")
     for name, row in result["per_procedure"].items():
-        table.add_row(name, str(row["examples"]), percent(row["routing_accuracy"]), percent(row["exact_match"]),
-                      percent(instructed["exact_match_per_procedure"][name]), percent(catalog["exact_match_per_procedure"][name]))
+        table.add_row(
+            name,
+            str(row["examples"]),
+            percent(row["routing_accuracy"]),
+            percent(row["exact_match"]),
+            percent(instructed["exact_match_per_procedure"][name]),
+            percent(catalog["exact_match_per_procedure"][name]),
+        )
     table.add_section()
-    table.add_row("[bold]all[/bold]", str(result["examples"]), percent(result["routing_accuracy"]), percent(result["exact_match"]),
-                  percent(instructed["exact_match"]), percent(catalog["exact_match"]))
+    table.add_row(
+        "[bold]all[/bold]",
+        str(result["examples"]),
+        percent(result["routing_accuracy"]),
+        percent(result["exact_match"]),
+        percent(instructed["exact_match"]),
+        percent(catalog["exact_match"]),
+    )
     return table
 
 
-def method_table(result: dict, chain_exact_match: float, tokmem_tokens: float, instructed: dict, catalog: dict) -> Table:
+def method_table(
+    result: dict, chain_exact_match: float, tokmem_tokens: float, instructed: dict, catalog: dict
+) -> Table:
     """TokMem against the same backbone reading written instructions instead of memory tokens."""
     title = f"TokMem against the instructed backbone ({result['examples']} held-out queries, {result['chain_examples']} chains)"
     table = Table(title=title)
     for column in ("method", "routing", "exact match", "chains: exact match", "prompt tokens / query"):
         table.add_column(column, justify="left" if column == "method" else "right")
-    table.add_row("TokMem (memory tokens)", percent(result["routing_accuracy"]), percent(result["exact_match"]),
-                  percent(chain_exact_match), f"{tokmem_tokens:.0f}")
-    table.add_row("backbone + its instruction(s)", "oracle", percent(instructed["exact_match"]),
-                  percent(instructed["chain_exact_match"]), f"{instructed['prompt_tokens']:.0f}")
-    table.add_row("backbone + all instructions", "–", percent(catalog["exact_match"]),
-                  percent(catalog["chain_exact_match"]), f"{catalog['prompt_tokens']:.0f}")
+    table.add_row(
+        "TokMem (memory tokens)",
+        percent(result["routing_accuracy"]),
+        percent(result["exact_match"]),
+        percent(chain_exact_match),
+        f"{tokmem_tokens:.0f}",
+    )
+    table.add_row(
+        "backbone + its instruction(s)",
+        "oracle",
+        percent(instructed["exact_match"]),
+        percent(instructed["chain_exact_match"]),
+        f"{instructed['prompt_tokens']:.0f}",
+    )
+    table.add_row(
+        "backbone + all instructions",
+        "–",
+        percent(catalog["exact_match"]),
+        percent(catalog["chain_exact_match"]),
+        f"{catalog['prompt_tokens']:.0f}",
+    )
     return table

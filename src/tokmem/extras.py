@@ -17,5 +17,6 @@ def require_extra(name: str) -> None:
     """Raise a TokMemError naming the extra when any of its modules cannot be imported."""
     missing = [module for module in EXTRAS[name] if find_spec(module) is None]
     if missing:
-        raise TokMemError(f"this command needs the '{name}' extra ({', '.join(missing)} not installed): "
-                          f"pip install 'tokmem[{name}]'")
+        raise TokMemError(
+            f"this command needs the '{name}' extra ({', '.join(missing)} not installed): pip install 'tokmem[{name}]'"
+        )

@@ -27,17 +27,29 @@ import xgrammar
 REFERENCE = {"type": "string", "pattern": r"^\$var[0-9]{1,3}(\.[A-Za-z_][A-Za-z0-9_]{0,31}|\[[0-9]{1,4}\]){0,4}\$$"}
 # What an array without ``items`` may hold.  xgrammar 0.2.8's own "any value" rule, with compact separators, accepts
 # one element only and objects of one key only; spelled out like this it accepts the data's lists of objects.
-ANY_ITEM = {"anyOf": [{"type": "object", "additionalProperties": True}, {"type": "string"}, {"type": "number"},
-                      {"type": "boolean"}]}
+ANY_ITEM = {
+    "anyOf": [
+        {"type": "object", "additionalProperties": True},
+        {"type": "string"},
+        {"type": "number"},
+        {"type": "boolean"},
+    ]
+}
 _BITS = torch.arange(32, dtype=torch.int32)
 
 
 def decoding_schema(parameters: dict) -> dict:
     """The schema arguments decode under: ``parameters`` with no extra keys, and each argument also accepting
     a reference to an earlier result (``REFERENCE``).  An array argument without ``items`` gets ``ANY_ITEM``."""
-    properties = {name: {"anyOf": [_with_items(spec), REFERENCE]} for name, spec in parameters.get("properties", {}).items()}
-    return {"type": "object", "properties": properties, "required": list(parameters.get("required", [])),
-            "additionalProperties": False}
+    properties = {
+        name: {"anyOf": [_with_items(spec), REFERENCE]} for name, spec in parameters.get("properties", {}).items()
+    }
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(parameters.get("required", [])),
+        "additionalProperties": False,
+    }
 
 
 def _with_items(spec: dict) -> dict:
@@ -49,7 +61,9 @@ class Grammars:
 
     def __init__(self, tokenizer, vocab_size: int):
         self.vocab_size = vocab_size
-        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=[tokenizer.eos_token_id])
+        info = xgrammar.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=[tokenizer.eos_token_id]
+        )
         self.compiler = xgrammar.GrammarCompiler(info, max_threads=1)
         self.compiled: dict[str, xgrammar.CompiledGrammar] = {}
 
@@ -58,7 +72,8 @@ class Grammars:
         key = json.dumps(parameters, sort_keys=True)
         if key not in self.compiled:
             self.compiled[key] = self.compiler.compile_json_schema(
-                decoding_schema(parameters), any_whitespace=False, separators=(",", ":"), strict_mode=False)
+                decoding_schema(parameters), any_whitespace=False, separators=(",", ":"), strict_mode=False
+            )
         return xgrammar.GrammarMatcher(self.compiled[key])
 
 
@@ -110,7 +125,9 @@ class ArgumentGrammar:
             elif token == self.eos:
                 self.matchers[i] = None
         fed = [i for i, token in enumerate(tokens) if token < self.vocab and self.matchers[i] is not None]
-        accepted = xgrammar.BatchGrammarMatcher.batch_accept_token([self.matchers[i] for i in fed], [tokens[i] for i in fed])
+        accepted = xgrammar.BatchGrammarMatcher.batch_accept_token(
+            [self.matchers[i] for i in fed], [tokens[i] for i in fed]
+        )
         for i, ok in zip(fed, accepted):
             if not ok:  # only where the mask was not applied (a forced or replayed token): the row goes free
                 self.matchers[i] = None

@@ -32,8 +32,9 @@ class LoRASettings:
     """Rank 8 on the attention's query and value projections, AdamW with lr 5e-5 and weight decay 1e-2."""
 
     rank: int = option(8, "LoRA rank")
-    alpha: int | None = option(None, "LoRA alpha (default: 2 × rank, which keeps the adapter's scale the same at "
-                               "every rank)")
+    alpha: int | None = option(
+        None, "LoRA alpha (default: 2 × rank, which keeps the adapter's scale the same at every rank)"
+    )
     dropout: float = option(0.0, "LoRA dropout")
     target_modules: tuple[str, ...] = option(("q_proj", "v_proj"), "comma-separated modules that get adapters")
     lr: float = option(5e-5, "learning rate of the LoRA weights")
@@ -43,8 +44,13 @@ class LoRASettings:
         from peft import LoraConfig  # imported on use: `import tokmem` needs no PEFT (the vLLM environment has none)
 
         alpha = 2 * self.rank if self.alpha is None else self.alpha
-        return LoraConfig(r=self.rank, lora_alpha=alpha, lora_dropout=self.dropout,
-                          target_modules=list(self.target_modules), bias="none")
+        return LoraConfig(
+            r=self.rank,
+            lora_alpha=alpha,
+            lora_dropout=self.dropout,
+            target_modules=list(self.target_modules),
+            bias="none",
+        )
 
     def param_group(self, params: list[torch.nn.Parameter]) -> dict:
         """The adapter's optimiser parameter group: its own lr and weight decay beside the memory rows'."""

@@ -83,7 +83,9 @@ class TokMemModel(nn.Module):
             steer = self.memory_matrices()[1]
         return embed_ids(ids, self.vocab_size, self.lm.get_input_embeddings(), steer)
 
-    def logits(self, hidden: torch.Tensor, index: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
+    def logits(
+        self, hidden: torch.Tensor, index: torch.Tensor | None = None, valid: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Logits over vocab ∪ bank: the LM head's, then ``h · indexᵀ`` (see ``memory_logits``)."""
         if index is None:
             index = self.memory_matrices()[0]

@@ -45,11 +45,20 @@ def scores_table(title: str, result: dict) -> Table:
     for column in ("procedure", "n", "routing", "exact match", "ROUGE-L"):
         table.add_column(column, justify="left" if column == "procedure" else "right")
     for name, row in result["per_procedure"].items():
-        table.add_row(name, str(row["examples"]), percent(row["routing_accuracy"]), percent(row["exact_match"]), f"{row['rougeL']:.1f}")
+        table.add_row(
+            name,
+            str(row["examples"]),
+            percent(row["routing_accuracy"]),
+            percent(row["exact_match"]),
+            f"{row['rougeL']:.1f}",
+        )
     table.add_section()
     table.add_row(
-        "[bold]all[/bold]", str(result["examples"]), percent(result["routing_accuracy"]),
-        percent(result["exact_match"]), f"{result['rougeL']:.1f}",
+        "[bold]all[/bold]",
+        str(result["examples"]),
+        percent(result["routing_accuracy"]),
+        percent(result["exact_match"]),
+        f"{result['rougeL']:.1f}",
     )
     return table
 

@@ -55,7 +55,9 @@ def chat_turns(tokenizer, query: str) -> tuple[list[int], list[int]]:
     without a chat template the header is empty.
     """
     turn, header = _chat_texts(tokenizer, query)
-    return tokenizer(turn, add_special_tokens=False)["input_ids"], tokenizer(header, add_special_tokens=False)["input_ids"]
+    return tokenizer(turn, add_special_tokens=False)["input_ids"], tokenizer(header, add_special_tokens=False)[
+        "input_ids"
+    ]
 
 
 def _chat_texts(tokenizer, query: str | list[dict]) -> tuple[str, str]:
@@ -92,8 +94,11 @@ def result_turn(tokenizer) -> ResultTurn:
     """The backbone's ``ResultTurn``: its template's tool role, else a user turn, else (no template) a plain line."""
     if not tokenizer.chat_template:
         return ResultTurn("\n", "Tool result: ", "\n", "")
-    return _template_turn(tokenizer, "tool", "") or _template_turn(tokenizer, "user", "Tool result:\n") or ResultTurn(
-        "\n", "Tool result: ", "\n", "")
+    return (
+        _template_turn(tokenizer, "tool", "")
+        or _template_turn(tokenizer, "user", "Tool result:\n")
+        or ResultTurn("\n", "Tool result: ", "\n", "")
+    )
 
 
 def _template_turn(tokenizer, role: str, lead: str) -> ResultTurn | None:
@@ -107,10 +112,15 @@ def _template_turn(tokenizer, role: str, lead: str) -> ResultTurn | None:
     except TemplateError:
         return None
     call_end = _CALL + tokenizer.eos_token
-    if call_end not in base or not turn.startswith(base) or not whole.startswith(turn) or _RESULT not in turn[len(base):]:
+    if (
+        call_end not in base
+        or not turn.startswith(base)
+        or not whole.startswith(turn)
+        or _RESULT not in turn[len(base) :]
+    ):
         return None
-    opening, closing = turn[len(base):].split(_RESULT)
-    return ResultTurn(base[base.index(call_end) + len(call_end):], opening, closing, whole[len(turn):])
+    opening, closing = turn[len(base) :].split(_RESULT)
+    return ResultTurn(base[base.index(call_end) + len(call_end) :], opening, closing, whole[len(turn) :])
 
 
 def result_ids(tokenizer, results: list[str], budget: int = RESULT_TOKENS) -> list[int]:
@@ -145,13 +155,22 @@ class TruncationCount:
     def describe(self, total: int, max_length: int) -> str:
         """One line for a training summary: how many of ``total`` sequences were cut, and where."""
         shown = ", ".join(self.examples[:3]) + (", …" if len(self.examples) > 3 else "")
-        return (f"{self.queries} of {total} training sequences were longer than {max_length} tokens ({shown}): "
-                f"{self.queries - self.responses} lost the start of their query (responses kept whole), "
-                f"{self.responses} also lost the end of their responses (cut mid-answer, no EOS)")
+        return (
+            f"{self.queries} of {total} training sequences were longer than {max_length} tokens ({shown}): "
+            f"{self.queries - self.responses} lost the start of their query (responses kept whole), "
+            f"{self.responses} also lost the end of their responses (cut mid-answer, no EOS)"
+        )
 
 
-def encode(example: Example, tokenizer, memory_id, max_length: int, truncated: TruncationCount | None = None,
-           tools: Collection[str] = (), result_tokens: int = RESULT_TOKENS) -> Encoded:
+def encode(
+    example: Example,
+    tokenizer,
+    memory_id,
+    max_length: int,
+    truncated: TruncationCount | None = None,
+    tools: Collection[str] = (),
+    result_tokens: int = RESULT_TOKENS,
+) -> Encoded:
     """Lay out one example; ``memory_id(name)`` maps a procedure to its token id; ``tools``: the procedures
     whose segments are their calls' arguments only (a mapping name → schema or None orders the arguments by the
     schema); ``result_tokens``: the budget of each step's result.
@@ -167,7 +186,10 @@ def encode(example: Example, tokenizer, memory_id, max_length: int, truncated: T
     else:
         target, labels = [], []
         for step in example.steps:
-            segment = [memory_id(step.procedure), *tokenizer(_segment(example, step, tools), add_special_tokens=False)["input_ids"]]
+            segment = [
+                memory_id(step.procedure),
+                *tokenizer(_segment(example, step, tools), add_special_tokens=False)["input_ids"],
+            ]
             if step.result is not None:
                 segment.append(eos)
             context = [] if step.result is None else result_ids(tokenizer, [step.result], result_tokens)
@@ -193,10 +215,14 @@ def _segment(example: Example, step, tools: Collection[str]) -> str:
     if step.procedure not in tools:
         return step.response
     if step.call_arguments is None:
-        raise DataError(f"example {example.id or repr(example.query[:40])}: '{step.procedure}' is a tool in the bank, "
-                        f'but its step is not a call of it ({{"name": "{step.procedure}", "arguments": {{…}}}})')
+        raise DataError(
+            f"example {example.id or repr(example.query[:40])}: '{step.procedure}' is a tool in the bank, "
+            f'but its step is not a call of it ({{"name": "{step.procedure}", "arguments": {{…}}}})'
+        )
     schema = tools.get(step.procedure) if isinstance(tools, Mapping) else None
-    return step.call_arguments if schema is None else arguments_json(schema_order(json.loads(step.call_arguments), schema))
+    return (
+        step.call_arguments if schema is None else arguments_json(schema_order(json.loads(step.call_arguments), schema))
+    )
 
 
 def positions(mask: torch.Tensor) -> torch.Tensor:

@@ -42,18 +42,27 @@ class TrainConfig:
     max_length: int = option(1024, "longest training sequence in tokens (longer queries are cut from the left)")
     max_steps: int | None = option(None, "stop after this many optimiser steps")
     seed: int = option(0, "seed of the data order and the new rows")
-    renormalize: bool = option(True, "renormalise the new rows to the old rows' mean norm after the round",
-                                flag="--renorm")
-    renorm_every_step: bool = option(False, "renormalise the new rows after every optimiser step too (the reference code)")
+    renormalize: bool = option(
+        True, "renormalise the new rows to the old rows' mean norm after the round", flag="--renorm"
+    )
+    renorm_every_step: bool = option(
+        False, "renormalise the new rows after every optimiser step too (the reference code)"
+    )
     eps: float = 1e-8
     init: Init = option("mean", "new rows: the mean embedding (the paper's text) or orthogonal (the reference code)")
-    schedule: Schedule = option("constant", "learning rate: constant, or linear (warm-up over --warmup of the steps, "
-                                 "then decay to 0; the reference code)", flag="--lr-schedule")
+    schedule: Schedule = option(
+        "constant",
+        "learning rate: constant, or linear (warm-up over --warmup of the steps, then decay to 0; the reference code)",
+        flag="--lr-schedule",
+    )
     warmup: float = option(0.1, "warm-up fraction of the linear schedule")
-    tool_segments: ToolSegments = option("arguments", "after a tool's memory token: its arguments only (the reference "
-                                          "code) or the whole call")
+    tool_segments: ToolSegments = option(
+        "arguments", "after a tool's memory token: its arguments only (the reference code) or the whole call"
+    )
     result_tokens: int = option(RESULT_TOKENS, "a step's tool result in the sequence is cut to this many tokens")
-    length_grouped: bool = option(False, "batch sequences of similar length together (less padding; each epoch still shuffled)")
+    length_grouped: bool = option(
+        False, "batch sequences of similar length together (less padding; each epoch still shuffled)"
+    )
     bf16: bool | None = option(None, "bf16 autocast (default: on CUDA only)")
     progress: bool = True
     checkpoint: str | None = None  # save the bank here every ``checkpoint_every`` optimiser steps
@@ -62,7 +71,9 @@ class TrainConfig:
     def __post_init__(self):
         for field_name, allowed in (("init", INITS), ("schedule", SCHEDULES), ("tool_segments", TOOL_SEGMENTS)):
             if getattr(self, field_name) not in allowed:
-                raise TokMemError(f"unknown {field_name} '{getattr(self, field_name)}': choose from {', '.join(allowed)}")
+                raise TokMemError(
+                    f"unknown {field_name} '{getattr(self, field_name)}': choose from {', '.join(allowed)}"
+                )
         if not 0 <= self.warmup < 1:
             raise TokMemError(f"warmup is a fraction of the steps, in [0, 1): got {self.warmup}")
 
@@ -98,8 +109,15 @@ class TrainReport:
         }
 
 
-def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | None = None, descriptions=None,
-          param_groups=(), on_step=None, schemas=None) -> TrainReport:
+def learn(
+    model: TokMemModel,
+    examples: list[Example],
+    config: TrainConfig | None = None,
+    descriptions=None,
+    param_groups=(),
+    on_step=None,
+    schemas=None,
+) -> TrainReport:
     """One continual round: add the unseen procedures, train only them, renormalise, freeze.
 
     ``descriptions`` and ``schemas``: name → description / tool JSON schema (a catalog's), kept with the new rows
@@ -116,9 +134,13 @@ def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
     bank.freeze()
     target = float(bank.norms().mean()) if len(bank) else None
     kinds = row_kinds(new, examples, config)
-    rows = bank.add(new, initial_rows(model.backbone, len(new), config.init, config.seed),
-                    [(descriptions or {}).get(n, "") for n in new], kinds,
-                    [(schemas or {}).get(n) if kind == "tool" else None for n, kind in zip(new, kinds)])
+    rows = bank.add(
+        new,
+        initial_rows(model.backbone, len(new), config.init, config.seed),
+        [(descriptions or {}).get(n, "") for n in new],
+        kinds,
+        [(schemas or {}).get(n) if kind == "tool" else None for n, kind in zip(new, kinds)],
+    )
 
     def after_step(step: int, total: int) -> None:
         if config.renormalize and config.renorm_every_step and target is not None:
@@ -134,18 +156,37 @@ def learn(model: TokMemModel, examples: list[Example], config: TrainConfig | Non
     return report
 
 
-def train(model: TokMemModel, examples: list[Example], config: TrainConfig | None = None, param_groups=(), on_step=None) -> TrainReport:
+def train(
+    model: TokMemModel, examples: list[Example], config: TrainConfig | None = None, param_groups=(), on_step=None
+) -> TrainReport:
     config = config or TrainConfig()
     _require_trainable_rows(model)  # before laying out: an empty bank cannot encode the procedures
     report = TrainReport()
     tools = model.bank.tool_schemas()
-    encoded = [encode(e, model.backbone.tokenizer, model.memory_id, config.max_length, report.truncated, tools, config.result_tokens)
-               for e in examples]
+    encoded = [
+        encode(
+            e,
+            model.backbone.tokenizer,
+            model.memory_id,
+            config.max_length,
+            report.truncated,
+            tools,
+            config.result_tokens,
+        )
+        for e in examples
+    ]
     return fit(model, encoded, config, report, on_step=on_step, param_groups=param_groups)
 
 
-def fit(model: TokMemModel, encoded: list[Encoded], config: TrainConfig | None = None, report: TrainReport | None = None, on_step=None,
-        param_groups=(), steps: list[list[int]] | None = None) -> TrainReport:
+def fit(
+    model: TokMemModel,
+    encoded: list[Encoded],
+    config: TrainConfig | None = None,
+    report: TrainReport | None = None,
+    on_step=None,
+    param_groups=(),
+    steps: list[list[int]] | None = None,
+) -> TrainReport:
     """The training loop over sequences already laid out: ``train`` lays them out the TokMem way,
     baselines and studies that place the rows elsewhere bring their own.
 
@@ -168,8 +209,13 @@ def fit(model: TokMemModel, encoded: list[Encoded], config: TrainConfig | None =
     groups = [{"params": rows}] if rows else []
     optimizer = torch.optim.AdamW([*groups, *param_groups], lr=config.lr, weight_decay=config.weight_decay)
     scheduler = lr_scheduler(optimizer, total, config.schedule, config.warmup)
-    bar = tqdm(total=total, desc="training memory", unit="step", disable=not (config.progress and distributed.is_main()),
-               dynamic_ncols=True)
+    bar = tqdm(
+        total=total,
+        desc="training memory",
+        unit="step",
+        disable=not (config.progress and distributed.is_main()),
+        dynamic_ncols=True,
+    )
     start = time.perf_counter()
     try:
         for step in steps:
@@ -206,7 +252,9 @@ def initial_rows(backbone, count: int, kind: str = "mean", seed: int = 0) -> tor
     every new memory token starts as distinct as possible at the size of an ordinary token."""
     if kind == "mean":
         return backbone.mean_embedding().expand(count, -1).clone()
-    rows = torch.nn.init.orthogonal_(torch.empty(count, backbone.hidden_size), generator=torch.Generator().manual_seed(seed))
+    rows = torch.nn.init.orthogonal_(
+        torch.empty(count, backbone.hidden_size), generator=torch.Generator().manual_seed(seed)
+    )
     return rows * backbone.embedding_norm()
 
 
@@ -269,7 +317,9 @@ def example_order(lengths: list[int], config: TrainConfig) -> list[int]:
     return [i for generator in generators for i in length_grouped_order(lengths, config.batch_size, generator)]
 
 
-def length_grouped_order(lengths: list[int], batch_size: int, generator: torch.Generator, window: int = 50) -> list[int]:
+def length_grouped_order(
+    lengths: list[int], batch_size: int, generator: torch.Generator, window: int = 50
+) -> list[int]:
     """One epoch in batches of similar length, so that little of a step is padding.
 
     Shuffle, sort each window of ``window`` batches by length, cut it into batches, then shuffle the

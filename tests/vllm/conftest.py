@@ -16,7 +16,9 @@ def _vllm_installed() -> bool:
 
 collect_ignore_glob = [] if _vllm_installed() else ["test_*.py"]
 
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU (vLLM's default, 4, is more than the tests need)
+os.environ.setdefault(
+    "VLLM_CPU_KVCACHE_SPACE", "1"
+)  # GiB of KV cache on the CPU (vLLM's default, 4, is more than the tests need)
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +50,14 @@ def start_llm(model_dir, slots: int, family: str = "llama"):
 
     from tokmem.vllm import engine_args
 
-    return LLM(model=str(model_dir), dtype="float32", enforce_eager=True, seed=0, max_model_len=512, **engine_args(family, slots))
+    return LLM(
+        model=str(model_dir),
+        dtype="float32",
+        enforce_eager=True,
+        seed=0,
+        max_model_len=512,
+        **engine_args(family, slots),
+    )
 
 
 def stop_llm(llm) -> None:

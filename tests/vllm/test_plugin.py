@@ -11,7 +11,13 @@ from tokmem.decode import DecodeConfig, to_generation
 from tokmem.sequences import chat_prefix
 from tokmem.vllm import procedures, prompt, sampling_params
 
-QUERIES = ["Reverse apple.", "hi", "What is the weather like today?", "Write house in capitals.", "Double water, please."]
+QUERIES = [
+    "Reverse apple.",
+    "hi",
+    "What is the weather like today?",
+    "Write house in capitals.",
+    "Double water, please.",
+]
 MAX_TOKENS = 24
 
 
@@ -41,12 +47,19 @@ def llm(vllm_model_dir):
 def cases(offline):
     """(bank name, query, options): every bank and query routed at two thresholds, plus forced procedures."""
     out = [(name, q, {"threshold": t}) for name in offline for q in QUERIES for t in (0.5, 0.0)]
-    out += [(name, q, {"procedure": "p1", "max_steps": steps}) for name in ("alpha", "beta") for q in QUERIES[:2] for steps in (1, 2)]
+    out += [
+        (name, q, {"procedure": "p1", "max_steps": steps})
+        for name in ("alpha", "beta")
+        for q in QUERIES[:2]
+        for steps in (1, 2)
+    ]
     return out
 
 
 def reference(offline, name, query, options):
-    config = DecodeConfig(max_new_tokens=MAX_TOKENS, threshold=options.get("threshold", 0.5), max_steps=options.get("max_steps", 4))
+    config = DecodeConfig(
+        max_new_tokens=MAX_TOKENS, threshold=options.get("threshold", 0.5), max_steps=options.get("max_steps", 4)
+    )
     return tokmem.generate(offline[name], [query], config, procedure=options.get("procedure"))[0]
 
 
@@ -67,7 +80,9 @@ def test_greedy_answers_across_banks_in_one_batch_equal_tokmem_generate(llm, off
         expected = reference(offline, name, query, options)
         assert (served.routed, served.trace) == (expected.routed, expected.trace), (name, query, options)
         # slots are no text (vLLM's incremental detokenizer holds back a trailing incomplete UTF-8 character)
-        assert tokenizer.decode([t for t in ids if t < vocab], skip_special_tokens=True).startswith(output.outputs[0].text)
+        assert tokenizer.decode([t for t in ids if t < vocab], skip_special_tokens=True).startswith(
+            output.outputs[0].text
+        )
         answers.append(expected)
     # the comparison means something: answers route, stay plain, and chain
     assert any(not a.routed for a in answers) and any(a.routed for a in answers)
@@ -78,8 +93,14 @@ def test_a_request_without_a_bank_is_plain_vllm_and_never_gets_a_memory_token(ll
     tokenizer, vocab = vllm_backbone.tokenizer, vllm_backbone.vocab_size
     plain = {"prompt_token_ids": chat_prefix(tokenizer, QUERIES[0])}
     routed = prompt(tokenizer, QUERIES[0], paths["alpha"])
-    outputs = llm.generate([plain, routed], [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
-                                             sampling_params(paths["alpha"], threshold=0.0, max_tokens=MAX_TOKENS)], use_tqdm=False)
+    outputs = llm.generate(
+        [plain, routed],
+        [
+            SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
+            sampling_params(paths["alpha"], threshold=0.0, max_tokens=MAX_TOKENS),
+        ],
+        use_tqdm=False,
+    )
     ids = list(outputs[0].outputs[0].token_ids)
     assert all(t < vocab for t in ids)
     assert outputs[1].outputs[0].token_ids[0] >= vocab  # the other row of the batch did route
@@ -87,12 +108,15 @@ def test_a_request_without_a_bank_is_plain_vllm_and_never_gets_a_memory_token(ll
     assert outputs[0].outputs[0].text.strip() == expected.text
 
 
-@pytest.mark.parametrize("options, field", [
-    ({"bank": "missing.safetensors"}, "missing.safetensors"),
-    ({"procedure": "nope"}, "nope"),
-    ({"threshold": 2.0}, "tokmem_threshold"),
-    ({"max_steps": 0}, "tokmem_max_steps"),
-])
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        ({"bank": "missing.safetensors"}, "missing.safetensors"),
+        ({"procedure": "nope"}, "nope"),
+        ({"threshold": 2.0}, "tokmem_threshold"),
+        ({"max_steps": 0}, "tokmem_max_steps"),
+    ],
+)
 def test_a_bad_request_is_refused_with_its_field_and_the_engine_serves_on(llm, paths, vllm_backbone, options, field):
     bank = options.pop("bank", paths["alpha"])
     query = prompt(vllm_backbone.tokenizer, QUERIES[1], paths["alpha"])
@@ -104,7 +128,10 @@ def test_a_bad_request_is_refused_with_its_field_and_the_engine_serves_on(llm, p
 
 def test_procedures_names_the_memory_tokens_of_an_answer(llm, paths, vllm_backbone):
     vocab, bank = vllm_backbone.vocab_size, paths["beta"]
-    output = llm.generate([prompt(vllm_backbone.tokenizer, QUERIES[0], bank)],
-                          [sampling_params(bank, procedure="p2", max_steps=1, max_tokens=8)], use_tqdm=False)
+    output = llm.generate(
+        [prompt(vllm_backbone.tokenizer, QUERIES[0], bank)],
+        [sampling_params(bank, procedure="p2", max_steps=1, max_tokens=8)],
+        use_tqdm=False,
+    )
     placement = llm.collective_rpc("tokmem_placements")[0][str(bank)]
     assert procedures(list(output[0].outputs[0].token_ids), vocab, placement) == ["p2"]

@@ -22,8 +22,11 @@ def setup(vllm_backbone, tmp_path):
     paths = {name: tmp_path / f"{name}.safetensors" for name in "ab"}
     for seed, (name, rows) in enumerate({"a": 2, "b": 3}.items()):
         write_bank(vllm_backbone, paths[name], rows=rows, seed=seed)
-    config = types.SimpleNamespace(model_config=types.SimpleNamespace(
-        get_vocab_size=lambda: vocab, hf_config=types.SimpleNamespace(eos_token_id=vllm_backbone.eos_token_id)))
+    config = types.SimpleNamespace(
+        model_config=types.SimpleNamespace(
+            get_vocab_size=lambda: vocab, hf_config=types.SimpleNamespace(eos_token_id=vllm_backbone.eos_token_id)
+        )
+    )
     return TokMemLogitsProcessor(config, torch.device("cpu"), False), paths, vocab
 
 
@@ -35,7 +38,10 @@ def allowed_slots(processor, vocab, rows: int) -> list[list[int]]:
 def test_rows_keep_their_banks_and_state_through_swaps_and_moves(setup):
     processor, paths, vocab = setup
     outputs = [[vocab + 0], [vocab + 3]]  # both routed already (a's row 0, b's row 1)
-    added = [(i, SamplingParams(extra_args=extra_args(paths[name], max_steps=2)), None, outputs[i]) for i, name in enumerate("ab")]
+    added = [
+        (i, SamplingParams(extra_args=extra_args(paths[name], max_steps=2)), None, outputs[i])
+        for i, name in enumerate("ab")
+    ]
     processor.update_state(BatchUpdate(2, [], added, []))
     assert allowed_slots(processor, vocab, 2) == [[0, 1], [2, 3, 4]]
     processor.update_state(BatchUpdate(2, [], [], [(0, 1, MoveDirectionality.SWAP)]))
@@ -50,8 +56,10 @@ def test_rows_keep_their_banks_and_state_through_swaps_and_moves(setup):
 def test_a_plain_first_token_blocks_memory_and_a_request_without_a_bank_never_gets_any(setup):
     processor, paths, vocab = setup
     outputs = [[5], []]
-    added = [(0, SamplingParams(extra_args=extra_args(paths["a"])), None, outputs[0]),
-             (1, SamplingParams(), None, outputs[1])]
+    added = [
+        (0, SamplingParams(extra_args=extra_args(paths["a"])), None, outputs[0]),
+        (1, SamplingParams(), None, outputs[1]),
+    ]
     processor.update_state(BatchUpdate(2, [], added, []))
     assert allowed_slots(processor, vocab, 2) == [[], []]
 

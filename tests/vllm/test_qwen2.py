@@ -20,9 +20,19 @@ def qwen2_dir(tmp_path_factory):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = byte_tokenizer()
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048, tie_word_embeddings=True,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     with torch.no_grad():
@@ -42,9 +52,11 @@ def test_greedy_answers_on_qwen2_equal_tokmem_generate(qwen2_dir, tmp_path):
     batch = [(rows, q, t) for rows in banks for q in QUERIES for t in (0.5, 0.0)]
     llm = start_llm(qwen2_dir, slots=8, family="qwen2")
     try:
-        outputs = llm.generate([prompt(backbone.tokenizer, q, paths[rows]) for rows, q, _ in batch],
-                               [sampling_params(paths[rows], threshold=t, max_tokens=MAX_TOKENS) for rows, _, t in batch],
-                               use_tqdm=False)
+        outputs = llm.generate(
+            [prompt(backbone.tokenizer, q, paths[rows]) for rows, q, _ in batch],
+            [sampling_params(paths[rows], threshold=t, max_tokens=MAX_TOKENS) for rows, _, t in batch],
+            use_tqdm=False,
+        )
         placements = llm.collective_rpc("tokmem_placements")[0]
     finally:
         stop_llm(llm)
@@ -52,8 +64,12 @@ def test_greedy_answers_on_qwen2_equal_tokmem_generate(qwen2_dir, tmp_path):
     for (rows, query, threshold), output in zip(batch, outputs):
         ids = list(output.outputs[0].token_ids)
         offset = placements[str(paths[rows].resolve())]["offset"]
-        served = to_generation(banks[rows], query, [t - offset if t >= vocab else t for t in ids], 0.0, routed=ids[0] >= vocab)
-        expected = tokmem.generate(banks[rows], [query], DecodeConfig(max_new_tokens=MAX_TOKENS, threshold=threshold))[0]
+        served = to_generation(
+            banks[rows], query, [t - offset if t >= vocab else t for t in ids], 0.0, routed=ids[0] >= vocab
+        )
+        expected = tokmem.generate(banks[rows], [query], DecodeConfig(max_new_tokens=MAX_TOKENS, threshold=threshold))[
+            0
+        ]
         assert (served.routed, served.trace) == (expected.routed, expected.trace), (rows, query, threshold)
         routed += expected.routed
     assert routed > 0

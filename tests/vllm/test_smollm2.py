@@ -24,7 +24,10 @@ def test_greedy_answers_on_smollm2_across_banks_equal_tokmem_generate(tmp_path):
     try:
         outputs = llm.generate(
             [prompt(backbone.tokenizer, q, tmp_path / f"bank{rows}.safetensors") for rows, q, _ in batch],
-            [sampling_params(tmp_path / f"bank{rows}.safetensors", threshold=t, max_tokens=MAX_TOKENS) for rows, _, t in batch],
+            [
+                sampling_params(tmp_path / f"bank{rows}.safetensors", threshold=t, max_tokens=MAX_TOKENS)
+                for rows, _, t in batch
+            ],
             use_tqdm=False,
         )
         placements = llm.collective_rpc("tokmem_placements")[0]
@@ -34,8 +37,12 @@ def test_greedy_answers_on_smollm2_across_banks_equal_tokmem_generate(tmp_path):
     for (rows, query, threshold), output in zip(batch, outputs):
         ids = list(output.outputs[0].token_ids)
         offset = placements[str((tmp_path / f"bank{rows}.safetensors").resolve())]["offset"]
-        served = to_generation(banks[rows], query, [t - offset if t >= vocab else t for t in ids], 0.0, routed=ids[0] >= vocab)
-        expected = tokmem.generate(banks[rows], [query], DecodeConfig(max_new_tokens=MAX_TOKENS, threshold=threshold))[0]
+        served = to_generation(
+            banks[rows], query, [t - offset if t >= vocab else t for t in ids], 0.0, routed=ids[0] >= vocab
+        )
+        expected = tokmem.generate(banks[rows], [query], DecodeConfig(max_new_tokens=MAX_TOKENS, threshold=threshold))[
+            0
+        ]
         assert (served.routed, served.trace) == (expected.routed, expected.trace), (rows, query, threshold)
         routed += expected.routed
     assert 0 < routed  # memory tokens were chosen, so the banks' rows mattered

@@ -32,7 +32,9 @@ def main(argv=None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokmem", description="One-token procedural memory for frozen language models.")
+    parser = argparse.ArgumentParser(
+        prog="tokmem", description="One-token procedural memory for frozen language models."
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {tokmem.__version__}")
     commands = parser.add_subparsers(metavar="COMMAND")
     for group in GROUPS:

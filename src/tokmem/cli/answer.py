@@ -17,7 +17,8 @@ def add_commands(commands) -> None:
     run.set_defaults(handler=cmd_run)
 
     evaluate = commands.add_parser(
-        "eval", help="routing accuracy, exact match and ROUGE-L on a JSONL file; tool, argument and call F1 for tool calls"
+        "eval",
+        help="routing accuracy, exact match and ROUGE-L on a JSONL file; tool, argument and call F1 for tool calls",
     )
     evaluate.add_argument("--bank", required=True)
     evaluate.add_argument("--data", required=True)
@@ -43,10 +44,16 @@ def cmd_run(args) -> None:
         console.print(f"[bold]{g.query}[/bold]\n  routing: {candidates} (memory mass {100 * r.memory_mass:.1f}%)")
         for segment in g.trace:
             console.print(f"  [cyan]{segment.procedure or '(backbone)'}[/cyan] → {segment.text}", highlight=False)
-        results.append({
-            "query": g.query, "routed": g.routed, "memory_mass": r.memory_mass, "candidates": r.candidates,
-            "trace": [{"procedure": s.procedure, "text": s.text} for s in g.trace], "text": g.text,
-        })
+        results.append(
+            {
+                "query": g.query,
+                "routed": g.routed,
+                "memory_mass": r.memory_mass,
+                "candidates": r.candidates,
+                "trace": [{"procedure": s.procedure, "text": s.text} for s in g.trace],
+                "text": g.text,
+            }
+        )
     if args.json:
         write_json(args.json, {"bank": args.bank, "results": results})
 

@@ -48,8 +48,11 @@ def cmd_bank_show(args) -> None:
     console.print(table)
     for name, schema in bank.tool_schemas().items():
         if schema is not None:
-            console.print(f"[bold]{name}[/bold] arguments schema: {json.dumps(schema, ensure_ascii=False)}",
-                          highlight=False, soft_wrap=True)
+            console.print(
+                f"[bold]{name}[/bold] arguments schema: {json.dumps(schema, ensure_ascii=False)}",
+                highlight=False,
+                soft_wrap=True,
+            )
     if args.json:
         write_json(args.json, meta)
 

@@ -38,19 +38,26 @@ def _written(paths) -> None:
 # ---- atomic ------------------------------------------------------------------------------------------------
 def add_atomic(studies) -> None:
     parser = studies.add_parser(
-        "atomic", help="atomic recall on SNI: TokMem vs Base, RAG, LoRA, replay, TokMem+DC",
+        "atomic",
+        help="atomic recall on SNI: TokMem vs Base, RAG, LoRA, replay, TokMem+DC",
         description="Every SNI task is a procedure. After each checkpoint (the first k tasks in task-id order) every "
         "method answers the test queries of all k tasks: with --schedule joint it has learned them in one shuffled "
         "round (one run per checkpoint), with --schedule sequential one round per task. Writes the JSON (after every "
         "checkpoint), a markdown table and a PNG plot.",
     )
-    parser.add_argument("--preset", choices=tuple(atomic.PRESETS), default="cpu",
-                        help="cpu = the paper's protocol on the 14 SNI files of the shared data, smollm2-135m, "
-                        "Base/RAG/LoRA/TokMem (default); paper = 1000 tasks × 500/50, Qwen2.5-0.5B-Instruct (GPU, full "
-                        "natural-instructions)")
+    parser.add_argument(
+        "--preset",
+        choices=tuple(atomic.PRESETS),
+        default="cpu",
+        help="cpu = the paper's protocol on the 14 SNI files of the shared data, smollm2-135m, "
+        "Base/RAG/LoRA/TokMem (default); paper = 1000 tasks × 500/50, Qwen2.5-0.5B-Instruct (GPU, full "
+        "natural-instructions)",
+    )
     add_options(parser, atomic.AtomicConfig, unset=True)
     parser.add_argument("--out-dir", help="where the table, plot and method states go (default: beside --json)")
-    parser.add_argument("--resume", action="store_true", help="continue the run in --json: skip its finished checkpoints")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the run in --json: skip its finished checkpoints"
+    )
     _outputs(parser, "written after every checkpoint")
     parser.set_defaults(handler=cmd_atomic)
 
@@ -67,13 +74,18 @@ def cmd_atomic(args) -> None:
 # ---- compositional -----------------------------------------------------------------------------------------
 def add_compositional(studies) -> None:
     parser = studies.add_parser(
-        "compositional", help="compositional tool calling: TokMem vs ICL, RAG, fine-tuning (Table 3, generalisation, "
-        "forgetting)")
+        "compositional",
+        help="compositional tool calling: TokMem vs ICL, RAG, fine-tuning (Table 3, generalisation, forgetting)",
+    )
     parser.add_argument("--study", choices=tuple(compositional.STUDIES), default="main")
-    parser.add_argument("--preset", choices=tuple(compositional.PRESETS), default="cpu",
-                        help="cpu: 10 tools, 220 training and 40 test queries on smollm2-135m (complexfuncbench: 150 and "
-                        "24 records); paper: the paper's sizes (Llama-3.2-1B-Instruct, 5000/500 queries; 50 + 50 tools "
-                        "with --xlam), for a GPU")
+    parser.add_argument(
+        "--preset",
+        choices=tuple(compositional.PRESETS),
+        default="cpu",
+        help="cpu: 10 tools, 220 training and 40 test queries on smollm2-135m (complexfuncbench: 150 and "
+        "24 records); paper: the paper's sizes (Llama-3.2-1B-Instruct, 5000/500 queries; 50 + 50 tools "
+        "with --xlam), for a GPU",
+    )
     add_options(parser, compositional.CompositionalConfig, unset=True)
     _outputs(parser, "saved after every step; .md and .png go beside it")
     parser.set_defaults(handler=cmd_compositional)
@@ -98,13 +110,19 @@ PLACEMENT_CONFIGS = (placement.MemorizationConfig, placement.GSM8KConfig)
 def add_placement(studies) -> None:
     parser = studies.add_parser("placement", help="memory placement: TokMem's infix memory vs prefix tuning")
     parser.add_argument("--study", choices=tuple(placement.PRESETS), default="memorization")
-    parser.add_argument("--preset", choices=("cpu", "paper"), default="cpu",
-                        help="cpu: smaller sizes for a CPU; paper: the paper's sizes")
+    parser.add_argument(
+        "--preset",
+        choices=("cpu", "paper"),
+        default="cpu",
+        help="cpu: smaller sizes for a CPU; paper: the paper's sizes",
+    )
     seen = set()
     for config in PLACEMENT_CONFIGS:  # the options of both studies; each names the study it applies to
         add_options(parser, config, skip=seen, unset=True)
         seen |= {f.name for f in fields(config)}
-    parser.add_argument("--resume", action="store_true", help="gsm8k: continue the run in --json, skipping its finished runs")
+    parser.add_argument(
+        "--resume", action="store_true", help="gsm8k: continue the run in --json, skipping its finished runs"
+    )
     _outputs(parser, "the markdown table (.md) and plot (.png) go beside it")
     parser.set_defaults(handler=cmd_placement)
 
@@ -115,7 +133,9 @@ def placement_config(args):
     given = {name: value for config_type in PLACEMENT_CONFIGS for name, value in values(args, config_type).items()}
     foreign = sorted(set(given) - {f.name for f in fields(config)})
     if foreign:
-        raise TokMemError(f"--{', --'.join(k.replace('_', '-') for k in foreign)} does not apply to --study {args.study}")
+        raise TokMemError(
+            f"--{', --'.join(k.replace('_', '-') for k in foreign)} does not apply to --study {args.study}"
+        )
     return replace(config, **given, progress=not args.quiet)
 
 

@@ -9,16 +9,24 @@ from tokmem.report import console, write_json
 def add_commands(commands) -> None:
     data = commands.add_parser("data", help="real tool-calling data").add_subparsers(metavar="ACTION")
     imports = data.add_parser(
-        "import", help="turn a NESTFUL, BFCL, xLAM or OpenAI chat-format file into procedures JSONL (one step per call)",
+        "import",
+        help="turn a NESTFUL, BFCL, xLAM or OpenAI chat-format file into procedures JSONL (one step per call)",
         description="Each usable record becomes an example whose steps are its calls (the tool is the procedure, the "
         "call JSON the response). Malformed records are refused; records that cannot be used are counted as skipped.",
     )
-    imports.add_argument("input", metavar="IN", help="the data file; BFCL: a question file (its possible_answer/ "
-                         "file beside it) or the bfcl folder (every question file with answers)")
+    imports.add_argument(
+        "input",
+        metavar="IN",
+        help="the data file; BFCL: a question file (its possible_answer/ "
+        "file beside it) or the bfcl folder (every question file with answers)",
+    )
     imports.add_argument("--format", required=True, choices=sorted(IMPORTERS))
     imports.add_argument("--out", required=True, help="procedures JSONL to write")
-    imports.add_argument("--catalog", help="also write the called tools' schemas here (JSONL: name, description, "
-                         "parameters; tokmem train --catalog reads it)")
+    imports.add_argument(
+        "--catalog",
+        help="also write the called tools' schemas here (JSONL: name, description, "
+        "parameters; tokmem train --catalog reads it)",
+    )
     imports.add_argument("--tools", help="NESTFUL: the tools' spec file (default: X-spec.json beside X-data.json)")
     imports.add_argument("--json", metavar="PATH", help="also write the counts as JSON")
     imports.set_defaults(handler=cmd_data_import)
@@ -78,8 +86,18 @@ def cmd_data_import(args) -> None:
     ]
     console.print("\n".join(lines), highlight=False, soft_wrap=True)
     if args.json:
-        write_json(args.json, {
-            "input": args.input, "format": args.format, "out": args.out, "catalog": args.catalog,
-            "records": imported.records, "examples": len(imported.examples), "calls": calls,
-            "calls_per_example": histogram, "tools": list(imported.catalog), "skipped": dict(imported.skipped),
-        })
+        write_json(
+            args.json,
+            {
+                "input": args.input,
+                "format": args.format,
+                "out": args.out,
+                "catalog": args.catalog,
+                "records": imported.records,
+                "examples": len(imported.examples),
+                "calls": calls,
+                "calls_per_example": histogram,
+                "tools": list(imported.catalog),
+                "skipped": dict(imported.skipped),
+            },
+        )

@@ -14,6 +14,7 @@ from tokmem.errors import TokMemError
 from tokmem.report import console, machine, write_json
 from tokmem.train import TrainConfig
 
+
 def add_commands(commands) -> None:
     demo = commands.add_parser("demo", help="learn the built-in procedures and report routing, answers and chains")
     add_options(demo, DemoConfig, skip=("seed",))
@@ -40,14 +41,24 @@ def add_commands(commands) -> None:
 
 def _add_adapt(commands) -> None:
     adapt = commands.add_parser(
-        "adapt", help="the adaptation phase: teach a backbone to read and chain memory tokens, saved as a new backbone",
+        "adapt",
+        help="the adaptation phase: teach a backbone to read and chain memory tokens, saved as a new backbone",
         description="LoRA trains with temporary memory rows on held-out procedures, is merged into the backbone and the "
-        "rows are dropped. Default data: the built-in adaptation tools.")
+        "rows are dropped. Default data: the built-in adaptation tools.",
+    )
     adapt.add_argument("--backbone", default=DEFAULT_BACKBONE)
-    adapt.add_argument("--out", required=True, help="new directory for the adapted backbone (use it as --backbone later)")
-    adapt.add_argument("--data", help="procedures JSONL of held-out procedures (default: the built-in adaptation tools)")
-    adapt.add_argument("--samples", type=int, default=ADAPTATION_SAMPLES,
-                       help="built-in data: queries in all (50 single-tool samples a tool)")
+    adapt.add_argument(
+        "--out", required=True, help="new directory for the adapted backbone (use it as --backbone later)"
+    )
+    adapt.add_argument(
+        "--data", help="procedures JSONL of held-out procedures (default: the built-in adaptation tools)"
+    )
+    adapt.add_argument(
+        "--samples",
+        type=int,
+        default=ADAPTATION_SAMPLES,
+        help="built-in data: queries in all (50 single-tool samples a tool)",
+    )
     add_options(adapt, AdaptConfig)
     add_options(adapt, TrainConfig, names=("lr",), prefix="rows_")
     add_options(adapt, TrainConfig, names=("epochs", "batch_size", "max_length"))
@@ -56,14 +67,19 @@ def _add_adapt(commands) -> None:
 
 
 def _training_options(parser) -> None:
-    parser.add_argument("--catalog", help="JSONL of {name, description, parameters (a tool's JSON schema, optional)} per procedure")
+    parser.add_argument(
+        "--catalog", help="JSONL of {name, description, parameters (a tool's JSON schema, optional)} per procedure"
+    )
     add_options(parser, TrainConfig, skip=("seed",))  # --seed is common
     add_common(parser)
 
 
 def _train_config(args, out_path) -> TrainConfig:
-    return TrainConfig(**values(args, TrainConfig), progress=not args.quiet,
-                       checkpoint=str(out_path) if args.checkpoint_every else None)
+    return TrainConfig(
+        **values(args, TrainConfig),
+        progress=not args.quiet,
+        checkpoint=str(out_path) if args.checkpoint_every else None,
+    )
 
 
 def _learn_and_save(model, args, out_path) -> None:
@@ -88,7 +104,9 @@ def _learn_and_save(model, args, out_path) -> None:
         console.print(f"[yellow]warning: {warning}; raise --max-length to keep them whole[/yellow]", highlight=False)
     console.print(f"saved {out_path}")
     if args.json:
-        write_json(args.json, {"bank": str(out_path), "procedures": model.bank.names, "train": summary, "machine": machine()})
+        write_json(
+            args.json, {"bank": str(out_path), "procedures": model.bank.names, "train": summary, "machine": machine()}
+        )
 
 
 def cmd_demo(args) -> None:
@@ -121,15 +139,32 @@ def cmd_adapt(args) -> None:
     if Path(args.out).exists():
         raise TokMemError(f"{args.out} already exists: give --out a new directory")
     examples = load_examples(args.data) if args.data else adaptation_examples(args.samples, seed=args.seed)
-    rows = TrainConfig(lr=args.rows_lr, epochs=args.epochs, batch_size=args.batch_size, max_length=args.max_length,
-                       seed=args.seed, progress=not args.quiet)
+    rows = TrainConfig(
+        lr=args.rows_lr,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        seed=args.seed,
+        progress=not args.quiet,
+    )
     backbone = load_backbone(args.backbone, device=args.device)
     adapted = adapt(backbone, examples, AdaptConfig(**values(args, AdaptConfig)), rows, save_to=args.out, inplace=True)
     if not distributed.is_main():
         return
     procedures = len({p for e in examples for p in e.procedures})
-    console.print(f"adapted {args.backbone} on {len(examples)} queries over {procedures} procedures; saved {adapted.name}")
+    console.print(
+        f"adapted {args.backbone} on {len(examples)} queries over {procedures} procedures; saved {adapted.name}"
+    )
     console.print(f"use it with --backbone {adapted.name}")
     if args.json:
-        write_json(args.json, {"backbone": adapted.name, "base": args.backbone, "examples": len(examples),
-                               "procedures": procedures, "fingerprint": adapted.fingerprint(), "machine": machine()})
+        write_json(
+            args.json,
+            {
+                "backbone": adapted.name,
+                "base": args.backbone,
+                "examples": len(examples),
+                "procedures": procedures,
+                "fingerprint": adapted.fingerprint(),
+                "machine": machine(),
+            },
+        )

@@ -38,8 +38,9 @@ def add_options(parser, config: type, names=None, skip=(), prefix: str = "", uns
         flag = field.metadata.get("flag") or f"--{(prefix + name).replace('_', '-')}"
         default = None if unset else _default(field)
         required = not unset and field.default is MISSING and field.default_factory is MISSING
-        parser.add_argument(flag, dest=prefix + name, default=default, help=_help(field, unset), required=required,
-                            **_kind(hints[name]))
+        parser.add_argument(
+            flag, dest=prefix + name, default=default, help=_help(field, unset), required=required, **_kind(hints[name])
+        )
 
 
 def values(args: argparse.Namespace, config: type, prefix: str = "") -> dict:
@@ -83,5 +84,7 @@ def add_common(parser) -> None:
     """The options of every command that computes: where its numbers go, the device, the seed, the progress bars."""
     parser.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
     parser.add_argument("--device", help="cpu, cuda, … (default: cuda when available)")
-    parser.add_argument("--seed", type=int, default=TrainConfig.seed, help="seed of the data order, the new rows and sampling")
+    parser.add_argument(
+        "--seed", type=int, default=TrainConfig.seed, help="seed of the data order, the new rows and sampling"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")

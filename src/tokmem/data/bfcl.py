@@ -27,7 +27,13 @@ import ast
 from pathlib import Path
 
 from tokmem.data.toolfiles import (
-    Imported, bad, list_field, read_records, require_object, text_field, tool_entry,
+    Imported,
+    bad,
+    list_field,
+    read_records,
+    require_object,
+    text_field,
+    tool_entry,
 )
 from tokmem.errors import DataError
 
@@ -90,12 +96,15 @@ def _answers_by_id(path: Path) -> dict[str, tuple[str, list]]:
 
 # ---- single-turn ---------------------------------------------------------------------------------------
 
+
 def _single_turn(question, qid, where, gold, answer_where, imported: Imported) -> None:
     turns = list_field(question, "question", where)
     if len(turns) != 1:
         raise bad(where, "question", f"expected one turn in a single-turn file, got {len(turns)}")
     query = _user_query(turns[0], where, "question[0]", imported)
-    schemas = dict(tool_entry(tool, where, f"function[{k}]") for k, tool in enumerate(list_field(question, "function", where)))
+    schemas = dict(
+        tool_entry(tool, where, f"function[{k}]") for k, tool in enumerate(list_field(question, "function", where))
+    )
     calls = [_gold_call(call, answer_where, f"ground_truth[{k}]") for k, call in enumerate(gold)]
     imported.offer(query, calls, qid, schemas)
 
@@ -106,9 +115,12 @@ def _user_query(turn, where: str, field: str, imported: Imported) -> str | None:
         raise bad(where, field, "expected a list of messages")
     users = []
     for m, message in enumerate(turn):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
-                or not isinstance(message.get("content"), str):
-            raise bad(where, f"{field}[{m}]", "expected a message {\"role\": …, \"content\": \"…\"}")
+        if (
+            not isinstance(message, dict)
+            or not isinstance(message.get("role"), str)
+            or not isinstance(message.get("content"), str)
+        ):
+            raise bad(where, f"{field}[{m}]", 'expected a message {"role": …, "content": "…"}')
         if message["role"] != "user":
             imported.skipped[SKIP_OTHER_ROLES] += 1
         elif message["content"].strip():
@@ -119,7 +131,7 @@ def _user_query(turn, where: str, field: str, imported: Imported) -> str | None:
 def _gold_call(call, where: str, field: str) -> tuple[str, dict]:
     if not isinstance(call, dict) or len(call) != 1:
         raise bad(where, field, "expected an object with one key, the tool's name")
-    (name, arguments), = call.items()
+    ((name, arguments),) = call.items()
     if not isinstance(arguments, dict):
         raise bad(where, f"{field}.{name}", "expected an object of arguments")
     for argument, acceptable in arguments.items():
@@ -148,6 +160,7 @@ def _value(value):
 
 
 # ---- multi-turn ----------------------------------------------------------------------------------------
+
 
 def _conversation(question, qid, where, gold, answer_where, docs: dict[str, dict], imported: Imported) -> None:
     turns = list_field(question, "question", where)
@@ -179,8 +192,11 @@ def parse_call(text: str, where: str, field: str, docs: dict[str, dict]) -> tupl
         return name, None
     parameters = list(docs[name]["parameters"].get("properties", {}))
     if len(node.args) > len(parameters):
-        raise bad(where, field, f"{len(node.args)} positional arguments, but '{name}' has {len(parameters)} "
-                                f"parameters: {text!r}")
+        raise bad(
+            where,
+            field,
+            f"{len(node.args)} positional arguments, but '{name}' has {len(parameters)} parameters: {text!r}",
+        )
     arguments = {parameter: _literal(arg, where, field, text) for parameter, arg in zip(parameters, node.args)}
     for keyword in node.keywords:
         if keyword.arg is None or keyword.arg in arguments:
@@ -210,5 +226,7 @@ def _func_docs(folder: Path) -> dict[str, dict]:
     """Tool name → catalog entry, from every JSON-lines file in ``multi_turn_func_doc/``."""
     files = sorted(folder.glob("*.json"))
     if not files:
-        raise DataError(f"{folder}: no multi-turn function docs (*.json) here; the multi-turn tools' schemas are needed")
+        raise DataError(
+            f"{folder}: no multi-turn function docs (*.json) here; the multi-turn tools' schemas are needed"
+        )
     return dict(tool_entry(tool, f"{file}: record {k}") for file in files for k, tool in enumerate(read_records(file)))

@@ -21,7 +21,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from tokmem.data.toolfiles import (
-    Imported, bad, call_fields, list_field, read_records, require_object, result_text, text_field, tool_entry,
+    Imported,
+    bad,
+    call_fields,
+    list_field,
+    read_records,
+    require_object,
+    result_text,
+    text_field,
+    tool_entry,
 )
 from tokmem.errors import DataError
 
@@ -57,11 +65,15 @@ def import_nestful(path, spec=None, results: bool = True) -> Imported:
         query = text_field(record, "input", where).strip()
         output = list_field(record, "output", where)
         calls = _calls(output, where, imported)
-        recorded = [result_text(call.get("response")) if results else None for call in output if call["name"] != ANSWER_STEP]
+        recorded = [
+            result_text(call.get("response")) if results else None for call in output if call["name"] != ANSWER_STEP
+        ]
         schemas = _record_tools(record, where) if "tools" in record else shared
         if schemas is None:
-            raise DataError(f"{where}: no tool schemas: the record has no 'tools' and no spec file was given "
-                            f"(none found beside {path.name} as *-spec.json)")
+            raise DataError(
+                f"{where}: no tool schemas: the record has no 'tools' and no spec file was given "
+                f"(none found beside {path.name} as *-spec.json)"
+            )
         imported.offer(query, calls, str(record.get("sample_id", index)), schemas, results=recorded)
     imported.require_examples(path)
     return imported
@@ -76,7 +88,7 @@ def _calls(output: list, where: str, imported: Imported) -> list[tuple[str, dict
             continue
         label = call.get("label")
         if not isinstance(label, str) or not label.strip():
-            raise bad(where, f"output[{k}].label", "missing or empty (each call names its result, e.g. \"var1\")")
+            raise bad(where, f"output[{k}].label", 'missing or empty (each call names its result, e.g. "var1")')
         calls.append((name, arguments))
     return calls
 

@@ -39,15 +39,27 @@ def import_openai(path) -> Imported:
 
 def _tool(tool, where: str, k: int) -> tuple[str, dict]:
     if not isinstance(tool, dict) or not isinstance(tool.get("function"), dict):
-        raise bad(where, f"tools[{k}]", 'expected {"type": "function", "function": {"name", "description", "parameters"}}')
+        raise bad(
+            where, f"tools[{k}]", 'expected {"type": "function", "function": {"name", "description", "parameters"}}'
+        )
     return tool_entry(tool["function"], where, f"tools[{k}].function")
 
 
 def _exchange(messages: list, where: str, imported: Imported):
     """(query, [(name, arguments)], [result]) of the record's first exchange with tool calls."""
-    first = next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls")),
-                 None)
-    users = [i for i, m in enumerate(messages[: first if first is not None else len(messages)]) if _role(m, where, i) == "user"]
+    first = next(
+        (
+            i
+            for i, m in enumerate(messages)
+            if isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls")
+        ),
+        None,
+    )
+    users = [
+        i
+        for i, m in enumerate(messages[: first if first is not None else len(messages)])
+        if _role(m, where, i) == "user"
+    ]
     query = _content(messages[users[-1]], where, users[-1]) if users else None
     if first is None:
         return query, [], []
@@ -60,8 +72,11 @@ def _exchange(messages: list, where: str, imported: Imported):
             name, arguments = _call(call, where, f"messages[{i}].tool_calls[{k}]")
             calls.append((name, arguments))
             ids.append(call.get("id"))
-    results = {m.get("tool_call_id"): _content(m, where, i) for i, m in enumerate(messages[first:end], first)
-               if m.get("role") == "tool"}
+    results = {
+        m.get("tool_call_id"): _content(m, where, i)
+        for i, m in enumerate(messages[first:end], first)
+        if m.get("role") == "tool"
+    }
     unknown = sorted(set(results) - set(ids), key=str)
     if unknown:
         raise bad(where, "messages", f"a 'tool' message answers tool_call_id {unknown[0]!r}, which no call has")

@@ -97,7 +97,10 @@ class Example:
         return "\n".join(s.response for s in self.steps)
 
     def to_json(self) -> dict:
-        out = {"query": self.query, "steps": [{k: v for k, v in asdict(s).items() if v is not None} for s in self.steps]}
+        out = {
+            "query": self.query,
+            "steps": [{k: v for k, v in asdict(s).items() if v is not None} for s in self.steps],
+        }
         if self.id is not None:
             out["id"] = self.id
         return out
@@ -132,7 +135,9 @@ def parse_example(obj, path="<data>", line: int = 1) -> Example:
         name = _text(step, "procedure", path, line, f"{where}.")
         result = step.get("result")
         if result is not None and not isinstance(result, str):
-            raise DataError(f"{_where(path, line, where + '.result')}: must be a string (the tool's output as text, e.g. JSON)")
+            raise DataError(
+                f"{_where(path, line, where + '.result')}: must be a string (the tool's output as text, e.g. JSON)"
+            )
         parsed.append(Step(name.strip(), _text(step, "response", path, line, f"{where}."), result))
     ex_id = obj.get("id")
     return Example(query=query, steps=tuple(parsed), id=None if ex_id is None else str(ex_id))
@@ -180,7 +185,11 @@ def load_catalog(path) -> dict[str, str]:
 def load_schemas(path) -> dict[str, dict]:
     """The catalog's tool schemas (``"parameters"``: OpenAI's function format, a JSON schema object), name → schema,
     for the entries that have one."""
-    return {name: entry["parameters"] for name, entry in _catalog_entries(path).items() if entry.get("parameters") is not None}
+    return {
+        name: entry["parameters"]
+        for name, entry in _catalog_entries(path).items()
+        if entry.get("parameters") is not None
+    }
 
 
 def _catalog_entries(path) -> dict[str, dict]:
@@ -195,7 +204,11 @@ def _catalog_entries(path) -> dict[str, dict]:
         if not isinstance(description, str):
             raise DataError(f"{_where(path, number, 'description')}: must be a string")
         parameters = obj.get("parameters")
-        if parameters is not None and (not isinstance(parameters, dict) or not isinstance(parameters.get("properties", {}), dict)):
-            raise DataError(f"{_where(path, number, 'parameters')}: must be a JSON schema object (with 'properties' an object)")
+        if parameters is not None and (
+            not isinstance(parameters, dict) or not isinstance(parameters.get("properties", {}), dict)
+        ):
+            raise DataError(
+                f"{_where(path, number, 'parameters')}: must be a JSON schema object (with 'properties' an object)"
+            )
         catalog[name.strip()] = {"description": description, "parameters": parameters}
     return catalog

@@ -35,8 +35,10 @@ def function_calling_dir(explicit: str | None = None) -> Path:
     where = "--data-dir" if explicit else where_shared_data()
     for needed in (CFB_DATA, BFCL_MULTI_TURN):
         if not (folder / needed).is_file():
-            raise DataError(f"{folder / needed} not found ({where}): the folder must hold {CFB_DATA} and "
-                            f"{BFCL_MULTI_TURN}; pass --data-dir DIR or set ${SHARED_ENV} to the shared data folder")
+            raise DataError(
+                f"{folder / needed} not found ({where}): the folder must hold {CFB_DATA} and "
+                f"{BFCL_MULTI_TURN}; pass --data-dir DIR or set ${SHARED_ENV} to the shared data folder"
+            )
     return folder
 
 
@@ -61,8 +63,10 @@ class RealData:
     left_out: Counter = field(default_factory=Counter)
 
     def summary(self) -> dict:
-        return {"left_out": dict(self.left_out),
-                "train_calls": dict(sorted(Counter(len(e.steps) for e in self.data.train).items()))}
+        return {
+            "left_out": dict(self.left_out),
+            "train_calls": dict(sorted(Counter(len(e.steps) for e in self.data.train).items())),
+        }
 
 
 def complexfuncbench_data(
@@ -96,8 +100,10 @@ def complexfuncbench_data(
         left_out[f"test records beyond {test_size}"] += len(test) - test_size
         test = test[:test_size]
     if not train or not test:
-        raise DataError(f"{folder / CFB_DATA}: {len(train)} training and {len(test)} test records with at most "
-                        f"{max_calls} calls: both must be non-empty (raise --max-calls or --test-fraction)")
+        raise DataError(
+            f"{folder / CFB_DATA}: {len(train)} training and {len(test)} test records with at most "
+            f"{max_calls} calls: both must be non-empty (raise --max-calls or --test-fraction)"
+        )
     tools = list(dict.fromkeys(p for e in train + test for p in e.procedures))
     adaptation = _adaptation(folder, max_calls, adapt_samples, set(tools), rng, left_out)
     return RealData(ToolData(train, test, {name: catalog[name] for name in tools}), adaptation, left_out)
@@ -110,14 +116,17 @@ def _at_most(examples: list[Example], max_calls: int, left_out: Counter, source:
     return kept
 
 
-def _adaptation(folder: Path, max_calls: int, samples: int, evaluation_tools: set[str], rng: random.Random,
-                left_out: Counter) -> list[Example]:
+def _adaptation(
+    folder: Path, max_calls: int, samples: int, evaluation_tools: set[str], rng: random.Random, left_out: Counter
+) -> list[Example]:
     """BFCL multi-turn turns (each a query and its calls) with at most ``max_calls`` calls, ``samples`` of them."""
     turns = import_bfcl(folder / BFCL_MULTI_TURN).examples
     shared = evaluation_tools & {p for e in turns for p in e.procedures}
     if shared:
-        raise DataError(f"{folder / BFCL_MULTI_TURN}: the adaptation tools must be disjoint from the evaluation "
-                        f"tools, but both have {', '.join(sorted(shared))}")
+        raise DataError(
+            f"{folder / BFCL_MULTI_TURN}: the adaptation tools must be disjoint from the evaluation "
+            f"tools, but both have {', '.join(sorted(shared))}"
+        )
     turns = _at_most(turns, max_calls, left_out, "BFCL multi-turn")
     if samples < len(turns):
         left_out[f"BFCL multi-turn turns beyond {samples}"] += len(turns) - samples

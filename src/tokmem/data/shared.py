@@ -28,4 +28,6 @@ def shared_data(*parts: str) -> Path:
 
 def where_shared_data() -> str:
     """How ``shared_data`` found its folder, for error messages."""
-    return f"${SHARED_ENV}" if os.environ.get(SHARED_ENV) else f"searched for {SHARED_DATA} from the working directory up"
+    return (
+        f"${SHARED_ENV}" if os.environ.get(SHARED_ENV) else f"searched for {SHARED_DATA} from the working directory up"
+    )

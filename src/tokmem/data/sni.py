@@ -141,6 +141,7 @@ def _instance(item, path: Path, k: int) -> Instance:
 
 def reference_order(instances: list[Instance]) -> list[Instance]:
     """The instances sorted by the MD5 of ``id||input||output[0]`` (the reference code's stable split order)."""
+
     def rank(instance: Instance) -> int:
         key = f"{instance.id}||{instance.input}||{instance.reference}"
         return stable_hash(key)
@@ -149,7 +150,11 @@ def reference_order(instances: list[Instance]) -> list[Instance]:
 
 
 def load_tasks(
-    tasks_dir, num_tasks: int | None = None, train_per_task: int = 500, test_per_task: int = 50, min_train: int | None = None,
+    tasks_dir,
+    num_tasks: int | None = None,
+    train_per_task: int = 500,
+    test_per_task: int = 50,
+    min_train: int | None = None,
 ) -> tuple[list[Task], list[dict]]:
     """The first ``num_tasks`` usable English tasks in ascending task-id order, split into test and train.
 
@@ -189,7 +194,10 @@ def _unusable(task: TaskFile, needed: int) -> str | None:
 def _split(task: TaskFile, train_per_task: int, test_per_task: int) -> Task:
     ranked = reference_order(task.instances)
     return Task(
-        name=task.path.stem, number=task.number, definition=task.definition,
-        test=ranked[:test_per_task], train=ranked[test_per_task : test_per_task + train_per_task],
+        name=task.path.stem,
+        number=task.number,
+        definition=task.definition,
+        test=ranked[:test_per_task],
+        train=ranked[test_per_task : test_per_task + train_per_task],
         unknown_languages=task.unknown_languages,
     )

@@ -32,8 +32,15 @@ class Imported:
     catalog: dict[str, dict] = field(default_factory=dict)
     skipped: Counter = field(default_factory=Counter)
 
-    def offer(self, query: str | None, calls: list[tuple[str, dict]], id: str, schemas: dict[str, dict],
-              unit: str = "records", results: list[str | None] | None = None) -> None:
+    def offer(
+        self,
+        query: str | None,
+        calls: list[tuple[str, dict]],
+        id: str,
+        schemas: dict[str, dict],
+        unit: str = "records",
+        results: list[str | None] | None = None,
+    ) -> None:
         """Keep the example these calls make, or count (as ``unit``) why there is none: no query, no calls, or a
         call to a tool ``schemas`` (name → catalog entry) does not define.  ``results``: each call's result text
         (None where unknown)."""
@@ -55,7 +62,9 @@ class Imported:
 
     def require_examples(self, path) -> None:
         if not self.examples:
-            reasons = "; ".join(f"{reason}: {count}" for reason, count in self.skipped.items()) or "the file has no records"
+            reasons = (
+                "; ".join(f"{reason}: {count}" for reason, count in self.skipped.items()) or "the file has no records"
+            )
             raise DataError(f"{path}: no usable records ({reasons})")
 
 
@@ -66,8 +75,11 @@ def catalog_entry(name: str, description, parameters) -> dict:
 def calls_example(query: str, calls, id: str, results: list[str | None] | None = None) -> Example:
     """One step per ``(tool name, arguments)`` call, in order, each with its result text where ``results`` has one."""
     results = results or [None] * len(calls)
-    return Example(query, tuple(Step(name, call_json(name, arguments), result)
-                                for (name, arguments), result in zip(calls, results)), id=id)
+    return Example(
+        query,
+        tuple(Step(name, call_json(name, arguments), result) for (name, arguments), result in zip(calls, results)),
+        id=id,
+    )
 
 
 def result_text(value) -> str | None:
@@ -78,6 +90,7 @@ def result_text(value) -> str | None:
 
 
 # ---- reading and validation ----------------------------------------------------------------------------
+
 
 def read_records(path: Path) -> list:
     """The records of a JSON list file or a JSON lines file (either may be gzip-compressed)."""

@@ -21,10 +21,18 @@ from pathlib import Path
 
 from tokmem.data.procedures import Example
 from tokmem.data.toolfiles import (
-    Imported, bad, call_fields, calls_example, catalog_entry, read_records, require_object, text_field,
+    Imported,
+    bad,
+    call_fields,
+    calls_example,
+    catalog_entry,
+    read_records,
+    require_object,
+    text_field,
 )
 from tokmem.data.tools import StudySizes, ToolData, assemble
 from tokmem.errors import DataError
+
 
 @dataclass(frozen=True)
 class XlamRecord:
@@ -53,8 +61,10 @@ def import_xlam(path) -> Imported:
     records = load_xlam(path)
     imported = Imported(records=len(records))
     for record in records:
-        schemas = {tool["name"]: catalog_entry(tool["name"], tool.get("description"), tool.get("parameters", {}))
-                   for tool in record.tools}
+        schemas = {
+            tool["name"]: catalog_entry(tool["name"], tool.get("description"), tool.get("parameters", {}))
+            for tool in record.tools
+        }
         imported.offer(record.query, list(record.calls), record.id, schemas)
     imported.require_examples(path)
     return imported
@@ -72,8 +82,11 @@ def rank_tools(records: list[XlamRecord]) -> list[tuple[str, int]]:
 
 def _single_tool(record: XlamRecord) -> bool:
     """A usable single-tool sample: one tool (not an excluded one), every call with arguments."""
-    return (len(record.tool_names) == 1 and not record.tool_names & EXCLUDED_TOOLS
-            and all(arguments for _, arguments in record.calls))
+    return (
+        len(record.tool_names) == 1
+        and not record.tool_names & EXCLUDED_TOOLS
+        and all(arguments for _, arguments in record.calls)
+    )
 
 
 def xlam_dataset(path, ranks: tuple[int, int] = (1, 50), **sizes) -> ToolData:
@@ -112,6 +125,7 @@ def _schemas(records, chosen) -> dict[str, dict]:
 
 # ---- reading and validation ----------------------------------------------------------------------------
 
+
 def _record(raw, path: Path, index: int) -> XlamRecord:
     where = f"{path}: record {index}"
     query = text_field(require_object(raw, where), "query", where)
@@ -142,4 +156,3 @@ def _json_list(raw: dict, field: str, where: str) -> list:
     if not isinstance(value, list):
         raise bad(where, field, "missing or not a list (nor a JSON string of one)")
     return value
-

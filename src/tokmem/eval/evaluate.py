@@ -63,8 +63,11 @@ def are_tool_calls(examples: list[Example]) -> bool:
 
 def tool_call_scores(examples: list[Example], generations: list[Generation]) -> dict:
     """``score_calls`` of TokMem's generations: each memory-token segment is one call, its memory token a route."""
-    return score_calls(examples, [[s.text for s in g.trace] for g in generations],
-                       [[s.procedure for s in g.trace if s.procedure is not None] for g in generations])
+    return score_calls(
+        examples,
+        [[s.text for s in g.trace] for g in generations],
+        [[s.procedure for s in g.trace if s.procedure is not None] for g in generations],
+    )
 
 
 def predicted_calls(answer) -> list[str]:

@@ -195,8 +195,9 @@ def routing_f1(routes: Iterable[str], gold: Iterable[tuple]) -> float:
 CALL_METRICS = {"tool_f1": "Tool F1", "arg_f1": "Argument F1", "call_f1": "Call F1"}
 
 
-def call_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[tuple]],
-                routes: Sequence[Sequence[str]] | None = None) -> dict:
+def call_scores(
+    gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[tuple]], routes: Sequence[Sequence[str]] | None = None
+) -> dict:
     """Tool, argument and call F1 of each query's predicted calls (``read_call``) against its gold call texts:
     ``{"tool_f1": {"2": …, "3": …, "avg": …}, "arg_f1": …, "call_f1": …}``, 0–100, per number of gold calls
     (averaged over those queries), and "avg" the mean over the numbers of calls present (as the paper averages).

@@ -13,7 +13,12 @@ class Base(Method):
     label = "Base"
     learns = False
 
-    def __init__(self, backbone: Backbone, max_new_tokens: int = DecodeConfig.max_new_tokens, eval_batch_size: int = DecodeConfig.batch_size):
+    def __init__(
+        self,
+        backbone: Backbone,
+        max_new_tokens: int = DecodeConfig.max_new_tokens,
+        eval_batch_size: int = DecodeConfig.batch_size,
+    ):
         self.model = tokmem.create(backbone)  # an empty bank: the plain backbone
         self.max_new_tokens = max_new_tokens
         self.eval_batch_size = eval_batch_size

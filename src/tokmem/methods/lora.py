@@ -42,16 +42,34 @@ class LoRA(Method):
     label = "Fine-tuning"
 
     def __init__(
-        self, backbone: Backbone, rank: int = LoRASettings.rank, lr: float = LoRASettings.lr,
-        weight_decay: float = LoRASettings.weight_decay, epochs: int = TrainConfig.epochs,
-        batch_size: int = TrainConfig.batch_size, max_length: int = TrainConfig.max_length, max_new_tokens: int = DecodeConfig.max_new_tokens,
-        eval_batch_size: int = DecodeConfig.batch_size, seed: int = TrainConfig.seed, target_modules: tuple[str, ...] = LoRASettings.target_modules,
-        schedule: str = TrainConfig.schedule, warmup: float = TrainConfig.warmup,
+        self,
+        backbone: Backbone,
+        rank: int = LoRASettings.rank,
+        lr: float = LoRASettings.lr,
+        weight_decay: float = LoRASettings.weight_decay,
+        epochs: int = TrainConfig.epochs,
+        batch_size: int = TrainConfig.batch_size,
+        max_length: int = TrainConfig.max_length,
+        max_new_tokens: int = DecodeConfig.max_new_tokens,
+        eval_batch_size: int = DecodeConfig.batch_size,
+        seed: int = TrainConfig.seed,
+        target_modules: tuple[str, ...] = LoRASettings.target_modules,
+        schedule: str = TrainConfig.schedule,
+        warmup: float = TrainConfig.warmup,
     ):
         self.backbone = backbone
         self.model = tokmem.create(backbone)  # an empty bank: TokMem's loss and decoder over the plain backbone
-        self.train_config = TrainConfig(lr=lr, weight_decay=weight_decay, epochs=epochs, batch_size=batch_size,
-                                        max_length=max_length, seed=seed, schedule=schedule, warmup=warmup, progress=False)
+        self.train_config = TrainConfig(
+            lr=lr,
+            weight_decay=weight_decay,
+            epochs=epochs,
+            batch_size=batch_size,
+            max_length=max_length,
+            seed=seed,
+            schedule=schedule,
+            warmup=warmup,
+            progress=False,
+        )
         self.adapter = Adapter(backbone.model, LoRASettings(rank=rank, target_modules=target_modules), seed)
         self.epochs, self.batch_size, self.seed = epochs, batch_size, seed
         self.max_new_tokens, self.eval_batch_size = max_new_tokens, eval_batch_size
@@ -67,7 +85,10 @@ class LoRA(Method):
     def batches(self, examples: list[Example]) -> list[list[Example]]:
         """This round's batches: ``epochs`` shuffled passes over the examples, seeded by the round."""
         order = epoch_order(len(examples), self.epochs, f"{self.seed}:{self.rounds}")
-        return [[examples[i] for i in order[first : first + self.batch_size]] for first in range(0, len(order), self.batch_size)]
+        return [
+            [examples[i] for i in order[first : first + self.batch_size]]
+            for first in range(0, len(order), self.batch_size)
+        ]
 
     def learn(self, examples: list[Example]) -> None:
         batches = self.batches(examples)
@@ -76,8 +97,14 @@ class LoRA(Method):
         steps = [list(range(first, end)) for first, end in zip(bounds, bounds[1:])]
         encoded = [encode(e, self.backbone.tokenizer, None, self.train_config.max_length) for e in pool]
         with self.attached() as params:
-            fit(self.model, encoded, self.train_config, on_step=self.report_step, param_groups=[{"params": params}],
-                steps=steps)
+            fit(
+                self.model,
+                encoded,
+                self.train_config,
+                on_step=self.report_step,
+                param_groups=[{"params": params}],
+                steps=steps,
+            )
         self.rounds += 1
 
     def answer(self, queries: list[str]) -> list[Answer]:
@@ -107,7 +134,9 @@ class Replay(LoRA):
     name = "replay"
     label = "Replay Memory"
 
-    def __init__(self, backbone: Backbone, ratio: float = 0.2, buffer_size: int = 500, refresh_every: int = 10, **lora_options):
+    def __init__(
+        self, backbone: Backbone, ratio: float = 0.2, buffer_size: int = 500, refresh_every: int = 10, **lora_options
+    ):
         super().__init__(backbone, **lora_options)
         self.ratio, self.buffer_size, self.refresh_every = ratio, buffer_size, refresh_every
         self.buffer: list[Example] = []  # what batches replay from
@@ -145,8 +174,11 @@ class Replay(LoRA):
 
     def state(self) -> dict:
         return {
-            **super().state(), "seen": self.seen, "procedures": self.procedures,
-            "buffer": [e.to_json() for e in self.buffer], "reservoir": [e.to_json() for e in self.reservoir],
+            **super().state(),
+            "seen": self.seen,
+            "procedures": self.procedures,
+            "buffer": [e.to_json() for e in self.buffer],
+            "reservoir": [e.to_json() for e in self.reservoir],
         }
 
     def restore(self, state: dict) -> None:

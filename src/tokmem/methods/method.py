@@ -24,7 +24,9 @@ from tokmem.model import TokMemModel
 class Answer:
     text: str
     choice: str | None = None  # the procedure the method picked (TokMem's memory token, RAG's top demonstration)
-    segments: list[Segment] | None = None  # TokMem: each memory token's procedure and text; None: the answer is one text
+    segments: list[Segment] | None = (
+        None  # TokMem: each memory token's procedure and text; None: the answer is one text
+    )
 
 
 class Method:
@@ -60,13 +62,23 @@ class Method:
         return False
 
 
-def plain_answers(model: TokMemModel, prompts: list[str | list[dict]], max_new_tokens: int, batch_size: int,
-                  share_prefix: bool = False, stop_at_blank_line: bool = False) -> list[str]:
+def plain_answers(
+    model: TokMemModel,
+    prompts: list[str | list[dict]],
+    max_new_tokens: int,
+    batch_size: int,
+    share_prefix: bool = False,
+    stop_at_blank_line: bool = False,
+) -> list[str]:
     """Greedy answers of ``model``'s backbone (its bank must be empty) to prompts (queries or chat conversations).
 
     ``share_prefix``, ``stop_at_blank_line``: see ``DecodeConfig``."""
-    config = DecodeConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, share_prefix=share_prefix,
-                          stop_at_blank_line=stop_at_blank_line)
+    config = DecodeConfig(
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        share_prefix=share_prefix,
+        stop_at_blank_line=stop_at_blank_line,
+    )
     return [g.text for g in generate(model, prompts, config)]
 
 
@@ -76,8 +88,9 @@ def first_block(text: str) -> str:
     return text.strip().split("\n\n", 1)[0].rstrip()
 
 
-def prompted_answers(model: TokMemModel, prompts: list[str], max_new_tokens: int, batch_size: int,
-                     share_prefix: bool = False) -> list[str]:
+def prompted_answers(
+    model: TokMemModel, prompts: list[str], max_new_tokens: int, batch_size: int, share_prefix: bool = False
+) -> list[str]:
     """The stop rule of every prompted baseline (RAG, ICL) in every study: their demonstrations end each answer
     with a blank line, so an answer ends at its first blank line (decoding stops there; the text is cut there)."""
     texts = plain_answers(model, prompts, max_new_tokens, batch_size, share_prefix, stop_at_blank_line=True)

@@ -50,7 +50,14 @@ class RAG(Method):
     label = "RAG"
     choice_metric = "retrieval_accuracy"
 
-    def __init__(self, backbone: Backbone, k: int = 2, max_new_tokens: int = DecodeConfig.max_new_tokens, eval_batch_size: int = DecodeConfig.batch_size, encoder=None):
+    def __init__(
+        self,
+        backbone: Backbone,
+        k: int = 2,
+        max_new_tokens: int = DecodeConfig.max_new_tokens,
+        eval_batch_size: int = DecodeConfig.batch_size,
+        encoder=None,
+    ):
         self.model = tokmem.create(backbone)  # an empty bank: the plain backbone
         self.encoder = encoder or load_encoder()
         self.k = k
@@ -60,7 +67,11 @@ class RAG(Method):
         self.vectors = torch.empty(0, self.encoder.get_embedding_dimension())
 
     def _embed(self, texts: list[str]) -> torch.Tensor:
-        return self.encoder.encode(texts, normalize_embeddings=True, convert_to_tensor=True, show_progress_bar=False).float().cpu()
+        return (
+            self.encoder.encode(texts, normalize_embeddings=True, convert_to_tensor=True, show_progress_bar=False)
+            .float()
+            .cpu()
+        )
 
     def learn(self, examples: list[Example]) -> None:
         self.pool += examples

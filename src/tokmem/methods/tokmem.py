@@ -31,21 +31,40 @@ class TokMem(Method):
     choice_metric = "routing_accuracy"
 
     def __init__(
-        self, backbone: Backbone, decoupled: bool = False, lr: float = TrainConfig.lr, epochs: int = TrainConfig.epochs,
-        batch_size: int = TrainConfig.batch_size, max_length: int = TrainConfig.max_length,
-        max_new_tokens: int = DecodeConfig.max_new_tokens, eval_batch_size: int = DecodeConfig.batch_size, seed: int = TrainConfig.seed,
-        max_steps: int = 1, renormalize: bool = TrainConfig.renormalize, name: str | None = None, label: str | None = None, **recipe,
+        self,
+        backbone: Backbone,
+        decoupled: bool = False,
+        lr: float = TrainConfig.lr,
+        epochs: int = TrainConfig.epochs,
+        batch_size: int = TrainConfig.batch_size,
+        max_length: int = TrainConfig.max_length,
+        max_new_tokens: int = DecodeConfig.max_new_tokens,
+        eval_batch_size: int = DecodeConfig.batch_size,
+        seed: int = TrainConfig.seed,
+        max_steps: int = 1,
+        renormalize: bool = TrainConfig.renormalize,
+        name: str | None = None,
+        label: str | None = None,
+        **recipe,
     ):
         """``recipe``: more TrainConfig fields (init, schedule, warmup, renorm_every_step)."""
         self.name, self.label = ("tokmem-dc", "TokMem+DC") if decoupled else ("tokmem", "TokMem")
         self.name, self.label = name or self.name, label or self.label
         self.model = tokmem.create(backbone, decoupled=decoupled)
         self.train_config = TrainConfig(
-            lr=lr, epochs=epochs, batch_size=batch_size, max_length=max_length, seed=seed, renormalize=renormalize, progress=False,
+            lr=lr,
+            epochs=epochs,
+            batch_size=batch_size,
+            max_length=max_length,
+            seed=seed,
+            renormalize=renormalize,
+            progress=False,
             **recipe,
         )
         self.epochs = epochs
-        self.decode_config = DecodeConfig(max_new_tokens=max_new_tokens, max_steps=max_steps, threshold=0.0, batch_size=eval_batch_size)
+        self.decode_config = DecodeConfig(
+            max_new_tokens=max_new_tokens, max_steps=max_steps, threshold=0.0, batch_size=eval_batch_size
+        )
 
     def trainable_params(self) -> int:
         """Every memory row (each trained in its own round, then frozen)."""
@@ -83,8 +102,14 @@ class UnfrozenTokMem(TokMem):
     answering, so the shared backbone object itself is never changed.
     """
 
-    def __init__(self, backbone: Backbone, lora_rank: int = LoRASettings.rank, lora_lr: float = LoRASettings.lr,
-                 lora_weight_decay: float = LoRASettings.weight_decay, **options):
+    def __init__(
+        self,
+        backbone: Backbone,
+        lora_rank: int = LoRASettings.rank,
+        lora_lr: float = LoRASettings.lr,
+        lora_weight_decay: float = LoRASettings.weight_decay,
+        **options,
+    ):
         options = {"name": "tokmem-unfrozen", "label": "TokMem (unfrozen backbone)", **options}
         super().__init__(backbone, **options)
         self.lora = LoRASettings(rank=lora_rank, lr=lora_lr, weight_decay=lora_weight_decay)
@@ -95,8 +120,13 @@ class UnfrozenTokMem(TokMem):
 
     def learn(self, examples: list[Example]) -> None:
         with self.adapter.attached() as params:
-            tokmem.learn(self.model, examples, self.train_config, param_groups=[self.lora.param_group(params)],
-                         on_step=self.report_step)
+            tokmem.learn(
+                self.model,
+                examples,
+                self.train_config,
+                param_groups=[self.lora.param_group(params)],
+                on_step=self.report_step,
+            )
 
     def answer(self, queries: list[str]) -> list[Answer]:
         with self.adapter.attached():

@@ -67,7 +67,14 @@ class ICL(Method):
     name = "icl"
     label = "ICL"
 
-    def __init__(self, backbone: Backbone, tools: dict[str, dict], shots: int = 2, max_new_tokens: int = DecodeConfig.max_new_tokens, eval_batch_size: int = DecodeConfig.batch_size):
+    def __init__(
+        self,
+        backbone: Backbone,
+        tools: dict[str, dict],
+        shots: int = 2,
+        max_new_tokens: int = DecodeConfig.max_new_tokens,
+        eval_batch_size: int = DecodeConfig.batch_size,
+    ):
         self.model = create(backbone)  # an empty bank: the plain backbone
         self.schemas = list(tools.values())
         if not fits(backbone, tool_prompt(self.schemas, [], ""), max_new_tokens):
@@ -105,8 +112,12 @@ class ToolRAG(RAG):
         return [[self.schemas[i] for i in row] for row in top]
 
     def answer(self, queries: list[str]) -> list[Answer]:
-        prompts = [tool_prompt(t, d, q) for t, d, q in zip(self.retrieve_tools(queries), self.retrieve(queries), queries)]
-        return [Answer(text) for text in prompted_answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size)]
+        prompts = [
+            tool_prompt(t, d, q) for t, d, q in zip(self.retrieve_tools(queries), self.retrieve(queries), queries)
+        ]
+        return [
+            Answer(text) for text in prompted_answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size)
+        ]
 
 
 def fits(backbone: Backbone, prompt: str, max_new_tokens: int, room: float = 0.75) -> bool:

@@ -71,12 +71,23 @@ def _info_routes(app: FastAPI, registry: BankRegistry, engine: Engine) -> None:
         when = stamp(registry.path(name))
         if when is None:
             return None
-        return {"id": name, "object": "model", "created": when[0][1] // 10**9, "owned_by": "tokmem", "parent": registry.backbone.name}
+        return {
+            "id": name,
+            "object": "model",
+            "created": when[0][1] // 10**9,
+            "owned_by": "tokmem",
+            "parent": registry.backbone.name,
+        }
 
     @app.get("/health")
     def health():
-        return {"status": "ok", "backbone": registry.backbone.name, "resident_banks": registry.resident,
-                "running": engine.running, "queued": len(engine.pending)}
+        return {
+            "status": "ok",
+            "backbone": registry.backbone.name,
+            "resident_banks": registry.resident,
+            "running": engine.running,
+            "queued": len(engine.pending),
+        }
 
     @app.get("/v1/models")
     def models():
@@ -110,8 +121,11 @@ def _completion_routes(app: FastAPI, answers: "Answers") -> None:
 
 def _bank_routes(app: FastAPI, registry: BankRegistry) -> None:
     @app.put("/v1/banks/{name:path}")
-    async def put_bank(name: str, tensors: UploadFile = File(description="the bank's .safetensors"),
-                       metadata: UploadFile = File(description="the bank's .safetensors.json")):
+    async def put_bank(
+        name: str,
+        tensors: UploadFile = File(description="the bank's .safetensors"),
+        metadata: UploadFile = File(description="the bank's .safetensors.json"),
+    ):
         # validating and writing a bank of kilobytes takes about a millisecond: done here, not in a worker thread,
         # whose hand-offs cost more than the work when the machine is busy
         version = registry.put(name, await tensors.read(), await metadata.read())
@@ -129,15 +143,24 @@ class Answers:
     def __init__(self, registry: BankRegistry, engine: Engine, config: ServeConfig):
         self.registry, self.engine, self.config = registry, engine, config
 
-    async def answer(self, shape: Shape, body: TokMemOptions, request: Request, query: str | list[dict], text: str,
-                     max_tokens: int | None, chars: int):
+    async def answer(
+        self,
+        shape: Shape,
+        body: TokMemOptions,
+        request: Request,
+        query: str | list[dict],
+        text: str,
+        max_tokens: int | None,
+        chars: int,
+    ):
         """``query``: the prompt (text completions) or the conversation (chat: its length numbers the call ids)."""
         handle = await self.submit(body, query, text, max_tokens, chars)
         turn = len(query) if isinstance(query, list) else 1
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(self.stream(shape, body.model, handle, request, include_usage, turn),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                self.stream(shape, body.model, handle, request, include_usage, turn), media_type="text/event-stream"
+            )
         await self.wait(handle, request)
         self.raise_unfinished(handle)
         if shape.chat:
@@ -146,29 +169,57 @@ class Answers:
         else:
             choice = shape.choice(handle.generation().text, handle.finish_reason, stream=False)
         return {
-            "id": _id(shape), "object": shape.object, "created": int(time.time()), "model": body.model,
-            "choices": [choice], "usage": usage(handle), "tokmem": tokmem_field(handle),
+            "id": _id(shape),
+            "object": shape.object,
+            "created": int(time.time()),
+            "model": body.model,
+            "choices": [choice],
+            "usage": usage(handle),
+            "tokmem": tokmem_field(handle),
         }
 
-    async def submit(self, body: TokMemOptions, query: str | list[dict], text: str, max_tokens: int | None, chars: int) -> Handle:
+    async def submit(
+        self, body: TokMemOptions, query: str | list[dict], text: str, max_tokens: int | None, chars: int
+    ) -> Handle:
         config = self.config
         max_tokens = max_tokens or min(config.default_max_tokens, config.max_new_tokens)
         if max_tokens > config.max_new_tokens:
-            raise ApiError(400, f"max_tokens is {max_tokens}; this server allows at most {config.max_new_tokens}", param="max_tokens")
+            raise ApiError(
+                400,
+                f"max_tokens is {max_tokens}; this server allows at most {config.max_new_tokens}",
+                param="max_tokens",
+            )
         if chars > config.max_prompt_chars:
-            raise ApiError(400, f"the prompt has {chars} characters; this server allows at most {config.max_prompt_chars}",
-                           code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"the prompt has {chars} characters; this server allows at most {config.max_prompt_chars}",
+                code="context_length_exceeded",
+            )
         bank = await run_in_threadpool(self.registry.get, body.model)
         prompt = await run_in_threadpool(_prompt, bank.model, query)
         if len(prompt) > config.max_prompt_tokens:
-            raise ApiError(400, f"the prompt has {len(prompt)} tokens; this server allows at most {config.max_prompt_tokens}",
-                           code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"the prompt has {len(prompt)} tokens; this server allows at most {config.max_prompt_tokens}",
+                code="context_length_exceeded",
+            )
         allowed, forced, threshold = body.routing(bank.model)
-        return self.engine.submit(EngineRequest(
-            bank, prompt, text, max_tokens=max_tokens, max_steps=body.steps(), threshold=threshold,
-            temperature=body.temperature, forced=forced, ignore_eos=body.ignore_eos, timeout=config.timeout,
-            allowed=allowed, schema=body.bind_schema,
-        ))
+        return self.engine.submit(
+            EngineRequest(
+                bank,
+                prompt,
+                text,
+                max_tokens=max_tokens,
+                max_steps=body.steps(),
+                threshold=threshold,
+                temperature=body.temperature,
+                forced=forced,
+                ignore_eos=body.ignore_eos,
+                timeout=config.timeout,
+                allowed=allowed,
+                schema=body.bind_schema,
+            )
+        )
 
     async def wait(self, handle: Handle, request: Request) -> None:
         """Wait for the answer; a client that goes away meanwhile frees its row."""
@@ -181,8 +232,9 @@ class Answers:
         finally:
             watcher.cancel()
 
-    async def stream(self, shape: Shape, model: str, handle: Handle, request: Request, include_usage: bool,
-                     turn: int) -> AsyncIterator[str]:
+    async def stream(
+        self, shape: Shape, model: str, handle: Handle, request: Request, include_usage: bool, turn: int
+    ) -> AsyncIterator[str]:
         meta = {"id": _id(shape), "object": shape.chunk_object, "created": int(time.time()), "model": model}
         bank = handle.request.bank.model
         deltas, calls, text = Deltas(), CallDeltas(turn), IncrementalText(bank)
@@ -223,7 +275,9 @@ class Answers:
 
     def raise_unfinished(self, handle: Handle) -> None:
         if not handle.finished or handle.finish_reason == "timeout":
-            raise ApiError(504, f"the answer took longer than the server's limit of {self.config.timeout:g} s", "timeout")
+            raise ApiError(
+                504, f"the answer took longer than the server's limit of {self.config.timeout:g} s", "timeout"
+            )
         if handle.finish_reason == "error":
             raise ApiError(500, handle.error or "the request failed (see the server log)", "server_error")
 
@@ -286,8 +340,14 @@ def _id(shape: Shape) -> str:
 
 
 def _error_handlers(app: FastAPI) -> None:
-    statuses = [(BankNotFound, 404, "model_not_found"), (BankConflict, 409, "bank_conflict"), (Overloaded, 429, "overloaded"),
-                (BankUnusable, 500, "bank_unusable"), (BankWriteError, 500, "bank_not_written"), (TokMemError, 400, None)]
+    statuses = [
+        (BankNotFound, 404, "model_not_found"),
+        (BankConflict, 409, "bank_conflict"),
+        (Overloaded, 429, "overloaded"),
+        (BankUnusable, 500, "bank_unusable"),
+        (BankWriteError, 500, "bank_not_written"),
+        (TokMemError, 400, None),
+    ]
 
     @app.exception_handler(ApiError)
     async def api_error(request, err: ApiError):

@@ -94,7 +94,8 @@ class BankRegistry:
     def names(self) -> list[str]:
         """Every bank in the directory (resident or not)."""
         return sorted(
-            p.name[: -len(SUFFIX)] for p in self.directory.glob(f"*{SUFFIX}")
+            p.name[: -len(SUFFIX)]
+            for p in self.directory.glob(f"*{SUFFIX}")
             if NAME.fullmatch(p.name[: -len(SUFFIX)]) and metadata_path(p).is_file()
         )
 
@@ -124,17 +125,27 @@ class BankRegistry:
         """Validate an uploaded bank (its safetensors and JSON) from its bytes, write it and make it current."""
         path = self.path(name)
         try:
-            bank = MemoryBank.from_bytes(tensors, metadata, backbone=self._identity, where=path.name, require_backbone=True)
+            bank = MemoryBank.from_bytes(
+                tensors, metadata, backbone=self._identity, where=path.name, require_backbone=True
+            )
         except BankError as err:
             raise BankError(f"upload of bank '{name}': {err}") from None
         with self._lock:
             try:
-                write_files({path: lambda tmp: Path(tmp).write_bytes(tensors),
-                             metadata_path(path): lambda tmp: Path(tmp).write_bytes(metadata)})
+                write_files(
+                    {
+                        path: lambda tmp: Path(tmp).write_bytes(tensors),
+                        metadata_path(path): lambda tmp: Path(tmp).write_bytes(metadata),
+                    }
+                )
             except BankError:
-                raise BankConflict(f"bank '{name}' cannot be written: its name is taken by something that is not a bank file") from None
+                raise BankConflict(
+                    f"bank '{name}' cannot be written: its name is taken by something that is not a bank file"
+                ) from None
             except OSError as err:
-                raise BankWriteError(f"bank '{name}' could not be written ({type(err).__name__}); nothing changed") from err
+                raise BankWriteError(
+                    f"bank '{name}' could not be written ({type(err).__name__}); nothing changed"
+                ) from err
             return self._install(name, path, bank, revision(tensors, metadata))
 
     def delete(self, name: str) -> None:
@@ -158,8 +169,12 @@ class BankRegistry:
             digest = revision(tensors, metadata)
         device, dtype = self.backbone.device, self.backbone.model.dtype
         version = BankVersion(
-            name, digest, TokMemModel(self.backbone, bank),
-            bank.index.to(device, dtype), bank.steer_matrix.to(device, dtype), when,
+            name,
+            digest,
+            TokMemModel(self.backbone, bank),
+            bank.index.to(device, dtype),
+            bank.steer_matrix.to(device, dtype),
+            when,
         )
         self._resident[name] = version
         self._resident.move_to_end(name)

@@ -23,7 +23,9 @@ class ServeConfig:
     host: str = option("127.0.0.1", "address to listen on (default: loopback only)")
     port: int = option(8000, "port to listen on")
     api_key: str | None = option(None, "bearer token that protected routes need (see --protect)")
-    protect: Literal["manage", "all"] = option("manage", "with --api-key: 'manage' = PUT/DELETE /v1/banks need the key; 'all' = every /v1 route does")
+    protect: Literal["manage", "all"] = option(
+        "manage", "with --api-key: 'manage' = PUT/DELETE /v1/banks need the key; 'all' = every /v1 route does"
+    )
     device: str | None = option(None, "cpu, cuda, … (default: cuda when available)")
     seed: int = option(0, "seed of the sampler (requests with temperature > 0)")
     # the engine and the bank registry
@@ -52,8 +54,10 @@ def exposure_warning(config: ServeConfig) -> str | None:
     """A warning when anyone who can reach the server may upload or delete banks, else None."""
     if config.api_key or _loopback(config.host):
         return None
-    return (f"bank management (PUT/DELETE /v1/banks) is open to anyone who can reach {config.host}:{config.port}; "
-            "pass --api-key to protect it")
+    return (
+        f"bank management (PUT/DELETE /v1/banks) is open to anyone who can reach {config.host}:{config.port}; "
+        "pass --api-key to protect it"
+    )
 
 
 def _loopback(host: str) -> bool:

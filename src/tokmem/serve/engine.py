@@ -170,7 +170,9 @@ class _Batch:
         for mine, theirs in zip(self.cache.layers, other.cache.layers):
             mine.keys = torch.cat([_pad_columns(mine.keys, width), _pad_columns(theirs.keys, width)])
             mine.values = torch.cat([_pad_columns(mine.values, width), _pad_columns(theirs.values, width)])
-        mask = torch.cat([pad(self.mask, (width - self.mask.shape[1], 0)), pad(other.mask, (width - other.mask.shape[1], 0))])
+        mask = torch.cat(
+            [pad(self.mask, (width - self.mask.shape[1], 0)), pad(other.mask, (width - other.mask.shape[1], 0))]
+        )
         return _Batch(self.handles + other.handles, self.cache, mask, *self._cat(other), self._join_grammars(other))
 
     def select(self, keep: list[int]) -> "_Batch":
@@ -238,7 +240,9 @@ def argument_grammar(requests: list[Request], always: bool = False):
     if not always and all(schema is None for row in schemas for schema in row):
         return None
     model = requests[0].bank.model
-    return ArgumentGrammar(grammars_for(model.backbone.tokenizer, model.vocab_size), schemas, model.backbone.eos_token_id)
+    return ArgumentGrammar(
+        grammars_for(model.backbone.tokenizer, model.vocab_size), schemas, model.backbone.eos_token_id
+    )
 
 
 def _fail_broken_rows(handles: list[Handle], logits: torch.Tensor) -> torch.Tensor:
@@ -247,7 +251,9 @@ def _fail_broken_rows(handles: list[Handle], logits: torch.Tensor) -> torch.Tens
     broken = (logits.isnan() | logits.isposinf()).any(-1)
     if broken.any():
         for row in broken.nonzero().flatten().tolist():
-            handles[row].fail("the model's output for this request is not a number (NaN/inf); try another bank or settings")
+            handles[row].fail(
+                "the model's output for this request is not a number (NaN/inf); try another bank or settings"
+            )
         logits = logits.masked_fill(broken.unsqueeze(-1), 0.0)
     return logits
 
@@ -256,9 +262,13 @@ class Engine:
     """The decoding loop.  ``submit`` from any thread; ``start`` runs ``step`` in a background thread."""
 
     def __init__(self, backbone: Backbone, max_batch: int = 32, max_queue: int = 256, seed: int = 0):
-        self.model = TokMemModel(backbone, MemoryBank(backbone.hidden_size))  # the backbone's forward; banks come per row
+        self.model = TokMemModel(
+            backbone, MemoryBank(backbone.hidden_size)
+        )  # the backbone's forward; banks come per row
         if any(layer.is_sliding for layer in DynamicCache(config=self.model.lm.config).layers):
-            raise BackboneError(f"backbone '{backbone.name}' has sliding-window attention layers, which the server does not batch")
+            raise BackboneError(
+                f"backbone '{backbone.name}' has sliding-window attention layers, which the server does not batch"
+            )
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.generator = torch.Generator(device=backbone.device).manual_seed(seed)
@@ -370,24 +380,38 @@ class Engine:
         logits = _fail_broken_rows(handles, model.logits(hidden[:, -1], index, valid).float())
         threshold = torch.tensor([r.threshold for r in requests], device=device)
         forced = torch.tensor([r.forced for r in requests], device=device)
-        token, plain, mass = first_tokens(logits, vocab, threshold, valid.any(-1), forced, state["temperature"], self.generator)
+        token, plain, mass = first_tokens(
+            logits, vocab, threshold, valid.any(-1), forced, state["temperature"], self.generator
+        )
         for handle, p, m in zip(handles, plain.tolist(), mass.tolist()):
             handle.plain, handle.memory_mass = p, m
         self._record(handles, token)
         return _Batch(
-            handles, cache, mask, position_ids[:, -1] + 1, token, model.is_memory(token).long(),
-            plain, state["max_steps"], state["temperature"], argument_grammar(requests),
+            handles,
+            cache,
+            mask,
+            position_ids[:, -1] + 1,
+            token,
+            model.is_memory(token).long(),
+            plain,
+            state["max_steps"],
+            state["temperature"],
+            argument_grammar(requests),
         )
 
     def _decode(self) -> None:
         batch, vocab = self.batch, self.model.vocab_size
         mask = pad(batch.mask, (0, 1), value=1)
-        hidden, _ = self.model.hidden(batch.last.unsqueeze(-1), mask, batch.position.unsqueeze(-1), batch.cache, batch.steer)
+        hidden, _ = self.model.hidden(
+            batch.last.unsqueeze(-1), mask, batch.position.unsqueeze(-1), batch.cache, batch.steer
+        )
         logits = _fail_broken_rows(batch.handles, self.model.logits(hidden[:, -1], batch.index, batch.valid).float())
         if batch.grammar is not None:
             batch.grammar.advance(batch.last)
             batch.grammar.constrain(logits)
-        token = next_tokens(logits, vocab, batch.plain | (batch.steps >= batch.max_steps), batch.temperature, self.generator)
+        token = next_tokens(
+            logits, vocab, batch.plain | (batch.steps >= batch.max_steps), batch.temperature, self.generator
+        )
         batch.mask, batch.last, batch.position = mask, token, batch.position + 1
         batch.steps = batch.steps + self.model.is_memory(token).long()
         self._record(batch.handles, token)

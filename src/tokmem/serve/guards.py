@@ -15,7 +15,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from tokmem.serve.protocol import ApiError
 
-CLOSE = {"connection": "close"}  # after a body too slow to wait for (not after 413: a client still sending would get a reset)
+CLOSE = {
+    "connection": "close"
+}  # after a body too slow to wait for (not after 413: a client still sending would get a reset)
 
 
 class Auth:
@@ -29,8 +31,12 @@ class Auth:
         if self.expected is not None and scope["type"] == "http" and scope["path"].startswith(self.prefix):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
-                error = ApiError(401, "this route needs the header 'Authorization: Bearer <api key>'", "authentication_error",
-                                 code="invalid_api_key")
+                error = ApiError(
+                    401,
+                    "this route needs the header 'Authorization: Bearer <api key>'",
+                    "authentication_error",
+                    code="invalid_api_key",
+                )
                 return await error.response()(scope, receive, send)
         await self.app(scope, receive, send)
 
@@ -58,8 +64,12 @@ class BodyGuard:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
             except TimeoutError:
-                raise ApiError(408, f"the request body took longer than this server's limit of {self.seconds:g} s",
-                               code="request_timeout", headers=CLOSE) from None
+                raise ApiError(
+                    408,
+                    f"the request body took longer than this server's limit of {self.seconds:g} s",
+                    code="request_timeout",
+                    headers=CLOSE,
+                ) from None
             seen += len(message.get("body", b""))
             if seen > self.limit:
                 raise self._too_large()
@@ -69,7 +79,9 @@ class BodyGuard:
         await self.app(scope, guarded, send)
 
     def _too_large(self) -> ApiError:
-        return ApiError(413, f"the request body is over this server's limit of {self.limit} bytes", code="request_too_large")
+        return ApiError(
+            413, f"the request body is over this server's limit of {self.limit} bytes", code="request_too_large"
+        )
 
 
 def header_deadline_protocol(seconds: float) -> type[H11Protocol]:

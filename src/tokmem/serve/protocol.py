@@ -28,9 +28,17 @@ MAX_STEPS = 64  # segments (memory tokens) per answer
 MAX_INT = 2**31 - 1  # the largest integer a client may send anywhere
 NAME = 200  # the longest bank, procedure or tool name (and tool call id)
 # the OpenAI fields this server does not implement, and the values that leave them off (the only ones accepted)
-OFF = {"stop": (None, "", []), "seed": (None,), "top_p": (None, 1), "logprobs": (None, False), "top_logprobs": (None, 0),
-       "frequency_penalty": (None, 0), "presence_penalty": (None, 0), "logit_bias": (None, {}),
-       "response_format": (None, {"type": "text"})}
+OFF = {
+    "stop": (None, "", []),
+    "seed": (None,),
+    "top_p": (None, 1),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "frequency_penalty": (None, 0),
+    "presence_penalty": (None, 0),
+    "logit_bias": (None, {}),
+    "response_format": (None, {"type": "text"}),
+}
 
 
 def _utf8(text: str) -> str:
@@ -47,8 +55,15 @@ Text = Annotated[str, AfterValidator(_utf8)]
 class ApiError(HTTPException):
     """An error answered with OpenAI's error body (an HTTPException, so FastAPI passes it through body parsing)."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", code: str | None = None,
-                 param: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(status, message, headers)
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
 
@@ -67,17 +82,33 @@ class StreamOptions(BaseModel):
 class TokMemOptions(BaseModel):
     model: Text = Field(description="the bank", max_length=200)
     max_tokens: int | None = Field(None, ge=1, le=MAX_INT)
-    temperature: float = Field(DecodeConfig.temperature, ge=0, le=2, allow_inf_nan=False,
-                               description=f"0 (the default here) is greedy; else at least {MIN_TEMPERATURE}")
+    temperature: float = Field(
+        DecodeConfig.temperature,
+        ge=0,
+        le=2,
+        allow_inf_nan=False,
+        description=f"0 (the default here) is greedy; else at least {MIN_TEMPERATURE}",
+    )
     n: int = Field(1, ge=1, le=1, description="one choice per request")
     stream: bool = False
     stream_options: StreamOptions | None = None
     procedure: Text | None = Field(None, max_length=200, description="force this procedure (routing skipped)")
-    threshold: float = Field(DecodeConfig.threshold, ge=0, le=1, allow_inf_nan=False, description="open-set rule: the least memory mass that routes")
-    max_steps: int = Field(DecodeConfig.max_steps, ge=1, le=MAX_STEPS, description="most segments (memory tokens) per answer")
+    threshold: float = Field(
+        DecodeConfig.threshold,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="open-set rule: the least memory mass that routes",
+    )
+    max_steps: int = Field(
+        DecodeConfig.max_steps, ge=1, le=MAX_STEPS, description="most segments (memory tokens) per answer"
+    )
     ignore_eos: bool = Field(False, description="go on past EOS up to max_tokens (benchmarking)")
-    bind_schema: bool = Field(DecodeConfig.schema, alias="schema",
-                              description="decode a tool's arguments under its JSON schema, where the bank has one")
+    bind_schema: bool = Field(
+        DecodeConfig.schema,
+        alias="schema",
+        description="decode a tool's arguments under its JSON schema, where the bank has one",
+    )
     stop: JsonValue = None
     seed: JsonValue = None
     top_p: JsonValue = None
@@ -165,7 +196,9 @@ class Message(BaseModel):
 class Function(BaseModel):
     name: Text = Field(max_length=NAME)
     description: Text | None = None
-    parameters: dict[str, JsonValue] | None = Field(None, description="not used: the bank's own schema binds the arguments")
+    parameters: dict[str, JsonValue] | None = Field(
+        None, description="not used: the bank's own schema binds the arguments"
+    )
     strict: bool | None = None
 
 
@@ -186,7 +219,9 @@ class NamedToolChoice(BaseModel):
 class ChatBody(TokMemOptions):
     messages: list[Message] = Field(min_length=1, max_length=1000)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_INT)
-    tools: list[Tool] | None = Field(None, max_length=4096, description="limit routing to the bank's tool rows of these names")
+    tools: list[Tool] | None = Field(
+        None, max_length=4096, description="limit routing to the bank's tool rows of these names"
+    )
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice = "auto"
     parallel_tool_calls: bool | None = Field(None, description="false: at most one tool call a turn")
 
@@ -209,7 +244,9 @@ class ChatBody(TokMemOptions):
 
 
 class CompletionBody(TokMemOptions):
-    prompt: Text | list[Text] = Field(description="the query (formatted with the backbone's chat template, as in training)")
+    prompt: Text | list[Text] = Field(
+        description="the query (formatted with the backbone's chat template, as in training)"
+    )
 
 
 # ---- response shapes ----------------------------------------------------------------------------------
@@ -222,7 +259,9 @@ class Shape:
     id_prefix: str
     chat: bool
 
-    def choice(self, text: str | None, finish_reason: str | None, stream: bool, tool_calls: list[dict] | None = None) -> dict:
+    def choice(
+        self, text: str | None, finish_reason: str | None, stream: bool, tool_calls: list[dict] | None = None
+    ) -> dict:
         """One choice: ``tool_calls`` are OpenAI's (whole in a message, deltas in a streamed chunk)."""
         choice = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
         if not self.chat:

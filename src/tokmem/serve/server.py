@@ -22,9 +22,15 @@ def build(config: ServeConfig, backbone) -> FastAPI:
 def uvicorn_config(app: FastAPI, config: ServeConfig, **options) -> uvicorn.Config:
     """uvicorn's settings: the address, read deadlines and the connection limit (503 beyond it)."""
     return uvicorn.Config(
-        app, host=config.host, port=config.port, http=header_deadline_protocol(config.header_timeout),
-        timeout_keep_alive=config.keep_alive, limit_concurrency=config.max_connections,
-        timeout_graceful_shutdown=int(config.timeout) + 1, h11_max_incomplete_event_size=64 * 1024, **options,
+        app,
+        host=config.host,
+        port=config.port,
+        http=header_deadline_protocol(config.header_timeout),
+        timeout_keep_alive=config.keep_alive,
+        limit_concurrency=config.max_connections,
+        timeout_graceful_shutdown=int(config.timeout) + 1,
+        h11_max_incomplete_event_size=64 * 1024,
+        **options,
     )
 
 

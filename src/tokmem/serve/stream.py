@@ -101,8 +101,14 @@ class CallDeltas:
                 self.sent.append(Deltas())
             piece = self.sent[k].final(arguments) if final else self.sent[k].update(arguments)
             if new:
-                out.append({"index": k, "id": call_id(self.turn, k), "type": "function",
-                            "function": {"name": name, "arguments": piece}})
+                out.append(
+                    {
+                        "index": k,
+                        "id": call_id(self.turn, k),
+                        "type": "function",
+                        "function": {"name": name, "arguments": piece},
+                    }
+                )
             elif piece:
                 out.append({"index": k, "function": {"arguments": piece}})
         return out

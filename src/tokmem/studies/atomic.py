@@ -74,28 +74,43 @@ RECIPES = {  # TokMem's learning rate and every trained method's lr schedule, by
 @dataclass(frozen=True)
 class AtomicConfig(MethodSettings):
     tasks_dir: str | None = option(None, "folder of SNI task files (natural-instructions/tasks)")
-    query: Query = option("definition", "the user turn: definition = the task definition, a blank line and the input "
-                          "(the paper's protocol); input = the input alone (the memory token must carry the instruction)")
+    query: Query = option(
+        "definition",
+        "the user turn: definition = the task definition, a blank line and the input "
+        "(the paper's protocol); input = the input alone (the memory token must carry the instruction)",
+    )
     task_schedule: TaskSchedule = option(
-        "joint", "joint = one run per checkpoint on all its tasks shuffled together (the reference code; TokMem lr 1e-3, "
-        "linear schedule); sequential = tasks arrive one at a time (the paper's text; lr 5e-3, constant)", flag="--schedule")
+        "joint",
+        "joint = one run per checkpoint on all its tasks shuffled together (the reference code; TokMem lr 1e-3, "
+        "linear schedule); sequential = tasks arrive one at a time (the paper's text; lr 5e-3, constant)",
+        flag="--schedule",
+    )
     num_tasks: int | None = option(None, "tasks to load (default: the last checkpoint; 10 for sample efficiency)")
-    train_per_task: int = option(500, "training examples per task, at most (a task trains on fewer when its file has fewer)")
-    min_train_per_task: int | None = option(None, "skip a task with fewer training examples (default: --train-per-task)")
+    train_per_task: int = option(
+        500, "training examples per task, at most (a task trains on fewer when its file has fewer)"
+    )
+    min_train_per_task: int | None = option(
+        None, "skip a task with fewer training examples (default: --train-per-task)"
+    )
     test_per_task: int = option(50, "test examples per task")
     checkpoints: tuple[int, ...] = option((10, 50, 200, 500, 1000), "numbers of tasks to evaluate after, e.g. 5,10,14")
     methods: tuple[str, ...] | None = option(None, f"comma-separated subset of {','.join(METHODS)}")
     backbone: str = option(DEFAULT_BACKBONE, "backbone spec")
     tokmem_lr: float | None = option(None, "learning rate of the memory rows (default 1e-3 joint, 5e-3 sequential)")
-    schedule: Schedule | None = option(None, "learning rate of every trained method: constant, or linear (10% warm-up, "
-                                       "then decay); default: the task schedule's", flag="--lr-schedule")
+    schedule: Schedule | None = option(
+        None,
+        "learning rate of every trained method: constant, or linear (10% warm-up, "
+        "then decay); default: the task schedule's",
+        flag="--lr-schedule",
+    )
     lora_rank: int | None = option(None, "LoRA rank (default 8; 1 with --sample-efficiency, as the paper)")
     rag_k: int = option(2, "demonstrations RAG retrieves")
     replay_ratio: float = option(0.2, "share of replayed examples in a batch")
     replay_buffer: int = option(500, "examples the replay buffer keeps")
     replay_every: int = option(10, "procedures between refreshes of the replay buffer")
-    sample_efficiency: bool = option(False, "10 tasks learned as one mixture with 10/20/50/100/200/500 training "
-                                     "examples per task")
+    sample_efficiency: bool = option(
+        False, "10 tasks learned as one mixture with 10/20/50/100/200/500 training examples per task"
+    )
     budgets: tuple[int, ...] = option((10, 20, 50, 100, 200, 500), "training examples per task for --sample-efficiency")
 
     def resolved(self) -> "AtomicConfig":
@@ -123,9 +138,13 @@ class AtomicConfig(MethodSettings):
         if unknown:
             raise TokMemError(f"unknown method(s) {', '.join(unknown)}: choose from {', '.join(METHODS)}")
         if joint and "replay" in config.methods:
-            raise TokMemError("replay needs tasks that arrive one at a time: use --schedule sequential (in one joint round it is fine-tuning)")
+            raise TokMemError(
+                "replay needs tasks that arrive one at a time: use --schedule sequential (in one joint round it is fine-tuning)"
+            )
         if config.init not in INITS or config.schedule not in LR_SCHEDULES:
-            raise TokMemError(f"init must be one of {', '.join(INITS)} and the lr schedule one of {', '.join(LR_SCHEDULES)}")
+            raise TokMemError(
+                f"init must be one of {', '.join(INITS)} and the lr schedule one of {', '.join(LR_SCHEDULES)}"
+            )
         if not config.tasks_dir:
             raise TokMemError("no SNI tasks folder: pass --tasks-dir (e.g. natural-instructions/tasks)")
         if min(config.checkpoints + config.budgets) < 1:
@@ -143,14 +162,28 @@ PRESETS = {
     # the paper's one epoch and two.  LoRA's lr is 1e-3, not the paper's 5e-5: 263 steps instead of the paper's
     # ~125k (as the compositional cpu preset).
     "cpu": dict(
-        tasks_dir=str(shared_data("sni", "tasks")), backbone=DEFAULT_BACKBONE, train_per_task=100, min_train_per_task=20,
-        test_per_task=10, checkpoints=(14,), methods=("base", "rag", "lora", "tokmem"), epochs=1, epoch_budgets=(1, 2),
-        lora_lr=1e-3, max_new_tokens=48, replay_buffer=100, replay_every=5, budgets=(5, 10, 20),
+        tasks_dir=str(shared_data("sni", "tasks")),
+        backbone=DEFAULT_BACKBONE,
+        train_per_task=100,
+        min_train_per_task=20,
+        test_per_task=10,
+        checkpoints=(14,),
+        methods=("base", "rag", "lora", "tokmem"),
+        epochs=1,
+        epoch_budgets=(1, 2),
+        lora_lr=1e-3,
+        max_new_tokens=48,
+        replay_buffer=100,
+        replay_every=5,
+        budgets=(5, 10, 20),
     ),
     # the paper's sizes (1,000 English tasks, 500 train / 50 test each); needs a GPU and the full natural-instructions
     "paper": dict(
-        backbone="Qwen/Qwen2.5-0.5B-Instruct", train_per_task=500, test_per_task=50,
-        checkpoints=(10, 50, 200, 500, 1000), max_new_tokens=128,
+        backbone="Qwen/Qwen2.5-0.5B-Instruct",
+        train_per_task=500,
+        test_per_task=50,
+        checkpoints=(10, 50, 200, 500, 1000),
+        max_new_tokens=128,
     ),
 }
 
@@ -191,7 +224,9 @@ ATOMIC = Study("checkpoints", "num_tasks", "Number of tasks", "Atomic recall on 
 EFFICIENCY = Study("budgets", "train_per_task", "Training examples per task", "Sample efficiency on SNI")
 
 
-def run(config: AtomicConfig, backbone=None, json_path=None, out_dir=None, resume: bool = False, progress: bool = True) -> dict:
+def run(
+    config: AtomicConfig, backbone=None, json_path=None, out_dir=None, resume: bool = False, progress: bool = True
+) -> dict:
     """The atomic-recall study, or its sample-efficiency variant when ``config.sample_efficiency``; with several seeds
     or budgets, once per seed and budget (``harness.run_repeats``: each run resumes where it stopped)."""
     study = run_sample_efficiency if config.sample_efficiency else run_atomic
@@ -200,16 +235,22 @@ def run(config: AtomicConfig, backbone=None, json_path=None, out_dir=None, resum
     if json_path is None:
         raise TokMemError("several seeds or budgets need a result file (--json): each run is saved beside it")
     backbone = backbone or _load_backbone(config)
-    result = run_repeats(config, lambda one, path: study(one, backbone, path, None, True, progress), json_path, SCORE_KEYS)
+    result = run_repeats(
+        config, lambda one, path: study(one, backbone, path, None, True, progress), json_path, SCORE_KEYS
+    )
     files = Files(json_path, out_dir)
     write_text_atomic(files.markdown, markdown(result, EFFICIENCY if config.sample_efficiency else ATOMIC))
     plot(result, EFFICIENCY if config.sample_efficiency else ATOMIC, files.plot)
     return result
 
 
-def run_atomic(config: AtomicConfig, backbone=None, json_path=None, out_dir=None, resume: bool = False, progress: bool = True) -> dict:
+def run_atomic(
+    config: AtomicConfig, backbone=None, json_path=None, out_dir=None, resume: bool = False, progress: bool = True
+) -> dict:
     config = config.resolved()
-    tasks, skipped = load_tasks(config.tasks_dir, config.num_tasks, config.train_per_task, config.test_per_task, config.min_train_per_task)
+    tasks, skipped = load_tasks(
+        config.tasks_dir, config.num_tasks, config.train_per_task, config.test_per_task, config.min_train_per_task
+    )
     _check_checkpoints(config, len(tasks))
     files = Files(json_path, out_dir)
     result = _start(config, ATOMIC, tasks, skipped, files, resume)
@@ -220,7 +261,9 @@ def run_atomic(config: AtomicConfig, backbone=None, json_path=None, out_dir=None
     return result
 
 
-def _sequential(config: AtomicConfig, backbone, tasks: list[Task], todo: list[int], result: dict, files, progress: bool) -> None:
+def _sequential(
+    config: AtomicConfig, backbone, tasks: list[Task], todo: list[int], result: dict, files, progress: bool
+) -> None:
     """One round per task, in order; every method is asked after each checkpoint's last task."""
     methods = build_methods(config, backbone)
     start = result["checkpoints"][-1]["num_tasks"] if result["checkpoints"] else 0
@@ -235,7 +278,9 @@ def _sequential(config: AtomicConfig, backbone, tasks: list[Task], todo: list[in
         point = {"num_tasks": n, "methods": {}}
         for method in methods:
             seconds = sum(learn_round(method, t.examples(query=config.query), t.name, bar) for t in tasks[start:n])
-            point["methods"][method.name] = evaluate(method, tasks[:n], config.eval_batch_size, bar, seconds, _reuse(method, previous), config.query)
+            point["methods"][method.name] = evaluate(
+                method, tasks[:n], config.eval_batch_size, bar, seconds, _reuse(method, previous), config.query
+            )
             if files.json:
                 method.save(files.state(n) / method.name)
         start = n
@@ -243,26 +288,41 @@ def _sequential(config: AtomicConfig, backbone, tasks: list[Task], todo: list[in
     bar.close()
 
 
-def _joint(config: AtomicConfig, backbone, tasks: list[Task], todo: list[int], result: dict, files, progress: bool) -> None:
+def _joint(
+    config: AtomicConfig, backbone, tasks: list[Task], todo: list[int], result: dict, files, progress: bool
+) -> None:
     """One run per checkpoint: fresh methods learn its tasks' examples shuffled together, then are asked."""
     done = [point["num_tasks"] for point in result["checkpoints"]]
     asked_before = [max([d for d in done + todo if d < n], default=0) for n in todo]
-    bar = progress_bar(_units(config, [(sum(len(t.train) for t in tasks[:n]), tasks[:n], tasks[:b]) for n, b in zip(todo, asked_before)]), progress)
+    bar = progress_bar(
+        _units(
+            config, [(sum(len(t.train) for t in tasks[:n]), tasks[:n], tasks[:b]) for n, b in zip(todo, asked_before)]
+        ),
+        progress,
+    )
     for n in todo:
         examples = [e for t in tasks[:n] for e in t.examples(query=config.query)]
         state = files.state(n) if files.json else None
-        scores = _fresh_round(config, backbone, examples, tasks[:n], f"{n} tasks jointly", bar, _previous(result), state)
+        scores = _fresh_round(
+            config, backbone, examples, tasks[:n], f"{n} tasks jointly", bar, _previous(result), state
+        )
         _finish_point(result, ATOMIC, {"num_tasks": n, "methods": scores}, files, bar)
     bar.close()
 
 
-def run_sample_efficiency(config: AtomicConfig, backbone=None, json_path=None, out_dir=None, resume: bool = False, progress: bool = True) -> dict:
+def run_sample_efficiency(
+    config: AtomicConfig, backbone=None, json_path=None, out_dir=None, resume: bool = False, progress: bool = True
+) -> dict:
     config = config.resolved()
-    tasks, skipped = load_tasks(config.tasks_dir, config.num_tasks, max(config.budgets), config.test_per_task, min(config.budgets))
+    tasks, skipped = load_tasks(
+        config.tasks_dir, config.num_tasks, max(config.budgets), config.test_per_task, min(config.budgets)
+    )
     available = min(len(t.train) for t in tasks) if tasks else 0
     budgets = [b for b in config.budgets if b <= available]
     if not budgets:
-        raise TokMemError(f"no task in {config.tasks_dir} has {min(config.budgets)} training examples after its {config.test_per_task} test examples")
+        raise TokMemError(
+            f"no task in {config.tasks_dir} has {min(config.budgets)} training examples after its {config.test_per_task} test examples"
+        )
     files = Files(json_path, out_dir)
     result = _start(config, EFFICIENCY, tasks, skipped, files, resume)
     result["dropped_budgets"] = [b for b in config.budgets if b > available]
@@ -271,17 +331,29 @@ def run_sample_efficiency(config: AtomicConfig, backbone=None, json_path=None, o
         return result
     backbone = backbone or _load_backbone(config)
     answered = bool(result["budgets"])  # the test sets are the same at every budget
-    bar = progress_bar(_units(config, [(b * len(tasks), tasks, tasks if answered or b != todo[0] else []) for b in todo]), progress)
+    bar = progress_bar(
+        _units(config, [(b * len(tasks), tasks, tasks if answered or b != todo[0] else []) for b in todo]), progress
+    )
     for budget in todo:
         examples = [e for task in tasks for e in task.examples(task.train[:budget], config.query)]
-        scores = _fresh_round(config, backbone, examples, tasks, f"{len(tasks)} tasks × {budget}", bar, _previous(result, EFFICIENCY))
+        scores = _fresh_round(
+            config, backbone, examples, tasks, f"{len(tasks)} tasks × {budget}", bar, _previous(result, EFFICIENCY)
+        )
         _finish_point(result, EFFICIENCY, {"train_per_task": budget, "methods": scores}, files, bar)
     bar.close()
     return result
 
 
-def _fresh_round(config: AtomicConfig, backbone, examples: list[Example], tasks: list[Task], what: str, bar, previous: dict,
-                state: Path | None = None) -> dict:
+def _fresh_round(
+    config: AtomicConfig,
+    backbone,
+    examples: list[Example],
+    tasks: list[Task],
+    what: str,
+    bar,
+    previous: dict,
+    state: Path | None = None,
+) -> dict:
     """Every method built afresh learns ``examples``, shuffled together, in one round, then is asked the test
     queries of ``tasks`` (a method that learns nothing keeps its ``previous`` scores); saves each under ``state``."""
     mixture = list(examples)
@@ -289,7 +361,9 @@ def _fresh_round(config: AtomicConfig, backbone, examples: list[Example], tasks:
     scores = {}
     for method in build_methods(config, backbone):
         seconds = learn_round(method, mixture, what, bar)
-        scores[method.name] = evaluate(method, tasks, config.eval_batch_size, bar, seconds, _reuse(method, previous), config.query)
+        scores[method.name] = evaluate(
+            method, tasks, config.eval_batch_size, bar, seconds, _reuse(method, previous), config.query
+        )
         if state:
             method.save(state / method.name)
     return scores
@@ -343,7 +417,9 @@ def _config_dict(config: AtomicConfig) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
 
 
-def _start(config: AtomicConfig, study: Study, tasks: list[Task], skipped: list[dict], files: Files, resume: bool) -> dict:
+def _start(
+    config: AtomicConfig, study: Study, tasks: list[Task], skipped: list[dict], files: Files, resume: bool
+) -> dict:
     """The result so far: the saved JSON when resuming (its settings must match), else a fresh one."""
     settings = _config_dict(config)
     saved = resumed(files.json if resume else None, study.title, settings, RESUME_IGNORES)
@@ -387,8 +463,15 @@ def _units(config: AtomicConfig, points: list[tuple[int, list[Task], list[Task]]
     return units
 
 
-def evaluate(method: Method, tasks: list[Task], batch_size: int = 16, bar=None, train_seconds: float = 0.0, reuse: dict | None = None,
-             query: str = "definition") -> dict:
+def evaluate(
+    method: Method,
+    tasks: list[Task],
+    batch_size: int = 16,
+    bar=None,
+    train_seconds: float = 0.0,
+    reuse: dict | None = None,
+    query: str = "definition",
+) -> dict:
     """Ask every test query of ``tasks`` as the ``query`` mode's user turn (tasks in ``reuse`` keep their earlier
     scores) and score the answers.
 
@@ -456,7 +539,7 @@ def _series(result: dict, study: Study, metric: str, scale: float = 1.0) -> tupl
 
 
 def _accuracy_series(result: dict, study: Study) -> dict[str, dict]:
-    """"<method> (routing)" / "<method> (retrieval)" → {setting: accuracy in %}."""
+    """ "<method> (routing)" / "<method> (retrieval)" → {setting: accuracy in %}."""
     return {
         f"{label} ({kind})": values
         for metric, kind in ACCURACIES.items()
@@ -478,8 +561,14 @@ def protocol(result: dict, study: Study) -> str:
     """The protocol line of a table: query, schedule, split, scoring, the training recipes and the data."""
     config, tasks = result["config"], result["tasks"]
     short = [f"{t['name']} {t['train']}" for t in tasks if t["train"] < config["train_per_task"]]
-    train = f"up to {config['train_per_task']} training" + (f" (fewer where the file has fewer: {', '.join(short)})" if short else "")
-    sizes = f"{config['test_per_task']} test and {train} examples per task" if study is ATOMIC else f"{config['test_per_task']} test examples per task"
+    train = f"up to {config['train_per_task']} training" + (
+        f" (fewer where the file has fewer: {', '.join(short)})" if short else ""
+    )
+    sizes = (
+        f"{config['test_per_task']} test and {train} examples per task"
+        if study is ATOMIC
+        else f"{config['test_per_task']} test examples per task"
+    )
     unknown = [t["name"] for t in tasks if t.get("unknown_languages")]
     return (
         f"Protocol: query = {QUERY_TEXT[config['query']]}; schedule = {SCHEDULE_TEXT[config['task_schedule']]}; "
@@ -489,7 +578,8 @@ def protocol(result: dict, study: Study) -> str:
         f"{config['schedule']} lr schedule; batch {config['batch_size']}; {_seeds(result)}.\n\n"
         f"Data: backbone `{config['backbone']}`; {len(tasks)} tasks from `{config['tasks_dir']}`; {sizes}"
         + (f"; {len(result['skipped_tasks'])} task file(s) skipped" if result["skipped_tasks"] else "")
-        + (f"; kept without language fields (taken as English): {', '.join(unknown)}" if unknown else "") + ".\n\n"
+        + (f"; kept without language fields (taken as English): {', '.join(unknown)}" if unknown else "")
+        + ".\n\n"
     )
 
 
@@ -509,13 +599,16 @@ def markdown(result: dict, study: Study) -> str:
     then the routing / retrieval accuracy; the protocol above them.  Several seeds or budgets: the budget curve,
     then these tables at each budget."""
     if result["study"] == "repeats":
-        return budget_markdown(result, lambda r: headline(r, study), {"rougeL": "ROUGE-L"}, lambda r: markdown(r, study))
+        return budget_markdown(
+            result, lambda r: headline(r, study), {"rougeL": "ROUGE-L"}, lambda r: markdown(r, study)
+        )
     rouge, columns = _series(result, study, "rougeL")
     last = result[study.key][-1]["methods"] if result[study.key] else {}
     params = {s["label"]: f"{s['trainable_params']:,}" for s in last.values()}
     return (
         f"# {study.title}: ROUGE-L\n\n"
-        f"Columns: {study.xlabel.lower()}. " + protocol(result, study)
+        f"Columns: {study.xlabel.lower()}. "
+        + protocol(result, study)
         + pivot_table(rouge, columns, average=True, extra={"Trainable params": params})
         + "\n## Routing / retrieval accuracy (%)\n\n"
         + pivot_table(_accuracy_series(result, study), columns)
@@ -529,8 +622,17 @@ def plot(result: dict, study: Study, path) -> Path:
         return line_plot(path, budget_panels(result, lambda r: headline(r, study), {"rougeL": "ROUGE-L"}, "ROUGE-L"))
     rouge, xs = _series(result, study, "rougeL")
     logx = bool(xs) and max(xs) >= 20 * min(xs)
-    return line_plot(path, [
-        Panel("ROUGE-L", study.xlabel, "ROUGE-L", lines(rouge), logx, (0, 100)),
-        Panel("Routing vs retrieval accuracy", study.xlabel, "accuracy (%)", lines(_accuracy_series(result, study)), logx, (0, 100)),
-    ])
-
+    return line_plot(
+        path,
+        [
+            Panel("ROUGE-L", study.xlabel, "ROUGE-L", lines(rouge), logx, (0, 100)),
+            Panel(
+                "Routing vs retrieval accuracy",
+                study.xlabel,
+                "accuracy (%)",
+                lines(_accuracy_series(result, study)),
+                logx,
+                (0, 100),
+            ),
+        ],
+    )

@@ -82,34 +82,54 @@ class CompositionalConfig(MethodSettings):
 
     study: str = "main"
     methods: tuple[str, ...] | None = option(
-        None, "comma-separated methods (main: icl,rag,lora,tokmem-noadapt,tokmem; generalization: lora,tokmem; "
-        "forgetting: replay,tokmem,tokmem-roundnorm,tokmem-norenorm,tokmem-unfrozen, also lora,tokmem-noadapt)")
+        None,
+        "comma-separated methods (main: icl,rag,lora,tokmem-noadapt,tokmem; generalization: lora,tokmem; "
+        "forgetting: replay,tokmem,tokmem-roundnorm,tokmem-norenorm,tokmem-unfrozen, also lora,tokmem-noadapt)",
+    )
     backbone: str = option(DEFAULT_BACKBONE, "backbone spec")
     xlam: str | None = option(None, "an xLAM / APIGen JSON file (default: the built-in 25 + 25 tool catalog)")
-    dataset: str = option("builtin", "builtin or complexfuncbench: ComplexFuncBench's tools to evaluate, BFCL "
-                          "multi-turn's to adapt (real data; main and recipe studies)")
-    data_dir: str | None = option(None, "complexfuncbench: the folder with complexfuncbench/ and bfcl/ (default: "
-                                  "function-calling in the shared data, tokmem.data.shared)")
-    test_data: str | None = option(None, "complexfuncbench: a NESTFUL file to test on (your own split) instead of the "
-                                   "query-hash split")
+    dataset: str = option(
+        "builtin",
+        "builtin or complexfuncbench: ComplexFuncBench's tools to evaluate, BFCL "
+        "multi-turn's to adapt (real data; main and recipe studies)",
+    )
+    data_dir: str | None = option(
+        None,
+        "complexfuncbench: the folder with complexfuncbench/ and bfcl/ (default: "
+        "function-calling in the shared data, tokmem.data.shared)",
+    )
+    test_data: str | None = option(
+        None, "complexfuncbench: a NESTFUL file to test on (your own split) instead of the query-hash split"
+    )
     test_fraction: float = option(0.2, "complexfuncbench: share of records the query-hash split tests on")
     tools: int | None = option(None, "evaluation tools (default: all 25 built-in, or 50 from --xlam)")
     adapt_tools: int | None = option(None, "adaptation tools (likewise)")
     per_tool: int = option(StudySizes.per_tool, "single-tool samples per tool")
-    train_multi: int = option(StudySizes.train_multi, "composed training queries (forgetting: per round; complexfuncbench: training records)")
-    test_multi: int = option(StudySizes.test_multi, "composed test queries (forgetting: per round; complexfuncbench: test records)")
-    max_calls: int = option(StudySizes.max_calls, "most calls in a query (complexfuncbench: longer records are left out and counted)")
+    train_multi: int = option(
+        StudySizes.train_multi, "composed training queries (forgetting: per round; complexfuncbench: training records)"
+    )
+    test_multi: int = option(
+        StudySizes.test_multi, "composed test queries (forgetting: per round; complexfuncbench: test records)"
+    )
+    max_calls: int = option(
+        StudySizes.max_calls, "most calls in a query (complexfuncbench: longer records are left out and counted)"
+    )
     adapt_per_tool: int = option(StudySizes.per_tool, "single-tool samples per adaptation tool")
-    adapt_multi: int = option(3750, "composed adaptation queries (with 50 single-tool samples of each of 25 tools: "
-                              "the reference's 5,000 samples; complexfuncbench: BFCL multi-turn turns)")
+    adapt_multi: int = option(
+        3750,
+        "composed adaptation queries (with 50 single-tool samples of each of 25 tools: "
+        "the reference's 5,000 samples; complexfuncbench: BFCL multi-turn turns)",
+    )
     train_max_calls: tuple[int, ...] = option((1, 2, 3, 4), "generalization: caps on the calls of a training query")
     rounds: int = option(5, "forgetting: rounds (groups of tools)")
     adapt_epochs: int = option(1, "epochs of the adaptation phase")
     max_new_tokens: int = option(512, "tokens an answer may generate (four calls with long arguments)")
-    adapt_lr: float = option(AdaptConfig.lr, "learning rate of the adaptation phase's LoRA (rank --lora-rank, "
-                             "alpha 32, as the reference's)")
-    adapt_dropout: float = option(AdaptConfig.dropout, "dropout of the adaptation phase's LoRA (0 is several times "
-                                  "faster on CPU)")
+    adapt_lr: float = option(
+        AdaptConfig.lr, "learning rate of the adaptation phase's LoRA (rank --lora-rank, alpha 32, as the reference's)"
+    )
+    adapt_dropout: float = option(
+        AdaptConfig.dropout, "dropout of the adaptation phase's LoRA (0 is several times faster on CPU)"
+    )
     adapt_cache: str | None = option(None, "directory of cached adapted backbones (default <tokmem cache>/adapted)")
     rag_k: int = option(4, "tools RAG retrieves")
     shots: int = option(2, "demonstrations ICL and RAG show")
@@ -121,11 +141,15 @@ class CompositionalConfig(MethodSettings):
         if self.study not in STUDIES:
             raise TokMemError(f"unknown study '{self.study}': choose from {', '.join(STUDIES)}")
         if self.dataset not in DATASETS:
-            raise TokMemError(f"unknown dataset '{self.dataset}': choose from {', '.join(DATASETS)} (or pass --xlam FILE)")
+            raise TokMemError(
+                f"unknown dataset '{self.dataset}': choose from {', '.join(DATASETS)} (or pass --xlam FILE)"
+            )
         defaults, accepted = STUDIES[self.study]
         unknown = [m for m in self.methods or defaults if m not in accepted]
         if unknown:
-            raise TokMemError(f"the {self.study} study cannot run {', '.join(unknown)}: choose from {', '.join(accepted)}")
+            raise TokMemError(
+                f"the {self.study} study cannot run {', '.join(unknown)}: choose from {', '.join(accepted)}"
+            )
         config = replace(self, methods=tuple(self.methods or defaults))
         return config._checked_real() if self.dataset != "builtin" else config._with_tool_counts()
 
@@ -133,7 +157,9 @@ class CompositionalConfig(MethodSettings):
         if self.xlam:
             raise TokMemError(f"--xlam and --dataset {self.dataset} are two data sources: pass one")
         if self.study not in REAL_DATA_STUDIES:
-            raise TokMemError(f"--dataset {self.dataset} runs the {' and '.join(REAL_DATA_STUDIES)} studies, not {self.study}")
+            raise TokMemError(
+                f"--dataset {self.dataset} runs the {' and '.join(REAL_DATA_STUDIES)} studies, not {self.study}"
+            )
         return self
 
     def _with_tool_counts(self) -> "CompositionalConfig":
@@ -143,11 +169,15 @@ class CompositionalConfig(MethodSettings):
         adaptation, evaluation = (XLAM_TOOLS, XLAM_TOOLS) if self.xlam else map(len, split_tools())
         config = replace(self, tools=self.tools or evaluation, adapt_tools=self.adapt_tools or adaptation)
         if not self.xlam and (config.tools > evaluation or config.adapt_tools > adaptation):
-            raise TokMemError(f"the built-in catalog has {evaluation} evaluation and {adaptation} adaptation tools; "
-                              "pass --xlam for more")
+            raise TokMemError(
+                f"the built-in catalog has {evaluation} evaluation and {adaptation} adaptation tools; "
+                "pass --xlam for more"
+            )
         if config.study == "forgetting" and not 1 <= config.rounds <= config.tools // 2:
-            raise TokMemError(f"cannot split {config.tools} tools into {config.rounds} rounds: "
-                              "a round needs two tools or more to compose its test queries")
+            raise TokMemError(
+                f"cannot split {config.tools} tools into {config.rounds} rounds: "
+                "a round needs two tools or more to compose its test queries"
+            )
         return config
 
 
@@ -160,9 +190,24 @@ PRESETS = {
     # has no dropout here: on a CPU, dropout makes a step several times slower (docs/studies.md).
     "cpu": {
         "common": dict(
-            backbone=DEFAULT_BACKBONE, tools=10, per_tool=12, train_multi=120, test_multi=40, adapt_per_tool=20,
-            adapt_multi=500, max_new_tokens=176, epochs=1, epoch_budgets=(1, 4), batch_size=2, lora_lr=1e-3, adapt_lr=1e-3,
-            replay_buffer=100, init="orthogonal", schedule="linear", renorm_every_step=True, adapt_dropout=0.0,
+            backbone=DEFAULT_BACKBONE,
+            tools=10,
+            per_tool=12,
+            train_multi=120,
+            test_multi=40,
+            adapt_per_tool=20,
+            adapt_multi=500,
+            max_new_tokens=176,
+            epochs=1,
+            epoch_budgets=(1, 4),
+            batch_size=2,
+            lora_lr=1e-3,
+            adapt_lr=1e-3,
+            replay_buffer=100,
+            init="orthogonal",
+            schedule="linear",
+            renorm_every_step=True,
+            adapt_dropout=0.0,
         ),
         # four training caps, each trained afresh: a long budget of 3 epochs, so that a run stays within the hour
         "generalization": dict(test_multi=32, epoch_budgets=(1, 3)),
@@ -173,13 +218,21 @@ PRESETS = {
         # ComplexFuncBench's records with 2–4 calls (as the paper's queries): 150 to train, 24 to test; 300 BFCL
         # multi-turn turns to adapt.  Arguments-only sequences of these records reach ~320 tokens (p95), whole
         # calls a little more: max_length 512 keeps them whole.
-        "complexfuncbench": dict(train_multi=150, test_multi=24, adapt_multi=300, epoch_budgets=(1, 4), max_length=512,
-                                 max_new_tokens=384),
+        "complexfuncbench": dict(
+            train_multi=150, test_multi=24, adapt_multi=300, epoch_budgets=(1, 4), max_length=512, max_new_tokens=384
+        ),
     },
     # the paper's sizes and the reference code's recipe; a GPU (and, for 50 + 50 tools, the xLAM file: --xlam)
     "paper": {
-        "common": dict(backbone="meta-llama/Llama-3.2-1B-Instruct", epochs=1, epoch_budgets=(1, 3), batch_size=2, init="orthogonal",
-                       schedule="linear", renorm_every_step=True),
+        "common": dict(
+            backbone="meta-llama/Llama-3.2-1B-Instruct",
+            epochs=1,
+            epoch_budgets=(1, 3),
+            batch_size=2,
+            init="orthogonal",
+            schedule="linear",
+            renorm_every_step=True,
+        ),
         "forgetting": dict(train_multi=1000, test_multi=100),
     },
 }
@@ -191,10 +244,13 @@ def make_config(preset: str | None = "cpu", study: str = "main", **options) -> C
         raise TokMemError(f"unknown preset '{preset}': choose from {', '.join(PRESETS)}")
     sizes = PRESETS.get(preset, {})
     dataset = sizes.get(options.get("dataset") or "builtin", {})
-    settings = {**sizes.get("common", {}), **sizes.get(study, {}), **dataset, **{k: v for k, v in options.items() if v is not None}}
+    settings = {
+        **sizes.get("common", {}),
+        **sizes.get(study, {}),
+        **dataset,
+        **{k: v for k, v in options.items() if v is not None},
+    }
     return CompositionalConfig(study=study, preset=preset, **settings)
-
-
 
 
 # ---- scoring ------------------------------------------------------------------------------------------
@@ -216,7 +272,9 @@ def evaluate(method: Method, examples: list[Example], batch_size: int, bar, samp
 
 def answer_samples(examples: list[Example], predictions: list) -> list[dict]:
     """Queries with their gold and predicted calls, for a reader to see what the scores mean."""
-    return [{"query": e.query, "gold": [s.response for s in e.steps], "predicted": p} for e, p in zip(examples, predictions)]
+    return [
+        {"query": e.query, "gold": [s.response for s in e.steps], "predicted": p} for e, p in zip(examples, predictions)
+    ]
 
 
 def routes(answers: list) -> list[list[str]] | None:
@@ -234,7 +292,9 @@ def learn_and_evaluate(method: Method, data: ToolData, config: CompositionalConf
 SCORE_KEYS = ("methods", "train_max_calls", "variants")  # where a result's scores are (averaged over seeds)
 
 
-def run_all(config: CompositionalConfig, backbone: Backbone | None = None, progress: bool = True, json_path=None) -> dict:
+def run_all(
+    config: CompositionalConfig, backbone: Backbone | None = None, progress: bool = True, json_path=None
+) -> dict:
     """The study once, or, with several seeds or budgets, once per seed and budget (``harness.run_repeats``)."""
     if not config.repeated():
         return run(config, backbone, progress, json_path)
@@ -245,7 +305,12 @@ def run_all(config: CompositionalConfig, backbone: Backbone | None = None, progr
 
 def run(config: CompositionalConfig, backbone: Backbone | None = None, progress: bool = True, json_path=None) -> dict:
     """The study ``config.study`` names; ``json_path``: where to save the result so far after every step."""
-    runners = {"main": run_main, "generalization": run_generalization, "forgetting": run_forgetting, "recipe": run_recipe}
+    runners = {
+        "main": run_main,
+        "generalization": run_generalization,
+        "forgetting": run_forgetting,
+        "recipe": run_recipe,
+    }
     return runners[config.study](config, backbone, progress, json_path)
 
 
@@ -269,13 +334,17 @@ def run_generalization(config: CompositionalConfig, backbone=None, progress: boo
     datasets = {n: tool_data(config, (1, config.tools), train_max_calls=n) for n in config.train_max_calls}
     backbones, adaptation = prepare_backbones(config, backbone, progress)
     result = _start(config, list(datasets.values())[:1], adaptation) | {"train_max_calls": {}}
-    result["data"]["train"] = {str(n): len(d.train) for n, d in datasets.items()}  # the test set is the same for every cap
+    result["data"]["train"] = {
+        str(n): len(d.train) for n, d in datasets.items()
+    }  # the test set is the same for every cap
     units = sum(config.epochs_of(m) * len(d.train) + len(d.test) for d in datasets.values() for m in config.methods)
     bar = progress_bar(units, progress)
     for n, data in datasets.items():
         point = result["train_max_calls"][str(n)] = {"methods": {}}
         for name in config.methods:
-            point["methods"][name] = learn_and_evaluate(build_method(name, config, backbones, data.tools), data, config, bar)
+            point["methods"][name] = learn_and_evaluate(
+                build_method(name, config, backbones, data.tools), data, config, bar
+            )
             bar.write(f"trained on ≤ {n} calls: " + summary_line(name, point["methods"][name]))
             _save(result, json_path)
     bar.close()
@@ -283,7 +352,7 @@ def run_generalization(config: CompositionalConfig, backbone=None, progress: boo
 
 
 def recipe_variants(config: CompositionalConfig) -> dict[str, dict]:
-    """"as configured" and, for each recipe option, the config with that option switched to its alternative."""
+    """ "as configured" and, for each recipe option, the config with that option switched to its alternative."""
     variants = {"as configured": {}}
     for name, values in ABLATION.items():
         other = next(v for v in values if v != getattr(config, name))
@@ -297,7 +366,9 @@ def run_recipe(config: CompositionalConfig, backbone=None, progress: bool = True
     backbones, adaptation = prepare_backbones(config, backbone, progress)
     variants = recipe_variants(config)
     result = _start(config, [data], adaptation) | {"variants": {}}
-    bar = progress_bar(len(variants) * sum(config.epochs_of(m) * len(data.train) + len(data.test) for m in config.methods), progress)
+    bar = progress_bar(
+        len(variants) * sum(config.epochs_of(m) * len(data.train) + len(data.test) for m in config.methods), progress
+    )
     for label, change in variants.items():
         point = result["variants"][label] = {"change": change, "methods": {}}
         variant, variant_backbones = replace(config, **change), backbones
@@ -317,7 +388,9 @@ def run_forgetting(config: CompositionalConfig, backbone=None, progress: bool = 
     datasets = [tool_data(config, ranks) for ranks in groups(config)]
     backbones, adaptation = prepare_backbones(config, backbone, progress)
     result = _start(config, datasets, adaptation) | {"groups": [list(d.tools) for d in datasets], "methods": {}}
-    seen = [sum(len(d.test) for d in datasets[:r]) for r in range(1, len(datasets) + 1)]  # test queries after each round
+    seen = [
+        sum(len(d.test) for d in datasets[:r]) for r in range(1, len(datasets) + 1)
+    ]  # test queries after each round
     train = sum(len(d.train) for d in datasets)
     bar = progress_bar(sum(config.epochs_of(m) * train + sum(seen) for m in config.methods), progress)
     tools = {name: schema for d in datasets for name, schema in d.tools.items()}
@@ -337,12 +410,23 @@ def forgetting_round(method: Method, datasets: list[ToolData], r: int, config: C
     data = datasets[r - 1]
     seconds = learn_round(method, data.train, f"round {r}", bar)
     scores, samples = evaluate_groups(method, datasets[:r], config.eval_batch_size, bar)
-    bar.write(f"{method.name} round {r}: argument F1 " + ", ".join(f"group {g} {s['arg_f1']['avg']:.1f}" for g, s in scores.items()))
-    return {"round": r, "updates": method.updates, "train_seconds": round(seconds, 2), "new_rows": new_row_norms(method, list(data.tools)),
-            "groups": scores, "samples": samples}
+    bar.write(
+        f"{method.name} round {r}: argument F1 "
+        + ", ".join(f"group {g} {s['arg_f1']['avg']:.1f}" for g, s in scores.items())
+    )
+    return {
+        "round": r,
+        "updates": method.updates,
+        "train_seconds": round(seconds, 2),
+        "new_rows": new_row_norms(method, list(data.tools)),
+        "groups": scores,
+        "samples": samples,
+    }
 
 
-def evaluate_groups(method: Method, datasets: list[ToolData], batch_size: int, bar) -> tuple[dict[str, dict], dict[str, list]]:
+def evaluate_groups(
+    method: Method, datasets: list[ToolData], batch_size: int, bar
+) -> tuple[dict[str, dict], dict[str, list]]:
     """Scores on the test queries of each group (1-based), all answered together and then split, and each
     group's first answer: following one query over the rounds shows how an old tool's calls change."""
     queries = [e.query for d in datasets for e in d.test]
@@ -379,7 +463,11 @@ def _start(config: CompositionalConfig, datasets: list[ToolData], adaptation: di
 
 def data_source(config: CompositionalConfig) -> str:
     if config.dataset == "complexfuncbench":
-        test = f"tested on {config.test_data}" if config.test_data else f"split by query hash, {config.test_fraction:.0%} test"
+        test = (
+            f"tested on {config.test_data}"
+            if config.test_data
+            else f"split by query hash, {config.test_fraction:.0%} test"
+        )
         return f"ComplexFuncBench ({test}); BFCL v4 multi-turn to adapt"
     return config.xlam or "built-in catalog"
 

@@ -8,7 +8,15 @@ from tokmem.eval import metrics
 from tokmem.io import write_json_atomic, write_text_atomic
 from tokmem.studies.compositional import MAIN_METHODS, METRICS
 from tokmem.studies.outputs import (
-    Panel, budget_markdown, budget_panels, line_plot, lines, markdown_table, mean_of, pivot_table, spread,
+    Panel,
+    budget_markdown,
+    budget_panels,
+    line_plot,
+    lines,
+    markdown_table,
+    mean_of,
+    pivot_table,
+    spread,
 )
 
 AVERAGES = {metric: f"{title} (avg.)" for metric, title in METRICS.items()}  # the budget curve's scores
@@ -17,16 +25,24 @@ AVERAGES = {metric: f"{title} (avg.)" for metric, title in METRICS.items()}  # t
 def markdown(result: dict) -> str:
     if result["study"] == "repeats":
         return budget_markdown(result, headline, AVERAGES, markdown)
-    writers = {"main": main_markdown, "generalization": generalization_markdown, "forgetting": forgetting_markdown,
-               "recipe": recipe_markdown}
+    writers = {
+        "main": main_markdown,
+        "generalization": generalization_markdown,
+        "forgetting": forgetting_markdown,
+        "recipe": recipe_markdown,
+    }
     return writers[result["study"]](result)
 
 
 def plot(result: dict, path) -> Path:
     if result["study"] == "repeats":
         return line_plot(path, budget_panels(result, headline, AVERAGES, "F1"))
-    plotters = {"main": main_panels, "generalization": generalization_panels, "forgetting": forgetting_panels,
-                "recipe": recipe_panels}
+    plotters = {
+        "main": main_panels,
+        "generalization": generalization_panels,
+        "forgetting": forgetting_panels,
+        "recipe": recipe_panels,
+    }
     columns = len(result["methods"]) if result["study"] == "forgetting" else None
     return line_plot(path, plotters[result["study"]](result), columns)
 
@@ -34,27 +50,35 @@ def plot(result: dict, path) -> Path:
 def write_outputs(result: dict, json_path) -> list[Path]:
     """The JSON, its markdown table (.md beside it) and its plot (.png beside it)."""
     json_path = Path(json_path)
-    return [write_json_atomic(json_path, result), write_text_atomic(json_path.with_suffix(".md"), markdown(result)),
-            plot(result, json_path.with_suffix(".png"))]
+    return [
+        write_json_atomic(json_path, result),
+        write_text_atomic(json_path.with_suffix(".md"), markdown(result)),
+        plot(result, json_path.with_suffix(".png")),
+    ]
 
 
 def _note(result: dict) -> str:
     config, data, adaptation = result["config"], result["data"], result["adaptation"]
     calls = ", ".join(f"{c} with {n} calls" for n, c in data["test_by_calls"].items())
-    adapted = (f" The adaptation phase trained on {adaptation['examples']} queries over {len(adaptation['tools'])} held-out tools."
-               if adaptation else "")
+    adapted = (
+        f" The adaptation phase trained on {adaptation['examples']} queries over {len(adaptation['tools'])} held-out tools."
+        if adaptation
+        else ""
+    )
     train = data["train"]
     if isinstance(train, dict):
         train = f"{'/'.join(map(str, train.values()))} (capped at {'/'.join(train)} calls)"
     if "train_calls" in data:  # real data: how many calls its training records make, and what was left out
         train = f"{train} ({', '.join(f'{c} with {n} calls' for n, c in data['train_calls'].items())})"
         adapted += " Left out: " + "; ".join(f"{n} {why}" for why, n in data["left_out"].items()) + "."
-    return (f"Backbone `{config['backbone']}`; {len(data['tools'])} tools ({data['source']}); {train} training "
-            f"and {data['test']} test queries ({calls}); {_seeds(result)}.{adapted}\n\n{_protocol(config)}\n\n"
-            "Tool F1: the tools the calls' texts name, for every method alike (a call that does not parse names "
-            "none); argument F1: the paper's, argument objects matched whatever the name; call F1: name and arguments "
-            "both right; routing F1: the tools TokMem's memory tokens chose, scored apart. 0–100; Avg. is the mean "
-            "over the numbers of calls.\n\n")
+    return (
+        f"Backbone `{config['backbone']}`; {len(data['tools'])} tools ({data['source']}); {train} training "
+        f"and {data['test']} test queries ({calls}); {_seeds(result)}.{adapted}\n\n{_protocol(config)}\n\n"
+        "Tool F1: the tools the calls' texts name, for every method alike (a call that does not parse names "
+        "none); argument F1: the paper's, argument objects matched whatever the name; call F1: name and arguments "
+        "both right; routing F1: the tools TokMem's memory tokens chose, scored apart. 0–100; Avg. is the mean "
+        "over the numbers of calls.\n\n"
+    )
 
 
 def _seeds(result: dict) -> str:
@@ -68,11 +92,16 @@ def _protocol(config: dict) -> str:
     """Which protocol the run followed: the reference code's recipe, or which parts of it differ."""
     reference = {"tool_segments": "arguments", "init": "orthogonal", "schedule": "linear", "renorm_every_step": True}
     differs = [f"{k} {config.get(k)}" for k, v in reference.items() if config.get(k, v) != v]
-    recipe = ("Protocol: the reference code's (arguments-only tool segments, orthogonal rows, warm-up + linear decay, "
-              "per-step renormalisation)" if not differs else "Protocol: ours, differing from the reference code in "
-              + ", ".join(differs))
-    return (f"{recipe}; batch {config['batch_size']}; every trained method {config['epochs']} epoch(s) over its data: "
-            "the same number of updates (column Updates).")
+    recipe = (
+        "Protocol: the reference code's (arguments-only tool segments, orthogonal rows, warm-up + linear decay, "
+        "per-step renormalisation)"
+        if not differs
+        else "Protocol: ours, differing from the reference code in " + ", ".join(differs)
+    )
+    return (
+        f"{recipe}; batch {config['batch_size']}; every trained method {config['epochs']} epoch(s) over its data: "
+        "the same number of updates (column Updates)."
+    )
 
 
 def _calls(scores: dict) -> list[str]:
@@ -107,22 +136,33 @@ def generalization_markdown(result: dict) -> str:
     points = result["train_max_calls"]
     first = next((s for p in points.values() for s in p["methods"].values()), None)
     calls = _calls(first) if first else []
-    rows = [[f"≤ {n} calls ({result['data']['train'][n]} queries)", s["label"], *_budget_cells(s), *_score_cells(s, calls)]
-            for n, p in points.items() for s in p["methods"].values()]
+    rows = [
+        [f"≤ {n} calls ({result['data']['train'][n]} queries)", s["label"], *_budget_cells(s), *_score_cells(s, calls)]
+        for n, p in points.items()
+        for s in p["methods"].values()
+    ]
     header = ["Train maximum calls", "Method", "Updates", "Routing F1 Avg.", *_score_header(calls)]
-    return ("# Compositional generalisation\n\nTrained on queries with at most the given number of calls; tested on the same "
-            "queries for every setting. " + _note(result) + markdown_table(header, rows))
+    return (
+        "# Compositional generalisation\n\nTrained on queries with at most the given number of calls; tested on the same "
+        "queries for every setting. " + _note(result) + markdown_table(header, rows)
+    )
 
 
 def recipe_markdown(result: dict) -> str:
     """One row per recipe variant and method: average F1s and the seconds it trained."""
-    rows = [[label, s["label"], *(spread(s[m]["avg"]) for m in METRICS), spread(s["train_seconds"], "{:.0f}")]
-            for label, point in result["variants"].items() for s in point["methods"].values()]
-    return ("# Training-recipe ablation\n\nEach row changes one option of the configured recipe "
-            f"(init {result['config']['init']}, schedule {result['config']['schedule']}, tool segments "
-            f"{result['config']['tool_segments']}) at the same budget. Renormalisation is not switched: a single round "
-            "has no old rows to take the norm of (the forgetting study measures it). " + _note(result)
-            + markdown_table(["Variant", "Method", *(f"{t} Avg." for t in METRICS.values()), "Train s"], rows))
+    rows = [
+        [label, s["label"], *(spread(s[m]["avg"]) for m in METRICS), spread(s["train_seconds"], "{:.0f}")]
+        for label, point in result["variants"].items()
+        for s in point["methods"].values()
+    ]
+    return (
+        "# Training-recipe ablation\n\nEach row changes one option of the configured recipe "
+        f"(init {result['config']['init']}, schedule {result['config']['schedule']}, tool segments "
+        f"{result['config']['tool_segments']}) at the same budget. Renormalisation is not switched: a single round "
+        "has no old rows to take the norm of (the forgetting study measures it). "
+        + _note(result)
+        + markdown_table(["Variant", "Method", *(f"{t} Avg." for t in METRICS.values()), "Train s"], rows)
+    )
 
 
 def recipe_panels(result: dict) -> list[Panel]:
@@ -133,18 +173,24 @@ def recipe_panels(result: dict) -> list[Panel]:
         for k, point in enumerate(result["variants"].values()):
             for scores in point["methods"].values():
                 series.setdefault(scores["label"], {})[k] = mean_of(scores[metric]["avg"])
-        panels.append(Panel(f"{title} (avg.)", "variant (row of the table, 0 = as configured)", "F1", lines(series), ylim=(0, 100)))
+        panels.append(
+            Panel(
+                f"{title} (avg.)", "variant (row of the table, 0 = as configured)", "F1", lines(series), ylim=(0, 100)
+            )
+        )
     return panels
 
 
 def _group_series(entry: dict, metric: str) -> dict[str, dict]:
-    """"group g" → {round: the group's score}, and "all seen groups" → {round: their mean}."""
+    """ "group g" → {round: the group's score}, and "all seen groups" → {round: their mean}."""
     series: dict[str, dict] = {}
     for point in entry["rounds"]:
         for group, scores in point["groups"].items():
             series.setdefault(f"group {group}", {})[point["round"]] = scores[metric]["avg"]
     rounds = {p["round"]: p["groups"].values() for p in entry["rounds"]}
-    return series | {"all seen groups": {r: metrics.mean(mean_of(s[metric]["avg"]) for s in seen) for r, seen in rounds.items()}}
+    return series | {
+        "all seen groups": {r: metrics.mean(mean_of(s[metric]["avg"]) for s in seen) for r, seen in rounds.items()}
+    }
 
 
 def forgetting_markdown(result: dict) -> str:
@@ -154,12 +200,19 @@ def forgetting_markdown(result: dict) -> str:
     out = f"# Forgetting: tools arriving in {len(rounds)} rounds\n\n{groups_text}.\n\n" + _note(result)
     for metric, title in METRICS.items():
         for entry in result["methods"].values():
-            out += f"## {title}: {entry['label']}\n\n" + pivot_table(_group_series(entry, metric), rounds, corner="Group \\ round")
+            out += f"## {title}: {entry['label']}\n\n" + pivot_table(
+                _group_series(entry, metric), rounds, corner="Group \\ round"
+            )
             out += "\n"
     norms = _new_rows(result)
     if norms:
-        rows = [[label, *(f"{mean_of(n['mean']):.3f} ± {mean_of(n['std']):.3f}" for n in per_round)] for label, per_round in norms.items()]
-        out += "## L2 norm of each round's new memory rows (mean ± std)\n\n" + markdown_table(["Method", *map(str, rounds)], rows)
+        rows = [
+            [label, *(f"{mean_of(n['mean']):.3f} ± {mean_of(n['std']):.3f}" for n in per_round)]
+            for label, per_round in norms.items()
+        ]
+        out += "## L2 norm of each round's new memory rows (mean ± std)\n\n" + markdown_table(
+            ["Method", *map(str, rounds)], rows
+        )
     return out + _first_group_answers(result)
 
 
@@ -179,8 +232,11 @@ def _calls_text(calls: list[str]) -> str:
 
 def _new_rows(result: dict) -> dict[str, list[dict]]:
     """label → the norms of each round's new memory rows, for the methods that have memory rows."""
-    return {e["label"]: [p["new_rows"] for p in e["rounds"]] for e in result["methods"].values()
-            if e["rounds"] and e["rounds"][0]["new_rows"]}
+    return {
+        e["label"]: [p["new_rows"] for p in e["rounds"]]
+        for e in result["methods"].values()
+        if e["rounds"] and e["rounds"][0]["new_rows"]
+    }
 
 
 def main_panels(result: dict) -> list[Panel]:
@@ -207,9 +263,15 @@ def generalization_panels(result: dict) -> list[Panel]:
 def forgetting_panels(result: dict) -> list[Panel]:
     """A row per metric, a panel per method: each group's score over the rounds.  Then the new rows' mean
     norms (the paper finds them inflating round after round without renormalisation)."""
-    panels = [Panel(f"{entry['label']}: {title}", "round", title, lines(_group_series(entry, metric)), ylim=(0, 100))
-              for metric, title in METRICS.items() for entry in result["methods"].values()]
-    norms = {label: {r: mean_of(n["mean"]) for r, n in enumerate(per_round, 1)} for label, per_round in _new_rows(result).items()}
+    panels = [
+        Panel(f"{entry['label']}: {title}", "round", title, lines(_group_series(entry, metric)), ylim=(0, 100))
+        for metric, title in METRICS.items()
+        for entry in result["methods"].values()
+    ]
+    norms = {
+        label: {r: mean_of(n["mean"]) for r, n in enumerate(per_round, 1)}
+        for label, per_round in _new_rows(result).items()
+    }
     if norms:
         panels.append(Panel("New memory rows", "round", "mean L2 norm", lines(norms), ylim=(0, None)))
     return panels
@@ -221,10 +283,16 @@ def headline(result: dict) -> dict[str, dict]:
     generalisation's largest training cap; the recipe as configured; forgetting's every group after the last round."""
     study = result["study"]
     if study == "forgetting":
-        return {e["label"]: {"updates": e["rounds"][-1]["updates"], **_all_groups(e["rounds"][-1]["groups"])}
-                for e in result["methods"].values() if e["rounds"]}
-    methods = {"main": lambda: result["methods"], "generalization": lambda: list(result["train_max_calls"].values())[-1]["methods"],
-               "recipe": lambda: result["variants"]["as configured"]["methods"]}[study]()
+        return {
+            e["label"]: {"updates": e["rounds"][-1]["updates"], **_all_groups(e["rounds"][-1]["groups"])}
+            for e in result["methods"].values()
+            if e["rounds"]
+        }
+    methods = {
+        "main": lambda: result["methods"],
+        "generalization": lambda: list(result["train_max_calls"].values())[-1]["methods"],
+        "recipe": lambda: result["variants"]["as configured"]["methods"],
+    }[study]()
     return {s["label"]: {"updates": s.get("updates", 0), **{m: s[m]["avg"] for m in METRICS}} for s in methods.values()}
 
 

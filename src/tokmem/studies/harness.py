@@ -60,7 +60,9 @@ def answer_all(method: Method, queries: list[str], batch_size: int, bar) -> list
     return answers
 
 
-def resumed(json_path, study: str, settings: dict, ignores=(), remedy: str = "drop --resume to start over") -> dict | None:
+def resumed(
+    json_path, study: str, settings: dict, ignores=(), remedy: str = "drop --resume to start over"
+) -> dict | None:
     """The result saved in ``json_path`` to continue from, or None when there is none (or no path: not resuming).
 
     It must be of the same ``study`` and have the same ``settings`` but for ``ignores`` (the device, …); the error
@@ -78,7 +80,13 @@ def resumed(json_path, study: str, settings: dict, ignores=(), remedy: str = "dr
 
 
 # ---- several seeds and budgets -----------------------------------------------------------------------------
-PLAIN = ("trainable_params", "updates", "round", "num_tasks", "train_per_task")  # the same in every seed: kept as numbers
+PLAIN = (
+    "trainable_params",
+    "updates",
+    "round",
+    "num_tasks",
+    "train_per_task",
+)  # the same in every seed: kept as numbers
 
 
 def aggregate_seeds(results: list[dict], keys: tuple[str, ...]) -> dict:
@@ -94,10 +102,15 @@ def _combine(values: list, key: str | None = None):
     if isinstance(first, (int, float)) and not isinstance(first, bool):
         if key in PLAIN and all(v == first for v in values):
             return first
-        return {"avg": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
-                "per_seed": values}
+        return {
+            "avg": statistics.fmean(values),
+            "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "per_seed": values,
+        }
     if isinstance(first, dict):
-        return {k: _combine([v[k] for v in values], k) for k in first if all(isinstance(v, dict) and k in v for v in values)}
+        return {
+            k: _combine([v[k] for v in values], k) for k in first if all(isinstance(v, dict) and k in v for v in values)
+        }
     if isinstance(first, list) and all(isinstance(v, list) and len(v) == len(first) for v in values):
         return [_combine(list(items), key) for items in zip(*values)]
     return first
@@ -113,8 +126,14 @@ def run_repeats(config, run_one: Callable[[Any, Path], dict], json_path, keys: t
     json_path = Path(json_path)
     budgets, seeds = config.epoch_budgets or (config.epochs,), config.seeds or (config.seed,)
     folder = json_path.with_name(f"{json_path.stem}-runs")
-    combined = {"study": "repeats", "config": _settings(config), "machine": machine(), "seeds": list(seeds),
-                "epoch_budgets": {}, "runs": []}
+    combined = {
+        "study": "repeats",
+        "config": _settings(config),
+        "machine": machine(),
+        "seeds": list(seeds),
+        "epoch_budgets": {},
+        "runs": [],
+    }
     for epochs in budgets:
         results = []
         for seed in seeds:
@@ -150,7 +169,9 @@ def _finished_run(config, path: Path) -> dict | None:
     saved = read_json(path) if path.is_file() else {}
     if not saved.get("finished"):
         return None
-    return resumed(path, saved["study"], _settings(config), RUN_IGNORES, "remove that run file, or choose another --json")
+    return resumed(
+        path, saved["study"], _settings(config), RUN_IGNORES, "remove that run file, or choose another --json"
+    )
 
 
 def _finish(result: dict, path: Path) -> dict:

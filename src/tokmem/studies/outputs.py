@@ -25,7 +25,11 @@ def spread(value, fmt: str = "{:.1f}") -> str:
 def scaled(value, factor: float):
     """A score times ``factor`` (a fraction as a percentage), over seeds too."""
     if isinstance(value, dict):
-        return {"avg": value["avg"] * factor, "sd": value["sd"] * factor, "per_seed": [v * factor for v in value["per_seed"]]}
+        return {
+            "avg": value["avg"] * factor,
+            "sd": value["sd"] * factor,
+            "per_seed": [v * factor for v in value["per_seed"]],
+        }
     return value * factor
 
 
@@ -37,8 +41,12 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def pivot_table(
-    series: dict[str, dict], columns: list, corner: str = "Method", fmt: str = "{:.1f}",
-    average: bool = False, extra: dict[str, dict[str, str]] | None = None,
+    series: dict[str, dict],
+    columns: list,
+    corner: str = "Method",
+    fmt: str = "{:.1f}",
+    average: bool = False,
+    extra: dict[str, dict[str, str]] | None = None,
 ) -> str:
     """Rows = series (label → {column: value}), columns in the given order, an optional average column
     (over the columns the row has) and extra columns ({column title: {row label: text}}).  Missing values print as –."""
@@ -80,7 +88,7 @@ def line_plot(path, panels: list[Panel], columns: int | None = None) -> Path:
     columns = columns or len(panels)
     rows = -(-len(panels) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 4 * rows), squeeze=False)
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.set_axis_off()
     for ax, panel in zip(axes.flat, panels):
         for label, (xs, ys) in panel.series.items():
@@ -115,13 +123,17 @@ def budget_markdown(result: dict, headline: Headline, scores: dict[str, str], bo
     curve: dict[str, dict] = {}
     for epochs, point in budgets.items():
         for label, values in headline(point).items():
-            curve.setdefault(label, {})[epochs] = f"{values['updates']:,} upd.: " + " / ".join(spread(values[m]) for m in scores)
+            curve.setdefault(label, {})[epochs] = f"{values['updates']:,} upd.: " + " / ".join(
+                spread(values[m]) for m in scores
+            )
     rows = [[label, *(cells.get(e, "–") for e in budgets)] for label, cells in curve.items()]
-    out = ("# Budget curve\n\nEvery trained method of a run trains the same epochs over the same data, so the same "
-           f"number of updates; one run per budget and seed (seeds {', '.join(map(str, result['seeds']))}); past the "
-           "first budget only the methods that train run again (the others answer the same at every budget). Each cell: "
-           f"updates: {' / '.join(scores.values())} (mean ± sd over the seeds).\n\n"
-           + markdown_table(["Method", *(f"{e} epoch(s) each" for e in budgets)], rows))
+    out = (
+        "# Budget curve\n\nEvery trained method of a run trains the same epochs over the same data, so the same "
+        f"number of updates; one run per budget and seed (seeds {', '.join(map(str, result['seeds']))}); past the "
+        "first budget only the methods that train run again (the others answer the same at every budget). Each cell: "
+        f"updates: {' / '.join(scores.values())} (mean ± sd over the seeds).\n\n"
+        + markdown_table(["Method", *(f"{e} epoch(s) each" for e in budgets)], rows)
+    )
     for epochs, point in budgets.items():
         out += f"\n# At {epochs} epoch(s) each\n\n" + _without_title(body(point))
     return out

@@ -128,7 +128,9 @@ def steps_at_90(steps: list[int], perplexities: list[float], fraction: float = 0
     included when it was evaluated); the best is the lowest perplexity of the whole curve.
     """
     if not steps or len(steps) != len(perplexities):
-        raise ValueError(f"need one perplexity per evaluated step, got {len(steps)} steps and {len(perplexities)} values")
+        raise ValueError(
+            f"need one perplexity per evaluated step, got {len(steps)} steps and {len(perplexities)} values"
+        )
     threshold = min(perplexities) / fraction
     return next(step for step, p in zip(steps, perplexities) if p <= threshold)
 
@@ -163,14 +165,22 @@ def run_memorization(config: MemorizationConfig) -> dict:
     backbone = load_backbone(config.backbone, device=config.device)
     text = _text_ids(backbone.tokenizer, config.text, max(config.text_tokens))
     total_runs = len(config.text_tokens) * config.seeds * len(config.memory_tokens) * len(METHODS)
-    bar = tqdm(total=total_runs * config.steps, desc="memorisation", unit="step", disable=not config.progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=total_runs * config.steps,
+        desc="memorisation",
+        unit="step",
+        disable=not config.progress,
+        dynamic_ncols=True,
+    )
     results, before = {}, {}
     with bar:
         for size in config.text_tokens:
             corpora = [_corpus(text, size, config.sequence_length, seed) for seed in range(config.seeds)]
             before[str(size)] = _plain_perplexity(backbone, corpora, config.batch_size)
             curves = {
-                f"{method}-{n}": [memorize(backbone, method, n, corpus, config, seed, bar) for seed, corpus in enumerate(corpora)]
+                f"{method}-{n}": [
+                    memorize(backbone, method, n, corpus, config, seed, bar) for seed, corpus in enumerate(corpora)
+                ]
                 for n in config.memory_tokens
                 for method in METHODS
             }
@@ -222,7 +232,9 @@ def _corpus(text: list[int], size: int, length: int, seed: int) -> list[tuple[st
 def _plain_perplexity(backbone: Backbone, corpora, batch_size: int) -> float:
     """The backbone's own perplexity of the sequences (chat-formatted query, then the text), averaged over seeds."""
     model = tokmem.create(backbone)
-    return metrics.mean(perplexity(model, [lay_out(model, "tokmem", q, t) for q, t in corpus], batch_size) for corpus in corpora)
+    return metrics.mean(
+        perplexity(model, [lay_out(model, "tokmem", q, t) for q, t in corpus], batch_size) for corpus in corpora
+    )
 
 
 def memorize(backbone, method: str, tokens: int, corpus, config: MemorizationConfig, seed: int = 0, bar=None) -> dict:
@@ -253,12 +265,17 @@ def memorize(backbone, method: str, tokens: int, corpus, config: MemorizationCon
 
 def _summarize(runs: list[dict]) -> dict:
     """Final perplexity and Steps@90%Best averaged over seeds, each seed's values, and the mean curve."""
-    per_seed = [{"seed": r["seed"], "ppl": r["ppl"][-1], "steps_at_90": steps_at_90(r["steps"], r["ppl"])} for r in runs]
+    per_seed = [
+        {"seed": r["seed"], "ppl": r["ppl"][-1], "steps_at_90": steps_at_90(r["steps"], r["ppl"])} for r in runs
+    ]
     return {
         "ppl": metrics.mean(r["ppl"] for r in per_seed),
         "steps_at_90": metrics.mean(r["steps_at_90"] for r in per_seed),
         "runs": per_seed,
-        "curve": {"steps": runs[0]["steps"], "ppl": [metrics.mean(values) for values in zip(*(r["ppl"] for r in runs))]},
+        "curve": {
+            "steps": runs[0]["steps"],
+            "ppl": [metrics.mean(values) for values in zip(*(r["ppl"] for r in runs))],
+        },
         "seconds": round(sum(r["seconds"] for r in runs), 1),
     }
 
@@ -283,10 +300,14 @@ class GSM8KConfig:
 
     backbone: str = option(DEFAULT_BACKBONE, "backbone spec")
     data: str = option(str(shared_data("gsm8k")), "gsm8k: the folder with train.jsonl and test.jsonl")
-    layout: Layout = option("reference", "gsm8k: reference = `question: …` user turn, TokMem's memory token, the "
-                            "assistant header, target `answer: …`; assistant = the memory token after the assistant header")
-    train_examples: int | None = option(None, "gsm8k: the training subset, the first N problems after the validation "
-                                        "split (default: all)")
+    layout: Layout = option(
+        "reference",
+        "gsm8k: reference = `question: …` user turn, TokMem's memory token, the "
+        "assistant header, target `answer: …`; assistant = the memory token after the assistant header",
+    )
+    train_examples: int | None = option(
+        None, "gsm8k: the training subset, the first N problems after the validation split (default: all)"
+    )
     validation_examples: int = option(500, "gsm8k: problems held out (the last of train.jsonl) to pick the best epoch")
     test_examples: int | None = option(None, "gsm8k: the first N test problems (default: all)")
     fractions: tuple[float, ...] = (0.2, 1.0)
@@ -333,7 +354,14 @@ def _gsm8k_start(config: GSM8KConfig, json_path, resume: bool) -> dict:
     saved = resumed(json_path if resume else None, "gsm8k", settings, ("device", "progress"))
     if saved is not None:
         return saved
-    return {"study": "gsm8k", "gsm8k": {}, "seconds": 0.0, "config": settings, "tokmem": tokmem.__version__, "machine": machine()}
+    return {
+        "study": "gsm8k",
+        "gsm8k": {},
+        "seconds": 0.0,
+        "config": settings,
+        "tokmem": tokmem.__version__,
+        "machine": machine(),
+    }
 
 
 def _check_gsm8k(config: GSM8KConfig) -> None:
@@ -348,7 +376,9 @@ def split_gsm8k(problems: list[Problem], config: GSM8KConfig) -> tuple[list[Prob
     validation, the training subset is the first ``train_examples`` of the rest."""
     held_out = config.validation_examples
     if len(problems) <= held_out:
-        raise DataError(f"{config.data}/train.jsonl: {len(problems)} problems, too few to hold out {held_out} for validation")
+        raise DataError(
+            f"{config.data}/train.jsonl: {len(problems)} problems, too few to hold out {held_out} for validation"
+        )
     return problems[:-held_out][: config.train_examples], problems[-held_out:]
 
 
@@ -360,7 +390,9 @@ def gsm8k_context(model: TokMemModel, method: str, layout: str, question: str) -
 def gsm8k_encode(model: TokMemModel, method: str, layout: str, problem: Problem) -> Encoded:
     """One training sequence: the context, then the framed answer and EOS, the only labelled tokens."""
     answer = FRAMES[layout][1].format(problem.answer)
-    return _targeted(gsm8k_context(model, method, layout, problem.question), prefix.response_ids(model.backbone.tokenizer, answer))
+    return _targeted(
+        gsm8k_context(model, method, layout, problem.question), prefix.response_ids(model.backbone.tokenizer, answer)
+    )
 
 
 def gsm8k_scores(answers: list[str], problems: list[Problem]) -> dict:
@@ -410,7 +442,9 @@ def _gsm8k_run(backbone, method: str, train_set, validation_set, test_set, confi
     model = build(method, 1, backbone, name="gsm8k")
     encoded = [gsm8k_encode(model, method, config.layout, p) for p in train_set]
     tqdm.write(f"GSM8K {LABELS[method]}: training on {len(train_set)} problems, {config.epochs} epochs")
-    train_config = TrainConfig(lr=config.lr, epochs=config.epochs, batch_size=config.batch_size, seed=config.seed, progress=config.progress)
+    train_config = TrainConfig(
+        lr=config.lr, epochs=config.epochs, batch_size=config.batch_size, seed=config.seed, progress=config.progress
+    )
     best, ends = BestByValidation(), epoch_ends(len(encoded), config.batch_size, config.epochs)
 
     def validate(step: int, total: int) -> None:
@@ -438,7 +472,14 @@ def _answer(model, method: str, problems: list[Problem], config: GSM8KConfig, wh
     decode = DecodeConfig(max_new_tokens=config.max_new_tokens, batch_size=config.decode_batch_size, seed=config.seed)
     size = config.decode_batch_size
     answers = []
-    for start in tqdm(range(0, len(contexts), size), desc=what, unit="batch", disable=not config.progress, dynamic_ncols=True, leave=False):
+    for start in tqdm(
+        range(0, len(contexts), size),
+        desc=what,
+        unit="batch",
+        disable=not config.progress,
+        dynamic_ncols=True,
+        leave=False,
+    ):
         answers += complete(model, contexts[start : start + size], decode)
     return answers
 
@@ -449,11 +490,15 @@ def memorization_markdown(result: dict) -> str:
     config, sizes = result["config"], list(result["memorization"])
     header = ["Method"] + [f"{s} tokens: {column}" for s in sizes for column in ("Steps@90%Best ↓", "PPL ↓")]
     rows = [
-        [f"{LABELS[method]}-{n}"] + [cell for s in sizes for cell in _memorization_cells(result["memorization"][s][f"{method}-{n}"])]
+        [f"{LABELS[method]}-{n}"]
+        + [cell for s in sizes for cell in _memorization_cells(result["memorization"][s][f"{method}-{n}"])]
         for n in config["memory_tokens"]
         for method in METHODS
     ]
-    rows.append(["Backbone, no memory"] + [cell for s in sizes for cell in ("–", f"{result['ppl_before_by_text_tokens'][s]:.2f}")])
+    rows.append(
+        ["Backbone, no memory"]
+        + [cell for s in sizes for cell in ("–", f"{result['ppl_before_by_text_tokens'][s]:.2f}")]
+    )
     note = (
         f"Memorisation on {config['backbone']}: final perplexity and Steps@90%Best (evaluated every "
         f"{config['eval_every']} of {config['steps']} steps), mean of {config['seeds']} seeds.\n\n"

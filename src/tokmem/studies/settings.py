@@ -19,19 +19,32 @@ T, D, L = TrainConfig, DecodeConfig, LoRASettings  # every default below is thei
 
 @dataclass(frozen=True)
 class MethodSettings:
-    epochs: int = option(T.epochs, "epochs of every trained method alike (the same number of updates): the run's budget")
-    epoch_budgets: tuple[int, ...] | None = option(None, "several budgets, e.g. 1,10: one run per value of --epochs "
-                                                   "(a budget curve: the score against the updates)")
-    seeds: tuple[int, ...] | None = option(None, "several seeds, e.g. 0,1,2: one run per seed, one after the other "
-                                           "(resumable); tables show mean ± sd")
-    init: Init = option(T.init, "TokMem's new rows: mean embedding (the paper's text) or orthogonal (the reference code)")
-    schedule: Schedule = option(T.schedule, "learning rate of every trained method: constant, or linear (10% warm-up, "
-                                "then decay; the reference code)", flag="--lr-schedule")
+    epochs: int = option(
+        T.epochs, "epochs of every trained method alike (the same number of updates): the run's budget"
+    )
+    epoch_budgets: tuple[int, ...] | None = option(
+        None,
+        "several budgets, e.g. 1,10: one run per value of --epochs (a budget curve: the score against the updates)",
+    )
+    seeds: tuple[int, ...] | None = option(
+        None, "several seeds, e.g. 0,1,2: one run per seed, one after the other (resumable); tables show mean ± sd"
+    )
+    init: Init = option(
+        T.init, "TokMem's new rows: mean embedding (the paper's text) or orthogonal (the reference code)"
+    )
+    schedule: Schedule = option(
+        T.schedule,
+        "learning rate of every trained method: constant, or linear (10% warm-up, then decay; the reference code)",
+        flag="--lr-schedule",
+    )
     warmup: float = option(T.warmup, "warm-up fraction of the linear schedule")
-    renorm_every_step: bool = option(T.renorm_every_step, "renormalise TokMem's new rows after every step too (the "
-                                     "reference code), not only after the round")
-    tool_segments: ToolSegments = option(T.tool_segments, "after a tool's memory token: its arguments only (the "
-                                         "reference code) or the whole call")
+    renorm_every_step: bool = option(
+        T.renorm_every_step,
+        "renormalise TokMem's new rows after every step too (the reference code), not only after the round",
+    )
+    tool_segments: ToolSegments = option(
+        T.tool_segments, "after a tool's memory token: its arguments only (the reference code) or the whole call"
+    )
     batch_size: int = option(T.batch_size, "training examples per step")
     max_length: int = option(T.max_length, "longest training sequence in tokens (longer queries are cut from the left)")
     max_new_tokens: int = option(D.max_new_tokens, "tokens an answer may generate")
@@ -58,13 +71,24 @@ class MethodSettings:
 
     def train_options(self) -> dict:
         """Keyword arguments of every trained method."""
-        return dict(epochs=self.epochs, batch_size=self.batch_size, max_length=self.max_length, seed=self.seed,
-                    schedule=self.schedule, warmup=self.warmup, **self.decode_options())
+        return dict(
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            max_length=self.max_length,
+            seed=self.seed,
+            schedule=self.schedule,
+            warmup=self.warmup,
+            **self.decode_options(),
+        )
 
     def tokmem_options(self) -> dict:
         """Keyword arguments of TokMem's variants."""
-        return self.train_options() | dict(lr=self.tokmem_lr, init=self.init,
-                                           renorm_every_step=self.renorm_every_step, tool_segments=self.tool_segments)
+        return self.train_options() | dict(
+            lr=self.tokmem_lr,
+            init=self.init,
+            renorm_every_step=self.renorm_every_step,
+            tool_segments=self.tool_segments,
+        )
 
     def lora_options(self) -> dict:
         """Keyword arguments of fine-tuning and replay."""

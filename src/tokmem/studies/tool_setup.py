@@ -33,7 +33,9 @@ TOKMEM_LABELS = {
     "tokmem-unfrozen": "TokMem (unfrozen backbone)",
 }
 ADAPTED = {"tokmem", "tokmem-better", "tokmem-roundnorm", "tokmem-norenorm", "tokmem-unfrozen"}
-BETTER_RECIPE = dict(init="mean", schedule="constant")  # the recipe study's better defaults (--init mean --lr-schedule constant)  # built on the adapted backbone
+BETTER_RECIPE = dict(
+    init="mean", schedule="constant"
+)  # the recipe study's better defaults (--init mean --lr-schedule constant)  # built on the adapted backbone
 
 
 def tool_data(config: CompositionalConfig, ranks: tuple[int, int], train_max_calls: int | None = None) -> ToolData:
@@ -41,8 +43,14 @@ def tool_data(config: CompositionalConfig, ranks: tuple[int, int], train_max_cal
     tools: in an xLAM file they follow the adaptation tools, as in the reference code)."""
     if config.dataset == "complexfuncbench":
         return real_data(config).data
-    sizes = dict(per_tool=config.per_tool, train_multi=config.train_multi, test_multi=config.test_multi,
-                 max_calls=config.max_calls, train_max_calls=train_max_calls, seed=config.seed)
+    sizes = dict(
+        per_tool=config.per_tool,
+        train_multi=config.train_multi,
+        test_multi=config.test_multi,
+        max_calls=config.max_calls,
+        train_max_calls=train_max_calls,
+        seed=config.seed,
+    )
     if config.xlam:
         first, last = ranks
         return xlam_dataset(config.xlam, (config.adapt_tools + first, config.adapt_tools + last), **sizes)
@@ -56,8 +64,16 @@ def adaptation_examples(config: CompositionalConfig) -> list[Example]:
         return real_data(config).adaptation
     if config.xlam:
         ranks = (1, config.adapt_tools)
-        return xlam_dataset(config.xlam, ranks, per_tool=config.adapt_per_tool, train_multi=config.adapt_multi, test_multi=0,
-                            max_calls=config.max_calls, test_fraction=0.0, seed=config.seed).train
+        return xlam_dataset(
+            config.xlam,
+            ranks,
+            per_tool=config.adapt_per_tool,
+            train_multi=config.adapt_multi,
+            test_multi=0,
+            max_calls=config.max_calls,
+            test_fraction=0.0,
+            seed=config.seed,
+        ).train
     tools = split_tools()[0][: config.adapt_tools]
     return tool_examples(tools, config.adapt_per_tool, config.adapt_multi, config.max_calls, config.seed)
 
@@ -66,8 +82,16 @@ def adaptation_examples(config: CompositionalConfig) -> list[Example]:
 def real_data(config: CompositionalConfig) -> RealData:
     """ComplexFuncBench to evaluate and BFCL multi-turn to adapt (``tokmem.data.realtools``), read once per config."""
     folder = function_calling_dir(config.data_dir)
-    return complexfuncbench_data(folder, config.max_calls, config.test_fraction, config.train_multi, config.test_multi,
-                                 config.adapt_multi, config.test_data, config.seed)
+    return complexfuncbench_data(
+        folder,
+        config.max_calls,
+        config.test_fraction,
+        config.train_multi,
+        config.test_multi,
+        config.adapt_multi,
+        config.test_data,
+        config.seed,
+    )
 
 
 def groups(config: CompositionalConfig) -> list[tuple[int, int]]:
@@ -76,23 +100,40 @@ def groups(config: CompositionalConfig) -> list[tuple[int, int]]:
     return [(first + 1, last) for first, last in zip(cuts, cuts[1:])]
 
 
-def prepare_backbones(config: CompositionalConfig, backbone: Backbone | None, progress: bool) -> tuple[dict, dict | None]:
+def prepare_backbones(
+    config: CompositionalConfig, backbone: Backbone | None, progress: bool
+) -> tuple[dict, dict | None]:
     """{"base": the backbone, "adapted": it after the adaptation phase (only when a method needs it)}, and
     what the adaptation did.  The adapted backbone is built once and cached on disk (``tokmem.adapt.cached_adapt``)."""
     base = backbone or load_backbone(config.backbone, device=config.device)
     if not ADAPTED & set(config.methods):
         return {"base": base}, None
     examples = adaptation_examples(config)
-    lora = AdaptConfig(rank=config.lora_rank, dropout=config.adapt_dropout, lr=config.adapt_lr,
-                       weight_decay=config.lora_weight_decay)
-    rows = TrainConfig(lr=config.tokmem_lr, epochs=config.adapt_epochs, batch_size=config.batch_size,
-                       max_length=config.max_length, seed=config.seed, init=config.init, schedule=config.schedule,
-                       warmup=config.warmup, tool_segments=config.tool_segments, progress=progress)
+    lora = AdaptConfig(
+        rank=config.lora_rank, dropout=config.adapt_dropout, lr=config.adapt_lr, weight_decay=config.lora_weight_decay
+    )
+    rows = TrainConfig(
+        lr=config.tokmem_lr,
+        epochs=config.adapt_epochs,
+        batch_size=config.batch_size,
+        max_length=config.max_length,
+        seed=config.seed,
+        init=config.init,
+        schedule=config.schedule,
+        warmup=config.warmup,
+        tool_segments=config.tool_segments,
+        progress=progress,
+    )
     start = time.perf_counter()
     adapted, directory, cached = cached_adapt(base, examples, lora, rows, config.adapt_cache)
-    info = {"tools": list(dict.fromkeys(p for e in examples for p in e.procedures)), "examples": len(examples),
-            "steps": -(-len(examples) * config.adapt_epochs // config.batch_size), "directory": str(directory),
-            "cached": cached, "seconds": round(time.perf_counter() - start, 1)}
+    info = {
+        "tools": list(dict.fromkeys(p for e in examples for p in e.procedures)),
+        "examples": len(examples),
+        "steps": -(-len(examples) * config.adapt_epochs // config.batch_size),
+        "directory": str(directory),
+        "cached": cached,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
     return {"base": base, "adapted": adapted}, info
 
 
@@ -101,8 +142,11 @@ def build_method(name: str, config: CompositionalConfig, backbones: dict, tools:
     base, adapted = backbones["base"], backbones.get("adapted")
     decode, lora = config.decode_options(), config.lora_options()
     memory = config.tokmem_options() | dict(max_steps=config.max_calls, name=name, label=TOKMEM_LABELS.get(name))
-    replay = dict(ratio=config.replay_ratio, buffer_size=config.replay_buffer,
-                  refresh_every=max(1, (config.tools or len(tools)) // config.rounds))
+    replay = dict(
+        ratio=config.replay_ratio,
+        buffer_size=config.replay_buffer,
+        refresh_every=max(1, (config.tools or len(tools)) // config.rounds),
+    )
     factories = {
         "icl": lambda: ICL(base, tools, config.shots, **decode),
         "rag": lambda: ToolRAG(base, tools, config.rag_k, config.shots, **decode),
@@ -113,7 +157,9 @@ def build_method(name: str, config: CompositionalConfig, backbones: dict, tools:
         "tokmem-better": lambda: TokMem(adapted, **memory | BETTER_RECIPE),
         "tokmem-roundnorm": lambda: TokMem(adapted, **memory | dict(renorm_every_step=False)),
         "tokmem-norenorm": lambda: TokMem(adapted, renormalize=False, **memory),
-        "tokmem-unfrozen": lambda: UnfrozenTokMem(adapted, config.lora_rank, config.lora_lr, config.lora_weight_decay, **memory),
+        "tokmem-unfrozen": lambda: UnfrozenTokMem(
+            adapted, config.lora_rank, config.lora_lr, config.lora_weight_decay, **memory
+        ),
     }
     return factories[name]()
 

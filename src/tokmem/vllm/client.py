@@ -1,10 +1,10 @@
 """What a program needs to send TokMem requests to vLLM: engine arguments, sampling parameters, prompts.
 
-    from vllm import LLM
-    from tokmem import vllm as tv
+from vllm import LLM
+from tokmem import vllm as tv
 
-    llm = LLM(model=MODEL_DIR, **tv.engine_args())
-    outputs = llm.generate([tv.prompt(tokenizer, "Reverse sun.", BANK)], tv.sampling_params(BANK, max_tokens=64))
+llm = LLM(model=MODEL_DIR, **tv.engine_args())
+outputs = llm.generate([tv.prompt(tokenizer, "Reverse sun.", BANK)], tv.sampling_params(BANK, max_tokens=64))
 """
 
 from __future__ import annotations
@@ -33,9 +33,16 @@ def engine_args(family: str = "llama", slots: int = DEFAULT_SLOTS) -> dict:
     }
 
 
-def extra_args(bank, threshold: float | None = None, max_steps: int | None = None, procedure: str | None = None) -> dict:
+def extra_args(
+    bank, threshold: float | None = None, max_steps: int | None = None, procedure: str | None = None
+) -> dict:
     """``SamplingParams.extra_args`` (or ``vllm_xargs``) selecting ``bank`` and the routing options given."""
-    values = {"tokmem_bank": str(bank), "tokmem_threshold": threshold, "tokmem_max_steps": max_steps, "tokmem_procedure": procedure}
+    values = {
+        "tokmem_bank": str(bank),
+        "tokmem_threshold": threshold,
+        "tokmem_max_steps": max_steps,
+        "tokmem_procedure": procedure,
+    }
     return {key: value for key, value in values.items() if value is not None}
 
 

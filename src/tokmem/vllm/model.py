@@ -26,10 +26,15 @@ class MemorySlots:
     def _add_slots(self, vllm_config) -> None:
         config = vllm_config.model_config.hf_config
         self.vocab = config.vocab_size
-        self.slot_table = slots.install(slots.SlotTable(
-            getattr(config, "tokmem_slots", slots.DEFAULT_SLOTS), config.hidden_size, self.vocab,
-            dtype=vllm_config.model_config.dtype, device=next(self.parameters()).device,
-        ))
+        self.slot_table = slots.install(
+            slots.SlotTable(
+                getattr(config, "tokmem_slots", slots.DEFAULT_SLOTS),
+                config.hidden_size,
+                self.vocab,
+                dtype=vllm_config.model_config.dtype,
+                device=next(self.parameters()).device,
+            )
+        )
         embed_words = self.model.embed_input_ids  # the backbone's own lookup, for ids below the vocabulary
         self.model.embed_input_ids = lambda ids: embed_ids(ids, self.vocab, embed_words, self.slot_table.steer)
 

@@ -120,7 +120,9 @@ class TokMemLogitsProcessor(LogitsProcessor):
         rows at their first position then get ``decode.first_token_logits``."""
         state = self._state(len(logits))
         offset, end, threshold, forced = (t.to(logits.device, non_blocking=True) for t in state[1:])
-        _keep_slots(logits[:, self.vocab :], offset, end - offset, int((state[2] - state[1]).max()) if len(logits) else 0)
+        _keep_slots(
+            logits[:, self.vocab :], offset, end - offset, int((state[2] - state[1]).max()) if len(logits) else 0
+        )
         if state[0].any():  # rows at their first position (checked on the host: the state is built there)
             at = state[0].nonzero().squeeze(-1).to(logits.device)
             logits[at] = first_token_logits(logits[at], self.vocab, threshold[at], end[at] > offset[at], forced[at])[0]

@@ -75,7 +75,9 @@ class SlotTable:
         if placement is None:
             bank = MemoryBank.load(key[0])
             if bank.hidden_size != self.hidden_size:
-                raise TokMemError(f"{key[0]}: the bank's rows have width {bank.hidden_size}, this model's hidden size is {self.hidden_size}")
+                raise TokMemError(
+                    f"{key[0]}: the bank's rows have width {bank.hidden_size}, this model's hidden size is {self.hidden_size}"
+                )
             placement = Placement(self._free_offset(len(bank), key[0]), bank)
             self._write(placement)
             self.placed[key] = placement
@@ -95,8 +97,10 @@ class SlotTable:
                 return offset
             unused = next((key for key, p in self.placed.items() if p.users == 0), None)
             if unused is None:
-                raise SlotsFull(f"{where}: {rows} rows do not fit in the {self.slots} memory slots next to the banks in use "
-                                "(start the model with more tokmem_slots)")
+                raise SlotsFull(
+                    f"{where}: {rows} rows do not fit in the {self.slots} memory slots next to the banks in use "
+                    "(start the model with more tokmem_slots)"
+                )
             del self.placed[unused]
 
     def _first_gap(self, rows: int) -> int | None:
@@ -125,6 +129,8 @@ def install(table: SlotTable) -> SlotTable:
 
 def current() -> SlotTable:
     if _table is None:
-        raise TokMemError("no TokMem model in this vLLM worker: start vLLM with tokmem.vllm.engine_args() "
-                          "(a TokMem*ForCausalLM architecture) to serve banks")
+        raise TokMemError(
+            "no TokMem model in this vLLM worker: start vLLM with tokmem.vllm.engine_args() "
+            "(a TokMem*ForCausalLM architecture) to serve banks"
+        )
     return _table
