@@ -17,5 +17,6 @@ train() {  # batch size, then extra flags; the JSON is named after them
 train 32
 train 32 --length-grouped
 train 64 --length-grouped
+train 128 --length-grouped --no-naive
 python3 benchmarks/serve_mixed_banks.py --backbone random:llama-3.2-1b --device cuda --batch 64 --tokens 32 \
   --waves 2 --no-http --json "$out/serve_decode_gpu.json" 2>&1 | grep -v Warning
