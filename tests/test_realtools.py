@@ -45,7 +45,7 @@ def test_real_data_is_a_main_or_recipe_study_from_one_source():
         make_config(None, "main", dataset="complexfuncbench", xlam="x.json").resolved()
     with pytest.raises(TokMemError, match="unknown dataset 'cfb'"):
         make_config(None, "main", dataset="cfb").resolved()
-    with pytest.raises(TokMemError, match="--test-data needs --dataset complexfuncbench"):
+    with pytest.raises(TokMemError, match="--test-data and --test-spec need --dataset complexfuncbench"):
         make_config(None, "main", test_data="mine.json").resolved()
 
 

@@ -176,20 +176,19 @@ def encode(
     schema); ``result_tokens``: the budget of each step's result.
 
     ``memory_id=None`` lays out the plain query → response sequence (no memory tokens) that the
-    fine-tuning baselines train on: the segments one per line, as ``example.response`` shows them.
+    fine-tuning baselines train on: the segments one per line, as ``example.response`` shows them; where the steps
+    carry results, each step's call text (``step_ids``) takes its memory token's place in the layout above, so that
+    TokMem and fine-tuning train on the same sequences but for the memory tokens.
     """
     prefix = chat_prefix(tokenizer, example.query)
     eos = tokenizer.eos_token_id
-    if memory_id is None:
+    if memory_id is None and all(step.result is None for step in example.steps):
         target = tokenizer(example.response, add_special_tokens=False)["input_ids"] + [eos]
         labels = list(target)
     else:
         target, labels = [], []
         for step in example.steps:
-            segment = [
-                memory_id(step.procedure),
-                *tokenizer(_segment(example, step, tools), add_special_tokens=False)["input_ids"],
-            ]
+            segment = step_ids(example, step, tokenizer, memory_id, tools)
             if step.result is not None:
                 segment.append(eos)
             context = [] if step.result is None else result_ids(tokenizer, [step.result], result_tokens)
@@ -209,6 +208,17 @@ def encode(
         truncated.responses += int(cut_response)
         truncated.examples.append(example.id or example.query[:40])
     return Encoded(prefix + target, [IGNORE] * len(prefix) + labels)
+
+
+def step_ids(example: Example, step, tokenizer, memory_id=None, tools: Collection[str] = ()) -> list[int]:
+    """One step's tokens: its memory token and its segment (a tool's arguments only), or, without memory tokens
+    (``memory_id=None``: the fine-tuning and prompted layouts), the step's whole response (the call's JSON)."""
+    if memory_id is None:
+        return tokenizer(step.response, add_special_tokens=False)["input_ids"]
+    return [
+        memory_id(step.procedure),
+        *tokenizer(_segment(example, step, tools), add_special_tokens=False)["input_ids"],
+    ]
 
 
 def _segment(example: Example, step, tools: Collection[str]) -> str:

@@ -4,9 +4,11 @@ A data file is a JSON list (or JSON lines) of records::
 
     {"input": "query", "output": [{"name": "Search_Hotels", "arguments": {...}, "label": "var1"}, ...], ...}
 
-An argument may take an earlier call's result, written ``"$var1.path.to.field$"``; it stays that string
-(the model learns to write the reference).  A call's recorded result (``"response"``, as ComplexFuncBench's
-records carry the real API responses) becomes its step's ``result``.  The tools' schemas come with each record (``"tools": [...]``)
+An argument may take an earlier call's result, written ``"$var1.path.to.field$"``.  A call's recorded result
+(``"response"``, as ComplexFuncBench's records carry the real API responses) becomes its step's ``result``; with
+results, a reference is resolved to the value in the recorded response it names (``resolve_references``:
+ComplexFuncBench's convention: the model, seeing the results, writes and is scored on the value); without results
+it stays that string (the model learns to write the reference).  The tools' schemas come with each record (``"tools": [...]``)
 or from a spec file: a JSON list of ``{"name", "description", "query_parameters" | "parameters", …}``.
 IBM ships the two side by side as ``X-data.json`` and ``X-spec.json``, so the spec defaults to that
 neighbour.  A spec's flat ``{param: {"type", "description", "required": bool, …}}`` becomes a JSON
@@ -18,6 +20,7 @@ answer (which results to return), not a tool call.  It is left out of the steps 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tokmem.data.toolfiles import (
@@ -34,6 +37,7 @@ from tokmem.data.toolfiles import (
 from tokmem.errors import DataError
 
 ANSWER_STEP = "var_result"
+REFERENCE = re.compile(r"\$(var\d+)((?:\.[^.$]+)*)\$")  # "$var1.coordinates.latitude$": a label, then a path
 SKIP_ANSWER = "var_result steps (NESTFUL's final answer, not a tool call)"
 
 
@@ -65,6 +69,9 @@ def import_nestful(path, spec=None, results: bool = True) -> Imported:
         query = text_field(record, "input", where).strip()
         output = list_field(record, "output", where)
         calls = _calls(output, where, imported)
+        if results:
+            responses = {call.get("label"): call.get("response") for call in output}
+            calls = [(name, resolve_references(arguments, responses)) for name, arguments in calls]
         recorded = [
             result_text(call.get("response")) if results else None for call in output if call["name"] != ANSWER_STEP
         ]
@@ -77,6 +84,32 @@ def import_nestful(path, spec=None, results: bool = True) -> Imported:
         imported.offer(query, calls, str(record.get("sample_id", index)), schemas, results=recorded)
     imported.require_examples(path)
     return imported
+
+
+def resolve_references(value, responses: dict):
+    """``value`` (a call's arguments, or any part of them) with every string that is wholly a reference
+    (``"$var1.coordinates.latitude$"``) replaced by the value it names in ``responses`` (label → recorded response).
+    A path step into a list takes the list's first item unless the step is an index (ComplexFuncBench's responses are
+    often one-item lists: ``$var1.coordinates.latitude$`` names ``response[0]["coordinates"]["latitude"]``).  A
+    reference that names nothing (unknown label, missing key) stays as it is."""
+    if isinstance(value, dict):
+        return {key: resolve_references(item, responses) for key, item in value.items()}
+    if isinstance(value, list):
+        return [resolve_references(item, responses) for item in value]
+    match = REFERENCE.fullmatch(value) if isinstance(value, str) else None
+    if match is None or responses.get(match[1]) is None:
+        return value
+    found = responses[match[1]]
+    for key in filter(None, match[2].split(".")):
+        if isinstance(found, list) and not key.isdigit():
+            found = found[0] if found else None
+        if isinstance(found, list) and key.isdigit() and int(key) < len(found):
+            found = found[int(key)]
+        elif isinstance(found, dict) and key in found:
+            found = found[key]
+        else:
+            return value
+    return found
 
 
 def _calls(output: list, where: str, imported: Imported) -> list[tuple[str, dict]]:

@@ -7,7 +7,11 @@ adaptation phase's.  Both are the files of ``shared/data/function-calling`` (see
 
 Records are split into train and test by a stable hash of the query (md5), so a record's side never
 depends on the seed, the order of the file or the other records.  ``test_data`` replaces the test side
-with a file of the same format (a user's own split); then every record of the data file trains.
+with a file of the same format (a user's own split, its spec given by ``test_spec`` or found beside it); then every
+record of the data file trains.  With ``results`` (the default), each step carries its call's recorded response and
+references to earlier results are resolved to their values (``tokmem.data.nestful.resolve_references``), and a
+test record must call only tools that training records call (TokMem lays out a test record's gold earlier calls by
+their tools' memory tokens); the others are left out and counted.
 """
 
 from __future__ import annotations
@@ -78,15 +82,17 @@ def complexfuncbench_data(
     adapt_samples: int = 5000,
     test_data: str | None = None,
     seed: int = 0,
+    results: bool = True,
+    test_spec: str | None = None,
 ) -> RealData:
     """ComplexFuncBench's records with at most ``max_calls`` calls, split by query hash (or tested on
     ``test_data``); at most ``train_size`` training records (a seeded sample) and the first ``test_size`` test
     records in hash order; and up to ``adapt_samples`` BFCL multi-turn turns with at most ``max_calls`` calls."""
     left_out: Counter = Counter()
-    imported = import_nestful(folder / CFB_DATA, results=False)  # the studies lay chains out without results (so far)
+    imported = import_nestful(folder / CFB_DATA, results=results)
     records = _at_most(imported.examples, max_calls, left_out, "ComplexFuncBench")
     if test_data:
-        test_import = import_nestful(test_data, results=False)
+        test_import = import_nestful(test_data, test_spec, results=results)
         train, test = records, _at_most(test_import.examples, max_calls, left_out, str(test_data))
         catalog = {**test_import.catalog, **imported.catalog}
     else:
@@ -96,6 +102,12 @@ def complexfuncbench_data(
     if train_size is not None and train_size < len(train):
         left_out[f"training records beyond {train_size}"] += len(train) - train_size
         train = rng.sample(train, train_size)
+    if results:  # the loop lays out the gold earlier calls of a test record by their tools' memory tokens
+        trained = {p for e in train for p in e.procedures}
+        unknown = [e for e in test if not trained.issuperset(e.procedures)]
+        if unknown:
+            left_out["test records calling a tool no training record calls"] += len(unknown)
+            test = [e for e in test if trained.issuperset(e.procedures)]
     if test_size is not None and test_size < len(test):
         left_out[f"test records beyond {test_size}"] += len(test) - test_size
         test = test[:test_size]

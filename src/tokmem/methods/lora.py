@@ -112,6 +112,10 @@ class LoRA(Method):
             texts = plain_answers(self.model, queries, self.max_new_tokens, self.eval_batch_size)
         return [Answer(text) for text in texts]
 
+    def continue_contexts(self, contexts: list[list[int]]) -> list[str]:
+        with self.attached():
+            return super().continue_contexts(contexts)
+
     def save(self, directory: Path) -> bool:
         self.adapter.save(directory)
         (directory / STATE_FILE).write_text(json.dumps(self.state()), encoding="utf-8")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokmem.data.procedures import Example
-from tokmem.decode import DecodeConfig, Segment, generate
+from tokmem.decode import DecodeConfig, Segment, complete, generate
 from tokmem.model import TokMemModel
 
 
@@ -52,6 +52,17 @@ class Method:
 
     def answer(self, queries: list[str]) -> list[Answer]:
         raise NotImplementedError
+
+    def prompts(self, queries: list[str]) -> list[str]:
+        """The user turn each query is asked in: the query itself, or (prompted methods) with tools and
+        demonstrations around it."""
+        return queries
+
+    def continue_contexts(self, contexts: list[list[int]]) -> list[str]:
+        """The text the method's plain backbone writes after each context (token ids, up to EOS): a method without
+        memory tokens answering a conversation laid out as ``tokmem.studies.tool_loop.plain_context`` does."""
+        config = DecodeConfig(max_new_tokens=self.max_new_tokens, batch_size=self.eval_batch_size)
+        return complete(self.model, contexts, config)
 
     def save(self, directory: Path) -> bool:
         """Write the learned state under ``directory``; False when the method keeps none (rebuilt by learning again)."""

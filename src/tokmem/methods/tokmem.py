@@ -45,9 +45,12 @@ class TokMem(Method):
         renormalize: bool = TrainConfig.renormalize,
         name: str | None = None,
         label: str | None = None,
+        schemas: dict[str, dict] | None = None,
+        schema: bool = DecodeConfig.schema,
         **recipe,
     ):
-        """``recipe``: more TrainConfig fields (init, schedule, warmup, renorm_every_step)."""
+        """``recipe``: more TrainConfig fields (init, schedule, warmup, renorm_every_step).  ``schemas``: tool name →
+        its arguments' JSON schema, kept with the tool's row (``schema``: decode the arguments under it)."""
         self.name, self.label = ("tokmem-dc", "TokMem+DC") if decoupled else ("tokmem", "TokMem")
         self.name, self.label = name or self.name, label or self.label
         self.model = tokmem.create(backbone, decoupled=decoupled)
@@ -63,15 +66,20 @@ class TokMem(Method):
         )
         self.epochs = epochs
         self.decode_config = DecodeConfig(
-            max_new_tokens=max_new_tokens, max_steps=max_steps, threshold=0.0, batch_size=eval_batch_size
+            max_new_tokens=max_new_tokens,
+            max_steps=max_steps,
+            threshold=0.0,
+            batch_size=eval_batch_size,
+            schema=schema,
         )
+        self.schemas = schemas
 
     def trainable_params(self) -> int:
         """Every memory row (each trained in its own round, then frozen)."""
         return self.model.bank.parameter_count()
 
     def learn(self, examples: list[Example]) -> None:
-        tokmem.learn(self.model, examples, self.train_config, on_step=self.report_step)
+        tokmem.learn(self.model, examples, self.train_config, on_step=self.report_step, schemas=self.schemas)
 
     def answer(self, queries: list[str]) -> list[Answer]:
         generations = generate(self.model, queries, self.decode_config)

@@ -88,8 +88,11 @@ class ICL(Method):
         """Take the demonstrations (the first compositional examples) until there are ``shots`` of them."""
         self.demonstrations = (self.demonstrations + compositional(examples))[: self.shots]
 
+    def prompts(self, queries: list[str]) -> list[str]:
+        return [tool_prompt(self.schemas, self.demonstrations, q) for q in queries]
+
     def answer(self, queries: list[str]) -> list[Answer]:
-        prompts = [tool_prompt(self.schemas, self.demonstrations, q) for q in queries]
+        prompts = self.prompts(queries)
         texts = prompted_answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size, share_prefix=True)
         return [Answer(text) for text in texts]
 
@@ -111,12 +114,13 @@ class ToolRAG(RAG):
         top = scores.topk(min(self.tool_k, len(self.schemas)), dim=-1).indices.tolist()
         return [[self.schemas[i] for i in row] for row in top]
 
+    def prompts(self, queries: list[str]) -> list[str]:
+        return [tool_prompt(t, d, q) for t, d, q in zip(self.retrieve_tools(queries), self.retrieve(queries), queries)]
+
     def answer(self, queries: list[str]) -> list[Answer]:
-        prompts = [
-            tool_prompt(t, d, q) for t, d, q in zip(self.retrieve_tools(queries), self.retrieve(queries), queries)
-        ]
         return [
-            Answer(text) for text in prompted_answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size)
+            Answer(text)
+            for text in prompted_answers(self.model, self.prompts(queries), self.max_new_tokens, self.eval_batch_size)
         ]
 
 

@@ -53,13 +53,16 @@ from tokmem.io import write_json_atomic
 from tokmem.methods.method import Method
 from tokmem.report import machine
 from tokmem.studies.harness import answer_all, learn_round, progress_bar, run_repeats
+from tokmem.sequences import RESULT_TOKENS
 from tokmem.studies.settings import MethodSettings
+from tokmem.studies.tool_loop import loop_scores
 from tokmem.studies.tool_setup import build_method, groups, new_row_norms, prepare_backbones, real_data, tool_data
 
 METRICS = metrics.CALL_METRICS
 MAIN_METHODS = ("icl", "rag", "lora", "tokmem-noadapt", "tokmem", "tokmem-better")
+LOOP_ABLATION = "tokmem-noschema"  # TokMem (w/ adapt) decoding free arguments: the tool loop's ablation row
 STUDIES = {  # study → (default methods, methods it accepts)
-    "main": (MAIN_METHODS, MAIN_METHODS),
+    "main": (MAIN_METHODS, (*MAIN_METHODS, LOOP_ABLATION)),
     "generalization": (("lora", "tokmem"), MAIN_METHODS),
     "recipe": (("tokmem",), ("tokmem", "tokmem-noadapt")),
     "forgetting": (
@@ -100,6 +103,14 @@ class CompositionalConfig(MethodSettings):
     )
     test_data: str | None = option(
         None, "complexfuncbench: a NESTFUL file to test on (your own split) instead of the query-hash split"
+    )
+    test_spec: str | None = option(
+        None, "complexfuncbench: the spec file (tool schemas) of --test-data (default: X-spec.json beside X-data.json)"
+    )
+    results_in_context: bool = option(
+        True,
+        "complexfuncbench: each call's recorded result follows it in training and in the contexts answered, "
+        "references in gold arguments resolved to their values; evaluation per step and end to end",
     )
     test_fraction: float = option(0.2, "complexfuncbench: share of records the query-hash split tests on")
     tools: int | None = option(None, "evaluation tools (default: all 25 built-in, or 50 from --xlam)")
@@ -145,6 +156,8 @@ class CompositionalConfig(MethodSettings):
                 f"unknown dataset '{self.dataset}': choose from {', '.join(DATASETS)} (or pass --xlam FILE)"
             )
         defaults, accepted = STUDIES[self.study]
+        if self.study == "main" and self.tool_loop():
+            defaults = (*defaults, LOOP_ABLATION)
         unknown = [m for m in self.methods or defaults if m not in accepted]
         if unknown:
             raise TokMemError(
@@ -153,6 +166,10 @@ class CompositionalConfig(MethodSettings):
         config = replace(self, methods=tuple(self.methods or defaults))
         return config._checked_real() if self.dataset != "builtin" else config._with_tool_counts()
 
+    def tool_loop(self) -> bool:
+        """Whether the study measures the tool loop (results in context; ``tokmem.studies.tool_loop``)."""
+        return self.dataset == "complexfuncbench" and self.results_in_context
+
     def _checked_real(self) -> "CompositionalConfig":
         if self.xlam:
             raise TokMemError(f"--xlam and --dataset {self.dataset} are two data sources: pass one")
@@ -160,12 +177,14 @@ class CompositionalConfig(MethodSettings):
             raise TokMemError(
                 f"--dataset {self.dataset} runs the {' and '.join(REAL_DATA_STUDIES)} studies, not {self.study}"
             )
+        if self.test_spec and not self.test_data:
+            raise TokMemError("--test-spec is the spec of --test-data: pass both")
         return self
 
     def _with_tool_counts(self) -> "CompositionalConfig":
         """The built-in catalog or an xLAM file: the numbers of evaluation and adaptation tools, checked."""
-        if self.test_data:
-            raise TokMemError("--test-data needs --dataset complexfuncbench")
+        if self.test_data or self.test_spec:
+            raise TokMemError("--test-data and --test-spec need --dataset complexfuncbench")
         adaptation, evaluation = (XLAM_TOOLS, XLAM_TOOLS) if self.xlam else map(len, split_tools())
         config = replace(self, tools=self.tools or evaluation, adapt_tools=self.adapt_tools or adaptation)
         if not self.xlam and (config.tools > evaluation or config.adapt_tools > adaptation):
@@ -285,7 +304,22 @@ def routes(answers: list) -> list[list[str]] | None:
 
 def learn_and_evaluate(method: Method, data: ToolData, config: CompositionalConfig, bar) -> dict:
     seconds = learn_round(method, data.train, f"{len(data.train)} queries", bar)
-    return evaluate(method, data.test, config.eval_batch_size, bar) | {"train_seconds": round(seconds, 2)}
+    if not config.tool_loop():
+        return evaluate(method, data.test, config.eval_batch_size, bar) | {"train_seconds": round(seconds, 2)}
+    start = time.perf_counter()
+    return {
+        "label": method.label,
+        **loop_scores(method, data.test, config.max_calls, RESULT_TOKENS, bar),
+        "updates": method.updates,
+        "trainable_params": method.trainable_params(),
+        "train_seconds": round(seconds, 2),
+        "eval_seconds": round(time.perf_counter() - start, 2),
+    }
+
+
+def test_units(config: CompositionalConfig, data: ToolData) -> int:
+    """A method's answering, in progress-bar units: a query, or in the tool loop a record per evaluation (two)."""
+    return len(data.test) * (2 if config.tool_loop() else 1)
 
 
 # ---- the studies -----------------------------------------------------------------------------------------
@@ -319,7 +353,9 @@ def run_main(config: CompositionalConfig, backbone=None, progress: bool = True, 
     data = tool_data(config, (1, config.tools))
     backbones, adaptation = prepare_backbones(config, backbone, progress)
     result = _start(config, [data], adaptation) | {"methods": {}}
-    bar = progress_bar(sum(config.epochs_of(m) * len(data.train) + len(data.test) for m in config.methods), progress)
+    bar = progress_bar(
+        sum(config.epochs_of(m) * len(data.train) + test_units(config, data) for m in config.methods), progress
+    )
     for name in config.methods:
         method = build_method(name, config, backbones, data.tools)
         result["methods"][name] = learn_and_evaluate(method, data, config, bar)
@@ -367,7 +403,8 @@ def run_recipe(config: CompositionalConfig, backbone=None, progress: bool = True
     variants = recipe_variants(config)
     result = _start(config, [data], adaptation) | {"variants": {}}
     bar = progress_bar(
-        len(variants) * sum(config.epochs_of(m) * len(data.train) + len(data.test) for m in config.methods), progress
+        len(variants) * sum(config.epochs_of(m) * len(data.train) + test_units(config, data) for m in config.methods),
+        progress,
     )
     for label, change in variants.items():
         point = result["variants"][label] = {"change": change, "methods": {}}
@@ -478,4 +515,9 @@ def _save(result: dict, json_path) -> None:
 
 
 def summary_line(name: str, scores: dict) -> str:
-    return f"{name}: " + ", ".join(f"{title.lower()} {scores[metric]['avg']:.1f}" for metric, title in METRICS.items())
+    """One line of a method's scores (the tool loop's: per step, then end to end)."""
+    parts = [(f"{part} ", scores[part]) for part in ("step", "end_to_end") if part in scores] or [("", scores)]
+    return f"{name}: " + "; ".join(
+        prefix + ", ".join(f"{title.lower()} {part[metric]['avg']:.1f}" for metric, title in METRICS.items())
+        for prefix, part in parts
+    )

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tokmem.eval import metrics
 from tokmem.io import write_json_atomic, write_text_atomic
-from tokmem.studies.compositional import MAIN_METHODS, METRICS
+from tokmem.studies.compositional import LOOP_ABLATION, MAIN_METHODS, METRICS
 from tokmem.studies.outputs import (
     Panel,
     budget_markdown,
@@ -105,14 +105,23 @@ def _protocol(config: dict) -> str:
 
 
 def _calls(scores: dict) -> list[str]:
-    return [key for key in scores["tool_f1"] if key != "avg"]
+    return [key for key in _scored(scores)["tool_f1"] if key != "avg"]
+
+
+LOOP_PARTS = {"step": "Per step", "end_to_end": "End to end"}  # the tool loop's two evaluations (tool_loop)
+
+
+def _scored(entry: dict, part: str = "step") -> dict:
+    """A method's scores: in the tool loop its ``part`` evaluation's (per step unless said), else its own."""
+    return entry.get(part, entry)
 
 
 def _score_header(calls: list[str]) -> list[str]:
     return [f"{METRICS[m]} {c}" for m in METRICS for c in [*(f"{n} calls" for n in calls), "Avg."]]
 
 
-def _score_cells(scores: dict, calls: list[str]) -> list[str]:
+def _score_cells(scores: dict, calls: list[str], part: str = "step") -> list[str]:
+    scores = _scored(scores, part)
     return [spread(scores[m][c]) if c in scores[m] else "–" for m in METRICS for c in [*calls, "avg"]]
 
 
@@ -124,11 +133,25 @@ def _budget_cells(scores: dict) -> list[str]:
 
 def main_markdown(result: dict) -> str:
     """Table 3: methods (in the paper's order) × (tool, argument, call F1) × number of calls, with the trainable parameters."""
-    methods = [result["methods"][m] for m in MAIN_METHODS if m in result["methods"]]
+    methods = [result["methods"][m] for m in (*MAIN_METHODS, LOOP_ABLATION) if m in result["methods"]]
     calls = _calls(methods[0]) if methods else []
-    rows = [[s["label"], f"{s['trainable_params']:,}", *_budget_cells(s), *_score_cells(s, calls)] for s in methods]
     header = ["Method", "#Params", "Updates", "Routing F1 Avg.", *_score_header(calls)]
-    return "# Compositional tool calling\n\n" + _note(result) + markdown_table(header, rows)
+    parts = {part: f"## {title}\n\n" for part, title in LOOP_PARTS.items()} if "step" in methods[0] else {"": ""}
+    return (
+        "# Compositional tool calling\n\n"
+        + _note(result)
+        + "\n".join(
+            title
+            + markdown_table(
+                header,
+                [
+                    [s["label"], f"{s['trainable_params']:,}", *_budget_cells(s), *_score_cells(s, calls, part)]
+                    for s in methods
+                ],
+            )
+            for part, title in parts.items()
+        )
+    )
 
 
 def generalization_markdown(result: dict) -> str:
@@ -151,7 +174,7 @@ def generalization_markdown(result: dict) -> str:
 def recipe_markdown(result: dict) -> str:
     """One row per recipe variant and method: average F1s and the seconds it trained."""
     rows = [
-        [label, s["label"], *(spread(s[m]["avg"]) for m in METRICS), spread(s["train_seconds"], "{:.0f}")]
+        [label, s["label"], *(spread(_scored(s)[m]["avg"]) for m in METRICS), spread(s["train_seconds"], "{:.0f}")]
         for label, point in result["variants"].items()
         for s in point["methods"].values()
     ]
@@ -172,7 +195,7 @@ def recipe_panels(result: dict) -> list[Panel]:
         series: dict[str, dict] = {}
         for k, point in enumerate(result["variants"].values()):
             for scores in point["methods"].values():
-                series.setdefault(scores["label"], {})[k] = mean_of(scores[metric]["avg"])
+                series.setdefault(scores["label"], {})[k] = mean_of(_scored(scores)[metric]["avg"])
         panels.append(
             Panel(
                 f"{title} (avg.)", "variant (row of the table, 0 = as configured)", "F1", lines(series), ylim=(0, 100)
@@ -243,7 +266,7 @@ def main_panels(result: dict) -> list[Panel]:
     """F1 against the number of calls, one line per method."""
     panels = []
     for metric, title in METRICS.items():
-        series = {s["label"]: {int(c): s[metric][c] for c in _calls(s)} for s in result["methods"].values()}
+        series = {s["label"]: {int(c): _scored(s)[metric][c] for c in _calls(s)} for s in result["methods"].values()}
         panels.append(Panel(title, "number of calls", "F1", lines(series), ylim=(0, 100)))
     return panels
 
@@ -293,7 +316,10 @@ def headline(result: dict) -> dict[str, dict]:
         "generalization": lambda: list(result["train_max_calls"].values())[-1]["methods"],
         "recipe": lambda: result["variants"]["as configured"]["methods"],
     }[study]()
-    return {s["label"]: {"updates": s.get("updates", 0), **{m: s[m]["avg"] for m in METRICS}} for s in methods.values()}
+    return {
+        s["label"]: {"updates": s.get("updates", 0), **{m: _scored(s)[m]["avg"] for m in METRICS}}
+        for s in methods.values()
+    }
 
 
 def _all_groups(groups: dict) -> dict:

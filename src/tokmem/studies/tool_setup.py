@@ -28,11 +28,12 @@ TOKMEM_LABELS = {
     "tokmem-noadapt": "TokMem (w/o adapt)",
     "tokmem": "TokMem (w/ adapt)",
     "tokmem-better": "TokMem (w/ adapt; mean init, constant lr)",
+    "tokmem-noschema": "TokMem (w/ adapt; free arguments)",
     "tokmem-roundnorm": "TokMem (renorm after round)",
     "tokmem-norenorm": "TokMem (w/o renorm)",
     "tokmem-unfrozen": "TokMem (unfrozen backbone)",
 }
-ADAPTED = {"tokmem", "tokmem-better", "tokmem-roundnorm", "tokmem-norenorm", "tokmem-unfrozen"}
+ADAPTED = {"tokmem", "tokmem-better", "tokmem-noschema", "tokmem-roundnorm", "tokmem-norenorm", "tokmem-unfrozen"}
 BETTER_RECIPE = dict(
     init="mean", schedule="constant"
 )  # the recipe study's better defaults (--init mean --lr-schedule constant)  # built on the adapted backbone
@@ -91,6 +92,8 @@ def real_data(config: CompositionalConfig) -> RealData:
         config.adapt_multi,
         config.test_data,
         config.seed,
+        config.results_in_context,
+        config.test_spec,
     )
 
 
@@ -138,10 +141,15 @@ def prepare_backbones(
 
 
 def build_method(name: str, config: CompositionalConfig, backbones: dict, tools: dict[str, dict]) -> Method:
-    """A fresh method; ``tools``: the schemas ICL and RAG may show."""
+    """A fresh method; ``tools``: the schemas ICL and RAG may show (and, in the tool loop, TokMem's rows keep)."""
     base, adapted = backbones["base"], backbones.get("adapted")
     decode, lora = config.decode_options(), config.lora_options()
-    memory = config.tokmem_options() | dict(max_steps=config.max_calls, name=name, label=TOKMEM_LABELS.get(name))
+    memory = config.tokmem_options() | dict(
+        max_steps=config.max_calls,
+        name=name,
+        label=TOKMEM_LABELS.get(name),
+        schemas={n: t.get("parameters") for n, t in tools.items()} if config.tool_loop() else None,
+    )
     replay = dict(
         ratio=config.replay_ratio,
         buffer_size=config.replay_buffer,
@@ -155,6 +163,7 @@ def build_method(name: str, config: CompositionalConfig, backbones: dict, tools:
         "tokmem-noadapt": lambda: TokMem(base, **memory),
         "tokmem": lambda: TokMem(adapted, **memory),
         "tokmem-better": lambda: TokMem(adapted, **memory | BETTER_RECIPE),
+        "tokmem-noschema": lambda: TokMem(adapted, **memory | dict(schema=False)),
         "tokmem-roundnorm": lambda: TokMem(adapted, **memory | dict(renorm_every_step=False)),
         "tokmem-norenorm": lambda: TokMem(adapted, renormalize=False, **memory),
         "tokmem-unfrozen": lambda: UnfrozenTokMem(

@@ -1,0 +1,172 @@
+"""The tool loop measured: each method answers ComplexFuncBench's records one call at a time, with results in context.
+
+Two evaluations, as ComplexFuncBench and NESTFUL run them:
+
+* per step (``step_predictions``): for each call of a record, the context holds the query, the gold earlier calls and
+  their recorded responses; the method predicts the next call.  A record's predicted calls (one per step) are scored
+  against its gold calls.
+* end to end (``loop_predictions``): the method runs the loop on its own; an offline executor (``ReplayExecutor``)
+  answers a predicted call with the recorded response of the gold call it equals (each gold call once), an error
+  message otherwise.  The loop ends when the method answers without a call, or after ``max_calls`` calls.
+
+The context is the training layout (``tokmem.sequences.encode``) cut before the step to predict.  TokMem answers
+through ``tokmem.chat`` (memory tokens, schema-bound arguments, one KV cache per conversation reused across its
+steps); every other method answers ``plain_context`` (the same layout with each call's JSON where TokMem has its
+memory token and arguments; ICL and RAG put their prompt, ``Method.prompts``, in the user turn) through
+``Method.continue_contexts``, and its first call is read from the text.
+
+Per step, TokMem must call a tool (``tool_choice="required"``: a call is due); end to end it may stop (``"auto"``,
+the open-set rule at ``DecodeConfig``'s default threshold): the EOS it was trained to write after the last result.
+The final answer in words that ComplexFuncBench also scores is not predicted: the imported records have none.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from tokmem.chat import ChatCache, chat
+from tokmem.data.procedures import Example, assemble_call
+from tokmem.decode import DecodeConfig
+from tokmem.eval import metrics
+from tokmem.eval.evaluate import score_calls
+from tokmem.methods.method import Method
+from tokmem.methods.tokmem import TokMem
+from tokmem.sequences import chat_prefix, result_ids
+
+NO_RECORDED_RESPONSE = '{"error":"no recorded response for this call: its tool or arguments differ from the gold call"}'
+History = list[tuple[str, str]]  # (call JSON text, its result) of the calls so far
+
+
+def plain_context(tokenizer, prompt: str, history: History, result_tokens: int) -> list[int]:
+    """The layout without memory tokens (the one fine-tuning trains on) of a conversation so far: the user turn,
+    then each call's JSON, EOS and its result's tool turn (``result_ids``), ending where the next call starts."""
+    ids = chat_prefix(tokenizer, prompt)
+    for call, result in history:
+        call_ids = tokenizer(call, add_special_tokens=False)["input_ids"]
+        ids += call_ids + [tokenizer.eos_token_id] + result_ids(tokenizer, [result], result_tokens)
+    return ids
+
+
+def conversation(example: Example, history: History) -> list[dict]:
+    """The OpenAI messages of a conversation so far (what ``tokmem.chat`` lays out as TokMem trained)."""
+    messages = [{"role": "user", "content": example.query}]
+    for k, (call, result) in enumerate(history):
+        name, arguments = _name_and_arguments(call)
+        function = {"name": name, "arguments": arguments}
+        messages.append(
+            {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{k}", "function": function}]}
+        )
+        messages.append({"role": "tool", "tool_call_id": f"call_{k}", "content": result})
+    return messages
+
+
+def _name_and_arguments(call: str) -> tuple[str, str]:
+    parsed = json.loads(call)
+    return parsed["name"], json.dumps(parsed["arguments"], ensure_ascii=False, separators=(",", ":"))
+
+
+def next_calls(
+    method: Method, examples: list[Example], histories: list[History], caches: list, result_tokens: int, choice: str
+) -> list[str | None]:
+    """Each conversation's next call (JSON text), or None where the method answers without one."""
+    if isinstance(method, TokMem):
+        config = (
+            method.decode_config
+            if choice == "required"
+            else replace(method.decode_config, threshold=DecodeConfig.threshold)
+        )
+        replies = [
+            chat(
+                method.model,
+                conversation(e, h),
+                tool_choice=choice,
+                config=config,
+                cache=c,
+                result_tokens=result_tokens,
+            )
+            for e, h, c in zip(examples, histories, caches)
+        ]
+        return [
+            assemble_call(r.tool_calls[0].name, r.tool_calls[0].arguments) if r.tool_calls else None for r in replies
+        ]
+    tokenizer = method.model.backbone.tokenizer
+    prompts = method.prompts([e.query for e in examples])
+    contexts = [plain_context(tokenizer, p, h, result_tokens) for p, h in zip(prompts, histories)]
+    return [next(iter(metrics.split_calls(text)), None) for text in method.continue_contexts(contexts)]
+
+
+def step_predictions(method: Method, examples: list[Example], result_tokens: int, bar) -> list[list[str]]:
+    """Per step: each record's predicted calls, one for each of its gold calls, the gold ones before it in context."""
+    predicted: list[list[str]] = [[] for _ in examples]
+    caches = [ChatCache() for _ in examples]
+    for k in range(max(len(e.steps) for e in examples)):
+        due = [i for i, e in enumerate(examples) if k < len(e.steps)]
+        histories = [[(s.response, s.result) for s in examples[i].steps[:k]] for i in due]
+        calls = next_calls(
+            method, [examples[i] for i in due], histories, [caches[i] for i in due], result_tokens, "required"
+        )
+        for i, call in zip(due, calls):
+            predicted[i] += [call] if call is not None else []
+        bar.update(sum(len(examples[i].steps) == k + 1 for i in due))  # the records answered in full
+    return predicted
+
+
+class ReplayExecutor:
+    """The offline executor of one record: a call equal to a gold call not yet answered (``metrics.read_call``:
+    same tool, same canonical arguments) gets that call's recorded response; any other call an error message."""
+
+    def __init__(self, example: Example):
+        self.pending = [(metrics.read_call(s.response), s.result) for s in example.steps]
+
+    def __call__(self, call: str) -> str:
+        parsed = metrics.read_call(call)
+        for k, (gold, result) in enumerate(self.pending):
+            if parsed == gold:
+                del self.pending[k]
+                return result
+        return NO_RECORDED_RESPONSE
+
+
+def loop_predictions(
+    method: Method, examples: list[Example], max_calls: int, result_tokens: int, bar
+) -> list[list[str]]:
+    """End to end: each record's calls as the method makes them, each answered by its ``ReplayExecutor``."""
+    histories: list[History] = [[] for _ in examples]
+    executors = [ReplayExecutor(e) for e in examples]
+    caches = [ChatCache() for _ in examples]
+    running = list(range(len(examples)))
+    for _ in range(max_calls):
+        calls = next_calls(
+            method,
+            [examples[i] for i in running],
+            [histories[i] for i in running],
+            [caches[i] for i in running],
+            result_tokens,
+            "auto",
+        )
+        for i, call in zip(running, calls):
+            if call is not None:
+                histories[i].append((call, executors[i](call)))
+        running = [i for i, call in zip(running, calls) if call is not None]
+        if not running:
+            break
+    bar.update(len(examples))
+    return [[call for call, _ in history] for history in histories]
+
+
+def loop_scores(method: Method, examples: list[Example], max_calls: int, result_tokens: int, bar) -> dict:
+    """``{"step": scores, "end_to_end": scores}`` (``score_calls``: tool / argument / call F1 by number of calls)
+    and a few answers of each to read."""
+    bar.set_description_str(f"{method.name}: answering {len(examples)} records step by step")
+    steps = step_predictions(method, examples, result_tokens, bar)
+    bar.set_description_str(f"{method.name}: running {len(examples)} records end to end")
+    loops = loop_predictions(method, examples, max_calls, result_tokens, bar)
+    return {
+        "step": score_calls(examples, steps),
+        "end_to_end": score_calls(examples, loops),
+        "samples": [
+            {"query": e.query, "gold": [s.response for s in e.steps], "step": p, "end_to_end": q}
+            for e, p, q in list(zip(examples, steps, loops))[:3]
+        ],
+    }
