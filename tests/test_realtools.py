@@ -1,5 +1,6 @@
 """The compositional study on real data: ComplexFuncBench to evaluate, BFCL multi-turn to adapt."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,66 @@ def test_a_users_own_test_file_replaces_the_hash_splits_test_side(tmp_path):
     assert len(real.data.train) == 63 and len(real.data.test) == 5  # every 2-call record trains
 
 
+def tiny_real_config(**options):
+    sizes = dict(max_calls=2, train_multi=4, test_multi=2, adapt_multi=2, max_length=96, max_new_tokens=4)
+    return make_config(
+        None,
+        "main",
+        dataset="complexfuncbench",
+        data_dir=str(SHARED),
+        backbone="tiny-random",
+        device="cpu",
+        **sizes | options,
+    )
+
+
+@needs_shared
+def test_the_tool_loop_study_scores_every_method_per_step_and_end_to_end_at_equal_updates(backbone):
+    config = tiny_real_config(methods=("icl", "lora", "tokmem", "tokmem-noschema"), max_length=1024)
+    result = compositional.run(config, backbone, progress=False)
+    methods = result["methods"]
+    for entry in methods.values():
+        for part in ("step", "end_to_end"):
+            assert set(entry[part]) == {"tool_f1", "arg_f1", "call_f1"}
+            assert all(set(scores) == {"2", "avg"} for scores in entry[part].values())
+        assert {"trainable_params", "updates"} <= set(entry)
+    assert methods["lora"]["updates"] == methods["tokmem"]["updates"] == methods["tokmem-noschema"]["updates"] > 0
+    assert methods["icl"]["updates"] == 0
+    assert methods["tokmem-noschema"]["label"] == "TokMem (w/ adapt; free arguments)"
+    report = compositional_report.markdown(result)
+    assert "## Per step" in report and "## End to end" in report and "free arguments" in report
+
+
+def test_the_tool_loop_adds_the_free_arguments_row_to_the_main_studys_default_methods():
+    loop = make_config(None, "main", dataset="complexfuncbench").resolved()
+    plain = make_config(None, "main", dataset="complexfuncbench", results_in_context=False).resolved()
+    assert loop.methods[-1] == "tokmem-noschema" and "tokmem-noschema" not in plain.methods
+
+
+@needs_shared
+def test_a_nestful_test_file_takes_its_spec_from_the_flag(tmp_path):
+    record = {
+        "input": "Find attractions in Paris.",
+        "output": [
+            {"name": "Search_Attraction_Location", "arguments": {"query": "Paris"}, "label": "var1", "response": []},
+            {"name": "Search_Attractions", "arguments": {"id": "$var1.0.id$"}, "label": "var2", "response": {}},
+        ],
+    }
+    data, spec = tmp_path / "held-out.json", tmp_path / "tools.json"
+    data.write_text(json.dumps([record]))
+    catalog = [
+        {"name": name, "description": "d", "parameters": {"type": "object", "properties": {}}}
+        for name in ("Search_Attraction_Location", "Search_Attractions")
+    ]
+    spec.write_text(json.dumps(catalog))
+    with pytest.raises(DataError, match="no tool schemas"):
+        complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(data))
+    real = complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(data), test_spec=str(spec))
+    assert [e.query for e in real.data.test] == ["Find attractions in Paris."]
+    with pytest.raises(TokMemError, match="--test-spec is the spec of --test-data"):
+        make_config(None, "main", dataset="complexfuncbench", test_spec=str(spec)).resolved()
+
+
 @needs_shared
 def test_the_real_data_main_study_runs_end_to_end_on_the_tiny_model(backbone):
     config = make_config(
@@ -82,6 +143,7 @@ def test_the_real_data_main_study_runs_end_to_end_on_the_tiny_model(backbone):
         "main",
         dataset="complexfuncbench",
         data_dir=str(SHARED),
+        results_in_context=False,
         methods=("rag", "tokmem"),
         backbone="tiny-random",
         max_calls=2,

@@ -1,0 +1,122 @@
+"""The tool loop study's parts: references resolved to recorded values, the layout the methods answer, the offline
+executor, and the per-step and end-to-end evaluations on the tiny model."""
+
+import json
+
+import pytest
+from tqdm.auto import tqdm
+
+from tokmem.data.nestful import import_nestful, resolve_references
+from tokmem.data.procedures import Example, Step, call_json
+from tokmem.methods.lora import LoRA
+from tokmem.methods.tokmem import TokMem
+from tokmem.sequences import encode
+from tokmem.studies.tool_loop import (
+    NO_RECORDED_RESPONSE,
+    ReplayExecutor,
+    loop_scores,
+    plain_context,
+    step_predictions,
+)
+
+RESPONSES = {
+    "var1": [{"city": "San Diego", "coordinates": {"latitude": 32.87, "longitude": -117.21}}],
+    "var2": {"hotels": [{"id": 7}, {"id": 9}]},
+}
+
+
+def test_a_reference_is_resolved_to_the_value_it_names_in_the_recorded_response():
+    arguments = {
+        "lat": "$var1.coordinates.latitude$",  # a path into a one-item list reads its first item
+        "second": "$var2.hotels.1.id$",  # an index step picks that item
+        "nested": {"ids": ["$var2.hotels.0.id$"]},
+        "plain": "2024-10-14",
+    }
+    assert resolve_references(arguments, RESPONSES) == {
+        "lat": 32.87,
+        "second": 9,
+        "nested": {"ids": [7]},
+        "plain": "2024-10-14",
+    }
+
+
+@pytest.mark.parametrize("reference", ["$var3.city$", "$var1.country$", "$var2.hotels.5.id$", "near $var1.city$"])
+def test_a_reference_that_names_nothing_stays_as_it_is(reference):
+    assert resolve_references({"a": reference}, RESPONSES) == {"a": reference}
+
+
+def test_importing_with_results_resolves_references_and_without_keeps_them(tmp_path):
+    record = {
+        "input": "Rent a car at the Marriott.",
+        "output": [
+            {"name": "Find", "arguments": {"query": "Marriott"}, "label": "var1", "response": RESPONSES["var1"]},
+            {"name": "Rent", "arguments": {"lat": "$var1.coordinates.latitude$"}, "label": "var2", "response": {}},
+        ],
+        "tools": [
+            {"name": "Find", "description": "d", "parameters": {"type": "object", "properties": {}}},
+            {"name": "Rent", "description": "d", "parameters": {"type": "object", "properties": {}}},
+        ],
+    }
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps([record]))
+    resolved = import_nestful(path).examples[0].steps[1]
+    kept = import_nestful(path, results=False).examples[0].steps[1]
+    assert json.loads(resolved.response)["arguments"] == {"lat": 32.87}
+    assert json.loads(kept.response)["arguments"] == {"lat": "$var1.coordinates.latitude$"}
+
+
+def chain(query="Rent a car.") -> Example:
+    return Example(
+        query,
+        (
+            Step("Find", call_json("Find", {"query": "Marriott"}), '{"lat":32.87}'),
+            Step("Rent", call_json("Rent", {"lat": 32.87}), '{"cars":3}'),
+        ),
+    )
+
+
+def test_the_plain_context_of_the_whole_gold_conversation_is_the_fine_tuning_sequence(backbone):
+    """Fine-tuning trains on exactly the layout it answers: the sequence is the context of every call, plus EOS."""
+    example, tokenizer = chain(), backbone.tokenizer
+    history = [(s.response, s.result) for s in example.steps]
+    sequence = encode(example, tokenizer, None, max_length=4096).input_ids
+    assert plain_context(tokenizer, example.query, history, 256) + [tokenizer.eos_token_id] == sequence
+    first = plain_context(tokenizer, example.query, history[:1], 256)
+    assert sequence[: len(first)] == first
+
+
+def test_the_replay_executor_answers_each_gold_call_once_with_its_recorded_response():
+    executor = ReplayExecutor(chain())
+    rent = '{"arguments": {"lat": 32.87}, "name": "Rent"}'  # the same call, keys in another order
+    assert executor(rent) == '{"cars":3}'
+    assert executor(rent) == NO_RECORDED_RESPONSE  # answered once
+    assert executor(call_json("Find", {"query": "Hilton"})) == NO_RECORDED_RESPONSE
+    assert executor(call_json("Find", {"query": "Marriott"})) == '{"lat":32.87}'
+
+
+def test_fine_tuning_answers_each_step_with_one_call_at_most(backbone):
+    examples = [chain(), Example("One call.", chain().steps[:1])]
+    lora = LoRA(backbone, max_new_tokens=6)
+    lora.learn(examples)
+    predicted = step_predictions(lora, examples, 256, tqdm(disable=True))
+    assert len(predicted) == 2 and all(len(p) <= len(e.steps) for p, e in zip(predicted, examples))
+
+
+def test_the_loop_scores_have_per_step_and_end_to_end_f1_by_number_of_calls(backbone):
+    examples = [chain(), chain("Rent another car.")]
+    method = TokMem(backbone, max_steps=2, max_new_tokens=6)
+    method.learn(examples)
+    scores = loop_scores(method, examples, max_calls=2, result_tokens=256, bar=tqdm(disable=True))
+    for part in ("step", "end_to_end"):
+        assert set(scores[part]) == {"tool_f1", "arg_f1", "call_f1"}
+        assert all(set(scores[part][m]) == {"2", "avg"} and 0 <= scores[part][m]["avg"] <= 100 for m in scores[part])
+    assert scores["samples"][0]["gold"] == [s.response for s in examples[0].steps]
+
+
+def test_tokmem_per_step_calls_a_tool_of_its_bank_at_every_step(backbone):
+    examples = [chain(), Example("One call.", chain().steps[:1])]
+    method = TokMem(backbone, max_steps=2, max_new_tokens=6)
+    method.learn(examples)
+    predicted = step_predictions(method, examples, 256, tqdm(disable=True))
+    assert [len(p) for p in predicted] == [2, 1]  # a call is due at every step: it is required
+    assert all(call.startswith(('{"name":"Find"', '{"name":"Rent"')) for p in predicted for call in p)
