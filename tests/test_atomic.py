@@ -512,13 +512,13 @@ def test_bench_atomic_refuses_a_checkpoint_beyond_the_tasks_found(sni_dir, tmp_p
 
 
 class RecordingBar:
-    """The two calls ``learn_round`` makes on a tqdm bar, recorded."""
+    """The two calls ``learn_round`` makes on a study's bars (``PhaseBars``), recorded."""
 
     def __init__(self):
         self.updates = []
 
-    def set_description_str(self, text):
-        pass
+    def phase(self, description, total):
+        self.total = total
 
     def update(self, n):
         self.updates.append(n)
@@ -537,7 +537,7 @@ def test_learn_round_advances_the_bar_after_every_step_of_the_round(make, backbo
     learn_round(method, examples, "a round", bar)
     steps = -(-2 * len(examples) // 2)
     assert len([n for n in bar.updates if n > 0]) == steps
-    assert sum(bar.updates) == 2 * len(examples) and method.on_step is None
+    assert sum(bar.updates) == bar.total == 2 * len(examples) and method.on_step is None
 
 
 def test_the_joint_schedule_trains_a_fresh_method_on_all_tasks_of_a_checkpoint_in_one_shuffled_round(

@@ -4,13 +4,13 @@ executor, and the per-step and end-to-end evaluations on the tiny model."""
 import json
 
 import pytest
-from tqdm.auto import tqdm
 
 from tokmem.data.nestful import import_nestful, resolve_references
 from tokmem.data.procedures import Example, Step, call_json
 from tokmem.methods.lora import LoRA
 from tokmem.methods.tokmem import TokMem
 from tokmem.sequences import encode
+from tokmem.studies.harness import progress_bar
 from tokmem.studies.tool_loop import (
     NO_RECORDED_RESPONSE,
     ReplayExecutor,
@@ -98,7 +98,7 @@ def test_fine_tuning_answers_each_step_with_one_call_at_most(backbone):
     examples = [chain(), Example("One call.", chain().steps[:1])]
     lora = LoRA(backbone, max_new_tokens=6)
     lora.learn(examples)
-    predicted = step_predictions(lora, examples, 256, tqdm(disable=True))
+    predicted = step_predictions(lora, examples, 256, progress_bar(False))
     assert len(predicted) == 2 and all(len(p) <= len(e.steps) for p, e in zip(predicted, examples))
 
 
@@ -106,7 +106,7 @@ def test_the_loop_scores_have_per_step_and_end_to_end_f1_by_number_of_calls(back
     examples = [chain(), chain("Rent another car.")]
     method = TokMem(backbone, max_steps=2, max_new_tokens=6)
     method.learn(examples)
-    scores = loop_scores(method, examples, max_calls=2, result_tokens=256, bar=tqdm(disable=True))
+    scores = loop_scores(method, examples, max_calls=2, result_tokens=256, bar=progress_bar(False))
     for part in ("step", "end_to_end"):
         assert set(scores[part]) == {"tool_f1", "arg_f1", "call_f1"}
         assert all(set(scores[part][m]) == {"2", "avg"} and 0 <= scores[part][m]["avg"] <= 100 for m in scores[part])
@@ -117,6 +117,6 @@ def test_tokmem_per_step_calls_a_tool_of_its_bank_at_every_step(backbone):
     examples = [chain(), Example("One call.", chain().steps[:1])]
     method = TokMem(backbone, max_steps=2, max_new_tokens=6)
     method.learn(examples)
-    predicted = step_predictions(method, examples, 256, tqdm(disable=True))
+    predicted = step_predictions(method, examples, 256, progress_bar(False))
     assert [len(p) for p in predicted] == [2, 1]  # a call is due at every step: it is required
     assert all(call.startswith(('{"name":"Find"', '{"name":"Rent"')) for p in predicted for call in p)

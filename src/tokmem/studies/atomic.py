@@ -272,7 +272,7 @@ def _sequential(
     for n in todo:
         rounds.append((sum(len(t.train) for t in tasks[last:n]), tasks[:n], tasks[:last]))
         last = n
-    bar = progress_bar(_units(config, rounds), progress)
+    bar = progress_bar(progress)
     for n in todo:
         previous = _previous(result)
         point = {"num_tasks": n, "methods": {}}
@@ -292,14 +292,7 @@ def _joint(
     config: AtomicConfig, backbone, tasks: list[Task], todo: list[int], result: dict, files, progress: bool
 ) -> None:
     """One run per checkpoint: fresh methods learn its tasks' examples shuffled together, then are asked."""
-    done = [point["num_tasks"] for point in result["checkpoints"]]
-    asked_before = [max([d for d in done + todo if d < n], default=0) for n in todo]
-    bar = progress_bar(
-        _units(
-            config, [(sum(len(t.train) for t in tasks[:n]), tasks[:n], tasks[:b]) for n, b in zip(todo, asked_before)]
-        ),
-        progress,
-    )
+    bar = progress_bar(progress)
     for n in todo:
         examples = [e for t in tasks[:n] for e in t.examples(query=config.query)]
         state = files.state(n) if files.json else None
@@ -330,10 +323,7 @@ def run_sample_efficiency(
     if not todo:
         return result
     backbone = backbone or _load_backbone(config)
-    answered = bool(result["budgets"])  # the test sets are the same at every budget
-    bar = progress_bar(
-        _units(config, [(b * len(tasks), tasks, tasks if answered or b != todo[0] else []) for b in todo]), progress
-    )
+    bar = progress_bar(progress)
     for budget in todo:
         examples = [e for task in tasks for e in task.examples(task.train[:budget], config.query)]
         scores = _fresh_round(
@@ -449,20 +439,6 @@ def _restore(methods: list[Method], seen: list[Task], query: str, directory: Pat
 
 
 # ---- learning and answering ----------------------------------------------------------------------------
-def _units(config: AtomicConfig, points: list[tuple[int, list[Task], list[Task]]]) -> int:
-    """Work for the progress bar and its time estimate: training examples seen plus test queries answered.
-
-    ``points``: for each point to run, the examples a method learns before it, the tasks it is asked, and
-    the tasks asked before (a method that learns nothing answers only the others)."""
-    units = 0
-    for learned, asked, before in points:
-        known = {t.name for t in before}
-        for name in config.methods:
-            units += config.epochs_of(name) * learned
-            units += sum(len(t.test) for t in asked if CLASSES[name].learns or t.name not in known)
-    return units
-
-
 def evaluate(
     method: Method,
     tasks: list[Task],
@@ -479,10 +455,11 @@ def evaluate(
     """
     start = time.perf_counter()
     reuse = reuse or {}
-    bar = bar if bar is not None else tqdm(disable=True)
+    bar = bar if bar is not None else progress_bar(False)
     todo = [t for t in tasks if t.name not in reuse]
-    bar.set_description_str(f"{method.name}: answering {len(tasks)} tasks")
-    answers = answer_all(method, [t.query(i, query) for t in todo for i in t.test], batch_size, bar)
+    queries = [t.query(i, query) for t in todo for i in t.test]
+    bar.phase(f"{method.name}: answering {len(tasks)} tasks", len(queries))
+    answers = answer_all(method, queries, batch_size, bar)
     scores, first = {}, 0
     for task in todo:
         scores[task.name] = _task_scores(method, task, answers[first : first + len(task.test)])

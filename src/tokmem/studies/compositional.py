@@ -276,7 +276,7 @@ def make_config(preset: str | None = "cpu", study: str = "main", **options) -> C
 def evaluate(method: Method, examples: list[Example], batch_size: int, bar, samples: int = 3) -> dict:
     """Scores of the method's answers to ``examples``, its trainable parameters and a few answers to read."""
     start = time.perf_counter()
-    bar.set_description_str(f"{method.name}: answering {len(examples)} queries")
+    bar.phase(f"{method.name}: answering {len(examples)} queries", len(examples))
     answers = answer_all(method, [e.query for e in examples], batch_size, bar)
     predictions = [predicted_calls(a) for a in answers]
     return {
@@ -317,11 +317,6 @@ def learn_and_evaluate(method: Method, data: ToolData, config: CompositionalConf
     }
 
 
-def test_units(config: CompositionalConfig, data: ToolData) -> int:
-    """A method's answering, in progress-bar units: a query, or in the tool loop a record per evaluation (two)."""
-    return len(data.test) * (2 if config.tool_loop() else 1)
-
-
 # ---- the studies -----------------------------------------------------------------------------------------
 SCORE_KEYS = ("methods", "train_max_calls", "variants")  # where a result's scores are (averaged over seeds)
 
@@ -353,9 +348,7 @@ def run_main(config: CompositionalConfig, backbone=None, progress: bool = True, 
     data = tool_data(config, (1, config.tools))
     backbones, adaptation = prepare_backbones(config, backbone, progress)
     result = _start(config, [data], adaptation) | {"methods": {}}
-    bar = progress_bar(
-        sum(config.epochs_of(m) * len(data.train) + test_units(config, data) for m in config.methods), progress
-    )
+    bar = progress_bar(progress)
     for name in config.methods:
         method = build_method(name, config, backbones, data.tools)
         result["methods"][name] = learn_and_evaluate(method, data, config, bar)
@@ -373,8 +366,7 @@ def run_generalization(config: CompositionalConfig, backbone=None, progress: boo
     result["data"]["train"] = {
         str(n): len(d.train) for n, d in datasets.items()
     }  # the test set is the same for every cap
-    units = sum(config.epochs_of(m) * len(d.train) + len(d.test) for d in datasets.values() for m in config.methods)
-    bar = progress_bar(units, progress)
+    bar = progress_bar(progress)
     for n, data in datasets.items():
         point = result["train_max_calls"][str(n)] = {"methods": {}}
         for name in config.methods:
@@ -402,10 +394,7 @@ def run_recipe(config: CompositionalConfig, backbone=None, progress: bool = True
     backbones, adaptation = prepare_backbones(config, backbone, progress)
     variants = recipe_variants(config)
     result = _start(config, [data], adaptation) | {"variants": {}}
-    bar = progress_bar(
-        len(variants) * sum(config.epochs_of(m) * len(data.train) + test_units(config, data) for m in config.methods),
-        progress,
-    )
+    bar = progress_bar(progress)
     for label, change in variants.items():
         point = result["variants"][label] = {"change": change, "methods": {}}
         variant, variant_backbones = replace(config, **change), backbones
@@ -425,11 +414,7 @@ def run_forgetting(config: CompositionalConfig, backbone=None, progress: bool = 
     datasets = [tool_data(config, ranks) for ranks in groups(config)]
     backbones, adaptation = prepare_backbones(config, backbone, progress)
     result = _start(config, datasets, adaptation) | {"groups": [list(d.tools) for d in datasets], "methods": {}}
-    seen = [
-        sum(len(d.test) for d in datasets[:r]) for r in range(1, len(datasets) + 1)
-    ]  # test queries after each round
-    train = sum(len(d.train) for d in datasets)
-    bar = progress_bar(sum(config.epochs_of(m) * train + sum(seen) for m in config.methods), progress)
+    bar = progress_bar(progress)
     tools = {name: schema for d in datasets for name, schema in d.tools.items()}
     for name in config.methods:
         method = build_method(name, config, backbones, tools)
@@ -467,7 +452,7 @@ def evaluate_groups(
     """Scores on the test queries of each group (1-based), all answered together and then split, and each
     group's first answer: following one query over the rounds shows how an old tool's calls change."""
     queries = [e.query for d in datasets for e in d.test]
-    bar.set_description_str(f"{method.name}: answering {len(queries)} queries")
+    bar.phase(f"{method.name}: answering {len(queries)} queries", len(queries))
     answers = answer_all(method, queries, batch_size, bar)
     predictions, chosen = [predicted_calls(a) for a in answers], routes(answers)
     scores, samples, first = {}, {}, 0

@@ -1,4 +1,4 @@
-"""What every study repeats: one progress bar for a run, learning a round, answering all queries, resuming.
+"""What every study repeats: a progress bar per phase of a run, learning a round, answering all queries, resuming.
 
 A study is a config dataclass and a function returning a result dict; these are the steps they share.
 """
@@ -23,16 +23,42 @@ from tokmem.report import machine
 RUN_IGNORES = ("device", "preset")  # settings a finished run may differ in and still be reused
 
 
-def progress_bar(total: int, progress: bool):
-    """One bar for the whole run: its rate and time left count training examples and test queries alike."""
-    return tqdm(total=total, unit="ex", disable=not progress, dynamic_ncols=True, smoothing=0.05)
+class PhaseBars:
+    """A run's progress, one bar per phase (a method learning a round, a method answering): each bar's rate and time
+    left are its phase's own.  (One bar over a whole run mixed training steps and answers of methods whose speeds
+    differ many times over, and its estimate was hours off.)"""
+
+    def __init__(self, progress: bool = True):
+        self.progress, self.bar = progress, None
+
+    def phase(self, description: str, total: int) -> None:
+        """Close the current phase's bar and start the next one's: ``total`` units (examples or queries)."""
+        self.close()
+        self.bar = tqdm(total=total, desc=description, unit="ex", disable=not self.progress, dynamic_ncols=True)
+
+    def update(self, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def write(self, text: str) -> None:
+        tqdm.write(text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def progress_bar(progress: bool) -> PhaseBars:
+    """A run's progress bars (``PhaseBars``); ``progress=False`` shows none."""
+    return PhaseBars(progress)
 
 
 def learn_round(method: Method, examples, what: str, bar) -> float:
     """One round of learning, the bar advancing after each of its steps; returns the seconds it took."""
     start = time.perf_counter()
-    bar.set_description_str(f"{method.name}: learning {what}")
     units, shown = method.epochs * len(examples), 0
+    bar.phase(f"{method.name}: learning {what}", units)
 
     def advance(fraction: float) -> None:
         nonlocal shown

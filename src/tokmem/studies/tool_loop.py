@@ -158,9 +158,9 @@ def loop_predictions(
 def loop_scores(method: Method, examples: list[Example], max_calls: int, result_tokens: int, bar) -> dict:
     """``{"step": scores, "end_to_end": scores}`` (``score_calls``: tool / argument / call F1 by number of calls)
     and a few answers of each to read."""
-    bar.set_description_str(f"{method.name}: answering {len(examples)} records step by step")
+    bar.phase(f"{method.name}: answering {len(examples)} records step by step", len(examples))
     steps = step_predictions(method, examples, result_tokens, bar)
-    bar.set_description_str(f"{method.name}: running {len(examples)} records end to end")
+    bar.phase(f"{method.name}: running {len(examples)} records end to end", len(examples))
     loops = loop_predictions(method, examples, max_calls, result_tokens, bar)
     return {
         "step": score_calls(examples, steps),
