@@ -52,7 +52,8 @@ def test_real_data_is_a_main_or_recipe_study_from_one_source():
 
 def test_the_cpu_preset_takes_the_real_datas_own_sizes():
     config = make_config("cpu", "main", dataset="complexfuncbench")
-    assert (config.train_multi, config.test_multi, config.max_calls) == (150, 24, 4)
+    assert (config.train_multi, config.test_multi, config.max_calls, config.epochs) == (120, 24, 4, 2)
+    assert (config.init, config.schedule, config.epoch_budgets) == ("mean", "constant", None)  # the better recipe
     assert make_config("cpu", "main").train_multi == 120
 
 

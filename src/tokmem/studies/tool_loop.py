@@ -15,7 +15,8 @@ steps); every other method answers ``plain_context`` (the same layout with each 
 memory token and arguments; ICL and RAG put their prompt, ``Method.prompts``, in the user turn) through
 ``Method.continue_contexts``, and its first call is read from the text.
 
-Per step, TokMem must call a tool (``tool_choice="required"``: a call is due); end to end it may stop (``"auto"``,
+Per step, TokMem must call a tool (``tool_choice="required"``: a call is due).  End to end its first turn must too
+(every test query needs a tool, as TokMem's study answers always route), and after a result it may stop (``"auto"``,
 the open-set rule at ``DecodeConfig``'s default threshold): the EOS it was trained to write after the last result.
 The final answer in words that ComplexFuncBench also scores is not predicted: the imported records have none.
 """
@@ -136,14 +137,14 @@ def loop_predictions(
     executors = [ReplayExecutor(e) for e in examples]
     caches = [ChatCache() for _ in examples]
     running = list(range(len(examples)))
-    for _ in range(max_calls):
+    for turn in range(max_calls):
         calls = next_calls(
             method,
             [examples[i] for i in running],
             [histories[i] for i in running],
             [caches[i] for i in running],
             result_tokens,
-            "auto",
+            "auto" if turn else "required",
         )
         for i, call in zip(running, calls):
             if call is not None:
