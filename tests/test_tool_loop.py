@@ -14,6 +14,7 @@ from tokmem.studies.harness import progress_bar
 from tokmem.studies.tool_loop import (
     NO_RECORDED_RESPONSE,
     ReplayExecutor,
+    json_call,
     loop_scores,
     plain_context,
     step_predictions,
@@ -120,3 +121,16 @@ def test_tokmem_per_step_calls_a_tool_of_its_bank_at_every_step(backbone):
     predicted = step_predictions(method, examples, 256, progress_bar(False))
     assert [len(p) for p in predicted] == [2, 1]  # a call is due at every step: it is required
     assert all(call.startswith(('{"name":"Find"', '{"name":"Rent"')) for p in predicted for call in p)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('{"name": "Rent", "arguments": {"lat": 32.87}}', ("Rent", '{"lat":32.87}')),
+        ('{"name":"Rent","arguments":{"lat":', None),  # cut mid-call: nothing can run it, the loop ends
+        ("{'name': 'Rent', 'arguments': {}}", None),
+        ('{"name": "Rent", "arguments": "lat"}', None),
+    ],
+)
+def test_only_a_json_call_goes_on_to_the_executor(text, expected):
+    assert json_call(text) == expected

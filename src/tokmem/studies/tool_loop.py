@@ -27,7 +27,7 @@ import json
 from dataclasses import replace
 
 from tokmem.chat import ChatCache, chat
-from tokmem.data.procedures import Example, assemble_call
+from tokmem.data.procedures import Example, arguments_json, assemble_call
 from tokmem.decode import DecodeConfig
 from tokmem.eval import metrics
 from tokmem.eval.evaluate import score_calls
@@ -53,7 +53,7 @@ def conversation(example: Example, history: History) -> list[dict]:
     """The OpenAI messages of a conversation so far (what ``tokmem.chat`` lays out as TokMem trained)."""
     messages = [{"role": "user", "content": example.query}]
     for k, (call, result) in enumerate(history):
-        name, arguments = _name_and_arguments(call)
+        name, arguments = json_call(call)
         function = {"name": name, "arguments": arguments}
         messages.append(
             {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{k}", "function": function}]}
@@ -62,9 +62,16 @@ def conversation(example: Example, history: History) -> list[dict]:
     return messages
 
 
-def _name_and_arguments(call: str) -> tuple[str, str]:
-    parsed = json.loads(call)
-    return parsed["name"], json.dumps(parsed["arguments"], ensure_ascii=False, separators=(",", ":"))
+def json_call(call: str) -> tuple[str, str] | None:
+    """A call's name and arguments (compact JSON) when its text is a JSON call ``{"name", "arguments": {…}}``."""
+    try:
+        parsed = json.loads(call)
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
+        return None
+    arguments = parsed.get("arguments")
+    return (parsed["name"], arguments_json(arguments)) if isinstance(arguments, dict) else None
 
 
 def next_calls(
@@ -132,7 +139,9 @@ class ReplayExecutor:
 def loop_predictions(
     method: Method, examples: list[Example], max_calls: int, result_tokens: int, bar
 ) -> list[list[str]]:
-    """End to end: each record's calls as the method makes them, each answered by its ``ReplayExecutor``."""
+    """End to end: each record's calls as the method makes them, each answered by its ``ReplayExecutor``.  A call
+    that is not a JSON call (``json_call``) is kept, to be scored, but ends its record's loop: nothing can run it."""
+    predicted: list[list[str]] = [[] for _ in examples]
     histories: list[History] = [[] for _ in examples]
     executors = [ReplayExecutor(e) for e in examples]
     caches = [ChatCache() for _ in examples]
@@ -147,13 +156,14 @@ def loop_predictions(
             "auto" if turn else "required",
         )
         for i, call in zip(running, calls):
-            if call is not None:
+            predicted[i] += [call] if call is not None else []
+            if call is not None and json_call(call):
                 histories[i].append((call, executors[i](call)))
-        running = [i for i, call in zip(running, calls) if call is not None]
+        running = [i for i, call in zip(running, calls) if call is not None and json_call(call)]
         if not running:
             break
     bar.update(len(examples))
-    return [[call for call, _ in history] for history in histories]
+    return predicted
 
 
 def loop_scores(method: Method, examples: list[Example], max_calls: int, result_tokens: int, bar) -> dict:
