@@ -539,17 +539,21 @@ def test_data_import_of_a_malformed_file_is_a_one_line_error_and_writes_nothing(
 
 @needs_shared
 def test_the_real_complexfuncbench_and_bfcl_multi_turn_files_import_whole():
+    def references(imported):
+        return [
+            a
+            for e in imported.examples
+            for _, call in steps(e)
+            for a in call["arguments"].values()
+            if isinstance(a, str) and a.startswith("$var")
+        ]
+
     cfb = import_nestful(SHARED / "complexfuncbench" / "complexfuncbench-data.json.gz")
     assert cfb.records == len(cfb.examples) == 786 and not cfb.skipped
     assert len(cfb.catalog) == 38 and min(cfb.calls_per_example()) == 2
-    references = [
-        a
-        for e in cfb.examples
-        for _, call in steps(e)
-        for a in call["arguments"].values()
-        if isinstance(a, str) and a.startswith("$var")
-    ]
-    assert references and all(a.endswith("$") for a in references)
+    kept = references(import_nestful(SHARED / "complexfuncbench" / "complexfuncbench-data.json.gz", results=False))
+    assert kept and all(a.endswith("$") for a in kept)
+    assert not references(cfb)  # with results, every reference names a value in its recorded response
     bfcl = import_bfcl(SHARED / "bfcl" / "BFCL_v4_multi_turn_base.json")
     assert bfcl.records == 200 and len(bfcl.examples) + bfcl.skipped["turns with no calls"] == 734
     assert set(bfcl.catalog) <= set(import_bfcl(SHARED / "bfcl").catalog) and len(bfcl.catalog) == 81

@@ -111,6 +111,9 @@ def test_the_tool_loop_adds_the_free_arguments_row_to_the_main_studys_default_me
     loop = make_config(None, "main", dataset="complexfuncbench").resolved()
     plain = make_config(None, "main", dataset="complexfuncbench", results_in_context=False).resolved()
     assert loop.methods[-1] == "tokmem-noschema" and "tokmem-noschema" not in plain.methods
+    reference = make_config(None, "main", dataset="complexfuncbench", init="orthogonal", schedule="linear").resolved()
+    preset = make_config("cpu", "main", dataset="complexfuncbench").resolved()  # its recipe is the better one already
+    assert "tokmem-better" in reference.methods and "tokmem-better" not in preset.methods
 
 
 @needs_shared
