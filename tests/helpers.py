@@ -126,3 +126,26 @@ def loopback(app, **settings):
     finally:
         server.should_exit = True
         thread.join()
+
+
+# queries the decoding and engine tests answer: different lengths and kinds
+QUERIES = [
+    "Reverse apple.",
+    "hi",
+    "What is the weather like today?",
+    "Write house in capitals.",
+    "Double water, please.",
+]
+
+# the ASGI scope of a POST /v1/completions, for tests that drive the app's raw ASGI interface
+COMPLETION_SCOPE = {
+    "type": "http",
+    "method": "POST",
+    "path": "/v1/completions",
+    "raw_path": b"/v1/completions",
+    "query_string": b"",
+    "headers": [(b"content-type", b"application/json")],
+    "root_path": "",
+    "scheme": "http",
+    "server": ("t", 80),
+}

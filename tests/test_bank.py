@@ -219,7 +219,7 @@ def non_finite_rows(bank, path):
         (edit_metadata(names="abc"), "field 'names' is missing or not a list"),
         (truncate, "corrupted or truncated bank file"),
         (
-            edit_metadata(names=["a", "b"], kinds=["text", "text"], descriptions=["", ""]),
+            edit_metadata(names=["a", "b"], kinds=["text", "text"], descriptions=["", ""], schemas=[None, None]),
             r"tensor 'index' has shape \(3, 8\), the metadata says \(2, 8\)",
         ),
         (edit_metadata(kinds=["text", "tool"]), "field 'kinds' must list one of text, tool for each of the 3 names"),

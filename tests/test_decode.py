@@ -8,21 +8,13 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import random_rows
+from helpers import QUERIES, random_rows
 
 import tokmem
 from tokmem import DecodeConfig
 from tokmem.methods.method import first_block
 from tokmem.decode import BlankLineStop, complete
 from tokmem.sequences import chat_prefix, chat_turns, positions
-
-QUERIES = [
-    "Reverse apple.",
-    "hi",
-    "What is the weather like today?",
-    "Write house in capitals.",
-    "Double water, please.",
-]
 
 
 @pytest.fixture(params=[False, True], ids=["coupled", "decoupled"])

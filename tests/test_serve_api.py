@@ -5,7 +5,17 @@ import json
 
 import openai
 import pytest
-from helpers import SERVED_BANKS, bank_files, call, expected, files, serve, write_bank, write_served_banks
+from helpers import (
+    COMPLETION_SCOPE,
+    SERVED_BANKS,
+    bank_files,
+    call,
+    expected,
+    files,
+    serve,
+    write_bank,
+    write_served_banks,
+)
 
 import tokmem
 from tokmem import DecodeConfig
@@ -202,17 +212,7 @@ def test_a_client_that_disconnects_frees_its_row(lively_backbone, tmp_path, offl
     async def send(message):
         sent.append(message)
 
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/v1/completions",
-        "raw_path": b"/v1/completions",
-        "query_string": b"",
-        "headers": [(b"content-type", b"application/json")],
-        "root_path": "",
-        "scheme": "http",
-        "server": ("t", 80),
-    }
+    scope = COMPLETION_SCOPE
     engine.start()
     try:
         asyncio.run(asyncio.wait_for(app(scope, receive, send), timeout=60))

@@ -6,7 +6,7 @@ chosen steps.  Runs on the livelier tiny-random (see conftest), where outputs de
 
 import pytest
 import torch
-from helpers import SERVED_BANKS, bank_files, write_bank, write_served_banks
+from helpers import QUERIES, SERVED_BANKS, bank_files, write_bank, write_served_banks
 
 import tokmem
 from tokmem import DecodeConfig
@@ -14,14 +14,6 @@ from tokmem.errors import BankError
 from tokmem.sequences import chat_prefix
 from tokmem.serve.banks import BankNotFound, BankRegistry, BankVersion
 from tokmem.serve.engine import Engine, Overloaded, Request, bank_tables
-
-QUERIES = [
-    "Reverse apple.",
-    "hi",
-    "What is the weather like today?",
-    "Write house in capitals.",
-    "Double water, please.",
-]
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import socket
 
 import openai
 import pytest
-from helpers import bank_files, call, expected, files, loopback, serve, write_bank, write_served_banks
+from helpers import COMPLETION_SCOPE, bank_files, call, expected, files, loopback, serve, write_bank, write_served_banks
 
 from tokmem.serve.config import ServeConfig, exposure_warning
 
@@ -315,17 +315,7 @@ def test_a_body_slower_than_the_deadline_gets_408(lively_backbone, tmp_path, off
     async def send(message):
         sent.append(message)
 
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/v1/completions",
-        "raw_path": b"/v1/completions",
-        "query_string": b"",
-        "headers": [(b"content-type", b"application/json")],
-        "root_path": "",
-        "scheme": "http",
-        "server": ("t", 80),
-    }
+    scope = COMPLETION_SCOPE
     asyncio.run(asyncio.wait_for(app(scope, receive, send), timeout=60))
     assert sent[0]["status"] == 408
     assert "limit of 0.2 s" in json.loads(b"".join(m.get("body", b"") for m in sent[1:]))["error"]["message"]

@@ -106,7 +106,9 @@ class MemoryBank:
         each row's tool schema or None (default None)."""
         names = list(names)
         schemas = list(schemas) if schemas is not None else [None] * len(names)
-        check_schemas(schemas, len(names), "schemas")
+        problem = schemas_problem(schemas, len(names))
+        if problem:
+            raise BankError(f"schemas{problem}")
         descriptions = list(descriptions) if descriptions is not None else [""] * len(names)
         kinds = list(kinds) if kinds is not None else ["text"] * len(names)
         for kind in kinds:
@@ -263,7 +265,7 @@ class MemoryBank:
         if bank.decoupled:
             bank.steer = _checked(tensors, "steer", where, meta)
         bank.trainable = torch.zeros(len(bank.names), dtype=torch.bool)
-        bank.schemas = _schemas(meta, metadata_path(where))
+        bank.schemas = list(meta.get("schemas") or [None] * len(bank.names))  # none before schemas were kept
         if backbone is not None:
             check_backbone(bank, backbone, where)
         return bank
@@ -303,29 +305,24 @@ def check_backbone(bank: MemoryBank, backbone, path="<bank>") -> None:
             )
 
 
-def check_schemas(schemas, rows: int, where: str) -> None:
-    """``schemas`` must be a list with, per row, None or a JSON schema object whose ``properties`` (if any) is an
-    object and whose ``required`` (if any) is a list of strings; errors start with ``where``."""
+def schemas_problem(schemas, rows: int) -> str | None:
+    """What is wrong with per-row tool ``schemas``, worded to follow their name (``[1] must be …``), or None.
+
+    They must be a list with, per row, None or a JSON schema object whose ``properties`` (if any) is an object
+    and whose ``required`` (if any) lists strings."""
     if not isinstance(schemas, list) or len(schemas) != rows:
-        raise BankError(f"{where} must be a list of {rows} entries (a JSON schema or null per row)")
+        return f" must be a list of {rows} entries (a JSON schema or null per row)"
     for row, schema in enumerate(schemas):
         if schema is None:
             continue
         if not isinstance(schema, dict):
-            raise BankError(f"{where}[{row}] must be a JSON schema object or null, not {type(schema).__name__}")
+            return f"[{row}] must be a JSON schema object or null, not {type(schema).__name__}"
         if not isinstance(schema.get("properties", {}), dict):
-            raise BankError(f"{where}[{row}].properties must be an object")
+            return f"[{row}].properties must be an object"
         required = schema.get("required", [])
         if not isinstance(required, list) or not all(isinstance(key, str) for key in required):
-            raise BankError(f"{where}[{row}].required must be a list of argument names")
-
-
-def _schemas(meta: dict, meta_file: Path) -> list[dict | None]:
-    """The metadata's per-row tool schemas, checked (none for banks saved before schemas were kept)."""
-    if meta.get("schemas") is None:
-        return [None] * len(meta["names"])
-    check_schemas(meta["schemas"], len(meta["names"]), f"{meta_file}: field 'schemas'")
-    return list(meta["schemas"])
+            return f"[{row}].required must be a list of argument names"
+    return None
 
 
 def _check_name(name) -> None:
@@ -478,6 +475,13 @@ def _backbone(meta: dict) -> str | None:
     return None
 
 
+def _schemas(meta: dict) -> str | None:
+    if meta.get("schemas") is None:
+        return None
+    problem = schemas_problem(meta["schemas"], len(meta["names"]))
+    return problem and f"field 'schemas'{problem}"
+
+
 FIELD_CHECKS: tuple[Callable[[dict], str | None], ...] = (
     _format,
     _hidden_size,
@@ -485,6 +489,7 @@ FIELD_CHECKS: tuple[Callable[[dict], str | None], ...] = (
     _names,
     _descriptions,
     _kinds,
+    _schemas,
     _backbone,
 )
 

@@ -64,3 +64,35 @@ def stop_llm(llm) -> None:
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
+
+
+def assert_greedy_parity(model_dir, backbone, paths: dict, banks: dict, queries, max_tokens: int, **engine) -> None:
+    """Serve ``queries`` against every bank at thresholds 0.5 and 0 in one batch; each greedy answer must equal
+    ``tokmem.generate``'s (routing and trace), and some answers must route (so the banks' rows mattered)."""
+    import tokmem
+    from tokmem.decode import DecodeConfig, to_generation
+    from tokmem.vllm import prompt, sampling_params
+
+    batch = [(key, q, t) for key in banks for q in queries for t in (0.5, 0.0)]
+    llm = start_llm(model_dir, **engine)
+    try:
+        outputs = llm.generate(
+            [prompt(backbone.tokenizer, q, paths[key]) for key, q, _ in batch],
+            [sampling_params(paths[key], threshold=t, max_tokens=max_tokens) for key, _, t in batch],
+            use_tqdm=False,
+        )
+        placements = llm.collective_rpc("tokmem_placements")[0]
+    finally:
+        stop_llm(llm)
+    vocab, routed = backbone.vocab_size, 0
+    for (key, query, threshold), output in zip(batch, outputs):
+        ids = list(output.outputs[0].token_ids)
+        offset = placements[str(paths[key].resolve())]["offset"]
+        served = to_generation(
+            banks[key], query, [t - offset if t >= vocab else t for t in ids], 0.0, routed=ids[0] >= vocab
+        )
+        config = DecodeConfig(max_new_tokens=max_tokens, threshold=threshold)
+        expected = tokmem.generate(banks[key], [query], config)[0]
+        assert (served.routed, served.trace) == (expected.routed, expected.trace), (key, query, threshold)
+        routed += expected.routed
+    assert routed > 0

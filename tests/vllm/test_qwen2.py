@@ -2,13 +2,10 @@
 
 import pytest
 import torch
-from conftest import start_llm, stop_llm
+from conftest import assert_greedy_parity
 from helpers import write_bank
 
-import tokmem
 from tokmem.backbones import byte_tokenizer, load_backbone
-from tokmem.decode import DecodeConfig, to_generation
-from tokmem.vllm import prompt, sampling_params
 
 QUERIES = ["Reverse apple.", "hi", "What is the weather like today?"]
 MAX_TOKENS = 16
@@ -49,27 +46,4 @@ def test_greedy_answers_on_qwen2_equal_tokmem_generate(qwen2_dir, tmp_path):
     backbone = load_backbone(str(qwen2_dir), device="cpu")
     paths = {rows: tmp_path / f"bank{rows}.safetensors" for rows in (2, 3)}
     banks = {rows: write_bank(backbone, path, rows=rows, seed=rows) for rows, path in paths.items()}
-    batch = [(rows, q, t) for rows in banks for q in QUERIES for t in (0.5, 0.0)]
-    llm = start_llm(qwen2_dir, slots=8, family="qwen2")
-    try:
-        outputs = llm.generate(
-            [prompt(backbone.tokenizer, q, paths[rows]) for rows, q, _ in batch],
-            [sampling_params(paths[rows], threshold=t, max_tokens=MAX_TOKENS) for rows, _, t in batch],
-            use_tqdm=False,
-        )
-        placements = llm.collective_rpc("tokmem_placements")[0]
-    finally:
-        stop_llm(llm)
-    vocab, routed = backbone.vocab_size, 0
-    for (rows, query, threshold), output in zip(batch, outputs):
-        ids = list(output.outputs[0].token_ids)
-        offset = placements[str(paths[rows].resolve())]["offset"]
-        served = to_generation(
-            banks[rows], query, [t - offset if t >= vocab else t for t in ids], 0.0, routed=ids[0] >= vocab
-        )
-        expected = tokmem.generate(banks[rows], [query], DecodeConfig(max_new_tokens=MAX_TOKENS, threshold=threshold))[
-            0
-        ]
-        assert (served.routed, served.trace) == (expected.routed, expected.trace), (rows, query, threshold)
-        routed += expected.routed
-    assert routed > 0
+    assert_greedy_parity(qwen2_dir, backbone, paths, banks, QUERIES, MAX_TOKENS, slots=8, family="qwen2")
