@@ -268,6 +268,7 @@ def corrupt(kind, lively_backbone, backbone, tmp_path) -> tuple[str, bytes, byte
         meta["names"].append("extra")
         meta["kinds"].append("text")
         meta["descriptions"].append("")
+        meta["schemas"].append(None)
         metadata = json.dumps(meta).encode()
     elif kind == "nan":
         model.bank.index[1, 3] = float("nan")
