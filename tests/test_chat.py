@@ -100,6 +100,47 @@ def test_a_call_without_its_result_is_refused_naming_the_message(model):
         conversation_ids(model, CONVERSATION[:2])
 
 
+FOLLOW_UP = [
+    *CONVERSATION,
+    {"role": "assistant", "content": "Sunny, and 3."},
+    {"role": "user", "content": "And in Oslo?"},
+]
+
+
+def test_the_user_may_go_on_after_the_answer_as_the_template_writes_a_next_user_turn(model):
+    tokenizer = model.backbone.tokenizer
+    ids = conversation_ids(model, FOLLOW_UP)
+    before = conversation_ids(model, CONVERSATION)
+    answer = tokenizer("Sunny, and 3.", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert ids[: len(before) + len(answer)] == before + answer
+    plain = [FOLLOW_UP[0], {"role": "assistant", "content": "Sunny, and 3."}, FOLLOW_UP[-1]]
+    rendered = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+    after_answer = rendered[rendered.index("Sunny, and 3." + tokenizer.eos_token) :].removeprefix(
+        "Sunny, and 3." + tokenizer.eos_token
+    )
+    assert after_answer.startswith("\n<|im_start|>user\nAnd in Oslo?")
+    assert tokenizer.decode(ids[len(before) + len(answer) :]) == after_answer
+    reply = tokmem.chat(model, FOLLOW_UP, tool_choice="required", config=CONFIG)
+    assert reply.tool_calls and reply.finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize(
+    "messages, message",
+    [
+        (
+            [*CONVERSATION, {"role": "user", "content": "And Oslo?"}],
+            r"messages\[5\]: after tool results, the assistant",
+        ),
+        (FOLLOW_UP[:-1], r"messages\[5\]: the conversation ends with the assistant's answer"),
+        ([*FOLLOW_UP[:-1], {"role": "system", "content": "x"}], r"messages\[6\]: after the assistant's answer, a user"),
+    ],
+    ids=["user-before-the-answer", "ends-with-the-answer", "system-after-the-answer"],
+)
+def test_a_conversation_out_of_turn_after_tool_results_is_refused_naming_the_message(model, messages, message):
+    with pytest.raises(DataError, match=message):
+        conversation_ids(model, messages)
+
+
 def test_run_tools_gives_each_call_to_the_executor_and_its_result_back_until_an_answer(model):
     seen = []
 

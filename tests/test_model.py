@@ -7,6 +7,7 @@ from helpers import random_rows
 import tokmem
 from tokmem import Example, Step, TrainConfig
 from tokmem.errors import BackboneError, BankError
+from tokmem.model import _split_prefix
 from tokmem.sequences import IGNORE, collate, encode
 
 
@@ -96,14 +97,18 @@ def full_sequence_loss(model, batch):
     return torch.nn.functional.cross_entropy(model.logits(hidden[:, :-1][where], index).float(), labels[where])
 
 
-def test_loss_with_the_query_prefix_cached_equals_the_full_sequence_loss_and_gradients(filled, backbone):
+@pytest.mark.parametrize("rows", [3, 1], ids=["batch", "one-row"])
+def test_loss_with_the_query_prefix_cached_equals_the_full_sequence_loss_and_gradients(filled, backbone, rows):
     examples = [
         Example("Reverse the word apple, please, right now.", (Step("a", "elppa"),)),
         Example("hi", (Step("b", "one two three four"), Step("c", "x"))),
         Example("Count: 1 2", (Step("c", "2"),)),
-    ]
+    ][:rows]
     tokenizer = backbone.tokenizer
     batch = collate([encode(e, tokenizer, filled.memory_id, 1024) for e in examples], tokenizer.pad_token_id)
+    starts = (batch["labels"] != IGNORE).int().argmax(-1)
+    shared = _split_prefix(batch, starts)[0]
+    assert tokenizer.decode(shared[0]).startswith("<|im_start|>user")  # encoded once for all rows
     rows = filled.unfreeze_rows()
     cached, count = filled.loss(batch)
     cached_grads = torch.autograd.grad(cached, rows)

@@ -18,6 +18,7 @@ longest prefix it shares with what the cache holds (``prefilled`` says how many)
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field, replace
 
@@ -27,7 +28,7 @@ from transformers import DynamicCache
 from tokmem.data.procedures import arguments_json, schema_order
 from tokmem.decode import DecodeConfig, decode_rows, to_generation
 from tokmem.errors import DataError
-from tokmem.sequences import RESULT_TOKENS, chat_prefix, result_ids
+from tokmem.sequences import RESULT_TOKENS, chat_prefix, result_ids, user_turn_ids
 from tokmem.model import TokMemModel
 
 
@@ -117,7 +118,10 @@ def run_tools(
 
 
 def conversation_ids(model: TokMemModel, messages: list[dict], result_tokens: int = RESULT_TOKENS) -> list[int]:
-    """The conversation's tokens up to where the assistant answers next (see the module's docstring)."""
+    """The conversation's tokens up to where the assistant answers next (see the module's docstring).
+
+    After the first tool calls the conversation may go on: more calls and their results, the assistant's answer
+    in words (its text, then EOS, as decoding ends it), and the user's next messages (``user_turn_ids``)."""
     tokenizer = model.backbone.tokenizer
     first_call = next((i for i, m in enumerate(messages) if _calls(m)), len(messages))
     if first_call == 0:
@@ -125,21 +129,38 @@ def conversation_ids(model: TokMemModel, messages: list[dict], result_tokens: in
             "messages[0]: the conversation must start with the messages the tool calls answer (a user turn)"
         )
     ids = chat_prefix(tokenizer, [_text_message(m, i) for i, m in enumerate(messages[:first_call])])
-    i = first_call
+    i, answered = first_call, False  # answered: the assistant's turn has ended in words, a user turn is next
     while i < len(messages):
-        calls = _calls(messages[i])
-        if not calls:
+        message, calls = messages[i], _calls(messages[i])
+        if answered:
+            users = list(itertools.takewhile(lambda m: isinstance(m, dict) and m.get("role") == "user", messages[i:]))
+            if not users:
+                raise DataError(f"messages[{i}]: after the assistant's answer, a user turn must come next")
+            ids += user_turn_ids(tokenizer, [_text_message(m, i + k)["content"] for k, m in enumerate(users)])
+            i, answered = i + len(users), False
+        elif calls:
+            ids += [
+                token
+                for k, call in enumerate(calls)
+                for token in _call_ids(model, call, f"messages[{i}].tool_calls[{k}]")
+            ]
+            ids.append(tokenizer.eos_token_id)
+            results = _results(messages, i + 1, [call.get("id") for call in calls])
+            ids += result_ids(tokenizer, results, result_tokens)
+            i += 1 + len(results)
+        elif isinstance(message, dict) and message.get("role") == "assistant":
+            content = message.get("content") or ""
+            if not isinstance(content, str):
+                raise DataError(f"messages[{i}].content: must be a string")
+            ids += tokenizer(content, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            i, answered = i + 1, True
+        else:
             raise DataError(
-                f"messages[{i}]: after the first tool calls, only assistant tool calls and 'tool' results can "
-                "follow (a new user turn after tool results is not supported yet)"
+                f"messages[{i}]: after tool results, the assistant answers (tool calls or words) before the next "
+                "user turn; system messages and unanswered tool results cannot come here"
             )
-        ids += [
-            token for k, call in enumerate(calls) for token in _call_ids(model, call, f"messages[{i}].tool_calls[{k}]")
-        ]
-        ids.append(tokenizer.eos_token_id)
-        results = _results(messages, i + 1, [call.get("id") for call in calls])
-        ids += result_ids(tokenizer, results, result_tokens)
-        i += 1 + len(results)
+    if answered:
+        raise DataError(f"messages[{len(messages) - 1}]: the conversation ends with the assistant's answer")
     return ids
 
 

@@ -142,16 +142,23 @@ class TokMemModel(nn.Module):
     def _suffix_hidden(self, batch: dict, starts: torch.Tensor, steer: torch.Tensor):
         """Hidden states that predict each suffix token, and the suffix labels (right-padded).
 
-        The prefixes are re-laid left-padded and encoded under ``no_grad`` into a KV cache; the suffixes
-        (from the first labelled token on) run on top of it with gradients.  The state predicting the first
-        suffix token is the prefix's last one.
+        The query prefixes run under ``no_grad`` into a KV cache: first the ids every row starts with (the
+        chat template's system prompt, typically) once for the whole batch, then each row's rest of the
+        prefix, left-padded.  The suffixes (from the first labelled token on) run on top of it with
+        gradients.  The state predicting the first suffix token is the prefix's last one.
         """
-        prefix, prefix_mask, suffix, suffix_mask, labels = _split_prefix(batch, starts)
+        shared, prefix, prefix_mask, suffix, suffix_mask, labels = _split_prefix(batch, starts)
+        rows, width = len(prefix), shared.shape[1]
+        shared_mask = prefix_mask.new_ones(rows, width)
         with torch.no_grad():
             cache = DynamicCache(config=self.lm.config)
-            routing, cache = self.hidden(prefix, prefix_mask, positions(prefix_mask), cache, steer.detach())
-        position_ids = prefix_mask.sum(-1, keepdim=True) + positions(suffix_mask)
-        mask = torch.cat([prefix_mask, suffix_mask], dim=-1)
+            if width:
+                _, cache = self.hidden(shared, shared_mask[:1], positions(shared_mask[:1]), cache, steer.detach())
+                cache.batch_repeat_interleave(rows)
+            mask = torch.cat([shared_mask, prefix_mask], dim=-1)
+            routing, cache = self.hidden(prefix, mask, width + positions(prefix_mask), cache, steer.detach())
+        position_ids = width + prefix_mask.sum(-1, keepdim=True) + positions(suffix_mask)
+        mask = torch.cat([mask, suffix_mask], dim=-1)
         hidden, _ = self.hidden(suffix, mask, position_ids, cache, steer)
         return torch.cat([routing[:, -1:], hidden[:, :-1]], dim=1), labels
 
@@ -198,19 +205,26 @@ def load(bank_path, backbone: str | Backbone | None = None, **load_options) -> T
 
 
 def _split_prefix(batch: dict, starts: torch.Tensor):
-    """(prefix ids, prefix mask) left-padded and (suffix ids, suffix mask, suffix labels) right-padded.
+    """(shared ids) (1, s), (prefix ids, prefix mask) left-padded and (suffix ids, suffix mask, suffix labels)
+    right-padded.
 
-    Gathers, not a loop over rows: one host sync (the two widths) whatever the batch size.
+    The shared ids are the ones every row starts with, short of each row's last prefix id (whose state
+    routes); the prefixes are the rest up to each row's first label.  Gathers, not a loop over rows: one
+    host sync (the three widths) whatever the batch size.
     """
     ids, labels = batch["input_ids"], batch["labels"]
     lengths = batch["attention_mask"].sum(-1)
-    prefix_width, suffix_width = torch.stack([starts.max(), (lengths - starts).max()]).tolist()
-    prefix_columns = torch.arange(prefix_width, device=ids.device) - (prefix_width - starts).unsqueeze(-1)
-    prefix_mask = (prefix_columns >= 0).long()
+    common = (ids == ids[:1]).all(0).long().cumprod(0).sum()
+    shared = torch.minimum(common, starts.min() - 1)
+    shared_width, prefix_width, suffix_width = torch.stack(
+        [shared, starts.max() - shared, (lengths - starts).max()]
+    ).tolist()
+    prefix_columns = torch.arange(prefix_width, device=ids.device) + (starts - prefix_width).unsqueeze(-1)
+    prefix_mask = (prefix_columns >= shared_width).long()
     prefix = ids.gather(1, prefix_columns.clamp(min=0)) * prefix_mask
     suffix_columns = torch.arange(suffix_width, device=ids.device) + starts.unsqueeze(-1)
     suffix_mask = (suffix_columns < lengths.unsqueeze(-1)).long()
     suffix_columns = suffix_columns.clamp(max=ids.shape[1] - 1)
     suffix = ids.gather(1, suffix_columns) * suffix_mask
     suffix_labels = labels.gather(1, suffix_columns).masked_fill(suffix_mask == 0, IGNORE)
-    return prefix, prefix_mask, suffix, suffix_mask, suffix_labels
+    return ids[:1, :shared_width], prefix, prefix_mask, suffix, suffix_mask, suffix_labels

@@ -76,9 +76,9 @@ def _chat_texts(tokenizer, query: str | list[dict]) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class ResultTurn:
-    """The text around one tool result, as the chat template writes it: ``after_call`` follows the EOS that ends
-    the assistant's call turn, each result is ``opening + result + closing``, and ``header`` starts the next
-    assistant turn."""
+    """The text around a turn that follows the assistant's (a tool result, or a user's next message), as the chat
+    template writes it: ``after_call`` follows the EOS that ends the assistant's turn, each message is ``opening +
+    content + closing``, and ``header`` starts the next assistant turn."""
 
     after_call: str
     opening: str
@@ -123,15 +123,32 @@ def _template_turn(tokenizer, role: str, lead: str) -> ResultTurn | None:
     return ResultTurn(base[base.index(call_end) + len(call_end) :], opening, closing, whole[len(turn) :])
 
 
+@functools.lru_cache(maxsize=8)
+def user_turn(tokenizer) -> ResultTurn:
+    """The pieces of a user turn that follows an assistant's answer (its EOS), as the template writes them."""
+    if not tokenizer.chat_template:
+        return ResultTurn("\n", "", "\n", "")
+    return _template_turn(tokenizer, "user", "") or ResultTurn("\n", "", "\n", "")
+
+
 def result_ids(tokenizer, results: list[str], budget: int = RESULT_TOKENS) -> list[int]:
     """Token ids after a call turn's EOS: one tool turn per result (each cut to ``budget`` tokens), then the next
     assistant header."""
-    pieces = result_turn(tokenizer)
+    return _turn_ids(tokenizer, result_turn(tokenizer), results, budget)
+
+
+def user_turn_ids(tokenizer, contents: list[str]) -> list[int]:
+    """Token ids after an assistant answer's EOS: one user turn per content, then the next assistant header (a
+    conversation that goes on after tool results, ``tokmem.chat``)."""
+    return _turn_ids(tokenizer, user_turn(tokenizer), contents, None)
+
+
+def _turn_ids(tokenizer, pieces: ResultTurn, contents: list[str], budget: int | None) -> list[int]:
     words = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     ids = words(pieces.after_call)
-    for result in results:
-        content = words(result)
-        if len(content) > budget:
+    for text in contents:
+        content = words(text)
+        if budget is not None and len(content) > budget:
             content = content[:budget] + words(f" … [result cut: {budget} of {len(content)} tokens shown]")
         ids += words(pieces.opening) + content + words(pieces.closing)
     return ids + words(pieces.header)
