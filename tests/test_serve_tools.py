@@ -86,7 +86,12 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("messages", [ASK, CONVERSATION], ids=["first-turn", "after-a-tool-result"])
+FOLLOW_UP = [*CONVERSATION, {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "And in Oslo?"}]
+
+
+@pytest.mark.parametrize(
+    "messages", [ASK, CONVERSATION, FOLLOW_UP], ids=["first-turn", "after-a-tool-result", "the-user-goes-on"]
+)
 def test_served_answers_equal_tokmem_chat_for_each_tools_and_tool_choice_with_other_banks_in_flight(
     app, offline, messages
 ):

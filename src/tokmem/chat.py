@@ -2,9 +2,10 @@
 calls; ``run_tools`` runs the whole loop (call → the user's executor → result → next call or answer).
 
 A conversation is laid out as training lays out a chain with results (``tokmem.sequences``): the messages up to the
-last user turn through the chat template, then per assistant turn with ``tool_calls`` each call's memory token and
+first tool calls through the chat template, then per assistant turn with ``tool_calls`` each call's memory token and
 its arguments and EOS, then the ``role: "tool"`` results (``result_ids``) and the next assistant header.  So a bank
-trained on steps with results meets, at run time, exactly the tokens it was trained on.
+trained on steps with results meets, at run time, exactly the tokens it was trained on.  An answer in words after
+the results (its text, EOS) may be followed by the user's next turn (``user_turn_ids``) and more calls.
 
 The model answers with tool calls when its turn starts with a tool row's memory token (the name comes from the
 row, the arguments are what follows, under the tool's schema where the bank has one); several calls chain in one
