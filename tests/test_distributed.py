@@ -15,7 +15,10 @@ from safetensors.torch import load_file
 from tokmem.backbones import load_backbone
 from tokmem.bank import MemoryBank
 from tokmem.cli import main
-from tokmem.data import Example, Step, save_examples
+import tokmem
+from tokmem.data import Example, Step, load_examples, save_examples
+from tokmem.errors import TokMemError
+from tokmem.train import TrainConfig, fit
 from tokmem.distributed import shard
 
 WORDS = ["apple", "house", "table", "chair", "green", "water", "river", "stone", "cloud"]
@@ -82,6 +85,27 @@ def test_two_torchrun_processes_at_batch_2_train_the_bank_one_process_trains_at_
     assert one.names == two.names == ["reverse", "upper"]
     assert not torch.allclose(one.index[0], one.index[1])  # both rows started as the mean embedding: they trained
     assert torch.allclose(one.index, two.index, rtol=1e-4, atol=1e-5)
+
+
+def test_backbone_layers_sharded_over_two_processes_train_the_bank_one_process_trains(data, tmp_path):
+    """FSDP2: uneven shares (17 examples: the last step's one example leaves the second rank a filler pass) and
+    accumulation (two micro-batches a step) still give one process's bank."""
+    examples = load_examples(data)[:17]
+    save_examples(examples, data)
+    single, sharded = tmp_path / "single.safetensors", tmp_path / "sharded.safetensors"
+    assert main([*train_options(data, single, 2), "--grad-accum", "2"]) == 0
+    under_torchrun([*train_options(data, sharded, 1), "--grad-accum", "2", "--fsdp"])
+    one, two = MemoryBank.load(single), MemoryBank.load(sharded)
+    assert not torch.allclose(one.index[0], one.index[1])
+    assert torch.allclose(one.index, two.index, rtol=1e-4, atol=1e-5)
+
+
+def test_sharding_refuses_weights_that_train_inside_the_backbone(tmp_path):
+    model = tokmem.create("tiny-random", device="cpu")
+    model.bank.add(["a"], model.backbone.mean_embedding())
+    weight = torch.nn.Parameter(torch.zeros(2))
+    with pytest.raises(TokMemError, match="fsdp shards a frozen backbone"):
+        fit(model, [], TrainConfig(fsdp=True, progress=False), param_groups=[{"params": [weight]}])
 
 
 def test_two_torchrun_processes_adapt_the_backbone_as_one_process_at_twice_the_batch(data, tmp_path):

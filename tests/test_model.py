@@ -7,7 +7,7 @@ from helpers import random_rows
 import tokmem
 from tokmem import Example, Step, TrainConfig
 from tokmem.errors import BackboneError, BankError
-from tokmem.model import _split_prefix
+from tokmem.model import _shared_width, _split_prefix
 from tokmem.sequences import IGNORE, collate, encode
 
 
@@ -107,7 +107,7 @@ def test_loss_with_the_query_prefix_cached_equals_the_full_sequence_loss_and_gra
     tokenizer = backbone.tokenizer
     batch = collate([encode(e, tokenizer, filled.memory_id, 1024) for e in examples], tokenizer.pad_token_id)
     starts = (batch["labels"] != IGNORE).int().argmax(-1)
-    shared = _split_prefix(batch, starts)[0]
+    shared = _split_prefix(batch, starts, _shared_width(batch["input_ids"], starts))[0]
     assert tokenizer.decode(shared[0]).startswith("<|im_start|>user")  # encoded once for all rows
     rows = filled.unfreeze_rows()
     cached, count = filled.loss(batch)

@@ -6,6 +6,13 @@ normalised by the step's global count of target tokens, and the trainable parame
 bank rows, and LoRA weights where they train too) are summed across ranks before the optimiser step.
 N processes at batch b then take the same steps as one process at batch N·b.
 
+A backbone too large for one device can have its decoder layers sharded across the processes (``shard_layers``,
+FSDP2's ``fully_shard``, one unit a layer): each layer is gathered for its forward and backward and freed after.
+Only the layers: TokMem calls the input embedding and the LM head itself (not through the causal LM's forward),
+and a tied embedding and head could not sit in two units; both are small next to the layers.  The bank stays
+replicated and its gradient summed as above.  Every rank must then run the same passes through the layers, so
+the training step evens out micro-batch counts (``global_max``) and the model its branch choices (``all_ranks``).
+
 A launcher sets ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK`` and the rendezvous address; the process group
 starts on first use (NCCL with CUDA, gloo on CPU).  Without a launcher every function here is the
 single-process identity.
@@ -66,6 +73,51 @@ def global_sum(value: int | float, device: torch.device) -> float:
     total = torch.tensor(float(value), dtype=torch.float64, device=device)
     dist.all_reduce(total)
     return total.item()
+
+
+def global_max(value: int, device: torch.device) -> int:
+    """The largest ``value`` over all ranks."""
+    if world_size() == 1:
+        return value
+    largest = torch.tensor(value, dtype=torch.long, device=device)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    return int(largest.item())
+
+
+def all_ranks(flag: torch.Tensor | bool) -> bool:
+    """Whether ``flag`` holds on every rank."""
+    flag = torch.as_tensor(flag, dtype=torch.long).reshape(1)
+    if world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def shard_layers(lm: torch.nn.Module, device: torch.device) -> None:
+    """Shard ``lm``'s decoder layers across the ranks (FSDP2, one unit a layer), then move it to ``device``: only
+    each rank's shards of the layers land there.  Load the backbone on the CPU first for a model that does not fit
+    one device.  A no-op in one process."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    from tokmem.errors import TokMemError
+
+    layers = getattr(lm.base_model, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
+        raise TokMemError(
+            f"fsdp: cannot find the decoder layers of {type(lm).__name__} (expected base_model.layers, as in Llama, "
+            "Qwen2 and Mistral models)"
+        )
+    if world_size() > 1 and not isinstance(layers[0], FSDPModule):
+        for layer in layers:
+            fully_shard(layer)
+    lm.to(device)
+
+
+def layers_sharded(lm: torch.nn.Module) -> bool:
+    """Whether ``shard_layers`` sharded ``lm``'s decoder layers."""
+    from torch.distributed.fsdp import FSDPModule
+
+    layers = getattr(lm.base_model, "layers", None)
+    return isinstance(layers, torch.nn.ModuleList) and len(layers) > 0 and isinstance(layers[0], FSDPModule)
 
 
 def sum_gradients(parameters: list[torch.nn.Parameter]) -> None:

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from tokmem import distributed
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone
 from tokmem.bank import MemoryBank
 from tokmem.sequences import IGNORE, positions
@@ -130,6 +131,12 @@ class TokMemModel(nn.Module):
         loss = nn.functional.cross_entropy(logits.float(), labels[where])
         return loss, int(where.sum())
 
+    @property
+    def layers_sharded(self) -> bool:
+        """Whether the backbone's layers are sharded across processes (``distributed.shard_layers``): every rank
+        must then run the same passes through them."""
+        return distributed.layers_sharded(self.lm)
+
     def _prefix_is_fixed(self, ids: torch.Tensor, starts: torch.Tensor) -> bool:
         """Whether nothing before the first label trains: no backbone weight (LoRA) and no memory token
         (prefix tuning puts its rows there)."""
@@ -137,7 +144,8 @@ class TokMemModel(nn.Module):
             return False
         in_prefix = torch.arange(ids.shape[1], device=ids.device) < starts.unsqueeze(-1)
         memory_in_prefix = (self.is_memory(ids) & in_prefix).any()
-        return bool(~memory_in_prefix & (starts.min() > 0))  # one host sync
+        fixed = ~memory_in_prefix & (starts.min() > 0)
+        return distributed.all_ranks(fixed) if self.layers_sharded else bool(fixed)  # one host sync
 
     def _suffix_hidden(self, batch: dict, starts: torch.Tensor, steer: torch.Tensor):
         """Hidden states that predict each suffix token, and the suffix labels (right-padded).
@@ -147,7 +155,10 @@ class TokMemModel(nn.Module):
         prefix, left-padded.  The suffixes (from the first labelled token on) run on top of it with
         gradients.  The state predicting the first suffix token is the prefix's last one.
         """
-        shared, prefix, prefix_mask, suffix, suffix_mask, labels = _split_prefix(batch, starts)
+        shared = _shared_width(batch["input_ids"], starts)
+        if self.layers_sharded:  # every rank runs the shared pass, or none does
+            shared = shared * distributed.all_ranks(shared > 0)
+        shared, prefix, prefix_mask, suffix, suffix_mask, labels = _split_prefix(batch, starts, shared)
         rows, width = len(prefix), shared.shape[1]
         shared_mask = prefix_mask.new_ones(rows, width)
         with torch.no_grad():
@@ -204,18 +215,20 @@ def load(bank_path, backbone: str | Backbone | None = None, **load_options) -> T
     return TokMemModel(backbone, MemoryBank.load(bank_path, backbone=backbone))
 
 
-def _split_prefix(batch: dict, starts: torch.Tensor):
-    """(shared ids) (1, s), (prefix ids, prefix mask) left-padded and (suffix ids, suffix mask, suffix labels)
-    right-padded.
+def _shared_width(ids: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """How many ids every row starts with, short of each row's last prefix id (whose state routes)."""
+    common = (ids == ids[:1]).all(0).long().cumprod(0).sum()
+    return torch.minimum(common, starts.min() - 1)
 
-    The shared ids are the ones every row starts with, short of each row's last prefix id (whose state
-    routes); the prefixes are the rest up to each row's first label.  Gathers, not a loop over rows: one
-    host sync (the three widths) whatever the batch size.
+
+def _split_prefix(batch: dict, starts: torch.Tensor, shared: torch.Tensor):
+    """(shared ids) (1, ``shared``), (prefix ids, prefix mask) left-padded and (suffix ids, suffix mask, suffix
+    labels) right-padded: the prefixes are the rest up to each row's first label.
+
+    Gathers, not a loop over rows: one host sync (the three widths) whatever the batch size.
     """
     ids, labels = batch["input_ids"], batch["labels"]
     lengths = batch["attention_mask"].sum(-1)
-    common = (ids == ids[:1]).all(0).long().cumprod(0).sum()
-    shared = torch.minimum(common, starts.min() - 1)
     shared_width, prefix_width, suffix_width = torch.stack(
         [shared, starts.max() - shared, (lengths - starts).max()]
     ).tolist()

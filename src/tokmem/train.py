@@ -64,6 +64,11 @@ class TrainConfig:
         False, "batch sequences of similar length together (less padding; each epoch still shuffled)"
     )
     bf16: bool | None = option(None, "bf16 autocast (default: on CUDA only)")
+    fsdp: bool = option(
+        False,
+        "under torchrun / accelerate: shard the frozen backbone's decoder layers across the processes (FSDP2), "
+        "for a backbone that does not fit one device",
+    )
     progress: bool = True
     checkpoint: str | None = None  # save the bank here every ``checkpoint_every`` optimiser steps
     checkpoint_every: int = option(0, "save the bank every N optimiser steps")
@@ -201,6 +206,8 @@ def fit(
     if not param_groups:
         _require_trainable_rows(model)
     _seed(config.seed)
+    if config.fsdp:
+        _shard_backbone(model, param_groups)
     distributed.start(model.device)
     report = TrainReport() if report is None else report
     steps = steps if steps is not None else _steps([len(e.input_ids) for e in encoded], config)
@@ -219,7 +226,8 @@ def fit(
     start = time.perf_counter()
     try:
         for step in steps:
-            loss = _step(model, optimizer, distributed.shard([encoded[i] for i in step]), config, report)
+            chunk = distributed.shard([encoded[i] for i in step])
+            loss = _step(model, optimizer, chunk, config, report, filler=encoded[step[0]])
             scheduler.step()
             report.steps += 1
             report.losses.append(loss)
@@ -272,29 +280,49 @@ def _require_trainable_rows(model: TokMemModel) -> None:
         raise TokMemError("the bank has no trainable rows: add procedures first (or use learn())")
 
 
-def _step(model, optimizer, chunk, config, report) -> float:
+def _step(model, optimizer, chunk, config, report, filler: Encoded) -> float:
     """One optimiser step over ``grad_accum`` micro-batches of ``batch_size`` (this rank's share of the step, under
     a launcher); the loss is averaged over all target tokens of the step, on every rank.  Without accumulation the
-    step is one batch, whatever its size (replay adds examples to a batch)."""
+    step is one batch, whatever its size (replay adds examples to a batch).  With the backbone's layers sharded,
+    a rank with fewer micro-batches than another runs ``filler`` at weight 0 for each missing one."""
     pad = model.backbone.tokenizer.pad_token_id
     size = config.batch_size if config.grad_accum > 1 else max(len(chunk), 1)
     batches = [collate(chunk[i : i + size], pad) for i in range(0, len(chunk), size)]
     local_targets = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
     targets = distributed.global_sum(local_targets, model.device)
+    weights = [1.0] * len(batches)
+    if model.layers_sharded:
+        missing = distributed.global_max(len(batches), model.device) - len(batches)
+        batches, weights = batches + [collate([filler], pad)] * missing, weights + [0.0] * missing
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
-    for batch in batches:
+    for batch, weight in zip(batches, weights):
         batch = {k: v.to(model.device) for k, v in batch.items()}
         with step_context(model.device, config.bf16):
             loss, count = model.loss(batch)
-        (loss * count / targets).backward()
-        total += loss.item() * count / targets
-        report.tokens += int(batch["attention_mask"].sum())
-        report.examples += len(batch["input_ids"])
+        (loss * (weight * count / targets)).backward()
+        total += weight * loss.item() * count / targets
+        report.tokens += int(weight * batch["attention_mask"].sum())
+        report.examples += int(weight * len(batch["input_ids"]))
     report.target_tokens += local_targets
     distributed.sum_gradients([p for group in optimizer.param_groups for p in group["params"]])
     optimizer.step()
     return distributed.global_sum(total, model.device)
+
+
+def _shard_backbone(model: TokMemModel, param_groups) -> None:
+    """``TrainConfig.fsdp``: the backbone's decoder layers sharded across the launcher's processes, then moved to
+    each process's device (its GPU, or the CPU)."""
+    from tokmem.backbones import default_device
+
+    if param_groups:
+        raise TokMemError(
+            "fsdp shards a frozen backbone: weights that train inside it (LoRA, the adaptation phase) cannot be "
+            "sharded this way; adapt with one whole backbone a process"
+        )
+    device = torch.device(default_device())
+    distributed.start(device)
+    distributed.shard_layers(model.lm, device)
 
 
 def epoch_order(n: int, epochs: int, seed) -> list[int]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tokmem import distributed
 from tokmem.adapt import AdaptConfig
-from tokmem.backbones import DEFAULT_BACKBONE
+from tokmem.backbones import DEFAULT_BACKBONE, default_device, default_dtype
 from tokmem.cli.options import add_common, add_options, values
 from tokmem.data.tools import ADAPTATION_SAMPLES
 from tokmem.demo import DemoConfig
@@ -121,13 +121,21 @@ def cmd_demo(args) -> None:
 def cmd_train(args) -> None:
     from tokmem.model import create
 
-    _learn_and_save(create(args.backbone, decoupled=args.decoupled, device=args.device), args, args.out)
+    _learn_and_save(create(args.backbone, decoupled=args.decoupled, **_load_options(args)), args, args.out)
 
 
 def cmd_add(args) -> None:
     from tokmem.model import load
 
-    _learn_and_save(load(args.bank, device=args.device), args, args.out or args.bank)
+    _learn_and_save(load(args.bank, **_load_options(args)), args, args.out or args.bank)
+
+
+def _load_options(args) -> dict:
+    """Where the backbone loads: with ``--fsdp`` on the CPU first (in the dtype of the device its shards go to), so
+    that no process holds the whole backbone on its device."""
+    if not args.fsdp:
+        return {"device": args.device}
+    return {"device": "cpu", "dtype": default_dtype(default_device())}
 
 
 def cmd_adapt(args) -> None:
