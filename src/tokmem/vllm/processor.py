@@ -1,4 +1,4 @@
-"""The logits processor (vLLM V1 interface) that applies ``tokmem.decode``'s routing rules per request.
+"""The logits processor that applies ``tokmem.decode``'s routing rules per request, for both of vLLM's model runners.
 
 Each step, for every row of the batch:
   - the memory slots that are not its own bank's are masked (a request without ``tokmem_bank`` owns
@@ -8,8 +8,15 @@ Each step, for every row of the batch:
     forced procedure;
   - later, memory tokens only after a routed first token and while fewer than ``max_steps``
     (``decode.next_token_logits``'s rule: a blocked row keeps no slot at all).
-A row's state (routed or plain, memory tokens so far) is read from its output tokens, which vLLM
-shares by reference, so preempted and resumed requests carry on correctly.
+A row's state (routed or plain, memory tokens so far) is read from its output tokens, so preempted and resumed
+requests carry on correctly.
+
+vLLM 0.32 runs one of two model runners (Model Runner V2 by default on GPUs with Triton, V1 elsewhere), each
+with its own logits-processor interface, and reads the one ``--logits-processors`` name for either.  So
+``TokMemLogitsProcessor`` implements both: under V1 (``__init__(vllm_config, device, is_pin_memory)``,
+``update_state``, ``apply(logits)``) rows are batch indices and vLLM shares each request's output list; under V2
+(``__init__(vllm_config, req_states)``, ``add_request``, ``apply(logits, ctx)``) rows map to persistent request
+slots and the outputs are read from the runner's token buffer on the device.
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ import logging
 from dataclasses import dataclass
 
 import torch
-from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
+from vllm.v1.sample.logits_processor import LogitsProcessor as BatchProcessor
+from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as SlotProcessor
 
 from tokmem.decode import first_token_logits
 from tokmem.errors import TokMemError
@@ -29,13 +38,39 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Row:
-    """One TokMem request in the batch: its options, its bank's placement, and what it has generated."""
+class _Request:
+    """One TokMem request: its options and its bank's placement in the slots."""
 
     options: Options
-    placement: slots.Placement | None  # None: the bank could not be placed (the row is made to end at once)
-    output: list[int]  # vLLM's live list of the request's output tokens
+    placement: slots.Placement | None  # None: the bank could not be placed (the request is made to end at once)
     forced: int = -1  # the forced procedure's slot, or -1
+
+    @classmethod
+    def place(cls, options: Options) -> _Request:
+        """The request with its bank placed; unplaced if the bank changed since the front end checked it, or the
+        slots are full (an error is logged, the request ends at once)."""
+        table, placement = slots.current(), None
+        try:
+            placement = table.acquire(options.bank)
+            forced = -1 if options.procedure is None else placement.offset + placement.bank.row(options.procedure)
+            return cls(options, placement, forced)
+        except (TokMemError, OSError) as err:
+            if placement is not None:
+                table.release(placement)
+            log.error("tokmem: the request with bank %s ends without an answer: %s", options.bank, err)
+            return cls(options, None)
+
+    def release(self) -> None:
+        if self.placement is not None:
+            slots.SlotTable.release(self.placement)
+
+
+@dataclass
+class _Row:
+    """V1: a TokMem request in a batch row and what it has generated so far."""
+
+    request: _Request
+    output: list[int]  # vLLM's live list of the request's output tokens
     seen: int = 0
     plain: bool = False
     steps: int = 0  # memory tokens generated
@@ -43,7 +78,7 @@ class _Row:
     @property
     def blocked(self) -> bool:
         """No memory token at the next position: answered as the plain backbone, or ``max_steps`` reached."""
-        return self.seen > 0 and (self.plain or self.steps >= self.options.max_steps)
+        return self.seen > 0 and (self.plain or self.steps >= self.request.options.max_steps)
 
     def catch_up(self, vocab: int) -> None:
         new = self.output[self.seen :]
@@ -53,8 +88,24 @@ class _Row:
         self.seen = len(self.output)
 
 
-class TokMemLogitsProcessor(LogitsProcessor):
-    """Selected per request by ``SamplingParams.extra_args`` (see ``tokmem.vllm.options``)."""
+@dataclass
+class _State:
+    """Per batch row: at its first output position (host); the slots it may emit, ``[offset, end)`` (empty where
+    memory is blocked); the open-set threshold; the forced memory id (-1: none); and the rows whose bank could not
+    be placed (host)."""
+
+    first: torch.Tensor
+    offset: torch.Tensor
+    end: torch.Tensor
+    threshold: torch.Tensor
+    forced: torch.Tensor
+    widest: int  # the most slots a row keeps
+    unplaced: list[int]
+
+
+class TokMemLogitsProcessor(BatchProcessor, SlotProcessor):
+    """Selected per request by ``SamplingParams.extra_args`` (see ``tokmem.vllm.options``); both runners' interfaces
+    (see the module's docstring)."""
 
     @classmethod
     def validate_params(cls, sampling_params) -> None:
@@ -63,11 +114,14 @@ class TokMemLogitsProcessor(LogitsProcessor):
         if options is not None:
             options.check_bank()
 
-    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
+    def __init__(self, vllm_config, *runner_args):
         self.vocab = vllm_config.model_config.get_vocab_size()
         self.eos = _eos_ids(vllm_config)
-        self.rows: dict[int, _Row] = {}  # batch index -> TokMem request
+        self.rows: dict[int, _Row] = {}  # V1: batch index -> TokMem request
+        self.requests: dict[int, _Request] = {}  # V2: request slot -> TokMem request
+        self.req_states = runner_args[0] if len(runner_args) == 1 else None  # V2's request state
 
+    # ---- V1 ------------------------------------------------------------------------------------------------
     def is_argmax_invariant(self) -> bool:
         return False
 
@@ -84,7 +138,7 @@ class TokMemLogitsProcessor(LogitsProcessor):
             self._drop(index)
             options = Options.from_extra_args(params.extra_args)
             if options is not None:
-                self.rows[index] = self._new_row(options, output)
+                self.rows[index] = _Row(_Request.place(options), output)
         for a, b, direction in update.moved:
             row_a, row_b = self.rows.pop(a, None), self.rows.pop(b, None)
             if row_a is not None:
@@ -92,59 +146,97 @@ class TokMemLogitsProcessor(LogitsProcessor):
             if direction == MoveDirectionality.SWAP and row_b is not None:
                 self.rows[a] = row_b
             elif row_b is not None:
-                _release(row_b)
+                row_b.request.release()
 
     def _drop(self, index: int) -> None:
         row = self.rows.pop(index, None)
         if row is not None:
-            _release(row)
+            row.request.release()
 
-    @staticmethod
-    def _new_row(options: Options, output: list[int]) -> _Row:
-        """The request's row with its bank placed in the slots; unplaced if the bank changed since the front end
-        checked it, or the slots are full (an error is logged, the request ends at once)."""
-        table, placement = slots.current(), None
-        try:
-            placement = table.acquire(options.bank)
-            forced = -1 if options.procedure is None else placement.offset + placement.bank.row(options.procedure)
-            return _Row(options, placement, output, forced)
-        except (TokMemError, OSError) as err:
-            if placement is not None:
-                table.release(placement)
-            log.error("tokmem: the request with bank %s ends without an answer: %s", options.bank, err)
-            return _Row(options, None, output)
+    def _batch_state(self, batch: int) -> _State:
+        rows = [self.rows.get(i) for i in range(batch)]
+        placed = [row if row is not None and row.request.placement is not None else None for row in rows]
+        offset = torch.tensor([row.request.placement.offset if row else 0 for row in placed])
+        count = torch.tensor([row.request.placement.rows if row and not row.blocked else 0 for row in placed])
+        return _State(
+            torch.tensor([bool(row) and row.seen == 0 for row in placed]),
+            offset,
+            offset + count,
+            torch.tensor([row.request.options.threshold if row else 0.0 for row in placed]),
+            torch.tensor(
+                [self.vocab + row.request.forced if row and row.request.forced >= 0 else -1 for row in placed]
+            ),
+            int(count.max()) if batch else 0,
+            [i for i, row in self.rows.items() if row.request.placement is None and i < batch],
+        )
 
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+    # ---- Model Runner V2 -------------------------------------------------------------------------------------
+    def add_request(self, req_idx: int, sampling_params) -> bool:
+        """Every request is processed: one without a bank still has every memory slot masked."""
+        previous = self.requests.pop(req_idx, None)  # the slot's earlier request has finished
+        if previous is not None:
+            previous.release()
+        options = Options.from_extra_args(sampling_params.extra_args)
+        if options is not None:
+            self.requests[req_idx] = _Request.place(options)
+        return True
+
+    def _slot_state(self, batch: int, ctx) -> _State:
+        """The state from each request's tokens: its output so far is ``all_token_ids[slot, prompt_len:pos]``
+        and the token fed at ``pos`` (``ctx.input_ids``), read on the device; whether a row is at its first
+        position and how long its output is are known on the host (``seq_lens_upper_bound_np``, exact without
+        speculative decoding, which is refused)."""
+        if batch != len(ctx.idx_mapping_np):
+            raise TokMemError("tokmem: speculative decoding (several logits rows a request) is not supported")
+        requests = [self.requests.get(int(slot)) for slot in ctx.idx_mapping_np]
+        placed = [r if r is not None and r.placement is not None else None for r in requests]
+        made = torch.as_tensor(ctx.seq_lens_upper_bound_np - self.req_states.prompt_len.np[ctx.idx_mapping_np])
+        offset = torch.tensor([r.placement.offset if r else 0 for r in placed])
+        count = torch.tensor([r.placement.rows if r else 0 for r in placed])
+        blocked = self._blocked(ctx, made, torch.tensor([r.options.max_steps if r else 1 for r in placed]))
+        return _State(
+            torch.tensor([bool(r) for r in placed]) & (made <= 0),
+            offset,
+            offset.to(blocked.device) + count.to(blocked.device) * ~blocked,
+            torch.tensor([r.options.threshold if r else 0.0 for r in placed]),
+            torch.tensor([self.vocab + r.forced if r and r.forced >= 0 else -1 for r in placed]),
+            int(count.max()) if batch else 0,
+            [i for i, r in enumerate(requests) if r is not None and r.placement is None],
+        )
+
+    def _blocked(self, ctx, made: torch.Tensor, max_steps: torch.Tensor) -> torch.Tensor:
+        """Per row, on the device: memory blocked at the next position (a plain first output token, or
+        ``max_steps`` memory tokens so far); rows with no output yet are not blocked."""
+        device = ctx.input_ids.device
+        width = max(int(made.max()) - 1, 1) if len(made) else 1  # host values: no device sync
+        made = made.to(device)
+        start = torch.as_tensor(self.req_states.prompt_len.np[ctx.idx_mapping_np], device=device).unsqueeze(-1)
+        steps = torch.arange(width, device=device)
+        earlier = steps < (made - 1).unsqueeze(-1)  # outputs before the one fed now
+        columns = (start + steps).clamp(max=self.req_states.all_token_ids.gpu.shape[1] - 1)
+        history = self.req_states.all_token_ids.gpu[ctx.idx_mapping.unsqueeze(-1), columns]
+        last = ctx.input_ids
+        memory = ((history >= self.vocab) & earlier).sum(-1) + (last >= self.vocab).long()
+        first = torch.where(made > 1, history[:, 0], last)
+        return (made > 0) & ((first < self.vocab) | (memory >= max_steps.to(device)))
+
+    # ---- both ----------------------------------------------------------------------------------------------
+    def apply(self, logits: torch.Tensor, ctx=None) -> torch.Tensor:
         """Each row keeps only the slots ``[offset, end)``: its bank's, or none where memory is blocked
         (``decode.next_token_logits``'s rule, folded into the range so the whole batch costs one in-place mask);
         rows at their first position then get ``decode.first_token_logits``."""
-        state = self._state(len(logits))
-        offset, end, threshold, forced = (t.to(logits.device, non_blocking=True) for t in state[1:])
-        _keep_slots(
-            logits[:, self.vocab :], offset, end - offset, int((state[2] - state[1]).max()) if len(logits) else 0
+        state = self._batch_state(len(logits)) if ctx is None else self._slot_state(len(logits), ctx)
+        offset, end, threshold, forced = (
+            t.to(logits.device, non_blocking=True) for t in (state.offset, state.end, state.threshold, state.forced)
         )
-        if state[0].any():  # rows at their first position (checked on the host: the state is built there)
-            at = state[0].nonzero().squeeze(-1).to(logits.device)
+        _keep_slots(logits[:, self.vocab :], offset, end - offset, state.widest)
+        if state.first.any():  # rows at their first position (known on the host)
+            at = state.first.nonzero().squeeze(-1).to(logits.device)
             logits[at] = first_token_logits(logits[at], self.vocab, threshold[at], end[at] > offset[at], forced[at])[0]
-        return self._end_unplaced(logits)
+        return self._end_unplaced(logits, state.unplaced)
 
-    def _state(self, batch: int) -> tuple[torch.Tensor, ...]:
-        """Per batch row: at the first position; the slots it may emit, ``[offset, end)`` (empty where memory is
-        blocked: no bank placed, open set, or ``max_steps`` reached); threshold; forced memory id (-1: none)."""
-        rows = [self.rows.get(i) for i in range(batch)]
-        rows = [row if row is not None and row.placement is not None else None for row in rows]
-        offsets = [row.placement.offset if row else 0 for row in rows]
-        return (
-            torch.tensor([bool(row) and row.seen == 0 for row in rows]),
-            torch.tensor(offsets),
-            torch.tensor([o + (row.placement.rows if row and not row.blocked else 0) for o, row in zip(offsets, rows)]),
-            torch.tensor([row.options.threshold if row else 0.0 for row in rows]),
-            torch.tensor([self.vocab + row.forced if row and row.forced >= 0 else -1 for row in rows]),
-        )
-
-    def _end_unplaced(self, logits: torch.Tensor) -> torch.Tensor:
+    def _end_unplaced(self, logits: torch.Tensor, unplaced: list[int]) -> torch.Tensor:
         """Rows whose bank could not be placed may only end (EOS): an empty answer, never a wrong one."""
-        unplaced = [i for i, row in self.rows.items() if row.placement is None and i < len(logits)]
         if unplaced and self.eos:
             keep = logits[unplaced][:, self.eos].clone()
             logits[unplaced] = float("-inf")
@@ -163,11 +255,6 @@ def _keep_slots(memory: torch.Tensor, offset: torch.Tensor, count: torch.Tensor,
     kept = memory.gather(1, index).masked_fill((count == 0).unsqueeze(-1), float("-inf"))
     memory.fill_(float("-inf"))
     memory.scatter_(1, index, kept)
-
-
-def _release(row: _Row) -> None:
-    if row.placement is not None:
-        slots.SlotTable.release(row.placement)
 
 
 def _eos_ids(vllm_config) -> list[int]:
