@@ -31,7 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tokmem import TrainConfig, create, load_backbone
 from tokmem.data.builtin import demo_dataset
-from tokmem.sequences import collate, encode
+from tokmem.sequences import collate, encode, to_device
 from tokmem.report import console, machine, write_json
 from tokmem.train import example_order, step_context
 
@@ -48,13 +48,7 @@ def batches(model, batch_size: int, count: int, length_grouped: bool) -> list[di
     order = example_order([len(e.input_ids) for e in encoded], config)[: batch_size * count]
     chunks = [[encoded[i] for i in order[j : j + batch_size]] for j in range(0, len(order), batch_size)]
     device = model.device
-    return [
-        {
-            k: v.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else v
-            for k, v in collate(chunk, tokenizer.pad_token_id).items()
-        }
-        for chunk in chunks
-    ]
+    return [to_device(collate(chunk, tokenizer.pad_token_id), device) for chunk in chunks]
 
 
 def tokmem_step(model):

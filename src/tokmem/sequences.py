@@ -257,6 +257,13 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """A collated batch on ``device``; on a GPU from pinned host memory, so the copy does not block the host."""
+    if device.type != "cuda":
+        return {k: v.to(device) for k, v in batch.items()}
+    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+
+
 def collate(encoded: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad a batch into input_ids, attention_mask and labels."""
     width = max(len(e.input_ids) for e in encoded)

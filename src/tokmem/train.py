@@ -20,7 +20,7 @@ from tokmem import distributed
 from tokmem.config import option
 from tokmem.data.procedures import Example, tool_procedures
 from tokmem.errors import TokMemError
-from tokmem.sequences import RESULT_TOKENS, Encoded, TruncationCount, collate, encode
+from tokmem.sequences import RESULT_TOKENS, Encoded, TruncationCount, collate, encode, to_device
 from tokmem.model import TokMemModel
 
 
@@ -297,7 +297,7 @@ def _step(model, optimizer, chunk, config, report, filler: Encoded) -> float:
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for batch, weight in zip(batches, weights):
-        batch = {k: v.to(model.device) for k, v in batch.items()}
+        batch = to_device(batch, model.device)
         with step_context(model.device, config.bf16):
             loss, count = model.loss(batch)
         (loss * (weight * count / targets)).backward()
