@@ -103,7 +103,7 @@ def test_fine_tuning_answers_each_step_with_one_call_at_most(backbone):
     assert len(predicted) == 2 and all(len(p) <= len(e.steps) for p, e in zip(predicted, examples))
 
 
-def test_the_loop_scores_have_per_step_and_end_to_end_f1_by_number_of_calls(backbone):
+def test_the_loop_scores_have_per_step_and_end_to_end_f1_by_number_of_calls_and_every_records_answers(backbone):
     examples = [chain(), chain("Rent another car.")]
     method = TokMem(backbone, max_steps=2, max_new_tokens=6)
     method.learn(examples)
@@ -111,7 +111,7 @@ def test_the_loop_scores_have_per_step_and_end_to_end_f1_by_number_of_calls(back
     for part in ("step", "end_to_end"):
         assert set(scores[part]) == {"tool_f1", "arg_f1", "call_f1"}
         assert all(set(scores[part][m]) == {"2", "avg"} and 0 <= scores[part][m]["avg"] <= 100 for m in scores[part])
-    assert scores["samples"][0]["gold"] == [s.response for s in examples[0].steps]
+    assert [sample["gold"] for sample in scores["samples"]] == [[s.response for s in e.steps] for e in examples]
 
 
 def test_tokmem_per_step_calls_a_tool_of_its_bank_at_every_step(backbone):

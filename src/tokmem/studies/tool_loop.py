@@ -168,7 +168,7 @@ def loop_predictions(
 
 def loop_scores(method: Method, examples: list[Example], max_calls: int, result_tokens: int, bar) -> dict:
     """``{"step": scores, "end_to_end": scores}`` (``score_calls``: tool / argument / call F1 by number of calls)
-    and a few answers of each to read."""
+    and every record's answers, to read what fails (a few dozen records: small)."""
     bar.phase(f"{method.name}: answering {len(examples)} records step by step", len(examples))
     steps = step_predictions(method, examples, result_tokens, bar)
     bar.phase(f"{method.name}: running {len(examples)} records end to end", len(examples))
@@ -178,6 +178,6 @@ def loop_scores(method: Method, examples: list[Example], max_calls: int, result_
         "end_to_end": score_calls(examples, loops),
         "samples": [
             {"query": e.query, "gold": [s.response for s in e.steps], "step": p, "end_to_end": q}
-            for e, p, q in list(zip(examples, steps, loops))[:3]
+            for e, p, q in zip(examples, steps, loops)
         ],
     }
