@@ -104,7 +104,7 @@ def test_fine_tuning_answers_each_step_with_one_call_at_most(backbone):
 
 
 def test_the_loop_scores_have_per_step_and_end_to_end_f1_by_number_of_calls_and_every_records_answers(backbone):
-    examples = [chain(), chain("Rent another car.")]
+    examples = [chain(), *(chain(f"Rent car number {k}.") for k in range(2, 5))]
     method = TokMem(backbone, max_steps=2, max_new_tokens=6)
     method.learn(examples)
     scores = loop_scores(method, examples, max_calls=2, result_tokens=256, bar=progress_bar(False))
