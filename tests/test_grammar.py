@@ -89,7 +89,9 @@ def test_batched_schema_bound_generation_equals_one_query_at_a_time(tool_model):
 
 def test_each_row_is_masked_by_its_own_tools_grammar_and_memory_tokens_wait_for_the_json_to_close(tool_model):
     vocab, eos = tool_model.vocab_size, tool_model.backbone.eos_token_id
-    grammar = ArgumentGrammar(grammars_for(tool_model.backbone.tokenizer, vocab), [tool_model.bank.schemas] * 3, eos)
+    grammar = ArgumentGrammar(
+        grammars_for(tool_model.backbone.tokenizer, vocab), [tool_model.bank.schemas] * 3, eos, [True] * 3
+    )
     grammar.advance(torch.tensor([vocab + 0, vocab + 1, vocab + 2]))  # city, count, free (no schema)
     logits = grammar.constrain(torch.zeros(3, vocab + 3))
     brace = tool_model.backbone.tokenizer.convert_tokens_to_ids("{")
@@ -106,3 +108,16 @@ def test_decoding_schema_forbids_extra_keys_and_accepts_references_to_earlier_re
     schema = decoding_schema(COUNT)
     assert schema["additionalProperties"] is False and schema["required"] == ["n", "unit"]
     assert schema["properties"]["n"]["anyOf"] == [COUNT["properties"]["n"], REFERENCE]
+    assert decoding_schema(COUNT, references=False)["properties"]["n"] == COUNT["properties"]["n"]
+
+
+def test_a_row_without_references_must_write_a_value_where_a_row_with_them_may_start_one(tool_model):
+    vocab, eos, tokenizer = tool_model.vocab_size, tool_model.backbone.eos_token_id, tool_model.backbone.tokenizer
+    grammar = ArgumentGrammar(grammars_for(tokenizer, vocab), [tool_model.bank.schemas] * 2, eos, [True, False])
+    grammar.advance(torch.tensor([vocab + 1, vocab + 1]))  # count: {"n": integer, …}
+    for token in tokenizer('{"n":', add_special_tokens=False)["input_ids"]:
+        grammar.advance(torch.tensor([token, token]))
+    allowed = grammar.constrain(torch.zeros(2, vocab + 3)) > float("-inf")
+    quote, digit = tokenizer.convert_tokens_to_ids('"'), tokenizer.convert_tokens_to_ids("7")
+    assert allowed[0, quote] and allowed[0, digit]  # "$var1.n$" or a number
+    assert not allowed[1, quote] and allowed[1, digit]  # a number only

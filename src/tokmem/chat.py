@@ -82,7 +82,7 @@ def chat(
     cache = cache if cache is not None else ChatCache()
     ids = conversation_ids(model, messages, result_tokens)
     allowed, forced, threshold = tool_routing(model, tools, tool_choice, config.threshold)
-    config = replace(config, threshold=threshold)
+    config = replace(config, threshold=threshold, references=False)  # results are in context: arguments are values
     new, kv = _reuse(model, cache, ids)
     mask = torch.ones(1, len(ids), dtype=torch.long, device=model.device)
     generator = torch.Generator(device=model.device).manual_seed(config.seed)

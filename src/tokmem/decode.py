@@ -47,6 +47,11 @@ class DecodeConfig:
         False, "end an answer at its first blank line after some text (prompted answers' separator)"
     )
     schema: bool = option(True, "decode a tool's arguments under its JSON schema, where the bank has one")
+    references: bool = option(
+        True,
+        'let a schema-bound argument be a reference to an earlier call\'s result ("$var1.path$", the NESTFUL '
+        "convention of chains written without results; tokmem.chat, which has results in context, never does)",
+    )
 
 
 @dataclass
@@ -313,7 +318,10 @@ def argument_grammar(model: TokMemModel, rows: int, config: DecodeConfig):
 
     tokenizer = model.backbone.tokenizer
     return ArgumentGrammar(
-        grammars_for(tokenizer, model.vocab_size), [model.bank.schemas] * rows, model.backbone.eos_token_id
+        grammars_for(tokenizer, model.vocab_size),
+        [model.bank.schemas] * rows,
+        model.backbone.eos_token_id,
+        [config.references] * rows,
     )
 
 

@@ -8,7 +8,9 @@ The arguments are compact JSON (``arguments_json``: no spaces), keys in the sche
 out so: ``data.procedures.schema_order``), no key the schema lacks; required keys, types and enums as the schema
 says.  (xgrammar's ``any_order`` would accept the data's own key order, but then lets calls without a required key
 through.)  An argument may also be a reference to an earlier call's result, ``"$var1.path$"`` (the NESTFUL
-convention the training data keeps), whatever its type.
+convention of chains written without results), whatever its type, where the row allows it: ``tokmem.generate``'s
+rows (a chain in one go, results unknown) do, a conversation's (``tokmem.chat``: results in context, so arguments
+are values) do not.
 
 ``ArgumentGrammar`` is pure over token ids and logits, so any decoding loop (``decode``, the server's engine)
 can use it: ``advance(tokens)`` after each step, ``constrain(logits)`` before each pick.  While a row's JSON is
@@ -38,11 +40,13 @@ ANY_ITEM = {
 _BITS = torch.arange(32, dtype=torch.int32)
 
 
-def decoding_schema(parameters: dict) -> dict:
-    """The schema arguments decode under: ``parameters`` with no extra keys, and each argument also accepting
-    a reference to an earlier result (``REFERENCE``).  An array argument without ``items`` gets ``ANY_ITEM``."""
+def decoding_schema(parameters: dict, references: bool = True) -> dict:
+    """The schema arguments decode under: ``parameters`` with no extra keys, and with ``references`` each argument
+    also accepting a reference to an earlier result (``REFERENCE``).  An array argument without ``items`` gets
+    ``ANY_ITEM``."""
     properties = {
-        name: {"anyOf": [_with_items(spec), REFERENCE]} for name, spec in parameters.get("properties", {}).items()
+        name: {"anyOf": [_with_items(spec), REFERENCE]} if references else _with_items(spec)
+        for name, spec in parameters.get("properties", {}).items()
     }
     return {
         "type": "object",
@@ -67,12 +71,15 @@ class Grammars:
         self.compiler = xgrammar.GrammarCompiler(info, max_threads=1)
         self.compiled: dict[str, xgrammar.CompiledGrammar] = {}
 
-    def matcher(self, parameters: dict) -> xgrammar.GrammarMatcher:
-        """A fresh matcher for arguments under the tool schema ``parameters``."""
-        key = json.dumps(parameters, sort_keys=True)
+    def matcher(self, parameters: dict, references: bool = True) -> xgrammar.GrammarMatcher:
+        """A fresh matcher for arguments under the tool schema ``parameters`` (``decoding_schema``)."""
+        key = json.dumps([parameters, references], sort_keys=True)
         if key not in self.compiled:
             self.compiled[key] = self.compiler.compile_json_schema(
-                decoding_schema(parameters), any_whitespace=False, separators=(",", ":"), strict_mode=False
+                decoding_schema(parameters, references),
+                any_whitespace=False,
+                separators=(",", ":"),
+                strict_mode=False,
             )
         return xgrammar.GrammarMatcher(self.compiled[key])
 
@@ -92,26 +99,31 @@ class ArgumentGrammar:
     """Per decoded row, the matcher of the tool arguments it is writing (None: unconstrained).
 
     ``schemas[i][r]`` is, for decoded row i, its bank row r's tool schema, or None (a text row, or a tool without
-    one: decoded as before); rows of one batch may use different banks (the server's engine).  ``select`` and
-    ``join`` follow the rows as they leave and join a running batch.
+    one: decoded as before); rows of one batch may use different banks (the server's engine).  ``references[i]``:
+    whether row i's arguments may be references to earlier results (``decoding_schema``).  ``select`` and ``join``
+    follow the rows as they leave and join a running batch.
     """
 
-    def __init__(self, grammars: Grammars, schemas: list[list[dict | None]], eos: int):
-        self.grammars, self.schemas, self.eos = grammars, list(schemas), eos
+    def __init__(self, grammars: Grammars, schemas: list[list[dict | None]], eos: int, references: list[bool]):
+        self.grammars, self.schemas, self.eos, self.references = grammars, list(schemas), eos, list(references)
         self.vocab = grammars.vocab_size
         self.matchers: list[xgrammar.GrammarMatcher | None] = [None] * len(self.schemas)
         self.batch = xgrammar.BatchGrammarMatcher(max_threads=1)
 
     def select(self, keep: list[int]) -> "ArgumentGrammar":
         """The rows ``keep``, with their matchers as they are."""
-        return self._with([self.schemas[i] for i in keep], [self.matchers[i] for i in keep])
+        return self._with(
+            [self.schemas[i] for i in keep], [self.matchers[i] for i in keep], [self.references[i] for i in keep]
+        )
 
     def join(self, other: "ArgumentGrammar") -> "ArgumentGrammar":
         """These rows, then ``other``'s."""
-        return self._with(self.schemas + other.schemas, self.matchers + other.matchers)
+        return self._with(
+            self.schemas + other.schemas, self.matchers + other.matchers, self.references + other.references
+        )
 
-    def _with(self, schemas, matchers) -> "ArgumentGrammar":
-        grammar = ArgumentGrammar(self.grammars, schemas, self.eos)
+    def _with(self, schemas, matchers, references) -> "ArgumentGrammar":
+        grammar = ArgumentGrammar(self.grammars, schemas, self.eos, references)
         grammar.matchers, grammar.batch = matchers, self.batch
         return grammar
 
@@ -121,7 +133,7 @@ class ArgumentGrammar:
         for i, token in enumerate(tokens):
             if token >= self.vocab:
                 schema = self.schemas[i][token - self.vocab]
-                self.matchers[i] = None if schema is None else self.grammars.matcher(schema)
+                self.matchers[i] = None if schema is None else self.grammars.matcher(schema, self.references[i])
             elif token == self.eos:
                 self.matchers[i] = None
         fed = [i for i, token in enumerate(tokens) if token < self.vocab and self.matchers[i] is not None]

@@ -218,6 +218,7 @@ class Answers:
                 timeout=config.timeout,
                 allowed=allowed,
                 schema=body.bind_schema,
+                references=isinstance(query, str),  # a chat answers as tokmem.chat: arguments are values
             )
         )
 

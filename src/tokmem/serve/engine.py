@@ -68,6 +68,7 @@ class Request:
     ignore_eos: bool = False  # go on past EOS up to max_tokens (benchmarks: equal output lengths)
     allowed: torch.Tensor | None = None  # (bank rows,) bool: the memory rows it may use; None: every one
     schema: bool = DecodeConfig.schema  # tool arguments under their schemas, where the bank has them
+    references: bool = DecodeConfig.references  # schema-bound arguments may be references (off for a chat)
     timeout: float | None = None  # seconds from submission
 
 
@@ -241,7 +242,10 @@ def argument_grammar(requests: list[Request], always: bool = False):
         return None
     model = requests[0].bank.model
     return ArgumentGrammar(
-        grammars_for(model.backbone.tokenizer, model.vocab_size), schemas, model.backbone.eos_token_id
+        grammars_for(model.backbone.tokenizer, model.vocab_size),
+        schemas,
+        model.backbone.eos_token_id,
+        [r.references for r in requests],
     )
 
 
