@@ -6,7 +6,7 @@ import pytest
 
 from tokmem.errors import TokMemError
 from tokmem.studies.compositional import make_config
-from tokmem.studies.harness import aggregate_seeds, run_repeats
+from tokmem.studies.harness import aggregate_seeds, resumed, run_repeats
 
 
 def seed_result(seed: int, f1: float, label: str = "TokMem") -> dict:
@@ -112,3 +112,11 @@ def test_past_the_first_budget_only_the_methods_that_train_run_again(tmp_path):
         None, "main", backbone="tiny-random", tools=4, adapt_tools=2, methods=("icl",), epoch_budgets=(1, 2), seeds=(0,)
     )
     assert list(run_repeats(untrained, study, tmp_path / "u.json", ("methods",))["epoch_budgets"]) == ["1"]
+
+
+def test_a_run_saved_before_an_option_existed_resumes_when_the_option_is_at_its_default(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"study": "main", "config": {"epochs": 1}}))
+    assert resumed(path, "main", {"epochs": 1, "new_option": True}, defaults={"new_option": True}) is not None
+    with pytest.raises(TokMemError, match=r"other settings \(new_option\)"):
+        resumed(path, "main", {"epochs": 1, "new_option": False}, defaults={"new_option": True})

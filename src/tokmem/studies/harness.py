@@ -9,7 +9,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import MISSING, asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,16 +87,23 @@ def answer_all(method: Method, queries: list[str], batch_size: int, bar) -> list
 
 
 def resumed(
-    json_path, study: str, settings: dict, ignores=(), remedy: str = "drop --resume to start over"
+    json_path,
+    study: str,
+    settings: dict,
+    ignores=(),
+    remedy: str = "drop --resume to start over",
+    defaults: dict | None = None,
 ) -> dict | None:
     """The result saved in ``json_path`` to continue from, or None when there is none (or no path: not resuming).
 
-    It must be of the same ``study`` and have the same ``settings`` but for ``ignores`` (the device, …); the error
-    otherwise says what to do (``remedy``)."""
+    It must be of the same ``study`` and have the same ``settings`` but for ``ignores`` (the device, …); a setting
+    the saved run does not have (an option added since) counts as its value in ``defaults``, what the code did
+    before the option existed.  The error otherwise says what to do (``remedy``)."""
     if json_path is None or not Path(json_path).is_file():
         return None
     saved = read_json(json_path)
-    changed = [key for key in settings if key not in ignores and saved.get("config", {}).get(key) != settings[key]]
+    before = {**(defaults or {}), **saved.get("config", {})}
+    changed = [key for key in settings if key not in ignores and before.get(key) != settings[key]]
     if saved.get("study") != study or changed:
         raise TokMemError(
             f"cannot resume {json_path}: it was run with other settings ({', '.join(changed) or 'another study'}); "
@@ -195,8 +202,14 @@ def _finished_run(config, path: Path) -> dict | None:
     saved = read_json(path) if path.is_file() else {}
     if not saved.get("finished"):
         return None
+    defaults = {f.name: f.default for f in fields(config) if f.default is not MISSING}
     return resumed(
-        path, saved["study"], _settings(config), RUN_IGNORES, "remove that run file, or choose another --json"
+        path,
+        saved["study"],
+        _settings(config),
+        RUN_IGNORES,
+        "remove that run file, or choose another --json",
+        json.loads(json.dumps(defaults)),
     )
 
 
