@@ -105,7 +105,7 @@ def v2_context(req_states, tokens, order: list[int], lengths: list[int]):
     """The step's context for request slots in batch ``order``, each holding ``lengths[slot]`` tokens."""
     seq = np.array([lengths[slot] for slot in order], dtype=np.int32)
     return types.SimpleNamespace(
-        idx_mapping=torch.tensor(order),
+        idx_mapping=torch.tensor(order, dtype=torch.int32),  # as the runner keeps it
         idx_mapping_np=np.array(order),
         seq_lens_upper_bound_np=seq,
         input_ids=torch.stack([tokens[slot, lengths[slot] - 1] for slot in order]).long(),

@@ -214,7 +214,7 @@ class TokMemLogitsProcessor(BatchProcessor, SlotProcessor):
         steps = torch.arange(width, device=device)
         earlier = steps < (made - 1).unsqueeze(-1)  # outputs before the one fed now
         columns = (start + steps).clamp(max=self.req_states.all_token_ids.gpu.shape[1] - 1)
-        history = self.req_states.all_token_ids.gpu[ctx.idx_mapping.unsqueeze(-1), columns]
+        history = self.req_states.all_token_ids.gpu[ctx.idx_mapping.long().unsqueeze(-1), columns]
         last = ctx.input_ids
         memory = ((history >= self.vocab) & earlier).sum(-1) + (last >= self.vocab).long()
         first = torch.where(made > 1, history[:, 0], last)
