@@ -100,12 +100,7 @@ def _encode_shared_prefix(model: TokMemModel, prompts: list[list[int]]) -> Dynam
     shared = os.path.commonprefix(prompts)[: min(map(len, prompts)) - 1]
     if not shared:
         return None
-    ids = torch.tensor([shared], device=model.device)
-    mask = torch.ones_like(ids)
-    _, cache = model.hidden(
-        ids, mask, positions(mask), DynamicCache(config=model.lm.config), model.memory_matrices()[1]
-    )
-    return cache
+    return model.prefix_cache(torch.tensor([shared], device=model.device))
 
 
 def pad_queries(model: TokMemModel, queries: list[str]):

@@ -111,6 +111,12 @@ class TokMemModel(nn.Module):
         )
         return out.last_hidden_state, out.past_key_values
 
+    def prefix_cache(self, ids: torch.Tensor, steer: torch.Tensor | None = None) -> DynamicCache:
+        """The KV cache of one row of ids (1, s) that every row of a batch starts with: encoded once, then repeated
+        for the batch's rows (training) or copied into each batch (``decode.generate``)."""
+        mask = torch.ones_like(ids)
+        return self.hidden(ids, mask, positions(mask), DynamicCache(config=self.lm.config), steer)[1]
+
     def loss(self, batch: dict) -> tuple[torch.Tensor, int]:
         """Mean next-token loss over labelled positions only (memory, response and EOS tokens).
 
@@ -162,10 +168,8 @@ class TokMemModel(nn.Module):
         rows, width = len(prefix), shared.shape[1]
         shared_mask = prefix_mask.new_ones(rows, width)
         with torch.no_grad():
-            cache = DynamicCache(config=self.lm.config)
-            if width:
-                _, cache = self.hidden(shared, shared_mask[:1], positions(shared_mask[:1]), cache, steer.detach())
-                cache.batch_repeat_interleave(rows)
+            cache = self.prefix_cache(shared, steer.detach()) if width else DynamicCache(config=self.lm.config)
+            cache.batch_repeat_interleave(rows)
             mask = torch.cat([shared_mask, prefix_mask], dim=-1)
             routing, cache = self.hidden(prefix, mask, width + positions(prefix_mask), cache, steer.detach())
         position_ids = width + prefix_mask.sum(-1, keepdim=True) + positions(suffix_mask)
