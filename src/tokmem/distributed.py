@@ -100,8 +100,8 @@ def shard_layers(lm: torch.nn.Module, device: torch.device) -> None:
 
     from tokmem.errors import TokMemError
 
-    layers = getattr(lm.base_model, "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
+    layers = _decoder_layers(lm)
+    if layers is None:
         raise TokMemError(
             f"fsdp: cannot find the decoder layers of {type(lm).__name__} (expected base_model.layers, as in Llama, "
             "Qwen2 and Mistral models)"
@@ -116,8 +116,14 @@ def layers_sharded(lm: torch.nn.Module) -> bool:
     """Whether ``shard_layers`` sharded ``lm``'s decoder layers."""
     from torch.distributed.fsdp import FSDPModule
 
+    layers = _decoder_layers(lm)
+    return layers is not None and isinstance(layers[0], FSDPModule)
+
+
+def _decoder_layers(lm: torch.nn.Module) -> torch.nn.ModuleList | None:
+    """The causal LM's decoder layers (``base_model.layers``, as in Llama, Qwen2 and Mistral), or None."""
     layers = getattr(lm.base_model, "layers", None)
-    return isinstance(layers, torch.nn.ModuleList) and len(layers) > 0 and isinstance(layers[0], FSDPModule)
+    return layers if isinstance(layers, torch.nn.ModuleList) and len(layers) else None
 
 
 def sum_gradients(parameters: list[torch.nn.Parameter]) -> None:
