@@ -2,6 +2,7 @@
 reused across turns."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from helpers import random_rows
@@ -157,3 +158,43 @@ def test_run_tools_gives_each_call_to_the_executor_and_its_result_back_until_an_
     assert [r["tool_call_id"] for r in results] == [c["id"] for c in calls]
     assert [r["content"] for r in results] == [f"result {k}" for k in range(1, len(seen) + 1)]
     assert sum(m["role"] == "assistant" for m in conversation) <= 3
+
+
+MANY = [CONVERSATION[:1], CONVERSATION[:3], CONVERSATION, FOLLOW_UP, [{"role": "user", "content": "Count to 3."}]]
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "auto"])
+def test_conversations_answered_together_get_the_answers_each_gets_alone(model, tool_choice):
+    config = replace(CONFIG, batch_size=3)  # two batches, of three and two conversations of different lengths
+    together = tokmem.chat_batch(model, MANY, tool_choice=tool_choice, config=config)
+    assert together == [tokmem.chat(model, messages, tool_choice=tool_choice, config=CONFIG) for messages in MANY]
+    assert any(reply.tool_calls for reply in together)
+
+
+def test_caches_filled_together_hold_each_conversation_and_answer_and_serve_the_next_turn(model):
+    starts = [CONVERSATION[:1], [{"role": "user", "content": "Count to 3."}]]
+    caches = [ChatCache(), ChatCache()]
+    first = tokmem.chat_batch(model, starts, tool_choice="required", config=CONFIG, caches=caches)
+    for cache, messages, reply in zip(caches, starts, first):
+        answer = [model.memory_id(c.name) for c in reply.tool_calls]
+        assert cache.ids[: len(conversation_ids(model, messages)) + 1] == conversation_ids(model, messages) + answer[:1]
+        assert cache.kv.get_seq_length() == len(cache.ids)  # the padding of the batch left out
+    nexts = [
+        [
+            *messages,
+            reply.message,
+            *({"role": "tool", "tool_call_id": c.id, "content": "done"} for c in reply.tool_calls),
+        ]
+        for messages, reply in zip(starts, first)
+    ]
+    held = [len(cache.ids) for cache in caches]
+    second = tokmem.chat_batch(model, nexts, config=CONFIG, caches=caches)
+    assert [c.prefilled for c in caches] == [len(conversation_ids(model, m)) - n for m, n in zip(nexts, held)]
+    assert second == tokmem.chat_batch(model, nexts, config=CONFIG)
+    mixed = [ChatCache(), caches[1]]  # one conversation new, one held: the new one's cache columns are all padding
+    assert tokmem.chat_batch(model, nexts, config=CONFIG, caches=mixed) == second and mixed[0].prefilled > 0
+
+
+def test_a_bad_conversation_in_a_batch_is_refused_naming_it(model):
+    with pytest.raises(DataError, match=r"conversations\[1\]: messages\[1\]: no 'tool' message answers"):
+        tokmem.chat_batch(model, [CONVERSATION[:1], CONVERSATION[:2]])

@@ -5,7 +5,7 @@ from importlib.metadata import version as _version
 from tokmem.adapt import AdaptConfig, adapt
 from tokmem.backbones import Backbone, load_backbone
 from tokmem.bank import MemoryBank
-from tokmem.chat import ChatCache, Reply, ToolCall, chat, run_tools
+from tokmem.chat import ChatCache, Reply, ToolCall, chat, chat_batch, run_tools
 from tokmem.data import Example, Step, load_catalog, load_examples
 from tokmem.decode import DecodeConfig, Generation, Route, generate, route
 from tokmem.errors import BackboneError, BankError, DataError, TokMemError
@@ -35,6 +35,7 @@ __all__ = [
     "TrainReport",
     "adapt",
     "chat",
+    "chat_batch",
     "create",
     "generate",
     "learn",

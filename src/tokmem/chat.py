@@ -27,7 +27,7 @@ import torch
 from transformers import DynamicCache
 
 from tokmem.data.procedures import arguments_json, schema_order
-from tokmem.decode import DecodeConfig, decode_rows, to_generation
+from tokmem.decode import DecodeConfig, decode_rows, left_pad, left_pad_columns, to_generation
 from tokmem.errors import DataError
 from tokmem.sequences import RESULT_TOKENS, chat_prefix, result_ids, user_turn_ids
 from tokmem.model import TokMemModel
@@ -78,27 +78,120 @@ def chat(
     result_tokens: int = RESULT_TOKENS,
 ) -> Reply:
     """The assistant's next turn: text, or tool calls.  ``cache``: reuse (and update) a conversation's KV cache."""
-    config = config or DecodeConfig()
-    cache = cache if cache is not None else ChatCache()
     ids = conversation_ids(model, messages, result_tokens)
+    cache = cache if cache is not None else ChatCache()
+    return _answer(model, [ids], [len(messages)], [cache], tools, tool_choice, config)[0]
+
+
+@torch.no_grad()
+def chat_batch(
+    model: TokMemModel,
+    conversations: list[list[dict]],
+    tools=None,
+    tool_choice="auto",
+    config: DecodeConfig | None = None,
+    caches: list[ChatCache] | None = None,
+    result_tokens: int = RESULT_TOKENS,
+) -> list[Reply]:
+    """The next turn of several conversations, decoded together (``config.batch_size`` at a time; each its own
+    schemas), as ``chat`` answers each alone.  ``tools`` and ``tool_choice`` apply to every one; ``caches``: one per
+    conversation, reused and updated as ``chat``'s.  A bad conversation is a ``DataError`` naming it."""
+    caches = caches if caches is not None else [ChatCache() for _ in conversations]
+    if len(caches) != len(conversations):
+        raise ValueError(f"{len(conversations)} conversations but {len(caches)} caches")
+    ids = [_conversation_ids(model, messages, result_tokens, k) for k, messages in enumerate(conversations)]
+    size = (config or DecodeConfig()).batch_size
+    return [
+        reply
+        for first in range(0, len(ids), size)
+        for reply in _answer(
+            model,
+            ids[first : first + size],
+            [len(messages) for messages in conversations[first : first + size]],
+            caches[first : first + size],
+            tools,
+            tool_choice,
+            config,
+        )
+    ]
+
+
+def _conversation_ids(model: TokMemModel, messages: list[dict], result_tokens: int, k: int) -> list[int]:
+    try:
+        return conversation_ids(model, messages, result_tokens)
+    except DataError as error:
+        raise DataError(f"conversations[{k}]: {error}") from None
+
+
+def _answer(model, ids, turns, caches, tools, tool_choice, config) -> list[Reply]:
+    """Decode the next turn of conversations laid out as ``ids`` (``turns``: their numbers of messages) in one batch,
+    each on what its cache holds; every cache is updated to its conversation and answer."""
+    config = config or DecodeConfig()
     allowed, forced, threshold = tool_routing(model, tools, tool_choice, config.threshold)
     config = replace(config, threshold=threshold, references=False)  # results are in context: arguments are values
-    new, kv = _reuse(model, cache, ids)
-    mask = torch.ones(1, len(ids), dtype=torch.long, device=model.device)
+    new, mask, kv = _batch_cache(model, caches, ids)
+    rows = len(ids)
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
-    rows, _, plain, kv = decode_rows(
+    answers, _, plain, kv, mask = decode_rows(
         model,
-        torch.tensor([new], device=model.device),
+        new,
         mask,
         kv,
         config,
-        torch.tensor([forced], device=model.device),
+        torch.full((rows,), forced, device=model.device),
         generator,
-        allowed.unsqueeze(0),
+        allowed.expand(rows, -1),
     )
-    tokens = rows[0]
-    cache.ids, cache.kv, cache.prefilled = ids + tokens[:-1], kv, len(new)
-    return reply_from(model, tokens, bool(plain[0]), len(messages))
+    replies = []
+    for i, (cache, tokens) in enumerate(zip(caches, answers)):
+        tokens = _up_to_eos(tokens, model.backbone.eos_token_id)
+        cache.ids, cache.kv = (ids[i] + tokens)[: int(mask[i].sum())], _row_cache(model, kv, mask[i], i)
+        replies.append(reply_from(model, tokens, bool(plain[i]), turns[i]))
+    return replies
+
+
+def _batch_cache(model, caches, ids) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
+    """(the tokens still to encode, left-padded; the attention mask over the cache and them; one KV cache): each
+    conversation's reusable part (``_reuse``) left-padded to the widest.  Sets each cache's ``prefilled``."""
+    reused = [_reuse(model, cache, row) for cache, row in zip(caches, ids)]
+    for cache, (new, _) in zip(caches, reused):
+        cache.prefilled = len(new)
+    new, new_mask = left_pad([new for new, _ in reused], model.backbone.tokenizer.pad_token_id, model.device)
+    held = [kv.get_seq_length() for _, kv in reused]
+    width = max(held)
+    mask = torch.tensor([[0] * (width - n) + [1] * n for n in held], device=model.device, dtype=torch.long)
+    batch = DynamicCache(config=model.lm.config)
+    if width:
+        like = next(kv for (_, kv), n in zip(reused, held) if n)
+        for layer, shape in enumerate(like.layers):
+            keys, values = zip(*(_layer_states(kv, layer, shape) for _, kv in reused))
+            batch.update(
+                torch.cat([left_pad_columns(k, width) for k in keys]),
+                torch.cat([left_pad_columns(v, width) for v in values]),
+                layer,
+            )
+    return new, torch.cat([mask, new_mask], dim=-1), batch
+
+
+def _layer_states(kv: DynamicCache, layer: int, like) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cache's keys and values at ``layer``; a cache that holds nothing gives none (zero columns, shaped ``like``)."""
+    if kv.get_seq_length():
+        return kv.layers[layer].keys, kv.layers[layer].values
+    return like.keys[:, :, :0], like.values[:, :, :0]
+
+
+def _row_cache(model: TokMemModel, kv: DynamicCache, mask: torch.Tensor, row: int) -> DynamicCache:
+    """Row ``row`` of a batch's KV cache, without its padding (the columns ``mask`` zeroes)."""
+    keep = mask.bool()
+    cache = DynamicCache(config=model.lm.config)
+    for layer, states in enumerate(kv.layers):
+        cache.update(states.keys[row : row + 1, :, keep], states.values[row : row + 1, :, keep], layer)
+    return cache
+
+
+def _up_to_eos(tokens: list[int], eos: int) -> list[int]:
+    """A batch row's tokens up to its first EOS (included): after it, the row only waited for the others."""
+    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
 
 
 def run_tools(

@@ -119,6 +119,11 @@ def left_pad(prefixes: list[list[int]], pad_id: int, device) -> tuple[torch.Tens
     return ids.to(device), mask.to(device)
 
 
+def left_pad_columns(states: torch.Tensor, width: int) -> torch.Tensor:
+    """Left-pad cached keys or values (batch, heads, columns, head dim) to ``width`` columns."""
+    return torch.nn.functional.pad(states, (0, 0, width - states.shape[2], 0))
+
+
 @torch.no_grad()
 def route(model: TokMemModel, queries: list[str], k: int = 3, batch_size: int = 16) -> list[Route]:
     """The top-k procedures for each query, with probabilities renormalised over the memory tokens."""
@@ -249,7 +254,7 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
         cache.batch_repeat_interleave(len(prompts))
         mask = torch.cat([mask.new_ones(len(prompts), skip), mask], dim=-1)
     forced = torch.full((len(queries),), -1 if forced is None else forced, device=ids.device)
-    rows, mass, plain, _ = decode_rows(model, ids, mask, cache, config, forced, generator)
+    rows, mass, plain, _, _ = decode_rows(model, ids, mask, cache, config, forced, generator)
     return [
         to_generation(model, q, row, float(m), not p)
         for q, row, m, p in zip(queries, rows, mass.tolist(), plain.tolist())
@@ -258,8 +263,9 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
 
 def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None):
     """Encode ``ids`` (the new tokens of each row, after what ``cache`` holds; ``mask`` covers both) and decode each row
-    up to EOS or ``config.max_new_tokens``: the rows' token lists (EOS included), their memory mass, which rows answer
-    as the plain backbone, and the cache (it holds every token fed, i.e. all but each row's last).
+    up to EOS or ``config.max_new_tokens``: the rows' token lists (EOS included; a row done before the others is
+    filled with EOS), their memory mass, which rows answer as the plain backbone, the cache (it holds every token
+    fed, i.e. all but each row's last) and its attention mask (0 where a column is padding or fed after a row was done).
 
     ``forced``: per row a memory id to start with, or -1 (route).  ``allowed``: (rows, bank rows) bool, the memory
     tokens each row may use at all (default: every one); a row with none answers as the plain backbone.
@@ -294,7 +300,7 @@ def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None
         steps += model.is_memory(token).long()
         generated.append(token)
         done |= (token == eos) | (stop.update(token) if stop else False)
-    return torch.stack(generated, dim=1).tolist(), mass, plain, cache
+    return torch.stack(generated, dim=1).tolist(), mass, plain, cache, mask
 
 
 def _only(logits: torch.Tensor, allowed: torch.Tensor | None, vocab: int) -> torch.Tensor:

@@ -41,7 +41,15 @@ from transformers import DynamicCache
 
 from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
-from tokmem.decode import DecodeConfig, Generation, to_generation, first_tokens, left_pad, next_tokens
+from tokmem.decode import (
+    DecodeConfig,
+    Generation,
+    first_tokens,
+    left_pad,
+    left_pad_columns,
+    next_tokens,
+    to_generation,
+)
 from tokmem.errors import BackboneError, TokMemError
 from tokmem.grammar import ArgumentGrammar, grammars_for
 from tokmem.sequences import positions
@@ -169,8 +177,8 @@ class _Batch:
     def join(self, other: "_Batch") -> "_Batch":
         width = max(self.mask.shape[1], other.mask.shape[1])
         for mine, theirs in zip(self.cache.layers, other.cache.layers):
-            mine.keys = torch.cat([_pad_columns(mine.keys, width), _pad_columns(theirs.keys, width)])
-            mine.values = torch.cat([_pad_columns(mine.values, width), _pad_columns(theirs.values, width)])
+            mine.keys = torch.cat([left_pad_columns(mine.keys, width), left_pad_columns(theirs.keys, width)])
+            mine.values = torch.cat([left_pad_columns(mine.values, width), left_pad_columns(theirs.values, width)])
         mask = torch.cat(
             [pad(self.mask, (width - self.mask.shape[1], 0)), pad(other.mask, (width - other.mask.shape[1], 0))]
         )
@@ -199,11 +207,6 @@ class _Batch:
     def _cat(self, other: "_Batch") -> list[torch.Tensor]:
         names = ("position", "last", "steps", "plain", "max_steps", "temperature")
         return [torch.cat([getattr(self, n), getattr(other, n)]) for n in names]
-
-
-def _pad_columns(states: torch.Tensor, width: int) -> torch.Tensor:
-    """Left-pad cached keys or values (batch, heads, columns, head dim) to ``width`` columns."""
-    return pad(states, (0, 0, width - states.shape[2], 0))
 
 
 def bank_tables(banks: list[BankVersion], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

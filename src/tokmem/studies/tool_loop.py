@@ -10,8 +10,8 @@ Two evaluations, as ComplexFuncBench and NESTFUL run them:
   message otherwise.  The loop ends when the method answers without a call, or after ``max_calls`` calls.
 
 The context is the training layout (``tokmem.sequences.encode``) cut before the step to predict.  TokMem answers
-through ``tokmem.chat`` (memory tokens, schema-bound arguments, one KV cache per conversation reused across its
-steps); every other method answers ``plain_context`` (the same layout with each call's JSON where TokMem has its
+through ``tokmem.chat_batch`` (memory tokens, schema-bound arguments, the records' conversations decoded together,
+one KV cache per conversation reused across its steps); every other method answers ``plain_context`` (the same layout with each call's JSON where TokMem has its
 memory token and arguments; ICL and RAG put their prompt, ``Method.prompts``, in the user turn) through
 ``Method.continue_contexts``, and its first call is read from the text.
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from tokmem.chat import ChatCache, chat
+from tokmem.chat import ChatCache, chat_batch
 from tokmem.data.procedures import Example, arguments_json, assemble_call
 from tokmem.decode import DecodeConfig
 from tokmem.eval import metrics
@@ -84,17 +84,10 @@ def next_calls(
             if choice == "required"
             else replace(method.decode_config, threshold=DecodeConfig.threshold)
         )
-        replies = [
-            chat(
-                method.model,
-                conversation(e, h),
-                tool_choice=choice,
-                config=config,
-                cache=c,
-                result_tokens=result_tokens,
-            )
-            for e, h, c in zip(examples, histories, caches)
-        ]
+        conversations = [conversation(e, h) for e, h in zip(examples, histories)]
+        replies = chat_batch(
+            method.model, conversations, tool_choice=choice, config=config, caches=caches, result_tokens=result_tokens
+        )
         return [
             assemble_call(r.tool_calls[0].name, r.tool_calls[0].arguments) if r.tool_calls else None for r in replies
         ]
