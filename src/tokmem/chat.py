@@ -162,9 +162,9 @@ def _batch_cache(model, caches, ids) -> tuple[torch.Tensor, torch.Tensor, Dynami
     mask = torch.tensor([[0] * (width - n) + [1] * n for n in held], device=model.device, dtype=torch.long)
     batch = DynamicCache(config=model.lm.config)
     if width:
-        like = next(kv for (_, kv), n in zip(reused, held) if n)
-        for layer, shape in enumerate(like.layers):
-            keys, values = zip(*(_layer_states(kv, layer, shape) for _, kv in reused))
+        filled = next(kv for (_, kv), n in zip(reused, held) if n)
+        for layer, like in enumerate(filled.layers):
+            keys, values = zip(*(_layer_states(kv, layer, like) for _, kv in reused))
             batch.update(
                 torch.cat([left_pad_columns(k, width) for k in keys]),
                 torch.cat([left_pad_columns(v, width) for v in values]),
@@ -174,7 +174,8 @@ def _batch_cache(model, caches, ids) -> tuple[torch.Tensor, torch.Tensor, Dynami
 
 
 def _layer_states(kv: DynamicCache, layer: int, like) -> tuple[torch.Tensor, torch.Tensor]:
-    """A cache's keys and values at ``layer``; a cache that holds nothing gives none (zero columns, shaped ``like``)."""
+    """A cache's keys and values at ``layer``; a cache that holds nothing gives none (zero columns, shaped as the
+    layer ``like`` of another cache)."""
     if kv.get_seq_length():
         return kv.layers[layer].keys, kv.layers[layer].values
     return like.keys[:, :, :0], like.values[:, :, :0]
