@@ -99,8 +99,9 @@ def test_fine_tuning_answers_each_step_with_one_call_at_most(backbone):
     examples = [chain(), Example("One call.", chain().steps[:1])]
     lora = LoRA(backbone, max_new_tokens=6)
     lora.learn(examples)
-    predicted = step_predictions(lora, examples, 256, progress_bar(False))
+    predicted, routes = step_predictions(lora, examples, 256, progress_bar(False))
     assert len(predicted) == 2 and all(len(p) <= len(e.steps) for p, e in zip(predicted, examples))
+    assert routes == [[], []]  # no memory tokens
 
 
 def test_the_loop_scores_have_per_step_and_end_to_end_f1_by_number_of_calls_and_every_records_answers(backbone):
@@ -108,8 +109,9 @@ def test_the_loop_scores_have_per_step_and_end_to_end_f1_by_number_of_calls_and_
     method = TokMem(backbone, max_steps=2, max_new_tokens=6)
     method.learn(examples)
     scores = loop_scores(method, examples, max_calls=2, result_tokens=256, bar=progress_bar(False))
+    assert set(scores["step"]) == {"tool_f1", "arg_f1", "call_f1", "routing_f1"}  # the memory tokens' choices too
+    assert set(scores["end_to_end"]) == {"tool_f1", "arg_f1", "call_f1"}
     for part in ("step", "end_to_end"):
-        assert set(scores[part]) == {"tool_f1", "arg_f1", "call_f1"}
         assert all(set(scores[part][m]) == {"2", "avg"} and 0 <= scores[part][m]["avg"] <= 100 for m in scores[part])
     assert [sample["gold"] for sample in scores["samples"]] == [[s.response for s in e.steps] for e in examples]
 
@@ -118,9 +120,12 @@ def test_tokmem_per_step_calls_a_tool_of_its_bank_at_every_step(backbone):
     examples = [chain(), Example("One call.", chain().steps[:1])]
     method = TokMem(backbone, max_steps=2, max_new_tokens=6)
     method.learn(examples)
-    predicted = step_predictions(method, examples, 256, progress_bar(False))
+    predicted, routes = step_predictions(method, examples, 256, progress_bar(False))
     assert [len(p) for p in predicted] == [2, 1]  # a call is due at every step: it is required
     assert all(call.startswith(('{"name":"Find"', '{"name":"Rent"')) for p in predicted for call in p)
+    assert [len(r) for r in routes] == [2, 1] and {r for rs in routes for r in rs} <= {"Find", "Rent"}
+    whole = [(call, r) for p, rs in zip(predicted, routes) for call, r in zip(p, rs) if json_call(call)]
+    assert all(json.loads(call)["name"] == r for call, r in whole)  # a whole call names its memory token's tool
 
 
 @pytest.mark.parametrize(

@@ -76,8 +76,9 @@ def json_call(call: str) -> tuple[str, str] | None:
 
 def next_calls(
     method: Method, examples: list[Example], histories: list[History], caches: list, result_tokens: int, choice: str
-) -> list[str | None]:
-    """Each conversation's next call (JSON text), or None where the method answers without one."""
+) -> list[tuple[str | None, str | None]]:
+    """Each conversation's next call (JSON text) and the tool its memory token chose (TokMem; None for a method
+    without memory tokens), or ``(None, None)`` where the method answers without a call."""
     if isinstance(method, TokMem):
         config = (
             method.decode_config
@@ -89,17 +90,22 @@ def next_calls(
             method.model, conversations, tool_choice=choice, config=config, caches=caches, result_tokens=result_tokens
         )
         return [
-            assemble_call(r.tool_calls[0].name, r.tool_calls[0].arguments) if r.tool_calls else None for r in replies
+            (assemble_call(r.tool_calls[0].name, r.tool_calls[0].arguments), r.tool_calls[0].name)
+            if r.tool_calls
+            else (None, None)
+            for r in replies
         ]
     tokenizer = method.model.backbone.tokenizer
     prompts = method.prompts([e.query for e in examples])
     contexts = [plain_context(tokenizer, p, h, result_tokens) for p, h in zip(prompts, histories)]
-    return [next(iter(metrics.split_calls(text)), None) for text in method.continue_contexts(contexts)]
+    return [(next(iter(metrics.split_calls(text)), None), None) for text in method.continue_contexts(contexts)]
 
 
-def step_predictions(method: Method, examples: list[Example], result_tokens: int, bar) -> list[list[str]]:
-    """Per step: each record's predicted calls, one for each of its gold calls, the gold ones before it in context."""
+def step_predictions(method: Method, examples: list[Example], result_tokens: int, bar) -> tuple[list, list]:
+    """Per step: each record's predicted calls, one for each of its gold calls, the gold ones before it in context;
+    and the tools its memory tokens chose (empty lists for a method without memory tokens)."""
     predicted: list[list[str]] = [[] for _ in examples]
+    routes: list[list[str]] = [[] for _ in examples]
     caches = [ChatCache() for _ in examples]
     for k in range(max(len(e.steps) for e in examples)):
         due = [i for i, e in enumerate(examples) if k < len(e.steps)]
@@ -107,10 +113,11 @@ def step_predictions(method: Method, examples: list[Example], result_tokens: int
         calls = next_calls(
             method, [examples[i] for i in due], histories, [caches[i] for i in due], result_tokens, "required"
         )
-        for i, call in zip(due, calls):
+        for i, (call, route) in zip(due, calls):
             predicted[i] += [call] if call is not None else []
+            routes[i] += [route] if route is not None else []
         bar.update(sum(len(examples[i].steps) == k + 1 for i in due))  # the records answered in full
-    return predicted
+    return predicted, routes
 
 
 class ReplayExecutor:
@@ -140,7 +147,7 @@ def loop_predictions(
     caches = [ChatCache() for _ in examples]
     running = list(range(len(examples)))
     for turn in range(max_calls):
-        calls = next_calls(
+        replies = next_calls(
             method,
             [examples[i] for i in running],
             [histories[i] for i in running],
@@ -148,6 +155,7 @@ def loop_predictions(
             result_tokens,
             "auto" if turn else "required",
         )
+        calls = [call for call, _ in replies]
         for i, call in zip(running, calls):
             predicted[i] += [call] if call is not None else []
             if call is not None and json_call(call):
@@ -160,14 +168,15 @@ def loop_predictions(
 
 
 def loop_scores(method: Method, examples: list[Example], max_calls: int, result_tokens: int, bar) -> dict:
-    """``{"step": scores, "end_to_end": scores}`` (``score_calls``: tool / argument / call F1 by number of calls)
-    and every record's answers, to read what fails (a few dozen records: small)."""
+    """``{"step": scores, "end_to_end": scores}`` (``score_calls``: tool / argument / call F1 by number of calls;
+    per step TokMem's memory-token choices also as routing F1) and every record's answers, to read what fails (a
+    few dozen records: small)."""
     bar.phase(f"{method.name}: answering {len(examples)} records step by step", len(examples))
-    steps = step_predictions(method, examples, result_tokens, bar)
+    steps, routes = step_predictions(method, examples, result_tokens, bar)
     bar.phase(f"{method.name}: running {len(examples)} records end to end", len(examples))
     loops = loop_predictions(method, examples, max_calls, result_tokens, bar)
     return {
-        "step": score_calls(examples, steps),
+        "step": score_calls(examples, steps, routes if isinstance(method, TokMem) else None),
         "end_to_end": score_calls(examples, loops),
         "samples": [
             {"query": e.query, "gold": [s.response for s in e.steps], "step": p, "end_to_end": q}
