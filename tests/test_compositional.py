@@ -341,6 +341,14 @@ def test_the_round_renormalised_variant_renormalises_after_the_round_only_whatev
     assert not built["tokmem-norenorm"].renormalize
 
 
+def test_forgetting_runs_tokmem_on_the_better_recipe_renormalised_as_tokmem(backbone):
+    reference = dict(init="orthogonal", schedule="linear")  # the cpu preset's recipe
+    config = make_config(None, "forgetting", **TINY, **reference, methods=("replay", "tokmem-better")).resolved()
+    built = tool_setup.build_method("tokmem-better", config, {"base": backbone, "adapted": backbone}, {}).train_config
+    assert (built.init, built.schedule) == ("mean", "constant") != (config.init, config.schedule)
+    assert built.renormalize and built.renorm_every_step == config.renorm_every_step
+
+
 def test_forgetting_keeps_each_groups_first_answer_per_round_and_shows_group_1s_in_the_markdown(forgetting):
     result, (_, markdown, _) = forgetting
     first_query = result["methods"]["tokmem"]["rounds"][0]["samples"]["1"][0]["query"]

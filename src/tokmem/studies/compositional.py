@@ -78,7 +78,16 @@ STUDIES = {  # study → (default methods, methods it accepts)
     "recipe": (("tokmem",), ("tokmem", "tokmem-noadapt")),
     "forgetting": (
         ("replay", "tokmem", "tokmem-roundnorm", "tokmem-norenorm", "tokmem-unfrozen"),
-        ("lora", "replay", "tokmem-noadapt", "tokmem", "tokmem-roundnorm", "tokmem-norenorm", "tokmem-unfrozen"),
+        (
+            "lora",
+            "replay",
+            "tokmem-noadapt",
+            "tokmem",
+            "tokmem-better",
+            "tokmem-roundnorm",
+            "tokmem-norenorm",
+            "tokmem-unfrozen",
+        ),
     ),
 }
 # the recipe options the recipe study switches, each alone, with their two values.  Renormalisation is not among
@@ -98,7 +107,8 @@ class CompositionalConfig(MethodSettings):
     methods: tuple[str, ...] | None = option(
         None,
         "comma-separated methods (main: icl,rag,lora,tokmem-noadapt,tokmem; generalization: lora,tokmem; "
-        "forgetting: replay,tokmem,tokmem-roundnorm,tokmem-norenorm,tokmem-unfrozen, also lora,tokmem-noadapt)",
+        "forgetting: replay,tokmem,tokmem-roundnorm,tokmem-norenorm,tokmem-unfrozen, also lora,tokmem-noadapt,"
+        "tokmem-better)",
     )
     backbone: str = option(DEFAULT_BACKBONE, "backbone spec")
     xlam: str | None = option(None, "an xLAM / APIGen JSON file (default: the built-in 25 + 25 tool catalog)")
