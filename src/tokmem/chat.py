@@ -159,7 +159,8 @@ def _batch_cache(model, caches, ids) -> tuple[torch.Tensor, torch.Tensor, Dynami
     new, new_mask = left_pad([new for new, _ in reused], model.backbone.tokenizer.pad_token_id, model.device)
     held = [kv.get_seq_length() for _, kv in reused]
     width = max(held)
-    mask = torch.tensor([[0] * (width - n) + [1] * n for n in held], device=model.device, dtype=torch.long)
+    starts = width - torch.tensor(held, device=model.device).unsqueeze(-1)
+    mask = (torch.arange(width, device=model.device) >= starts).long()
     batch = DynamicCache(config=model.lm.config)
     if width:
         filled = next(kv for (_, kv), n in zip(reused, held) if n)

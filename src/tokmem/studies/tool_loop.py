@@ -11,9 +11,10 @@ Two evaluations, as ComplexFuncBench and NESTFUL run them:
 
 The context is the training layout (``tokmem.sequences.encode``) cut before the step to predict.  TokMem answers
 through ``tokmem.chat_batch`` (memory tokens, schema-bound arguments, the records' conversations decoded together,
-one KV cache per conversation reused across its steps); every other method answers ``plain_context`` (the same layout with each call's JSON where TokMem has its
-memory token and arguments; ICL and RAG put their prompt, ``Method.prompts``, in the user turn) through
-``Method.continue_contexts``, and its first call is read from the text.
+one KV cache per conversation reused across its steps); every other method answers ``plain_context`` (the same
+layout with each call's JSON where TokMem has its memory token and arguments; ICL and RAG put their prompt,
+``Method.prompts``, in the user turn) through ``Method.continue_contexts``, and its first call is read from the
+text.
 
 Per step, TokMem must call a tool (``tool_choice="required"``: a call is due).  End to end its first turn must too
 (every test query needs a tool, as TokMem's study answers always route), and after a result it may stop (``"auto"``,
@@ -147,15 +148,17 @@ def loop_predictions(
     caches = [ChatCache() for _ in examples]
     running = list(range(len(examples)))
     for turn in range(max_calls):
-        replies = next_calls(
-            method,
-            [examples[i] for i in running],
-            [histories[i] for i in running],
-            [caches[i] for i in running],
-            result_tokens,
-            "auto" if turn else "required",
-        )
-        calls = [call for call, _ in replies]
+        calls = [
+            call
+            for call, _ in next_calls(
+                method,
+                [examples[i] for i in running],
+                [histories[i] for i in running],
+                [caches[i] for i in running],
+                result_tokens,
+                "auto" if turn else "required",
+            )
+        ]
         for i, call in zip(running, calls):
             predicted[i] += [call] if call is not None else []
             if call is not None and json_call(call):
