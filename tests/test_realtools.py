@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tokmem.data import shared
 from tokmem.data.procedures import Example, Step
 from tokmem.data.realtools import complexfuncbench_data, function_calling_dir, hash_split, query_hash
 from tokmem.errors import DataError, TokMemError
@@ -29,6 +30,7 @@ def test_the_hash_split_depends_on_each_query_alone_not_on_order_or_neighbours()
 
 def test_a_missing_data_folder_says_which_flag_or_variable_to_set(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(shared, "SEARCH_DEPTH", 1)  # only the working directory: a shared/data above tmp is not found
     monkeypatch.delenv("TOKMEM_SHARED_DATA", raising=False)
     with pytest.raises(DataError, match="pass --data-dir DIR"):
         function_calling_dir()
