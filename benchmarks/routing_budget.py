@@ -1,0 +1,107 @@
+"""Is TokMem's routing collapse on ComplexFuncBench a budget effect?  First-call routing against updates.
+
+In the tool-loop study (120 updates) TokMem's memory tokens collapse onto the most trained tools.  This isolates
+routing: TokMem learns every training record's query and first call only (no results in context, so a step is
+~100 tokens instead of ~1,330), and after every ``--evaluate-every`` updates of one run routes the test records'
+queries (``tokmem.route``, the top memory token).  One run per seed; with a constant learning rate a point of the
+run is what a run stopped there would give (the last point is taken before the round's final renormalisation, like
+the others).  Collapse is measured as the most predicted tool's count against its gold count.
+
+    PYTHONPATH=src python benchmarks/routing_budget.py --seeds 0,1,2 --epochs 4 --json results/routing_budget.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import Counter
+from dataclasses import replace
+
+import tokmem
+from tokmem.data.realtools import complexfuncbench_data, function_calling_dir
+from tokmem.report import machine, write_json
+
+
+def first_calls(examples):
+    """Each record as its query and first call, without the call's result."""
+    return [replace(e, steps=(replace(e.steps[0], result=None),)) for e in examples]
+
+
+def routing(model, test) -> dict:
+    """Top-1 first-call routing over ``test``: accuracy (0–100) and how often each tool was chosen."""
+    routes = tokmem.route(model, [e.query for e in test], k=1)
+    right = sum(r.best == e.procedures[0] for r, e in zip(routes, test))
+    return {"accuracy": 100 * right / len(test), "predicted": dict(Counter(r.best for r in routes).most_common())}
+
+
+def majority_accuracy(train, test) -> float:
+    """The routing accuracy (0–100) of always choosing the tool most training records call first."""
+    majority = Counter(e.procedures[0] for e in train).most_common(1)[0][0]
+    return 100 * sum(e.procedures[0] == majority for e in test) / len(test)
+
+
+def run(args, seed: int, train, test) -> dict:
+    """One TokMem run: routing at every ``evaluate_every`` updates (and the last)."""
+    model = tokmem.create(args.backbone, device="cpu")
+    config = tokmem.TrainConfig(
+        lr=args.lr, epochs=args.epochs, batch_size=args.batch_size, seed=seed, schedule="constant", progress=False
+    )
+    curve: dict[str, dict] = {}
+
+    def evaluate(step: int, total: int) -> None:
+        if step % args.evaluate_every == 0 or step == total:
+            curve[str(step)] = routing(model, test)
+            print(f"seed {seed}, {step:4d} updates: first-call routing {curve[str(step)]['accuracy']:.1f}", flush=True)
+
+    start = time.perf_counter()
+    tokmem.learn(model, train, config, on_step=evaluate)
+    return {"seed": seed, "curve": curve, "seconds": round(time.perf_counter() - start, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backbone", default="smollm2-135m")
+    parser.add_argument("--seeds", default="0,1,2", help="one run per seed")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=2, help="the tool-loop preset's")
+    parser.add_argument("--lr", type=float, default=5e-3, help="the tool-loop preset's")
+    parser.add_argument("--evaluate-every", type=int, default=58, help="updates between two routing measurements")
+    parser.add_argument("--json", default="results/routing_budget.json")
+    args = parser.parse_args()
+    data = complexfuncbench_data(function_calling_dir(None), train_size=None, test_size=None)
+    train, test = first_calls(data.data.train), data.data.test
+    runs = [run(args, int(seed), train, test) for seed in args.seeds.split(",")]
+    points = runs[0]["curve"].keys()
+    accuracy = {
+        p: {
+            "avg": round(statistics.mean(r["curve"][p]["accuracy"] for r in runs), 1),
+            "sd": round(statistics.pstdev(r["curve"][p]["accuracy"] for r in runs), 1),
+            "per_seed": [round(r["curve"][p]["accuracy"], 1) for r in runs],
+        }
+        for p in points
+    }
+    print(f"always the most trained first tool: {majority_accuracy(train, test):.1f}")
+    for p, a in accuracy.items():
+        print(f"{p:>5} updates: first-call routing {a['avg']:.1f} ± {a['sd']:.1f} ({a['per_seed']})")
+    write_json(
+        args.json,
+        {
+            "benchmark": "routing_budget",
+            "config": vars(args),
+            "machine": machine(),
+            "data": {
+                "source": "ComplexFuncBench records with 2–4 calls, the tool-loop study's query-hash split, all of it; first calls",
+                "train": len(train),
+                "test": len(test),
+                "gold_first_calls": dict(Counter(e.procedures[0] for e in test).most_common()),
+            },
+            "majority_accuracy": round(majority_accuracy(train, test), 1),
+            "first_call_routing": accuracy,
+            "runs": runs,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
