@@ -3,11 +3,13 @@
 In the tool-loop study (120 updates) TokMem's memory tokens collapse onto the most trained tools.  This isolates
 routing: TokMem learns every training record's query and first call only (no results in context, so a step is
 ~100 tokens instead of ~1,330), and after every ``--evaluate-every`` updates of one run routes the test records'
-queries (``tokmem.route``, the top memory token).  One run per seed; with a constant learning rate a point of the
-run is what a run stopped there would give (the last point is taken before the round's final renormalisation, like
-the others).  Collapse is measured as the most predicted tool's count against its gold count.
+queries (``tokmem.route``, the top memory token).  One run per learning-rate schedule and seed.  With a constant
+rate a point of the run is what a run stopped there would give; with the linear schedule (warm-up, decay to 0 at
+the run's end) only the last point is a finished run.  Every point is taken before the round's final
+renormalisation.  ``predicted`` counts how often each tool was chosen, against ``gold_first_calls``.
 
-    PYTHONPATH=src python benchmarks/routing_budget.py --seeds 0,1,2 --epochs 4 --json results/routing_budget.json
+    PYTHONPATH=src python benchmarks/routing_budget.py --schedules constant,linear --seeds 0,1,2 --epochs 2 \
+        --json results/routing_budget.json
 """
 
 from __future__ import annotations
@@ -41,29 +43,46 @@ def majority_accuracy(train, test) -> float:
     return 100 * sum(e.procedures[0] == majority for e in test) / len(test)
 
 
-def run(args, seed: int, train, test) -> dict:
+def run(args, schedule: str, seed: int, train, test) -> dict:
     """One TokMem run: routing at every ``evaluate_every`` updates (and the last)."""
     model = tokmem.create(args.backbone, device="cpu")
     config = tokmem.TrainConfig(
-        lr=args.lr, epochs=args.epochs, batch_size=args.batch_size, seed=seed, schedule="constant", progress=False
+        lr=args.lr, epochs=args.epochs, batch_size=args.batch_size, seed=seed, schedule=schedule, progress=False
     )
     curve: dict[str, dict] = {}
 
     def evaluate(step: int, total: int) -> None:
         if step % args.evaluate_every == 0 or step == total:
             curve[str(step)] = routing(model, test)
-            print(f"seed {seed}, {step:4d} updates: first-call routing {curve[str(step)]['accuracy']:.1f}", flush=True)
+            print(
+                f"{schedule}, seed {seed}, {step:4d} updates: first-call routing {curve[str(step)]['accuracy']:.1f}",
+                flush=True,
+            )
 
     start = time.perf_counter()
     tokmem.learn(model, train, config, on_step=evaluate)
-    return {"seed": seed, "curve": curve, "seconds": round(time.perf_counter() - start, 1)}
+    return {"schedule": schedule, "seed": seed, "curve": curve, "seconds": round(time.perf_counter() - start, 1)}
+
+
+def curve_over_seeds(runs: list[dict]) -> dict:
+    """Per point of the curve: the accuracy's mean, standard deviation and per-seed values."""
+    values = {p: [r["curve"][p]["accuracy"] for r in runs] for p in runs[0]["curve"]}
+    return {
+        p: {
+            "avg": round(statistics.mean(v), 1),
+            "sd": round(statistics.pstdev(v), 1),
+            "per_seed": [round(x, 1) for x in v],
+        }
+        for p, v in values.items()
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backbone", default="smollm2-135m")
+    parser.add_argument("--schedules", default="constant,linear", help="learning-rate schedules, one run each")
     parser.add_argument("--seeds", default="0,1,2", help="one run per seed")
-    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=2, help="the tool-loop preset's")
     parser.add_argument("--batch-size", type=int, default=2, help="the tool-loop preset's")
     parser.add_argument("--lr", type=float, default=5e-3, help="the tool-loop preset's")
     parser.add_argument("--evaluate-every", type=int, default=58, help="updates between two routing measurements")
@@ -71,19 +90,18 @@ def main() -> None:
     args = parser.parse_args()
     data = complexfuncbench_data(function_calling_dir(None), train_size=None, test_size=None)
     train, test = first_calls(data.data.train), data.data.test
-    runs = [run(args, int(seed), train, test) for seed in args.seeds.split(",")]
-    points = runs[0]["curve"].keys()
-    accuracy = {
-        p: {
-            "avg": round(statistics.mean(r["curve"][p]["accuracy"] for r in runs), 1),
-            "sd": round(statistics.pstdev(r["curve"][p]["accuracy"] for r in runs), 1),
-            "per_seed": [round(r["curve"][p]["accuracy"], 1) for r in runs],
-        }
-        for p in points
-    }
+    runs = [
+        run(args, sched, int(seed), train, test)
+        for sched in args.schedules.split(",")
+        for seed in args.seeds.split(",")
+    ]
     print(f"always the most trained first tool: {majority_accuracy(train, test):.1f}")
-    for p, a in accuracy.items():
-        print(f"{p:>5} updates: first-call routing {a['avg']:.1f} ± {a['sd']:.1f} ({a['per_seed']})")
+    accuracy = {
+        sched: curve_over_seeds([r for r in runs if r["schedule"] == sched]) for sched in args.schedules.split(",")
+    }
+    for sched, curve in accuracy.items():
+        for p, a in curve.items():
+            print(f"{sched:>8}, {p:>5} updates: first-call routing {a['avg']:.1f} ± {a['sd']:.1f} ({a['per_seed']})")
     write_json(
         args.json,
         {
