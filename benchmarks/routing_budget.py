@@ -3,12 +3,12 @@
 In the tool-loop study (120 updates) TokMem's memory tokens collapse onto the most trained tools.  This isolates
 routing: TokMem learns every training record's query and first call only (no results in context, so a step is
 ~100 tokens instead of ~1,330), and after every ``--evaluate-every`` updates of one run routes the test records'
-queries (``tokmem.route``, the top memory token).  One run per learning-rate schedule and seed.  With a constant
-rate a point of the run is what a run stopped there would give; with the linear schedule (warm-up, decay to 0 at
+queries (``tokmem.route``, the top memory token).  One run per recipe (learning-rate schedule and rate) and seed.  With a
+constant rate a point of the run is what a run stopped there would give; with the linear schedule (warm-up, decay to 0 at
 the run's end) only the last point is a finished run.  Every point is taken before the round's final
 renormalisation.  ``predicted`` counts how often each tool was chosen, against ``gold_first_calls``.
 
-    PYTHONPATH=src python benchmarks/routing_budget.py --schedules constant,linear --seeds 0,1,2 --epochs 2 \
+    PYTHONPATH=src python benchmarks/routing_budget.py --recipes constant:5e-3,linear:2e-2 --seeds 0,1,2 \
         --json results/routing_budget.json
 """
 
@@ -43,11 +43,12 @@ def majority_accuracy(train, test) -> float:
     return 100 * sum(e.procedures[0] == majority for e in test) / len(test)
 
 
-def run(args, schedule: str, seed: int, train, test) -> dict:
+def run(args, recipe: str, seed: int, train, test) -> dict:
     """One TokMem run: routing at every ``evaluate_every`` updates (and the last)."""
     model = tokmem.create(args.backbone, device="cpu")
+    schedule, lr = recipe.split(":")
     config = tokmem.TrainConfig(
-        lr=args.lr, epochs=args.epochs, batch_size=args.batch_size, seed=seed, schedule=schedule, progress=False
+        lr=float(lr), epochs=args.epochs, batch_size=args.batch_size, seed=seed, schedule=schedule, progress=False
     )
     curve: dict[str, dict] = {}
 
@@ -55,13 +56,13 @@ def run(args, schedule: str, seed: int, train, test) -> dict:
         if step % args.evaluate_every == 0 or step == total:
             curve[str(step)] = routing(model, test)
             print(
-                f"{schedule}, seed {seed}, {step:4d} updates: first-call routing {curve[str(step)]['accuracy']:.1f}",
+                f"{recipe}, seed {seed}, {step:4d} updates: first-call routing {curve[str(step)]['accuracy']:.1f}",
                 flush=True,
             )
 
     start = time.perf_counter()
     tokmem.learn(model, train, config, on_step=evaluate)
-    return {"schedule": schedule, "seed": seed, "curve": curve, "seconds": round(time.perf_counter() - start, 1)}
+    return {"recipe": recipe, "seed": seed, "curve": curve, "seconds": round(time.perf_counter() - start, 1)}
 
 
 def curve_over_seeds(runs: list[dict]) -> dict:
@@ -80,28 +81,27 @@ def curve_over_seeds(runs: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backbone", default="smollm2-135m")
-    parser.add_argument("--schedules", default="constant,linear", help="learning-rate schedules, one run each")
+    parser.add_argument(
+        "--recipes",
+        default="constant:5e-3,linear:2e-2",
+        help="SCHEDULE:LR pairs, one run each: the tool-loop preset's (constant, 5e-3) and a decaying, faster one",
+    )
     parser.add_argument("--seeds", default="0,1,2", help="one run per seed")
     parser.add_argument("--epochs", type=int, default=2, help="the tool-loop preset's")
     parser.add_argument("--batch-size", type=int, default=2, help="the tool-loop preset's")
-    parser.add_argument("--lr", type=float, default=5e-3, help="the tool-loop preset's")
     parser.add_argument("--evaluate-every", type=int, default=58, help="updates between two routing measurements")
     parser.add_argument("--json", default="results/routing_budget.json")
     args = parser.parse_args()
     data = complexfuncbench_data(function_calling_dir(None), train_size=None, test_size=None)
     train, test = first_calls(data.data.train), data.data.test
     runs = [
-        run(args, sched, int(seed), train, test)
-        for sched in args.schedules.split(",")
-        for seed in args.seeds.split(",")
+        run(args, sched, int(seed), train, test) for sched in args.recipes.split(",") for seed in args.seeds.split(",")
     ]
     print(f"always the most trained first tool: {majority_accuracy(train, test):.1f}")
-    accuracy = {
-        sched: curve_over_seeds([r for r in runs if r["schedule"] == sched]) for sched in args.schedules.split(",")
-    }
+    accuracy = {sched: curve_over_seeds([r for r in runs if r["recipe"] == sched]) for sched in args.recipes.split(",")}
     for sched, curve in accuracy.items():
         for p, a in curve.items():
-            print(f"{sched:>8}, {p:>5} updates: first-call routing {a['avg']:.1f} ± {a['sd']:.1f} ({a['per_seed']})")
+            print(f"{sched:>14}, {p:>5} updates: first-call routing {a['avg']:.1f} ± {a['sd']:.1f} ({a['per_seed']})")
     write_json(
         args.json,
         {
