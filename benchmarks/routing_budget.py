@@ -1,11 +1,11 @@
-"""Is TokMem's routing collapse on ComplexFuncBench a budget effect?  First-call routing against updates.
+"""What TokMem's routing on ComplexFuncBench needs: first-call routing against updates, by learning-rate recipe.
 
-In the tool-loop study (120 updates) TokMem's memory tokens collapse onto the most trained tools.  This isolates
-routing: TokMem learns every training record's query and first call only (no results in context, so a step is
-~100 tokens instead of ~1,330), and after every ``--evaluate-every`` updates of one run routes the test records'
-queries (``tokmem.route``, the top memory token).  One run per recipe (learning-rate schedule and rate) and seed.  With a
-constant rate a point of the run is what a run stopped there would give; with the linear schedule (warm-up, decay to 0 at
-the run's end) only the last point is a finished run.  Every point is taken before the round's final
+In the tool-loop study (120 updates, constant lr 5e-3) TokMem's memory tokens collapse onto a few tools.  This
+isolates routing: TokMem learns every training record's query and first call only (no results in context, so a step
+is ~100 tokens instead of ~1,330), and after every ``--evaluate-every`` updates of one run routes the test records'
+queries (``tokmem.route``, the top memory token).  One run per recipe (learning-rate schedule and rate) and seed.
+With a constant rate a point of the run is what a run stopped there would give; with the linear schedule (warm-up,
+decay to 0 at the run's end) only the last point is a finished run.  Every point is taken before the round's final
 renormalisation.  ``predicted`` counts how often each tool was chosen, against ``gold_first_calls``.
 
     PYTHONPATH=src python benchmarks/routing_budget.py --recipes constant:5e-3,linear:2e-2 --seeds 0,1,2 \
