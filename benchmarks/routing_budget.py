@@ -94,31 +94,34 @@ def main() -> None:
     args = parser.parse_args()
     data = complexfuncbench_data(function_calling_dir(None), train_size=None, test_size=None)
     train, test = first_calls(data.data.train), data.data.test
-    runs = [
-        run(args, sched, int(seed), train, test) for sched in args.recipes.split(",") for seed in args.seeds.split(",")
-    ]
-    print(f"always the most trained first tool: {majority_accuracy(train, test):.1f}")
-    accuracy = {sched: curve_over_seeds([r for r in runs if r["recipe"] == sched]) for sched in args.recipes.split(",")}
-    for sched, curve in accuracy.items():
+    recipes = args.recipes.split(",")
+    runs = []
+    for seed in args.seeds.split(","):  # seed by seed, every recipe: a stopped benchmark keeps its finished runs
+        for recipe in recipes:
+            runs.append(run(args, recipe, int(seed), train, test))
+            write_json(args.json, result(args, train, test, runs))
+    for recipe, curve in result(args, train, test, runs)["first_call_routing"].items():
         for p, a in curve.items():
-            print(f"{sched:>14}, {p:>5} updates: first-call routing {a['avg']:.1f} ± {a['sd']:.1f} ({a['per_seed']})")
-    write_json(
-        args.json,
-        {
-            "benchmark": "routing_budget",
-            "config": vars(args),
-            "machine": machine(),
-            "data": {
-                "source": "ComplexFuncBench records with 2–4 calls, the tool-loop study's query-hash split, all of it; first calls",
-                "train": len(train),
-                "test": len(test),
-                "gold_first_calls": dict(Counter(e.procedures[0] for e in test).most_common()),
-            },
-            "majority_accuracy": round(majority_accuracy(train, test), 1),
-            "first_call_routing": accuracy,
-            "runs": runs,
+            print(f"{recipe:>14}, {p:>5} updates: first-call routing {a['avg']:.1f} ± {a['sd']:.1f} ({a['per_seed']})")
+
+
+def result(args, train, test, runs: list[dict]) -> dict:
+    """The benchmark's JSON over the finished runs."""
+    recipes = dict.fromkeys(r["recipe"] for r in runs)
+    return {
+        "benchmark": "routing_budget",
+        "config": vars(args),
+        "machine": machine(),
+        "data": {
+            "source": "ComplexFuncBench records with 2–4 calls, the tool-loop study's query-hash split; first calls",
+            "train": len(train),
+            "test": len(test),
+            "gold_first_calls": dict(Counter(e.procedures[0] for e in test).most_common()),
         },
-    )
+        "majority_accuracy": round(majority_accuracy(train, test), 1),
+        "first_call_routing": {r: curve_over_seeds([x for x in runs if x["recipe"] == r]) for r in recipes},
+        "runs": runs,
+    }
 
 
 if __name__ == "__main__":
