@@ -15,7 +15,6 @@ renormalisation.  ``predicted`` counts how often each tool was chosen, against `
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections import Counter
 from dataclasses import replace
@@ -23,6 +22,7 @@ from dataclasses import replace
 import tokmem
 from tokmem.data.realtools import complexfuncbench_data, function_calling_dir
 from tokmem.report import machine, write_json
+from tokmem.studies.harness import seed_spread
 
 
 def first_calls(examples):
@@ -66,16 +66,8 @@ def run(args, recipe: str, seed: int, train, test) -> dict:
 
 
 def curve_over_seeds(runs: list[dict]) -> dict:
-    """Per point of the curve: the accuracy's mean, standard deviation and per-seed values."""
-    values = {p: [r["curve"][p]["accuracy"] for r in runs] for p in runs[0]["curve"]}
-    return {
-        p: {
-            "avg": round(statistics.mean(v), 1),
-            "sd": round(statistics.pstdev(v), 1),
-            "per_seed": [round(x, 1) for x in v],
-        }
-        for p, v in values.items()
-    }
+    """Per point of the curve: the accuracy over the seeds (``seed_spread``, as every study reports it)."""
+    return {p: seed_spread([r["curve"][p]["accuracy"] for r in runs]) for p in runs[0]["curve"]}
 
 
 def main() -> None:

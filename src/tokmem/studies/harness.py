@@ -130,16 +130,21 @@ def aggregate_seeds(results: list[dict], keys: tuple[str, ...]) -> dict:
     return combined | {"seeds": [r["config"]["seed"] for r in results]}
 
 
+def seed_spread(values: list[float]) -> dict:
+    """A score over seeds: ``{"avg", "sd" (sample standard deviation; 0 for one seed), "per_seed"}``."""
+    return {
+        "avg": statistics.fmean(values),
+        "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "per_seed": values,
+    }
+
+
 def _combine(values: list, key: str | None = None):
     first = values[0]
     if isinstance(first, (int, float)) and not isinstance(first, bool):
         if key in PLAIN and all(v == first for v in values):
             return first
-        return {
-            "avg": statistics.fmean(values),
-            "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "per_seed": values,
-        }
+        return seed_spread(values)
     if isinstance(first, dict):
         return {
             k: _combine([v[k] for v in values], k) for k in first if all(isinstance(v, dict) and k in v for v in values)
