@@ -81,10 +81,13 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2", help="one run per seed")
     parser.add_argument("--epochs", type=int, default=2, help="the tool-loop preset's")
     parser.add_argument("--batch-size", type=int, default=2, help="the tool-loop preset's")
+    parser.add_argument(
+        "--train-records", type=int, default=None, help="the first N training records (default: all 233)"
+    )
     parser.add_argument("--evaluate-every", type=int, default=58, help="updates between two routing measurements")
     parser.add_argument("--json", default="results/routing_budget.json")
     args = parser.parse_args()
-    data = complexfuncbench_data(function_calling_dir(None), train_size=None, test_size=None)
+    data = complexfuncbench_data(function_calling_dir(None), train_size=args.train_records, test_size=None)
     train, test = first_calls(data.data.train), data.data.test
     recipes = args.recipes.split(",")
     runs = []

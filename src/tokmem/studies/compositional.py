@@ -261,10 +261,12 @@ PRESETS = {
         "recipe": dict(epochs=4, epoch_budgets=None),
         # ComplexFuncBench's records with 2–4 calls (as the paper's queries): 120 to train, 24 to test; 300 BFCL
         # multi-turn turns to adapt.  With each call's result in context (256 tokens at most) the sequences reach
-        # ~1,330 tokens (p95; ~350 without): max_length 1536 keeps them whole.  One budget of 2 epochs (120 updates)
-        # and the recipe the recipe ablation found far better at small budgets (mean-initialised rows, constant lr:
-        # argument F1 77.1 against 49.4), sized to about 50 minutes alone on 2 cores (docs/studies.md, "Tool loop on
-        # ComplexFuncBench", has the estimate).  A call is one answer: 160 new tokens.
+        # ~1,330 tokens (p95; ~350 without): max_length 1536 keeps them whole.  One budget of 2 epochs (120 updates),
+        # sized to about 50 minutes alone on 2 cores (docs/studies.md, "Tool loop on ComplexFuncBench").  Rows
+        # mean-initialised (the recipe ablation: argument F1 77.1 against 49.4 for orthogonal rows), and every trained
+        # method on a decaying schedule: with a constant rate TokMem's routing never settles, and at these 120 updates
+        # a linear schedule at 2e-2 routes first calls far better than constant 5e-3 (68.5 against 54.8;
+        # benchmarks/routing_budget.py, "Why TokMem's routing collapses").  A call is one answer: 160 new tokens.
         "complexfuncbench": dict(
             train_multi=120,
             test_multi=24,
@@ -274,7 +276,8 @@ PRESETS = {
             max_length=1536,
             max_new_tokens=160,
             init="mean",
-            schedule="constant",
+            schedule="linear",
+            tokmem_lr=2e-2,
         ),
     },
     # the paper's sizes and the reference code's recipe; a GPU (and, for 50 + 50 tools, the xLAM file: --xlam)
