@@ -11,6 +11,7 @@ from tokmem.data.realtools import complexfuncbench_data, function_calling_dir, h
 from tokmem.errors import DataError, TokMemError
 from tokmem.studies import compositional, compositional_report
 from tokmem.studies.compositional import make_config
+from tokmem.studies.outputs import spread
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "function-calling"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} is absent")
@@ -55,7 +56,9 @@ def test_real_data_is_a_main_or_recipe_study_from_one_source():
 def test_the_cpu_preset_takes_the_real_datas_own_sizes():
     config = make_config("cpu", "main", dataset="complexfuncbench")
     assert (config.train_multi, config.test_multi, config.max_calls, config.epochs) == (120, 24, 4, 2)
-    assert (config.init, config.schedule, config.epoch_budgets) == ("mean", "constant", None)  # the better recipe
+    assert (config.init, config.schedule, config.epoch_budgets) == ("mean", "linear", None)  # routing settles
+    assert config.tokmem_lr > make_config("cpu", "main").tokmem_lr  # faster rows; LoRA's rate as elsewhere
+    assert config.lora_lr == make_config("cpu", "main").lora_lr
     assert make_config("cpu", "main").train_multi == 120
 
 
@@ -92,6 +95,11 @@ def tiny_real_config(**options):
     )
 
 
+def routing_cell(table: str) -> str:
+    """The Routing F1 cell of TokMem (w/ adapt)'s row in a markdown table."""
+    return next(r for r in table.splitlines() if r.startswith("| TokMem (w/ adapt) |")).split(" | ")[3]
+
+
 @needs_shared
 def test_the_tool_loop_study_scores_every_method_per_step_and_end_to_end_at_equal_updates(backbone):
     config = tiny_real_config(methods=("icl", "lora", "tokmem", "tokmem-noschema"), max_length=1024)
@@ -109,15 +117,20 @@ def test_the_tool_loop_study_scores_every_method_per_step_and_end_to_end_at_equa
     assert methods["tokmem-noschema"]["label"] == "TokMem (w/ adapt; free arguments)"
     report = compositional_report.markdown(result)
     assert "## Per step" in report and "## End to end" in report and "free arguments" in report
+    per_step, end_to_end = report.split("## End to end")
+    assert routing_cell(per_step) == spread(
+        methods["tokmem"]["step"]["routing_f1"]["avg"]
+    )  # the memory tokens' choices
+    assert routing_cell(end_to_end) == "–"  # scored per step only
 
 
-def test_the_tool_loop_adds_the_free_arguments_row_to_the_main_studys_default_methods():
+def test_the_tool_loop_adds_the_free_arguments_row_and_leaves_the_constant_lr_row_out_of_the_default_methods():
     loop = make_config(None, "main", dataset="complexfuncbench").resolved()
     plain = make_config(None, "main", dataset="complexfuncbench", results_in_context=False).resolved()
     assert loop.methods[-1] == "tokmem-noschema" and "tokmem-noschema" not in plain.methods
-    reference = make_config(None, "main", dataset="complexfuncbench", init="orthogonal", schedule="linear").resolved()
-    preset = make_config("cpu", "main", dataset="complexfuncbench").resolved()  # its recipe is the better one already
-    assert "tokmem-better" in reference.methods and "tokmem-better" not in preset.methods
+    assert "tokmem-better" in plain.methods and "tokmem-better" not in loop.methods
+    chosen = make_config(None, "main", dataset="complexfuncbench", methods=("tokmem-better",)).resolved()
+    assert chosen.methods == ("tokmem-better",)  # still there when asked for
 
 
 @needs_shared

@@ -59,7 +59,6 @@ from tokmem.studies.settings import MethodSettings
 from tokmem.studies.tool_loop import loop_scores
 from tokmem.methods.tokmem import TokMem
 from tokmem.studies.tool_setup import (
-    BETTER_RECIPE,
     TOKMEM_LABELS,
     build_method,
     groups,
@@ -177,8 +176,9 @@ class CompositionalConfig(MethodSettings):
                 f"unknown dataset '{self.dataset}': choose from {', '.join(DATASETS)} (or pass --xlam FILE)"
             )
         defaults, accepted = STUDIES[self.study]
-        if self.study == "main" and self.tool_loop():  # its ablation row; "tokmem-better" only where it differs
-            defaults = (*(m for m in defaults if m != "tokmem-better" or not self.has_better_recipe()), LOOP_ABLATION)
+        if self.study == "main" and self.tool_loop():
+            # its ablation row; not "tokmem-better": that recipe (constant lr) is the one routing collapsed under here
+            defaults = (*(m for m in defaults if m != "tokmem-better"), LOOP_ABLATION)
         unknown = [m for m in self.methods or defaults if m not in accepted]
         if unknown:
             raise TokMemError(
@@ -186,10 +186,6 @@ class CompositionalConfig(MethodSettings):
             )
         config = replace(self, methods=tuple(self.methods or defaults))
         return config._checked_real() if self.dataset != "builtin" else config._with_tool_counts()
-
-    def has_better_recipe(self) -> bool:
-        """Whether TokMem's recipe already is the one "tokmem-better" switches to (so that row would repeat "tokmem")."""
-        return all(getattr(self, key) == value for key, value in BETTER_RECIPE.items())
 
     def tool_loop(self) -> bool:
         """Whether the study measures the tool loop (results in context; ``tokmem.studies.tool_loop``)."""

@@ -125,9 +125,10 @@ def _score_cells(scores: dict, calls: list[str], part: str = "step") -> list[str
     return [spread(scores[m][c]) if c in scores[m] else "–" for m in METRICS for c in [*calls, "avg"]]
 
 
-def _budget_cells(scores: dict) -> list[str]:
-    """The updates a method made and its memory tokens' routing F1 (TokMem), beside its scores."""
-    routing = scores.get("routing_f1")
+def _budget_cells(scores: dict, part: str = "step") -> list[str]:
+    """The updates a method made and its memory tokens' routing F1 (TokMem; in the tool loop its ``part``
+    evaluation's), beside its scores."""
+    routing = _scored(scores, part).get("routing_f1")
     return [f"{scores.get('updates', 0):,}", spread(routing["avg"]) if routing else "–"]
 
 
@@ -145,7 +146,7 @@ def main_markdown(result: dict) -> str:
             + markdown_table(
                 header,
                 [
-                    [s["label"], f"{s['trainable_params']:,}", *_budget_cells(s), *_score_cells(s, calls, part)]
+                    [s["label"], f"{s['trainable_params']:,}", *_budget_cells(s, part), *_score_cells(s, calls, part)]
                     for s in methods
                 ],
             )
