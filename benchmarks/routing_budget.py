@@ -9,7 +9,7 @@ decay to 0 at the run's end) only the last point is a finished run.  Every point
 renormalisation.  ``predicted`` counts how often each tool was chosen, against ``gold_first_calls``.
 
     PYTHONPATH=src python benchmarks/routing_budget.py --recipes constant:5e-3,linear:2e-2 --seeds 0,1,2 \
-        --json results/routing_budget.json
+        --json results/routing_budget.json [--resume]
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ import argparse
 import time
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 
 import tokmem
 from tokmem.data.realtools import complexfuncbench_data, function_calling_dir
+from tokmem.io import read_json
 from tokmem.report import machine, write_json
 from tokmem.studies.harness import seed_spread
 
@@ -70,6 +72,20 @@ def curve_over_seeds(runs: list[dict]) -> dict:
     return {p: seed_spread([r["curve"][p]["accuracy"] for r in runs]) for p in runs[0]["curve"]}
 
 
+SAME_RUNS = ("backbone", "epochs", "batch_size", "train_records", "evaluate_every")  # what a resumed file must share
+
+
+def finished_runs(args) -> list[dict]:
+    """With ``--resume``, the runs already saved in ``--json`` (made with the same settings), else none."""
+    if not args.resume or not Path(args.json).exists():
+        return []
+    saved = read_json(args.json)
+    changed = [k for k in SAME_RUNS if saved["config"].get(k) != getattr(args, k)]
+    if changed:
+        raise SystemExit(f"cannot resume {args.json}: it was run with other {', '.join(changed)}; drop --resume")
+    return saved["runs"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backbone", default="smollm2-135m")
@@ -86,13 +102,16 @@ def main() -> None:
     )
     parser.add_argument("--evaluate-every", type=int, default=58, help="updates between two routing measurements")
     parser.add_argument("--json", default="results/routing_budget.json")
+    parser.add_argument("--resume", action="store_true", help="keep the runs --json already has; run the others")
     args = parser.parse_args()
     data = complexfuncbench_data(function_calling_dir(None), train_size=args.train_records, test_size=None)
     train, test = first_calls(data.data.train), data.data.test
     recipes = args.recipes.split(",")
-    runs = []
+    runs = finished_runs(args)
     for seed in args.seeds.split(","):  # seed by seed, every recipe: a stopped benchmark keeps its finished runs
         for recipe in recipes:
+            if any(r["recipe"] == recipe and r["seed"] == int(seed) for r in runs):
+                continue
             runs.append(run(args, recipe, int(seed), train, test))
             write_json(args.json, result(args, train, test, runs))
     for recipe, curve in result(args, train, test, runs)["first_call_routing"].items():
