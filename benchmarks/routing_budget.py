@@ -18,13 +18,12 @@ import argparse
 import time
 from collections import Counter
 from dataclasses import replace
-from pathlib import Path
 
 import tokmem
 from tokmem.data.realtools import complexfuncbench_data, function_calling_dir
-from tokmem.io import read_json
+from tokmem.errors import TokMemError
 from tokmem.report import machine, write_json
-from tokmem.studies.harness import seed_spread
+from tokmem.studies.harness import resumed, seed_spread
 
 
 def first_calls(examples):
@@ -76,14 +75,13 @@ SAME_RUNS = ("backbone", "epochs", "batch_size", "train_records", "evaluate_ever
 
 
 def finished_runs(args) -> list[dict]:
-    """With ``--resume``, the runs already saved in ``--json`` (made with the same settings), else none."""
-    if not args.resume or not Path(args.json).exists():
-        return []
-    saved = read_json(args.json)
-    changed = [k for k in SAME_RUNS if saved["config"].get(k) != getattr(args, k)]
-    if changed:
-        raise SystemExit(f"cannot resume {args.json}: it was run with other {', '.join(changed)}; drop --resume")
-    return saved["runs"]
+    """With ``--resume``, the runs already saved in ``--json`` (made with the same settings: ``harness.resumed``),
+    else none."""
+    try:
+        saved = resumed(args.json if args.resume else None, "routing_budget", {k: getattr(args, k) for k in SAME_RUNS})
+    except TokMemError as err:
+        raise SystemExit(str(err)) from None
+    return saved["runs"] if saved else []
 
 
 def main() -> None:
@@ -123,7 +121,7 @@ def result(args, train, test, runs: list[dict]) -> dict:
     """The benchmark's JSON over the finished runs."""
     recipes = dict.fromkeys(r["recipe"] for r in runs)
     return {
-        "benchmark": "routing_budget",
+        "study": "routing_budget",
         "config": vars(args),
         "machine": machine(),
         "data": {
