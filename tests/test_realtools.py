@@ -7,7 +7,13 @@ import pytest
 
 from tokmem.data import shared
 from tokmem.data.procedures import Example, Step
-from tokmem.data.realtools import complexfuncbench_data, function_calling_dir, hash_split, query_hash
+from tokmem.data.realtools import (
+    FLIGHT_TOOLS,
+    complexfuncbench_data,
+    function_calling_dir,
+    hash_split,
+    query_hash,
+)
 from tokmem.errors import DataError, TokMemError
 from tokmem.studies import compositional, compositional_report
 from tokmem.studies.compositional import make_config
@@ -49,8 +55,12 @@ def test_real_data_is_a_main_or_recipe_study_from_one_source():
         make_config(None, "main", dataset="complexfuncbench", xlam="x.json").resolved()
     with pytest.raises(TokMemError, match="unknown dataset 'cfb'"):
         make_config(None, "main", dataset="cfb").resolved()
-    with pytest.raises(TokMemError, match="--test-data and --test-spec need --dataset complexfuncbench"):
+    with pytest.raises(TokMemError, match="--test-data, --test-spec and --adapt-data need --dataset complexfuncbench"):
         make_config(None, "main", test_data="mine.json").resolved()
+    with pytest.raises(TokMemError, match="--adapt-data need --dataset complexfuncbench"):
+        make_config(None, "main", adapt_data=("flights",)).resolved()
+    with pytest.raises(TokMemError, match="adaptation data 'bfcl,cars': choose one or both of bfcl, flights"):
+        make_config(None, "main", dataset="complexfuncbench", adapt_data=("bfcl", "cars")).resolved()
 
 
 def test_the_cpu_preset_takes_the_real_datas_own_sizes():
@@ -73,6 +83,22 @@ def test_complexfuncbench_trains_and_tests_on_disjoint_records_and_adapts_on_dis
     assert not {p for e in real.adaptation for p in e.procedures} & set(data.tools)
     assert real.left_out["ComplexFuncBench records with more than 4 calls"] == 786 - 306
     assert real.left_out["test records beyond 24"] + 24 + real.left_out["training records beyond 150"] + 150 == 306
+
+
+@needs_shared
+def test_adapting_on_the_flight_tools_holds_them_out_of_the_evaluation_and_keeps_their_results():
+    real = complexfuncbench_data(
+        SHARED, max_calls=4, train_size=150, test_size=24, adapt_samples=300, adapt_data=("bfcl", "flights")
+    )
+    flights = [e for e in real.adaptation if FLIGHT_TOOLS.issuperset(e.procedures)]
+    assert real.summary()["adaptation"] == {"bfcl": 300, "flights": len(flights)} and len(flights) == 118
+    assert all(step.result is not None for e in flights for step in e.steps)  # the results the loop reads
+    assert max(len(e.steps) for e in flights) > 4  # the adaptation is not bound by the evaluation's call count
+    evaluated = {p for e in real.data.train + real.data.test for p in e.procedures}
+    assert not evaluated & {p for e in real.adaptation for p in e.procedures}
+    assert real.left_out["records calling a flight tool (held out to adapt)"] == 27
+    alone = complexfuncbench_data(SHARED, max_calls=4, train_size=150, test_size=24, adapt_data=("flights",))
+    assert alone.adaptation == flights and alone.data.test == real.data.test
 
 
 @needs_shared

@@ -1,9 +1,12 @@
-"""The compositional study on real data: ComplexFuncBench's tools to evaluate, BFCL's multi-turn tools to adapt.
+"""The compositional study on real data: ComplexFuncBench's tools to evaluate, held-out tools to adapt.
 
-ComplexFuncBench (NESTFUL format, 38 Booking.com tools, 2–11 calls a query) gives the evaluation procedures;
-BFCL v4's multi-turn conversations (file-system, trading, travel… tools, disjoint from Booking.com's) give the
-adaptation phase's.  Both are the files of ``shared/data/function-calling`` (see its README), found in
-``--data-dir`` or the shared data folder (`tokmem.data.shared`).
+ComplexFuncBench (NESTFUL format, 38 Booking.com tools, 2–11 calls a query) gives the evaluation procedures.
+The adaptation phase's come from ``adapt_data``, one or both of: ``bfcl``, BFCL v4's multi-turn conversations
+(file-system, trading, travel… tools, disjoint from Booking.com's; no execution results), and ``flights``,
+ComplexFuncBench's own records over its flight tools (`FLIGHT_TOOLS`, with their recorded results, so the backbone
+learns to read a result and copy values out of it); then every record that calls a flight tool is held out of the
+evaluation, so the two sides still share no tool.  Both files are those of ``shared/data/function-calling`` (see
+its README), found in ``--data-dir`` or the shared data folder (`tokmem.data.shared`).
 
 Records are split into train and test by a stable hash of the query (md5), so a record's side never
 depends on the seed, the order of the file or the other records.  ``test_data`` replaces the test side
@@ -30,6 +33,21 @@ from tokmem.errors import DataError
 
 CFB_DATA = Path("complexfuncbench/complexfuncbench-data.json.gz")
 BFCL_MULTI_TURN = Path("bfcl/BFCL_v4_multi_turn_base.json")
+# ComplexFuncBench's flight tools.  Among the records of at most 4 calls, 27 of 306 call one of them, and those call
+# nothing else; over all lengths, 118 records call flight tools alone (3–7 calls each).
+FLIGHT_TOOLS = frozenset(
+    {
+        "Search_Flight_Location",
+        "Search_Flights",
+        "Search_Flights_Multi_Stops",
+        "Get_Flight_Details",
+        "Get_Min_Price",
+        "Get_Min_Price_Multi_Stops",
+        "Get_Seat_Map",
+    }
+)
+ADAPT_SOURCES = ("bfcl", "flights")
+ADAPT_DATA = ("bfcl",)  # the default: adaptation never shrinks the evaluation
 
 
 def function_calling_dir(explicit: str | None = None) -> Path:
@@ -46,6 +64,12 @@ def function_calling_dir(explicit: str | None = None) -> Path:
     return folder
 
 
+def check_adapt_data(adapt_data: tuple[str, ...]) -> None:
+    """Refuse adaptation data other than one or both of `ADAPT_SOURCES`."""
+    if not adapt_data or not set(adapt_data) <= set(ADAPT_SOURCES):
+        raise DataError(f"adaptation data '{','.join(adapt_data)}': choose one or both of {', '.join(ADAPT_SOURCES)}")
+
+
 def query_hash(query: str) -> float:
     """A stable number in [0, 1) for a query: its md5 read as a fraction."""
     return stable_hash(query) / 16**32
@@ -60,16 +84,19 @@ def hash_split(examples: list[Example], test_fraction: float) -> tuple[list[Exam
 
 @dataclass
 class RealData:
-    """The study's data and what was left out of it, by reason (for the result file)."""
+    """The study's data, the adaptation examples (with how many came from each source) and what was left out of
+    them, by reason (for the result file)."""
 
     data: ToolData
     adaptation: list[Example]
     left_out: Counter = field(default_factory=Counter)
+    adaptation_sources: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> dict:
         return {
             "left_out": dict(self.left_out),
             "train_calls": dict(sorted(Counter(len(e.steps) for e in self.data.train).items())),
+            "adaptation": self.adaptation_sources,
         }
 
 
@@ -84,17 +111,22 @@ def complexfuncbench_data(
     seed: int = 0,
     results: bool = True,
     test_spec: str | None = None,
+    adapt_data: tuple[str, ...] = ADAPT_DATA,
 ) -> RealData:
     """ComplexFuncBench's records with at most ``max_calls`` calls, split by query hash (or tested on
     ``test_data``); at most ``train_size`` training records (a seeded sample) and the first ``test_size`` test
-    records in hash order; and up to ``adapt_samples`` BFCL multi-turn turns with at most ``max_calls`` calls."""
+    records in hash order.  The adaptation examples of ``adapt_data``: up to ``adapt_samples`` BFCL multi-turn turns
+    with at most ``max_calls`` calls (``bfcl``) and every record over the flight tools alone (``flights``; records
+    calling a flight tool are then left out of both evaluation sides)."""
+    check_adapt_data(adapt_data)
+    held = FLIGHT_TOOLS if "flights" in adapt_data else frozenset()
     left_out: Counter = Counter()
     imported = import_nestful(folder / CFB_DATA, results=results)
-    records = _at_most(imported.examples, max_calls, left_out, "ComplexFuncBench")
+    records = _apart(_at_most(imported.examples, max_calls, left_out, "ComplexFuncBench"), held, left_out)
     if test_data:
         test_import = import_nestful(test_data, test_spec, results=results)
-        train, test = records, _at_most(test_import.examples, max_calls, left_out, str(test_data))
-        catalog = {**test_import.catalog, **imported.catalog}
+        test = _apart(_at_most(test_import.examples, max_calls, left_out, str(test_data)), held, left_out)
+        train, catalog = records, {**test_import.catalog, **imported.catalog}
     else:
         train, test = hash_split(records, test_fraction)
         catalog = imported.catalog
@@ -117,8 +149,25 @@ def complexfuncbench_data(
             f"{max_calls} calls: both must be non-empty (raise --max-calls or --test-fraction)"
         )
     tools = list(dict.fromkeys(p for e in train + test for p in e.procedures))
-    adaptation = _adaptation(folder, max_calls, adapt_samples, set(tools), rng, left_out)
-    return RealData(ToolData(train, test, {name: catalog[name] for name in tools}), adaptation, left_out)
+    adaptation = {}
+    if "bfcl" in adapt_data:
+        adaptation["bfcl"] = _bfcl_turns(folder, max_calls, adapt_samples, set(tools), rng, left_out)
+    if held:
+        adaptation["flights"] = [e for e in imported.examples if held.issuperset(e.procedures)]
+    return RealData(
+        ToolData(train, test, {name: catalog[name] for name in tools}),
+        [e for examples in adaptation.values() for e in examples],
+        left_out,
+        {source: len(examples) for source, examples in adaptation.items()},
+    )
+
+
+def _apart(examples: list[Example], held: frozenset[str], left_out: Counter) -> list[Example]:
+    """The records that call none of the ``held`` tools (those the adaptation phase trains on)."""
+    kept = [e for e in examples if held.isdisjoint(e.procedures)]
+    if len(kept) < len(examples):
+        left_out["records calling a flight tool (held out to adapt)"] += len(examples) - len(kept)
+    return kept
 
 
 def _at_most(examples: list[Example], max_calls: int, left_out: Counter, source: str) -> list[Example]:
@@ -128,7 +177,7 @@ def _at_most(examples: list[Example], max_calls: int, left_out: Counter, source:
     return kept
 
 
-def _adaptation(
+def _bfcl_turns(
     folder: Path, max_calls: int, samples: int, evaluation_tools: set[str], rng: random.Random, left_out: Counter
 ) -> list[Example]:
     """BFCL multi-turn turns (each a query and its calls) with at most ``max_calls`` calls, ``samples`` of them."""

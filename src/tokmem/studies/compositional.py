@@ -32,7 +32,8 @@ The data is the built-in catalog (`tokmem.data.tools`), an xLAM file (as in the 
 ranks 1..adapt_tools adapt, the next ``tools`` ranks evaluate) or, with ``dataset="complexfuncbench"``, real
 data nobody here wrote (`tokmem.data.realtools`): ComplexFuncBench's records over 38 Booking.com tools
 (split by query hash; ``train_multi`` / ``test_multi`` records) to evaluate, BFCL's multi-turn tools
-(``adapt_multi`` turns) to adapt; main and recipe studies.
+(``adapt_multi`` turns) and/or ComplexFuncBench's own flight tools, held out of the evaluation (``adapt_data``), to
+adapt; main and recipe studies.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from tokmem.adapt import AdaptConfig
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone
 from tokmem.config import option
 from tokmem.data.procedures import Example
+from tokmem.data.realtools import ADAPT_DATA, check_adapt_data
 from tokmem.data.tools import StudySizes, ToolData, split_tools
 from tokmem.errors import TokMemError
 from tokmem.eval import metrics
@@ -133,6 +135,12 @@ class CompositionalConfig(MethodSettings):
         "references in gold arguments resolved to their values; evaluation per step and end to end",
     )
     test_fraction: float = option(0.2, "complexfuncbench: share of records the query-hash split tests on")
+    adapt_data: tuple[str, ...] = option(
+        ADAPT_DATA,
+        "complexfuncbench: the adaptation phase's data, one or both of bfcl (BFCL multi-turn turns, no results) and "
+        "flights (ComplexFuncBench's records over its flight tools, with results; those tools then leave the "
+        "evaluation)",
+    )
     tools: int | None = option(None, "evaluation tools (default: all 25 built-in, or 50 from --xlam)")
     adapt_tools: int | None = option(None, "adaptation tools (likewise)")
     per_tool: int = option(StudySizes.per_tool, "single-tool samples per tool")
@@ -200,12 +208,13 @@ class CompositionalConfig(MethodSettings):
             )
         if self.test_spec and not self.test_data:
             raise TokMemError("--test-spec is the spec of --test-data: pass both")
+        check_adapt_data(self.adapt_data)
         return self
 
     def _with_tool_counts(self) -> "CompositionalConfig":
         """The built-in catalog or an xLAM file: the numbers of evaluation and adaptation tools, checked."""
-        if self.test_data or self.test_spec:
-            raise TokMemError("--test-data and --test-spec need --dataset complexfuncbench")
+        if self.test_data or self.test_spec or self.adapt_data != ADAPT_DATA:
+            raise TokMemError("--test-data, --test-spec and --adapt-data need --dataset complexfuncbench")
         adaptation, evaluation = (XLAM_TOOLS, XLAM_TOOLS) if self.xlam else map(len, split_tools())
         config = replace(self, tools=self.tools or evaluation, adapt_tools=self.adapt_tools or adaptation)
         if not self.xlam and (config.tools > evaluation or config.adapt_tools > adaptation):

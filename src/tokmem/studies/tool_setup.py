@@ -81,7 +81,7 @@ def adaptation_examples(config: CompositionalConfig) -> list[Example]:
 
 @functools.lru_cache(maxsize=2)
 def real_data(config: CompositionalConfig) -> RealData:
-    """ComplexFuncBench to evaluate and BFCL multi-turn to adapt (``tokmem.data.realtools``), read once per config."""
+    """ComplexFuncBench to evaluate and ``adapt_data`` to adapt (``tokmem.data.realtools``), read once per config."""
     folder = function_calling_dir(config.data_dir)
     return complexfuncbench_data(
         folder,
@@ -94,6 +94,7 @@ def real_data(config: CompositionalConfig) -> RealData:
         config.seed,
         config.results_in_context,
         config.test_spec,
+        config.adapt_data,
     )
 
 
