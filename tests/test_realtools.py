@@ -1,4 +1,4 @@
-"""The compositional study on real data: ComplexFuncBench to evaluate, BFCL multi-turn to adapt."""
+"""The compositional study on real data: ComplexFuncBench to evaluate, BFCL multi-turn or its own flight tools to adapt."""
 
 import json
 from pathlib import Path
@@ -99,6 +99,8 @@ def test_adapting_on_the_flight_tools_holds_them_out_of_the_evaluation_and_keeps
     assert real.left_out["records calling a flight tool (held out to adapt)"] == 27
     alone = complexfuncbench_data(SHARED, max_calls=4, train_size=150, test_size=24, adapt_data=("flights",))
     assert alone.adaptation == flights and alone.data.test == real.data.test
+    config = make_config(None, "main", dataset="complexfuncbench", adapt_data=("flights",))
+    assert compositional.data_source(config).endswith("; ComplexFuncBench's flight tools (held out) to adapt")
 
 
 @needs_shared

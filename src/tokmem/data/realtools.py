@@ -46,7 +46,8 @@ FLIGHT_TOOLS = frozenset(
         "Get_Seat_Map",
     }
 )
-ADAPT_SOURCES = ("bfcl", "flights")
+ADAPT_SOURCE_NAMES = {"bfcl": "BFCL v4 multi-turn", "flights": "ComplexFuncBench's flight tools (held out)"}
+ADAPT_SOURCES = tuple(ADAPT_SOURCE_NAMES)
 ADAPT_DATA = ("bfcl",)  # the default: adaptation never shrinks the evaluation
 
 

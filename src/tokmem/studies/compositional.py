@@ -47,7 +47,7 @@ from tokmem.adapt import AdaptConfig
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone
 from tokmem.config import option
 from tokmem.data.procedures import Example
-from tokmem.data.realtools import ADAPT_DATA, check_adapt_data
+from tokmem.data.realtools import ADAPT_DATA, ADAPT_SOURCE_NAMES, check_adapt_data
 from tokmem.data.tools import StudySizes, ToolData, split_tools
 from tokmem.errors import TokMemError
 from tokmem.eval import metrics
@@ -551,7 +551,7 @@ def data_source(config: CompositionalConfig) -> str:
             if config.test_data
             else f"split by query hash, {config.test_fraction:.0%} test"
         )
-        return f"ComplexFuncBench ({test}); BFCL v4 multi-turn to adapt"
+        return f"ComplexFuncBench ({test}); {' and '.join(map(ADAPT_SOURCE_NAMES.get, config.adapt_data))} to adapt"
     return config.xlam or "built-in catalog"
 
 
