@@ -100,7 +100,8 @@ def test_fine_tuning_answers_each_step_with_one_call_at_most(backbone):
     lora = LoRA(backbone, max_new_tokens=6)
     lora.learn(examples)
     predicted, routes = step_predictions(lora, examples, 256, progress_bar(False))
-    assert len(predicted) == 2 and all(len(p) <= len(e.steps) for p, e in zip(predicted, examples))
+    assert [len(p) for p in predicted] == [2, 1]  # one answer per gold call, aligned with it
+    assert all(call is None or isinstance(call, str) for p in predicted for call in p)  # None: no call made
     assert routes == [[], []]  # no memory tokens
 
 

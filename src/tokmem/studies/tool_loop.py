@@ -103,9 +103,10 @@ def next_calls(
 
 
 def step_predictions(method: Method, examples: list[Example], result_tokens: int, bar) -> tuple[list, list]:
-    """Per step: each record's predicted calls, one for each of its gold calls, the gold ones before it in context;
-    and the tools its memory tokens chose (empty lists for a method without memory tokens)."""
-    predicted: list[list[str]] = [[] for _ in examples]
+    """Per step: each record's predicted calls, one for each of its gold calls (None where the method made no call),
+    the gold ones before it in context; and the tools its memory tokens chose (empty lists for a method without
+    memory tokens)."""
+    predicted: list[list[str | None]] = [[] for _ in examples]
     routes: list[list[str]] = [[] for _ in examples]
     caches = [ChatCache() for _ in examples]
     for k in range(max(len(e.steps) for e in examples)):
@@ -115,10 +116,15 @@ def step_predictions(method: Method, examples: list[Example], result_tokens: int
             method, [examples[i] for i in due], histories, [caches[i] for i in due], result_tokens, "required"
         )
         for i, (call, route) in zip(due, calls):
-            predicted[i] += [call] if call is not None else []
+            predicted[i].append(call)
             routes[i] += [route] if route is not None else []
         bar.update(sum(len(examples[i].steps) == k + 1 for i in due))  # the records answered in full
     return predicted, routes
+
+
+def made(calls: list[str | None]) -> list[str]:
+    """The calls a method made (a step it answered without a call is left out: it is scored as a missing call)."""
+    return [call for call in calls if call is not None]
 
 
 class ReplayExecutor:
@@ -173,13 +179,13 @@ def loop_predictions(
 def loop_scores(method: Method, examples: list[Example], max_calls: int, result_tokens: int, bar) -> dict:
     """``{"step": scores, "end_to_end": scores}`` (``score_calls``: tool / argument / call F1 by number of calls;
     per step TokMem's memory-token choices also as routing F1) and every record's answers, to read what fails (a
-    few dozen records: small)."""
+    few dozen records: small; per step aligned with the gold calls, null where no call was made)."""
     bar.phase(f"{method.name}: answering {len(examples)} records step by step", len(examples))
     steps, routes = step_predictions(method, examples, result_tokens, bar)
     bar.phase(f"{method.name}: running {len(examples)} records end to end", len(examples))
     loops = loop_predictions(method, examples, max_calls, result_tokens, bar)
     return {
-        "step": score_calls(examples, steps, routes if isinstance(method, TokMem) else None),
+        "step": score_calls(examples, [made(p) for p in steps], routes if isinstance(method, TokMem) else None),
         "end_to_end": score_calls(examples, loops),
         "samples": [
             {"query": e.query, "gold": [s.response for s in e.steps], "step": p, "end_to_end": q}
