@@ -366,6 +366,8 @@ def test_presets_give_the_sizes_and_options_override_them(tmp_path):
         1,
         (1, 2),
     )
+    # both learning rates raised for the preset's 263 updates, TokMem's to the paper's 5e-3 (routing at 1e-3: 51-64%)
+    assert (cpu.lora_lr, cpu.tokmem_lr) == (1e-3, 5e-3)
     cpu = make_config("cpu", checkpoints=(1, 2), methods=("base",)).resolved()
     assert (cpu.num_tasks, cpu.methods, cpu.lora_rank) == (2, ("base",), 8)
     with pytest.raises(TokMemError, match="unknown method"):
