@@ -1,10 +1,11 @@
 """What a tool-loop study's per-step answers get wrong, read from its result file's samples.
 
-Each per-step answer is set against the gold call it was due for and counted as: exact, another tool, the right
-tool with other argument keys, the right tool and keys with other values, not a JSON call (cut at the token limit or
-malformed), or no call at all.  Argument values are also split by whether their text appears in the query (those
-that do not were copied from an earlier result or rewritten, as dates are).  Files written before the samples kept
-no-call steps in place (their ``step`` lists are shorter than ``gold``) are read over their aligned records only.
+Each per-step answer is read as the scorer reads it (`metrics.read_call`: canonical arguments) and set against the
+gold call it was due for, counted as: exact, another tool, the right tool with other argument keys, the right tool
+and keys with other values, not a JSON call (cut at the token limit or malformed), or no call at all.  Argument
+values are also split by whether their text appears in the query (those that do not were copied from an earlier
+result or rewritten, as dates are).  Files written before the samples kept no-call steps in place (their ``step``
+lists are shorter than ``gold``) are read over their aligned records only.
 
     python benchmarks/loop_answers.py results/loop-cfb-flights.json [more.json ...]
 """
@@ -15,35 +16,32 @@ import argparse
 import json
 from collections import Counter
 
+from tokmem.eval.metrics import read_call
 
-def category(gold: dict, answer: str | None) -> str:
+Call = tuple  # (name, canonical arguments), as the scorer reads a call (`metrics.read_call`)
+
+
+def category(gold: Call, answer: Call | None) -> str:
     if answer is None:
         return "no call"
-    try:
-        call = json.loads(answer)
-    except ValueError:
+    name, arguments = answer
+    if name is None:
         return "not a JSON call"
-    if not isinstance(call, dict) or not isinstance(call.get("arguments"), dict):
-        return "not a JSON call"
-    if call == gold:
+    if answer == gold:
         return "exact"
-    if call.get("name") != gold["name"]:
+    if name != gold[0]:
         return "another tool"
-    return "other keys" if set(call["arguments"]) != set(gold["arguments"]) else "other values"
+    return "other keys" if dict(arguments).keys() != dict(gold[1]).keys() else "other values"
 
 
-def value_hits(query: str, gold: dict, answer: str | None) -> Counter:
+def value_hits(query: str, gold: Call, answer: Call | None) -> Counter:
     """Per gold argument: whether its value's text is in the query, and whether the answer has that value."""
     hits: Counter = Counter()
-    try:
-        call = json.loads(answer) if answer else {}
-    except ValueError:
-        call = {}
-    given = call.get("arguments") if isinstance(call, dict) and call.get("name") == gold["name"] else None
-    for key, value in gold["arguments"].items():
+    given = dict(answer[1]) if answer is not None and answer[0] == gold[0] else {}
+    for key, value in dict(gold[1]).items():
         where = "in query" if str(value).lower() in query.lower() else "not in query"
         hits[where, "total"] += 1
-        hits[where, "right"] += isinstance(given, dict) and given.get(key) == value
+        hits[where, "right"] += key in given and given[key] == value
     return hits
 
 
@@ -51,8 +49,8 @@ def summary(samples: list[dict]) -> dict:
     aligned = [s for s in samples if len(s["step"]) == len(s["gold"])]
     counts, values = Counter(), Counter()
     for sample in aligned:
-        for gold_text, answer in zip(sample["gold"], sample["step"]):
-            gold = json.loads(gold_text)
+        for gold_text, text in zip(sample["gold"], sample["step"]):
+            gold, answer = read_call(gold_text), None if text is None else read_call(text)
             counts[category(gold, answer)] += 1
             values += value_hits(sample["query"], gold, answer)
     return {
