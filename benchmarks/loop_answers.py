@@ -2,10 +2,15 @@
 
 Each per-step answer is read as the scorer reads it (`metrics.read_call`: canonical arguments) and set against the
 gold call it was due for, counted as: exact, another tool, the right tool with other argument keys, the right tool
-and keys with other values, not a JSON call (cut at the token limit or malformed), or no call at all.  Argument
-values are also split by whether their text appears in the query (those that do not were copied from an earlier
-result or rewritten, as dates are).  Files written before the samples kept no-call steps in place (their ``step``
-lists are shorter than ``gold``) are read over their aligned records only.
+and keys with other values, not a JSON call (cut at the token limit or malformed), or no call at all.
+
+Each gold argument value is also counted by where the model could have read it (`origin`): in the query, in an
+earlier result as the sequence shows it (cut to the study's result budget), only in the part of a result the cut
+hides, or nowhere (rewritten: a date from "December 15th", a sum): and how often the answer has it, a value
+counting as right only when the answer names the right tool.  The test records are rebuilt from the study's own
+config (the data under ``../shared/data/function-calling`` or ``--data-dir``), and the cut is measured with the
+backbone's tokenizer (``--result-tokens`` asks what another budget would show).  Files written before the samples kept no-call steps in place (their ``step`` lists are
+shorter than ``gold``) are read over their aligned records only.
 
     python benchmarks/loop_answers.py results/loop-cfb-flights.json [more.json ...]
 """
@@ -15,10 +20,17 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
+from dataclasses import fields, replace
 
+from tokmem.backbones import load_backbone
+from tokmem.data.procedures import Example
 from tokmem.eval.metrics import read_call
+from tokmem.sequences import RESULT_TOKENS
+from tokmem.studies.compositional import CompositionalConfig
+from tokmem.studies.tool_setup import real_data
 
 Call = tuple  # (name, canonical arguments), as the scorer reads a call (`metrics.read_call`)
+ORIGINS = ("query", "result as shown", "past the cut", "rewritten")
 
 
 def category(gold: Call, answer: Call | None) -> str:
@@ -34,39 +46,73 @@ def category(gold: Call, answer: Call | None) -> str:
     return "other keys" if dict(arguments).keys() != dict(gold[1]).keys() else "other values"
 
 
-def value_hits(query: str, gold: Call, answer: Call | None) -> Counter:
-    """Per gold argument: whether its value's text is in the query, and whether the answer has that value."""
-    hits: Counter = Counter()
-    given = dict(answer[1]) if answer is not None and answer[0] == gold[0] else {}
-    for key, value in dict(gold[1]).items():
-        where = "in query" if str(value).lower() in query.lower() else "not in query"
-        hits[where, "total"] += 1
-        hits[where, "right"] += key in given and given[key] == value
-    return hits
+def origin(value, query: str, shown: list[str], whole: list[str]) -> str:
+    """Where a gold value's text first appears to the model (see the module docstring)."""
+    text = str(value).lower()
+    if text in query.lower():
+        return "query"
+    if any(text in result for result in shown):
+        return "result as shown"
+    return "past the cut" if any(text in result for result in whole) else "rewritten"
 
 
-def summary(samples: list[dict]) -> dict:
+def value_origins(example: Example, tokenizer, budget: int = RESULT_TOKENS) -> list[list[str]]:
+    """Per step of ``example``, the origin of each gold argument value, in the gold call's key order."""
+    shown, whole, origins = [], [], []
+    for step in example.steps:
+        arguments = json.loads(step.response)["arguments"]
+        origins.append([origin(v, example.query, shown, whole) for v in arguments.values()])
+        if step.result:
+            ids = tokenizer(step.result, add_special_tokens=False)["input_ids"]
+            shown.append(tokenizer.decode(ids[:budget]).lower())
+            whole.append(step.result.lower())
+    return origins
+
+
+def summary(samples: list[dict], examples: dict[str, Example], tokenizer, budget: int = RESULT_TOKENS) -> dict:
     aligned = [s for s in samples if len(s["step"]) == len(s["gold"])]
     counts, values = Counter(), Counter()
     for sample in aligned:
-        for gold_text, text in zip(sample["gold"], sample["step"]):
+        origins = value_origins(examples[sample["query"]], tokenizer, budget)
+        for gold_text, text, where in zip(sample["gold"], sample["step"], origins):
             gold, answer = read_call(gold_text), None if text is None else read_call(text)
             counts[category(gold, answer)] += 1
-            values += value_hits(sample["query"], gold, answer)
+            given = dict(answer[1]) if answer is not None and answer[0] == gold[0] else {}
+            for (key, value), place in zip(json.loads(gold_text)["arguments"].items(), where):
+                values[place, "total"] += 1
+                values[place, "right"] += key in given and given[key] == dict(gold[1])[key]
     return {
         "records": f"{len(aligned)} of {len(samples)}",
         "steps": sum(counts.values()),
         **counts,
-        **{f"values {w}": f"{values[w, 'right']} of {values[w, 'total']} right" for w in ("in query", "not in query")},
+        "values right, by origin": {o: f"{values[o, 'right']} of {values[o, 'total']}" for o in ORIGINS},
     }
+
+
+def study_examples(config: dict, data_dir: str | None) -> dict[str, Example]:
+    """The test records of the study a result file's ``config`` describes, by query."""
+    names = {f.name for f in fields(CompositionalConfig)}
+    settings = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k in names}
+    rebuilt = replace(CompositionalConfig(), **settings | {"data_dir": data_dir or config.get("data_dir")})
+    return {e.query: e for e in real_data(rebuilt).data.test}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+")
-    for path in parser.parse_args().files:
-        for name, method in json.load(open(path))["methods"].items():
-            print(f"{path} {method.get('label', name)}: {json.dumps(summary(method['samples']))}")
+    parser.add_argument("--data-dir", help="the function-calling data folder, when not ../shared/data's")
+    parser.add_argument(
+        "--result-tokens", type=int, default=RESULT_TOKENS, help="the result budget to count values past (the study's)"
+    )
+    args = parser.parse_args()
+    tokenizer = load_backbone("smollm2-135m").tokenizer
+    for path in args.files:
+        result = json.load(open(path))
+        examples = study_examples(result["config"], args.data_dir)
+        for name, method in result["methods"].items():
+            print(
+                f"{path} {method.get('label', name)}: {json.dumps(summary(method['samples'], examples, tokenizer, args.result_tokens))}"
+            )
 
 
 if __name__ == "__main__":

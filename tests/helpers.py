@@ -1,8 +1,22 @@
 """Helpers shared by the test modules."""
 
 import contextlib
+import importlib.util
+import sys
+from pathlib import Path
 
 import torch
+
+BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+
+
+def load_script(name: str):
+    """A script of benchmarks/ as a module."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def random_rows(bank, seed: int = 0, scale: float = 1.0) -> None:

@@ -1,23 +1,12 @@
 """The loopback load test and soak scripts (benchmarks/serve_load_test.py, serve_soak.py), small."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
-
-
-def load_script(name: str = "serve_load_test"):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_script
 
 
 def test_concurrent_clients_over_many_banks_with_mid_run_replacement_lose_nothing_and_match_generate(lively_backbone):
-    summary = load_script().run(
+    summary = load_script("serve_load_test").run(
         lively_backbone, banks=6, requests=30, concurrency=10, max_tokens=8, replace=2, time_limit=120, max_batch=8
     )
     assert summary["problems"] == [] and summary["ok"]

@@ -1,0 +1,36 @@
+"""The loop study's answer analysis (benchmarks/loop_answers.py): where a gold value could be read from."""
+
+from helpers import load_script
+
+from tokmem.data.procedures import Example, Step, call_json
+
+loop_answers = load_script("loop_answers")
+
+
+def test_a_value_is_counted_from_the_query_first_then_the_result_as_shown_then_the_part_the_cut_hides(backbone):
+    tokenizer = backbone.tokenizer
+    hidden = "x" * 40 + " zq-77"  # past a 20-token cut (the byte-level tokenizer: a token a byte)
+    example = Example(
+        "Find cars near Melbourne.",
+        (
+            Step("Search", call_json("Search", {"query": "Melbourne"}), result='{"id": "ab12"} ' + hidden),
+            Step("Rent", call_json("Rent", {"id": "ab12", "code": "zq-77", "date": "2024-12-15"})),
+        ),
+    )
+    assert loop_answers.value_origins(example, tokenizer, budget=20) == [
+        ["query"],
+        ["result as shown", "past the cut", "rewritten"],
+    ]
+    assert loop_answers.value_origins(example, tokenizer, budget=10_000)[1][1] == "result as shown"
+
+
+def test_a_value_counts_as_right_only_when_the_answer_names_the_right_tool(backbone):
+    example = Example("Rent car ab12.", (Step("Rent", call_json("Rent", {"id": "ab12"})),))
+    gold = call_json("Rent", {"id": "ab12"})
+    samples = [{"query": example.query, "gold": [gold], "step": [call_json("Search", {"id": "ab12"})]}]
+    counted = loop_answers.summary(samples, {example.query: example}, backbone.tokenizer)
+    assert counted["another tool"] == 1
+    assert counted["values right, by origin"]["query"] == "0 of 1"
+    samples[0]["step"] = [gold]
+    counted = loop_answers.summary(samples, {example.query: example}, backbone.tokenizer)
+    assert (counted["exact"], counted["values right, by origin"]["query"]) == (1, "1 of 1")
