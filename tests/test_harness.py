@@ -7,6 +7,7 @@ import pytest
 from tokmem.errors import TokMemError
 from tokmem.studies.compositional import make_config
 from tokmem.studies.harness import aggregate_seeds, resumed, run_repeats
+from tokmem.studies.outputs import budget_markdown
 
 
 def seed_result(seed: int, f1: float, label: str = "TokMem") -> dict:
@@ -120,3 +121,31 @@ def test_a_run_saved_before_an_option_existed_resumes_when_the_option_is_at_its_
     assert resumed(path, "main", {"epochs": 1, "new_option": True}, defaults={"new_option": True}) is not None
     with pytest.raises(TokMemError, match=r"other settings \(new_option\)"):
         resumed(path, "main", {"epochs": 1, "new_option": False}, defaults={"new_option": True})
+
+
+def test_after_every_run_the_writer_saves_the_results_so_far_so_a_stopped_command_leaves_its_tables(tmp_path):
+    config = make_config(
+        None, "main", backbone="tiny-random", tools=4, adapt_tools=2, epoch_budgets=(1, 3), seeds=(0, 1)
+    )
+    written = []
+    run_repeats(config, study, tmp_path / "r.json", ("methods",), lambda result: written.append(json.dumps(result)))
+    so_far = [json.loads(w)["epoch_budgets"] for w in written]
+    assert [{e: p["seeds"] for e, p in budgets.items()} for budgets in so_far] == [
+        {"1": [0]},
+        {"1": [0, 1]},
+        {"1": [0, 1], "3": [0]},
+        {"1": [0, 1], "3": [0, 1]},
+    ]
+    assert not (tmp_path / "r.json").exists()  # the writer, not the default, saved them
+
+
+def test_the_budget_curve_says_which_seeds_a_budget_has_when_a_stopped_command_left_it_fewer():
+    def point(seeds):
+        return {"seeds": seeds, "score": {"avg": 50.0, "sd": 1.0, "per_seed": [50.0] * len(seeds)}}
+
+    result = {"seeds": [0, 1, 2], "epoch_budgets": {"1": point([0, 1, 2]), "4": point([0])}}
+    table = budget_markdown(
+        result, lambda p: {"TokMem": {"updates": 10, "score": p["score"]}}, {"score": "F1"}, lambda p: "# T\n\nbody\n"
+    )
+    assert "| 1 epoch(s) each | 4 epoch(s) each (seeds 0 of 0, 1, 2) |" in table
+    assert "# At 1 epoch(s) each\n" in table and "# At 4 epoch(s) each (seeds 0 of 0, 1, 2)\n" in table

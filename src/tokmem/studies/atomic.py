@@ -238,13 +238,16 @@ def run(
     if json_path is None:
         raise TokMemError("several seeds or budgets need a result file (--json): each run is saved beside it")
     backbone = backbone or _load_backbone(config)
-    result = run_repeats(
-        config, lambda one, path: study(one, backbone, path, None, True, progress), json_path, SCORE_KEYS
+    files, kind = Files(json_path, out_dir), EFFICIENCY if config.sample_efficiency else ATOMIC
+
+    def write(result: dict) -> None:
+        write_json_atomic(files.json, result)
+        write_text_atomic(files.markdown, markdown(result, kind))
+        plot(result, kind, files.plot)
+
+    return run_repeats(
+        config, lambda one, path: study(one, backbone, path, None, True, progress), json_path, SCORE_KEYS, write
     )
-    files = Files(json_path, out_dir)
-    write_text_atomic(files.markdown, markdown(result, EFFICIENCY if config.sample_efficiency else ATOMIC))
-    plot(result, EFFICIENCY if config.sample_efficiency else ATOMIC, files.plot)
-    return result
 
 
 def run_atomic(

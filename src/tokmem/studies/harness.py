@@ -5,6 +5,7 @@ A study is a config dataclass and a function returning a result dict; these are 
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import time
@@ -154,14 +155,22 @@ def _combine(values: list, key: str | None = None):
     return first
 
 
-def run_repeats(config, run_one: Callable[[Any, Path], dict], json_path, keys: tuple[str, ...]) -> dict:
+def run_repeats(
+    config,
+    run_one: Callable[[Any, Path], dict],
+    json_path,
+    keys: tuple[str, ...],
+    write: Callable[[dict], Any] | None = None,
+) -> dict:
     """One run of the study per budget (``config.epoch_budgets``: epochs of every trained method; past the first
     budget only the trained methods) and seed (``config.seeds``), one after the other, each saved to
     ``<json stem>-runs/epochs<b>-seed<s>.json``; a run already finished there (with the same settings) is read, not
-    run again.  ``run_one(config, path)`` runs one and saves it to ``path``.  Returns (and saves to ``json_path``
-    after every run) ``{"study": "repeats", "config", "machine", "seeds", "epoch_budgets": {epochs: the seeds'
-    results aggregated (`aggregate_seeds`)}, "runs": [paths]}``."""
+    run again.  ``run_one(config, path)`` runs one and saves it to ``path``.  Returns ``{"study": "repeats",
+    "config", "machine", "seeds", "epoch_budgets": {epochs: the seeds' results aggregated (`aggregate_seeds`)},
+    "runs": [paths]}``, saved after every run by ``write`` (the study's JSON and tables; default: the JSON to
+    ``json_path``), so a stopped command leaves the tables of the runs it finished."""
     json_path = Path(json_path)
+    write = write or functools.partial(write_json_atomic, json_path)
     budgets, seeds = config.epoch_budgets or (config.epochs,), config.seeds or (config.seed,)
     folder = json_path.with_name(f"{json_path.stem}-runs")
     combined = {
@@ -182,7 +191,7 @@ def run_repeats(config, run_one: Callable[[Any, Path], dict], json_path, keys: t
             results.append(_finished_run(one, path) or _finish(run_one(one, path), path))
             combined["runs"].append(str(path))
             combined["epoch_budgets"][str(epochs)] = aggregate_seeds(results, keys)
-            write_json_atomic(json_path, combined)
+            write(combined)
     return combined
 
 

@@ -127,16 +127,23 @@ def budget_markdown(result: dict, headline: Headline, scores: dict[str, str], bo
                 spread(values[m]) for m in scores
             )
     rows = [[label, *(cells.get(e, "–") for e in budgets)] for label, cells in curve.items()]
+    columns = [f"{e} epoch(s) each{_seeds_run(point, result['seeds'])}" for e, point in budgets.items()]
     out = (
         "# Budget curve\n\nEvery trained method of a run trains the same epochs over the same data, so the same "
         f"number of updates; one run per budget and seed (seeds {', '.join(map(str, result['seeds']))}); past the "
         "first budget only the methods that train run again (the others answer the same at every budget). Each cell: "
         f"updates: {' / '.join(scores.values())} (mean ± sd over the seeds).\n\n"
-        + markdown_table(["Method", *(f"{e} epoch(s) each" for e in budgets)], rows)
+        + markdown_table(["Method", *columns], rows)
     )
-    for epochs, point in budgets.items():
-        out += f"\n# At {epochs} epoch(s) each\n\n" + _without_title(body(point))
+    for column, point in zip(columns, budgets.values()):
+        out += f"\n# At {column}\n\n" + _without_title(body(point))
     return out
+
+
+def _seeds_run(point: dict, seeds: list[int]) -> str:
+    """What a budget's column adds when it has fewer seeds than asked for (a stopped command): which it has."""
+    done = point.get("seeds", seeds)
+    return "" if done == seeds else f" (seeds {', '.join(map(str, done))} of {', '.join(map(str, seeds))})"
 
 
 def _without_title(text: str) -> str:
