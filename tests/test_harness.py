@@ -143,9 +143,11 @@ def test_the_budget_curve_says_which_seeds_a_budget_has_when_a_stopped_command_l
     def point(seeds):
         return {"seeds": seeds, "score": {"avg": 50.0, "sd": 1.0, "per_seed": [50.0] * len(seeds)}}
 
-    result = {"seeds": [0, 1, 2], "epoch_budgets": {"1": point([0, 1, 2]), "4": point([0])}}
+    result = {"seeds": [0, 1, 2], "epoch_budgets": {"1": point([0, 1, 2]), "4": point([0]), "8": point([0, 1])}}
     table = budget_markdown(
         result, lambda p: {"TokMem": {"updates": 10, "score": p["score"]}}, {"score": "F1"}, lambda p: "# T\n\nbody\n"
     )
-    assert "| 1 epoch(s) each | 4 epoch(s) each (seeds 0 of 0, 1, 2) |" in table
-    assert "# At 1 epoch(s) each\n" in table and "# At 4 epoch(s) each (seeds 0 of 0, 1, 2)\n" in table
+    assert (
+        "| 1 epoch(s) each | 4 epoch(s) each (seed 0 of 0, 1, 2) | 8 epoch(s) each (seeds 0, 1 of 0, 1, 2) |" in table
+    )
+    assert "# At 1 epoch(s) each\n" in table and "# At 4 epoch(s) each (seed 0 of 0, 1, 2)\n" in table

@@ -143,7 +143,9 @@ def budget_markdown(result: dict, headline: Headline, scores: dict[str, str], bo
 def _seeds_run(point: dict, seeds: list[int]) -> str:
     """What a budget's column adds when it has fewer seeds than asked for (a stopped command): which it has."""
     done = point.get("seeds", seeds)
-    return "" if done == seeds else f" (seeds {', '.join(map(str, done))} of {', '.join(map(str, seeds))})"
+    if done == seeds:
+        return ""
+    return f" (seed{'s' * (len(done) > 1)} {', '.join(map(str, done))} of {', '.join(map(str, seeds))})"
 
 
 def _without_title(text: str) -> str:
