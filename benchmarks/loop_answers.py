@@ -56,12 +56,12 @@ def origin(value, query: str, shown: list[str], whole: list[str]) -> str:
     return "past the cut" if any(text in result for result in whole) else "rewritten"
 
 
-def value_origins(example: Example, tokenizer, budget: int = RESULT_TOKENS) -> list[list[str]]:
-    """Per step of ``example``, the origin of each gold argument value, in the gold call's key order."""
+def value_origins(example: Example, tokenizer, budget: int = RESULT_TOKENS) -> list[dict[str, str]]:
+    """Per step of ``example``, each gold argument's key → the origin of its value."""
     shown, whole, origins = [], [], []
     for step in example.steps:
         arguments = json.loads(step.response)["arguments"]
-        origins.append([origin(v, example.query, shown, whole) for v in arguments.values()])
+        origins.append({key: origin(value, example.query, shown, whole) for key, value in arguments.items()})
         if step.result:
             ids = tokenizer(step.result, add_special_tokens=False)["input_ids"]
             shown.append(tokenizer.decode(ids[:budget]).lower())
@@ -78,9 +78,9 @@ def summary(samples: list[dict], examples: dict[str, Example], tokenizer, budget
             gold, answer = read_call(gold_text), None if text is None else read_call(text)
             counts[category(gold, answer)] += 1
             given = dict(answer[1]) if answer is not None and answer[0] == gold[0] else {}
-            for (key, value), place in zip(json.loads(gold_text)["arguments"].items(), where):
-                values[place, "total"] += 1
-                values[place, "right"] += key in given and given[key] == dict(gold[1])[key]
+            for key, value in dict(gold[1]).items():
+                values[where[key], "total"] += 1
+                values[where[key], "right"] += key in given and given[key] == value
     return {
         "records": f"{len(aligned)} of {len(samples)}",
         "steps": sum(counts.values()),

@@ -18,10 +18,10 @@ def test_a_value_is_counted_from_the_query_first_then_the_result_as_shown_then_t
         ),
     )
     assert loop_answers.value_origins(example, tokenizer, budget=20) == [
-        ["query"],
-        ["result as shown", "past the cut", "rewritten"],
+        {"query": "query"},
+        {"id": "result as shown", "code": "past the cut", "date": "rewritten"},
     ]
-    assert loop_answers.value_origins(example, tokenizer, budget=10_000)[1][1] == "result as shown"
+    assert loop_answers.value_origins(example, tokenizer, budget=10_000)[1]["code"] == "result as shown"
 
 
 def test_a_value_counts_as_right_only_when_the_answer_names_the_right_tool(backbone):
