@@ -21,7 +21,7 @@ from tokmem.data.tools import call_json, catalog, split_tools
 from tokmem.errors import TokMemError
 from tokmem.cli import bench
 from tokmem.studies import compositional, compositional_report, tool_setup
-from tokmem.studies.compositional import METRICS, STUDIES, make_config
+from tokmem.studies.compositional import METRICS, STUDIES, make_config, run_all
 from tokmem.studies.compositional_report import forgetting_panels
 from tokmem.studies.tool_setup import TOKMEM_LABELS
 
@@ -430,6 +430,26 @@ def test_the_cpu_presets_compare_methods_at_the_papers_one_epoch_and_at_a_longer
         assert config.epoch_budgets[0] == 1 < config.epoch_budgets[1] and config.repeated(), study
     loop = make_config("cpu", "main", dataset="complexfuncbench")  # the tool loop: one budget, sized to the hour
     assert (loop.epoch_budgets, loop.epochs, loop.repeated()) == (None, 2, False)
+
+
+def test_one_run_is_saved_with_its_tables_by_the_writer_as_repeated_runs_are(tmp_path):
+    config = make_config(
+        None,
+        "main",
+        backbone="tiny-random",
+        device="cpu",
+        tools=3,
+        per_tool=3,
+        train_multi=2,
+        test_multi=2,
+        max_length=48,
+        max_new_tokens=2,
+        methods=("icl",),
+    )
+    assert not config.repeated()
+    written = []
+    result = run_all(config, progress=False, json_path=tmp_path / "one.json", write=written.append)
+    assert written == [result] and "icl" in result["methods"]
 
 
 def point_methods(result: dict) -> dict[str, list[str]]:

@@ -6,7 +6,6 @@ one not given leaves it (or the config's default) alone.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import fields, replace
 
 from rich.markdown import Markdown
@@ -98,13 +97,14 @@ def compositional_config(args) -> compositional.CompositionalConfig:
 
 
 def cmd_compositional(args) -> None:
+    written: list = []
+
+    def write(result: dict) -> None:
+        written[:] = compositional_report.write_outputs(result, args.json)
+
     result = compositional.run_all(
-        compositional_config(args),
-        progress=not args.quiet,
-        json_path=args.json,
-        write=functools.partial(compositional_report.write_outputs, json_path=args.json),
+        compositional_config(args), progress=not args.quiet, json_path=args.json, write=write
     )
-    written = compositional_report.write_outputs(result, args.json)
     console.print(compositional_report.markdown(result), markup=False, highlight=False, soft_wrap=True)
     _written(written)
 

@@ -373,10 +373,13 @@ SCORE_KEYS = ("methods", "train_max_calls", "variants")  # where a result's scor
 def run_all(
     config: CompositionalConfig, backbone: Backbone | None = None, progress: bool = True, json_path=None, write=None
 ) -> dict:
-    """The study once, or, with several seeds or budgets, once per seed and budget (``harness.run_repeats``; ``write``
-    saves the combined result and its tables after every run)."""
+    """The study once, or, with several seeds or budgets, once per seed and budget (``harness.run_repeats``).
+    ``write`` saves the result and its tables: after the one run, or the combined result after every run."""
     if not config.repeated():
-        return run(config, backbone, progress, json_path)
+        result = run(config, backbone, progress, json_path)
+        if write is not None:
+            write(result)
+        return result
     if json_path is None:
         raise TokMemError("several seeds or budgets need a result file (--json): each run is saved beside it")
     return run_repeats(config, lambda one, path: run(one, backbone, progress, path), json_path, SCORE_KEYS, write)
