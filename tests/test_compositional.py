@@ -433,19 +433,7 @@ def test_the_cpu_presets_compare_methods_at_the_papers_one_epoch_and_at_a_longer
 
 
 def test_one_run_is_saved_with_its_tables_by_the_writer_as_repeated_runs_are(tmp_path):
-    config = make_config(
-        None,
-        "main",
-        backbone="tiny-random",
-        device="cpu",
-        tools=3,
-        per_tool=3,
-        train_multi=2,
-        test_multi=2,
-        max_length=48,
-        max_new_tokens=2,
-        methods=("icl",),
-    )
+    config = make_config(None, "main", **TINY, methods=("icl",))
     assert not config.repeated()
     written = []
     result = run_all(config, progress=False, json_path=tmp_path / "one.json", write=written.append)
