@@ -3,6 +3,7 @@ the result shapes, the scoring by number of calls, the prompting baselines and t
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -438,6 +439,89 @@ def test_one_run_is_saved_with_its_tables_by_the_writer_as_repeated_runs_are(tmp
     written = []
     result = run_all(config, progress=False, json_path=tmp_path / "one.json", write=written.append)
     assert written == [result] and "icl" in result["methods"]
+
+
+def stop_early(path: Path, change) -> None:
+    """Rewrite a saved result as a run stopped partway would have left it (``change`` edits its dict)."""
+    saved = json.loads(path.read_text())
+    change(saved)
+    path.write_text(json.dumps(saved))
+
+
+def test_resume_keeps_the_methods_the_json_finished_and_runs_the_others(backbone, tmp_path):
+    path = tmp_path / "main.json"
+    config = make_config(None, "main", **TINY, methods=("icl", "tokmem-noadapt"))
+    first = run_all(config, backbone, progress=False, json_path=path)["methods"]
+
+    def stopped_after_icl(saved):
+        saved["methods"]["icl"]["eval_seconds"] = -1.0  # marks the entry: a kept one is not answered again
+        del saved["methods"]["tokmem-noadapt"]
+
+    stop_early(path, stopped_after_icl)
+    resumed = run_all(config, backbone, progress=False, json_path=path, resume=True)["methods"]
+    assert resumed["icl"]["eval_seconds"] == -1.0
+    assert resumed["tokmem-noadapt"]["updates"] == first["tokmem-noadapt"]["updates"] > 0
+    assert json.loads(path.read_text())["methods"] == resumed
+    with pytest.raises(TokMemError, match=r"cannot resume .* other settings \(tools\)"):
+        run_all(replace(config, tools=3), backbone, progress=False, json_path=path, resume=True)
+    assert run_all(config, backbone, progress=False, json_path=path)["methods"]["icl"]["eval_seconds"] >= 0  # anew
+
+
+def test_the_command_continues_a_stopped_run_of_a_repeated_study_without_being_asked(tmp_path):
+    path = tmp_path / "main.json"
+    options = ["bench", "compositional", "--json", str(path), "--backbone", "tiny-random", "--device", "cpu"]
+    options += ["--tools", "3", "--per-tool", "3", "--train-multi", "2", "--test-multi", "2", "--max-length", "48"]
+    options += ["--max-new-tokens", "2", "--methods", "icl,tokmem-noadapt", "--epoch-budgets", "1", "--quiet"]
+    assert main(options) == 0
+    run = path.with_name("main-runs") / "epochs1-seed0.json"
+
+    def stopped_after_icl(saved):
+        saved["methods"]["icl"]["eval_seconds"] = -1.0
+        del saved["methods"]["tokmem-noadapt"], saved["finished"]
+
+    stop_early(run, stopped_after_icl)
+    assert main(options) == 0 and main([*options, "--resume"]) == 0  # --resume is accepted, and changes nothing here
+    continued = json.loads(run.read_text())
+    assert continued["finished"] and continued["methods"]["icl"]["eval_seconds"] == -1.0
+    assert "tokmem-noadapt" in json.loads(path.read_text())["epoch_budgets"]["1"]["methods"]
+    stop_early(run, lambda saved: saved.pop("finished"))
+    assert main([*options, "--tools", "4"]) == 2  # a stopped run of other settings is refused, not overwritten
+    assert "finished" not in json.loads(run.read_text())
+
+
+def test_a_resumed_generalization_run_keeps_the_finished_methods_of_every_cap(backbone, tmp_path):
+    path = tmp_path / "generalization.json"
+    config = make_config(None, "generalization", **TINY, methods=("tokmem-noadapt",))
+    compositional.run(config, backbone, progress=False, json_path=path)
+
+    def stopped_in_cap_1(saved):
+        del saved["train_max_calls"]["1"]["methods"]["tokmem-noadapt"]
+        saved["train_max_calls"]["2"]["methods"]["tokmem-noadapt"]["train_seconds"] = -1.0
+
+    stop_early(path, stopped_in_cap_1)
+    resumed = compositional.run(config, backbone, progress=False, json_path=path, resume=True)
+    caps = resumed["train_max_calls"]
+    assert caps["1"]["methods"]["tokmem-noadapt"]["train_seconds"] >= 0  # learned again
+    assert caps["2"]["methods"]["tokmem-noadapt"]["train_seconds"] == -1.0  # kept, though cap 1 rewrote the file first
+
+
+def test_a_resumed_forgetting_run_keeps_a_method_that_finished_every_round_and_reruns_one_that_did_not(
+    backbone, tmp_path
+):
+    path = tmp_path / "forgetting.json"
+    config = make_config(None, "forgetting", **TINY, methods=("lora", "tokmem-noadapt"))
+    compositional.run(config, backbone, progress=False, json_path=path)
+
+    def stopped_in_round_2(saved):
+        saved["methods"]["lora"]["rounds"][0]["train_seconds"] = -1.0
+        saved["methods"]["tokmem-noadapt"]["rounds"][0]["train_seconds"] = -1.0
+        del saved["methods"]["tokmem-noadapt"]["rounds"][1]
+
+    stop_early(path, stopped_in_round_2)
+    methods = compositional.run(config, backbone, progress=False, json_path=path, resume=True)["methods"]
+    assert methods["lora"]["rounds"][0]["train_seconds"] == -1.0
+    rounds = methods["tokmem-noadapt"]["rounds"]
+    assert len(rounds) == 2 and rounds[0]["train_seconds"] >= 0  # every round again: a method's rows carry over
 
 
 def point_methods(result: dict) -> dict[str, list[str]]:

@@ -152,6 +152,19 @@ def test_the_tool_loop_study_scores_every_method_per_step_and_end_to_end_at_equa
     assert routing_cell(end_to_end) == "–"  # scored per step only
 
 
+@needs_shared
+def test_a_resumed_loop_run_learns_tokmem_again_when_its_free_arguments_row_is_missing(backbone, tmp_path):
+    path = tmp_path / "loop.json"
+    config = tiny_real_config(methods=("tokmem", "tokmem-noschema"), max_length=1024)
+    compositional.run(config, backbone, progress=False, json_path=path)
+    saved = json.loads(path.read_text())
+    saved["methods"]["tokmem"]["train_seconds"] = -1.0
+    del saved["methods"]["tokmem-noschema"]  # stopped before the ablation row, which answers with TokMem's bank
+    path.write_text(json.dumps(saved))
+    methods = compositional.run(config, backbone, progress=False, json_path=path, resume=True)["methods"]
+    assert methods["tokmem"]["train_seconds"] >= 0 and "tokmem-noschema" in methods
+
+
 def test_the_tool_loop_adds_the_free_arguments_row_and_leaves_the_constant_lr_row_out_of_the_default_methods():
     loop = make_config(None, "main", dataset="complexfuncbench").resolved()
     plain = make_config(None, "main", dataset="complexfuncbench", results_in_context=False).resolved()

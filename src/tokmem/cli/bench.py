@@ -87,7 +87,13 @@ def add_compositional(studies) -> None:
         "with --xlam), for a GPU",
     )
     add_options(parser, compositional.CompositionalConfig, unset=True)
-    _outputs(parser, "saved after every step; .md and .png go beside it")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --json: keep the methods it finished (with --seeds or --epoch-budgets every run "
+        "under <json stem>-runs/ is continued or reused without it)",
+    )
+    _outputs(parser, "saved after every method; .md and .png go beside it")
     parser.set_defaults(handler=cmd_compositional)
 
 
@@ -103,7 +109,7 @@ def cmd_compositional(args) -> None:
         written[:] = compositional_report.write_outputs(result, args.json)
 
     result = compositional.run_all(
-        compositional_config(args), progress=not args.quiet, json_path=args.json, write=write
+        compositional_config(args), progress=not args.quiet, json_path=args.json, write=write, resume=args.resume
     )
     console.print(compositional_report.markdown(result), markup=False, highlight=False, soft_wrap=True)
     _written(written)

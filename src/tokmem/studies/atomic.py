@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Literal
 from pathlib import Path
 
@@ -49,7 +49,7 @@ from tokmem.data.shared import shared_data
 from tokmem.data.sni import QUERIES, Task, load_tasks
 from tokmem.errors import TokMemError
 from tokmem.io import write_json_atomic, write_text_atomic
-from tokmem.studies.harness import answer_all, learn_round, progress_bar, resumed, run_repeats
+from tokmem.studies.harness import answer_all, config_settings, learn_round, progress_bar, resumed_run, run_repeats
 from tokmem.studies.outputs import Panel, budget_markdown, budget_panels, line_plot, lines, pivot_table, scaled
 from tokmem.studies.settings import MethodSettings
 from tokmem.report import machine
@@ -60,7 +60,6 @@ JOINT_METHODS = tuple(m for m in METHODS if m != "replay")  # replay is fine-tun
 EFFICIENCY_METHODS = ("rag", "lora", "tokmem", "tokmem-dc")
 CLASSES = {"base": Base, "rag": RAG, "lora": LoRA, "replay": Replay, "tokmem": TokMem, "tokmem-dc": TokMem}
 EFFICIENCY_TASKS = 10
-RESUME_IGNORES = ("device", "preset")  # settings a resumed run may change
 SCORE_KEYS = ("checkpoints", "budgets")  # where a result's scores are (averaged over seeds)
 ACCURACIES = {"retrieval_accuracy": "retrieval", "routing_accuracy": "routing"}
 Query = Literal[QUERIES]
@@ -409,21 +408,16 @@ def _check_checkpoints(config: AtomicConfig, available: int) -> None:
         )
 
 
-def _config_dict(config: AtomicConfig) -> dict:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
-
-
 def _start(
     config: AtomicConfig, study: Study, tasks: list[Task], skipped: list[dict], files: Files, resume: bool
 ) -> dict:
     """The result so far: the saved JSON when resuming (its settings must match), else a fresh one."""
-    settings = _config_dict(config)
-    saved = resumed(files.json if resume else None, study.title, settings, RESUME_IGNORES)
+    saved = resumed_run(config, files.json if resume else None, study.title)
     if saved is not None:
         return saved
     return {
         "study": study.title,
-        "config": settings,
+        "config": config_settings(config),
         "machine": machine(),
         "tasks": [_task_entry(t) for t in tasks],
         "skipped_tasks": skipped,

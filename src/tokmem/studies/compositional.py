@@ -55,7 +55,7 @@ from tokmem.eval.evaluate import memory_routes, predicted_calls, score_calls
 from tokmem.io import write_json_atomic
 from tokmem.methods.method import Method
 from tokmem.report import machine
-from tokmem.studies.harness import answer_all, learn_round, progress_bar, run_repeats
+from tokmem.studies.harness import answer_all, learn_round, progress_bar, resumed_run, run_repeats
 from tokmem.sequences import RESULT_TOKENS
 from tokmem.studies.settings import MethodSettings
 from tokmem.studies.tool_loop import loop_scores
@@ -371,38 +371,75 @@ SCORE_KEYS = ("methods", "train_max_calls", "variants")  # where a result's scor
 
 
 def run_all(
-    config: CompositionalConfig, backbone: Backbone | None = None, progress: bool = True, json_path=None, write=None
+    config: CompositionalConfig,
+    backbone: Backbone | None = None,
+    progress: bool = True,
+    json_path=None,
+    write=None,
+    resume: bool = False,
 ) -> dict:
-    """The study once, or, with several seeds or budgets, once per seed and budget (``harness.run_repeats``).
-    ``write`` saves the result and its tables: after the one run, or the combined result after every run."""
+    """The study once, or, with several seeds or budgets, once per seed and budget (``harness.run_repeats``: each
+    run continues where it stopped).  ``write`` saves the result and its tables: after the one run, or the combined
+    result after every run.  ``resume``: the one run keeps the methods ``json_path`` holds (`run`)."""
     if not config.repeated():
-        result = run(config, backbone, progress, json_path)
+        result = run(config, backbone, progress, json_path, resume)
         if write is not None:
             write(result)
         return result
     if json_path is None:
         raise TokMemError("several seeds or budgets need a result file (--json): each run is saved beside it")
-    return run_repeats(config, lambda one, path: run(one, backbone, progress, path), json_path, SCORE_KEYS, write)
+    return run_repeats(
+        config, lambda one, path: run(one, backbone, progress, path, resume=True), json_path, SCORE_KEYS, write
+    )
 
 
-def run(config: CompositionalConfig, backbone: Backbone | None = None, progress: bool = True, json_path=None) -> dict:
-    """The study ``config.study`` names; ``json_path``: where to save the result so far after every step."""
+def run(
+    config: CompositionalConfig,
+    backbone: Backbone | None = None,
+    progress: bool = True,
+    json_path=None,
+    resume: bool = False,
+) -> dict:
+    """The study ``config.study`` names; ``json_path``: where to save the result so far after every method.
+    ``resume``: keep the methods the result in ``json_path`` finished (it must have the same settings but for the
+    device) and run the others; a forgetting method is kept once it has finished every round."""
     runners = {
         "main": run_main,
         "generalization": run_generalization,
         "forgetting": run_forgetting,
         "recipe": run_recipe,
     }
-    return runners[config.study](config, backbone, progress, json_path)
-
-
-def run_main(config: CompositionalConfig, backbone=None, progress: bool = True, json_path=None) -> dict:
     config = config.resolved()
+    saved = resumed_run(config, json_path if resume else None, config.study)
+    return runners[config.study](config, backbone, progress, json_path, saved)
+
+
+def kept_methods(saved: dict | None, *where: str) -> dict:
+    """The methods a resumed run's saved result (read before the run overwrites it) holds under ``where``, a study's
+    point (e.g. "variants", a label); {} when not resuming."""
+    saved = saved or {}
+    for key in (*where, "methods"):
+        saved = saved.get(key, {})
+    return dict(saved)
+
+
+def kept_line(name: str, scores: dict) -> str:
+    return summary_line(name, scores) + " (kept from the saved run)"
+
+
+def run_main(config: CompositionalConfig, backbone=None, progress: bool = True, json_path=None, saved=None) -> dict:
     data = tool_data(config, (1, config.tools))
     backbones, adaptation = prepare_backbones(config, backbone, progress)
     result = _start(config, [data], adaptation) | {"methods": {}}
     bar, trained = progress_bar(progress), {}
+    kept = kept_methods(saved)
+    if LOOP_ABLATION in config.methods and LOOP_ABLATION not in kept:  # it answers with TokMem's trained bank
+        kept.pop("tokmem", None)
     for name in config.methods:
+        if name in kept:
+            result["methods"][name] = kept[name]
+            bar.write(kept_line(name, kept[name]))
+            continue
         if name == LOOP_ABLATION and "tokmem" in trained:  # a decoding switch: TokMem (w/ adapt)'s bank, answered anew
             scores = scores_of(free_arguments(trained["tokmem"]), data, config, bar)
             result["methods"][name] = scores | {"train_seconds": result["methods"]["tokmem"]["train_seconds"]}
@@ -423,8 +460,9 @@ def free_arguments(method: TokMem) -> TokMem:
     return ablated
 
 
-def run_generalization(config: CompositionalConfig, backbone=None, progress: bool = True, json_path=None) -> dict:
-    config = config.resolved()
+def run_generalization(
+    config: CompositionalConfig, backbone=None, progress: bool = True, json_path=None, saved=None
+) -> dict:
     datasets = {n: tool_data(config, (1, config.tools), train_max_calls=n) for n in config.train_max_calls}
     backbones, adaptation = prepare_backbones(config, backbone, progress)
     result = _start(config, list(datasets.values())[:1], adaptation) | {"train_max_calls": {}}
@@ -434,7 +472,12 @@ def run_generalization(config: CompositionalConfig, backbone=None, progress: boo
     bar = progress_bar(progress)
     for n, data in datasets.items():
         point = result["train_max_calls"][str(n)] = {"methods": {}}
+        kept = kept_methods(saved, "train_max_calls", str(n))
         for name in config.methods:
+            if name in kept:
+                point["methods"][name] = kept[name]
+                bar.write(f"trained on ≤ {n} calls: " + kept_line(name, kept[name]))
+                continue
             point["methods"][name] = learn_and_evaluate(
                 build_method(name, config, backbones, data.tools), data, config, bar
             )
@@ -453,8 +496,7 @@ def recipe_variants(config: CompositionalConfig) -> dict[str, dict]:
     return variants
 
 
-def run_recipe(config: CompositionalConfig, backbone=None, progress: bool = True, json_path=None) -> dict:
-    config = config.resolved()
+def run_recipe(config: CompositionalConfig, backbone=None, progress: bool = True, json_path=None, saved=None) -> dict:
     data = tool_data(config, (1, config.tools))
     backbones, adaptation = prepare_backbones(config, backbone, progress)
     variants = recipe_variants(config)
@@ -465,7 +507,12 @@ def run_recipe(config: CompositionalConfig, backbone=None, progress: bool = True
         variant, variant_backbones = replace(config, **change), backbones
         if variant.tool_segments != config.tool_segments:  # the adaptation phase teaches the layout: adapt for this one
             variant_backbones, point["adaptation"] = prepare_backbones(variant, backbones["base"], progress)
+        kept = kept_methods(saved, "variants", label)
         for name in config.methods:
+            if name in kept:
+                point["methods"][name] = kept[name]
+                bar.write(f"{label}: " + kept_line(name, kept[name]))
+                continue
             method = build_method(name, variant, variant_backbones, data.tools)
             point["methods"][name] = learn_and_evaluate(method, data, config, bar)
             bar.write(f"{label}: " + summary_line(name, point["methods"][name]))
@@ -474,14 +521,20 @@ def run_recipe(config: CompositionalConfig, backbone=None, progress: bool = True
     return result
 
 
-def run_forgetting(config: CompositionalConfig, backbone=None, progress: bool = True, json_path=None) -> dict:
-    config = config.resolved()
+def run_forgetting(
+    config: CompositionalConfig, backbone=None, progress: bool = True, json_path=None, saved=None
+) -> dict:
     datasets = [tool_data(config, ranks) for ranks in groups(config)]
     backbones, adaptation = prepare_backbones(config, backbone, progress)
     result = _start(config, datasets, adaptation) | {"groups": [list(d.tools) for d in datasets], "methods": {}}
     bar = progress_bar(progress)
     tools = {name: schema for d in datasets for name, schema in d.tools.items()}
+    kept = kept_methods(saved)
     for name in config.methods:
+        if len(kept.get(name, {}).get("rounds", [])) == len(datasets):
+            result["methods"][name] = kept[name]
+            bar.write(f"{name}: every round kept from the saved run")
+            continue
         method = build_method(name, config, backbones, tools)
         entry = result["methods"][name] = {"label": method.label, "rounds": []}
         for r in range(1, len(datasets) + 1):

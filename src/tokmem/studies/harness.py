@@ -21,7 +21,7 @@ from tokmem.io import read_json, write_json_atomic
 from tokmem.methods.method import Answer, Method
 from tokmem.report import machine
 
-RUN_IGNORES = ("device", "preset")  # settings a finished run may differ in and still be reused
+RESUME_IGNORES = ("device", "preset")  # settings a run may differ in and still be resumed or reused
 
 
 class PhaseBars:
@@ -113,6 +113,19 @@ def resumed(
     return saved
 
 
+def resumed_run(config, json_path, study: str, remedy: str = "drop --resume to start over") -> dict | None:
+    """``resumed`` for a study's config dataclass: the result saved in ``json_path`` (None when there is none) if it
+    was run with the same settings but for ``RESUME_IGNORES``; an option the saved run predates counts as its
+    default."""
+    defaults = {f.name: f.default for f in fields(config) if f.default is not MISSING}
+    return resumed(json_path, study, config_settings(config), RESUME_IGNORES, remedy, json.loads(json.dumps(defaults)))
+
+
+def config_settings(config) -> dict:
+    """The config as its JSON reads back (tuples as lists)."""
+    return json.loads(json.dumps(asdict(config)))
+
+
 # ---- several seeds and budgets -----------------------------------------------------------------------------
 PLAIN = (
     "trainable_params",
@@ -165,7 +178,8 @@ def run_repeats(
     """One run of the study per budget (``config.epoch_budgets``: epochs of every trained method; past the first
     budget only the trained methods) and seed (``config.seeds``), one after the other, each saved to
     ``<json stem>-runs/epochs<b>-seed<s>.json``; a run already finished there (with the same settings) is read, not
-    run again.  ``run_one(config, path)`` runs one and saves it to ``path``.  Returns ``{"study": "repeats",
+    run again.  ``run_one(config, path)`` runs one, continuing what a stopped run saved at ``path``, and saves it
+    there.  Returns ``{"study": "repeats",
     "config", "machine", "seeds", "epoch_budgets": {epochs: the seeds' results aggregated (`aggregate_seeds`)},
     "runs": [paths]}``, saved after every run by ``write`` (the study's JSON and tables; default: the JSON to
     ``json_path``), so a stopped command leaves the tables of the runs it finished."""
@@ -175,7 +189,7 @@ def run_repeats(
     folder = json_path.with_name(f"{json_path.stem}-runs")
     combined = {
         "study": "repeats",
-        "config": _settings(config),
+        "config": config_settings(config),
         "machine": machine(),
         "seeds": list(seeds),
         "epoch_budgets": {},
@@ -188,7 +202,8 @@ def run_repeats(
             if one is None:
                 break
             path = folder / f"epochs{epochs}-seed{seed}.json"
-            results.append(_finished_run(one, path) or _finish(run_one(one, path), path))
+            saved = _saved_run(one, path)
+            results.append(saved if saved.get("finished") else _finish(run_one(one, path), path))
             combined["runs"].append(str(path))
             combined["epoch_budgets"][str(epochs)] = aggregate_seeds(results, keys)
             write(combined)
@@ -206,25 +221,12 @@ def _budget_run(config, epochs: int, seed: int, first: bool):
     return replace(one, methods=trained) if trained else None
 
 
-def _settings(config) -> dict:
-    """The config as its JSON reads back (tuples as lists)."""
-    return json.loads(json.dumps(asdict(config)))
-
-
-def _finished_run(config, path: Path) -> dict | None:
-    """The run saved at ``path`` when it finished; an error when it was run with other settings."""
-    saved = read_json(path) if path.is_file() else {}
-    if not saved.get("finished"):
-        return None
-    defaults = {f.name: f.default for f in fields(config) if f.default is not MISSING}
-    return resumed(
-        path,
-        saved["study"],
-        _settings(config),
-        RUN_IGNORES,
-        "remove that run file, or choose another --json",
-        json.loads(json.dumps(defaults)),
-    )
+def _saved_run(config, path: Path) -> dict:
+    """The run saved at ``path`` ({} when there is none): finished, to be reused, or stopped, to be resumed by
+    ``run_one``; an error when it was run with other settings."""
+    if not path.is_file():
+        return {}
+    return resumed_run(config, path, read_json(path).get("study"), "remove that run file, or choose another --json")
 
 
 def _finish(result: dict, path: Path) -> dict:
