@@ -21,7 +21,7 @@ from tokmem.cli import main
 from tokmem.data.tools import call_json, catalog, split_tools
 from tokmem.errors import TokMemError
 from tokmem.cli import bench
-from tokmem.studies import compositional, compositional_report, tool_setup
+from tokmem.studies import atomic, compositional, compositional_report, tool_setup
 from tokmem.studies.compositional import METRICS, STUDIES, make_config, run_all
 from tokmem.studies.compositional_report import forgetting_panels
 from tokmem.studies.tool_setup import TOKMEM_LABELS
@@ -431,6 +431,16 @@ def test_the_cpu_presets_compare_methods_at_the_papers_one_epoch_and_at_a_longer
         assert config.epoch_budgets[0] == 1 < config.epoch_budgets[1] and config.repeated(), study
     loop = make_config("cpu", "main", dataset="complexfuncbench")  # the tool loop: one budget, sized to the hour
     assert (loop.epoch_budgets, loop.epochs, loop.repeated()) == (None, 2, False)
+
+
+def test_epochs_given_alone_replace_the_presets_budgets_and_given_with_budgets_are_refused():
+    one = make_config("cpu", "main", epochs=2)  # else every run's epochs would come from the budgets: 2 unused
+    assert (one.epochs, one.epoch_budgets, one.repeated()) == (2, None, False)
+    assert make_config("cpu", "main", epoch_budgets=(2, 3)).epoch_budgets == (2, 3)
+    with pytest.raises(TokMemError, match="--epochs and --epoch-budgets: give one"):
+        make_config("cpu", "main", epochs=2, epoch_budgets=(1, 4))
+    assert atomic.make_config("cpu").repeated() and not atomic.make_config("cpu", epochs=2).repeated()  # atomic too
+    assert main(["bench", "atomic", "--epochs", "2", "--epoch-budgets", "1,2", "--json", "unwritten.json"]) == 2
 
 
 def test_one_run_is_saved_with_its_tables_by_the_writer_as_repeated_runs_are(tmp_path):

@@ -51,7 +51,7 @@ from tokmem.errors import TokMemError
 from tokmem.io import write_json_atomic, write_text_atomic
 from tokmem.studies.harness import answer_all, config_settings, learn_round, progress_bar, resumed_run, run_repeats
 from tokmem.studies.outputs import Panel, budget_markdown, budget_panels, line_plot, lines, pivot_table, scaled
-from tokmem.studies.settings import MethodSettings
+from tokmem.studies.settings import MethodSettings, overridden
 from tokmem.report import machine
 from tokmem.train import INITS, SCHEDULES as LR_SCHEDULES, Schedule
 
@@ -191,11 +191,10 @@ PRESETS = {
 
 
 def make_config(preset: str | None = "cpu", **options) -> AtomicConfig:
-    """A preset's settings, overridden by every option that is not None."""
+    """A preset's settings, overridden by every option that is not None (`settings.overridden`)."""
     if preset is not None and preset not in PRESETS:
         raise TokMemError(f"unknown preset '{preset}': choose from {', '.join(PRESETS)}")
-    settings = {**PRESETS.get(preset, {}), **{k: v for k, v in options.items() if v is not None}}
-    return AtomicConfig(preset=preset, **settings)
+    return AtomicConfig(preset=preset, **overridden(PRESETS.get(preset, {}), options))
 
 
 def build_methods(config: AtomicConfig, backbone) -> list[Method]:

@@ -57,7 +57,7 @@ from tokmem.methods.method import Method
 from tokmem.report import machine
 from tokmem.studies.harness import answer_all, learn_round, progress_bar, resumed_run, run_repeats
 from tokmem.sequences import RESULT_TOKENS
-from tokmem.studies.settings import MethodSettings
+from tokmem.studies.settings import MethodSettings, overridden
 from tokmem.studies.tool_loop import loop_scores
 from tokmem.methods.tokmem import TokMem
 from tokmem.studies.tool_setup import (
@@ -302,17 +302,12 @@ PRESETS = {
 
 
 def make_config(preset: str | None = "cpu", study: str = "main", **options) -> CompositionalConfig:
-    """A preset's settings for the study, overridden by every option that is not None."""
+    """A preset's settings for the study, overridden by every option that is not None (`settings.overridden`)."""
     if preset is not None and preset not in PRESETS:
         raise TokMemError(f"unknown preset '{preset}': choose from {', '.join(PRESETS)}")
     sizes = PRESETS.get(preset, {})
     dataset = sizes.get(options.get("dataset") or "builtin", {})
-    settings = {
-        **sizes.get("common", {}),
-        **sizes.get(study, {}),
-        **dataset,
-        **{k: v for k, v in options.items() if v is not None},
-    }
+    settings = overridden({**sizes.get("common", {}), **sizes.get(study, {}), **dataset}, options)
     return CompositionalConfig(study=study, preset=preset, **settings)
 
 

@@ -11,16 +11,32 @@ from dataclasses import dataclass
 
 from tokmem.config import option
 from tokmem.decode import DecodeConfig
+from tokmem.errors import TokMemError
 from tokmem.lora import LoRASettings
 from tokmem.train import Init, Schedule, ToolSegments, TrainConfig
 
 T, D, L = TrainConfig, DecodeConfig, LoRASettings  # every default below is theirs
 
 
+def overridden(preset: dict, options: dict) -> dict:
+    """A preset's settings overridden by every option that is not None.  ``epochs`` given alone is the run's one
+    budget, so it replaces the preset's ``epoch_budgets`` (which would otherwise set every run's epochs and leave it
+    unused); given with ``epoch_budgets`` it would be unused: an error."""
+    given = {k: v for k, v in options.items() if v is not None}
+    if "epochs" in given and "epoch_budgets" in given:
+        raise TokMemError("--epochs and --epoch-budgets: give one (each budget is one run's --epochs)")
+    settings = {**preset, **given}
+    if "epochs" in given:
+        settings.pop("epoch_budgets", None)
+    return settings
+
+
 @dataclass(frozen=True)
 class MethodSettings:
     epochs: int = option(
-        T.epochs, "epochs of every trained method alike (the same number of updates): the run's budget"
+        T.epochs,
+        "epochs of every trained method alike (the same number of updates): the run's budget, in place of the "
+        "preset's --epoch-budgets",
     )
     epoch_budgets: tuple[int, ...] | None = option(
         None,
