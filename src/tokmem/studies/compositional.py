@@ -418,8 +418,13 @@ def kept_methods(saved: dict | None, *where: str) -> dict:
     return dict(saved)
 
 
-def kept_line(name: str, scores: dict) -> str:
-    return summary_line(name, scores) + " (kept from the saved run)"
+def fill_methods(into: dict, names, kept: dict, score_one, bar, save, prefix: str = "") -> None:
+    """``into[name]`` for every method in order: the scores a resumed run kept, else ``score_one(name)``; a progress
+    line and a save after each."""
+    for name in names:
+        into[name] = kept[name] if name in kept else score_one(name)
+        bar.write(prefix + summary_line(name, into[name]) + (" (kept from the saved run)" if name in kept else ""))
+        save()
 
 
 def run_main(config: CompositionalConfig, backbone=None, progress: bool = True, json_path=None, saved=None) -> dict:
@@ -430,19 +435,15 @@ def run_main(config: CompositionalConfig, backbone=None, progress: bool = True, 
     kept = kept_methods(saved)
     if LOOP_ABLATION in config.methods and LOOP_ABLATION not in kept:  # it answers with TokMem's trained bank
         kept.pop("tokmem", None)
-    for name in config.methods:
-        if name in kept:
-            result["methods"][name] = kept[name]
-            bar.write(kept_line(name, kept[name]))
-            continue
+
+    def score_one(name: str) -> dict:
         if name == LOOP_ABLATION and "tokmem" in trained:  # a decoding switch: TokMem (w/ adapt)'s bank, answered anew
             scores = scores_of(free_arguments(trained["tokmem"]), data, config, bar)
-            result["methods"][name] = scores | {"train_seconds": result["methods"]["tokmem"]["train_seconds"]}
-        else:
-            trained[name] = build_method(name, config, backbones, data.tools)
-            result["methods"][name] = learn_and_evaluate(trained[name], data, config, bar)
-        bar.write(summary_line(name, result["methods"][name]))
-        _save(result, json_path)
+            return scores | {"train_seconds": result["methods"]["tokmem"]["train_seconds"]}
+        trained[name] = build_method(name, config, backbones, data.tools)
+        return learn_and_evaluate(trained[name], data, config, bar)
+
+    fill_methods(result["methods"], config.methods, kept, score_one, bar, lambda: _save(result, json_path))
     bar.close()
     return result
 
@@ -467,17 +468,15 @@ def run_generalization(
     bar = progress_bar(progress)
     for n, data in datasets.items():
         point = result["train_max_calls"][str(n)] = {"methods": {}}
-        kept = kept_methods(saved, "train_max_calls", str(n))
-        for name in config.methods:
-            if name in kept:
-                point["methods"][name] = kept[name]
-                bar.write(f"trained on ≤ {n} calls: " + kept_line(name, kept[name]))
-                continue
-            point["methods"][name] = learn_and_evaluate(
-                build_method(name, config, backbones, data.tools), data, config, bar
-            )
-            bar.write(f"trained on ≤ {n} calls: " + summary_line(name, point["methods"][name]))
-            _save(result, json_path)
+        fill_methods(
+            point["methods"],
+            config.methods,
+            kept_methods(saved, "train_max_calls", str(n)),
+            lambda name: learn_and_evaluate(build_method(name, config, backbones, data.tools), data, config, bar),
+            bar,
+            lambda: _save(result, json_path),
+            prefix=f"trained on ≤ {n} calls: ",
+        )
     bar.close()
     return result
 
@@ -502,16 +501,17 @@ def run_recipe(config: CompositionalConfig, backbone=None, progress: bool = True
         variant, variant_backbones = replace(config, **change), backbones
         if variant.tool_segments != config.tool_segments:  # the adaptation phase teaches the layout: adapt for this one
             variant_backbones, point["adaptation"] = prepare_backbones(variant, backbones["base"], progress)
-        kept = kept_methods(saved, "variants", label)
-        for name in config.methods:
-            if name in kept:
-                point["methods"][name] = kept[name]
-                bar.write(f"{label}: " + kept_line(name, kept[name]))
-                continue
-            method = build_method(name, variant, variant_backbones, data.tools)
-            point["methods"][name] = learn_and_evaluate(method, data, config, bar)
-            bar.write(f"{label}: " + summary_line(name, point["methods"][name]))
-            _save(result, json_path)
+        fill_methods(
+            point["methods"],
+            config.methods,
+            kept_methods(saved, "variants", label),
+            lambda name: learn_and_evaluate(
+                build_method(name, variant, variant_backbones, data.tools), data, config, bar
+            ),
+            bar,
+            lambda: _save(result, json_path),
+            prefix=f"{label}: ",
+        )
     bar.close()
     return result
 
