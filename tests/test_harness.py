@@ -7,7 +7,7 @@ import pytest
 from tokmem.errors import TokMemError
 from tokmem.studies.compositional import make_config
 from tokmem.studies.harness import aggregate_seeds, resumed, run_repeats
-from tokmem.studies.outputs import budget_markdown
+from tokmem.studies.outputs import budget_markdown, budget_panels, line_plot
 
 
 def seed_result(seed: int, f1: float, label: str = "TokMem") -> dict:
@@ -151,3 +151,25 @@ def test_the_budget_curve_says_which_seeds_a_budget_has_when_a_stopped_command_l
         "| 1 epoch(s) each | 4 epoch(s) each (seed 0 of 0, 1, 2) | 8 epoch(s) each (seeds 0, 1 of 0, 1, 2) |" in table
     )
     assert "# At 1 epoch(s) each\n" in table and "# At 4 epoch(s) each (seed 0 of 0, 1, 2)\n" in table
+
+
+def test_the_budget_plot_draws_the_seeds_sd_as_error_bars_and_a_single_run_as_a_plain_line(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    drawn = []
+    errorbar = Axes.errorbar
+    monkeypatch.setattr(Axes, "errorbar", lambda ax, *a, **k: drawn.append(k["label"]) or errorbar(ax, *a, **k))
+    seeds = {"avg": 50.0, "sd": 2.0, "per_seed": [48.0, 50.0, 52.0]}
+    one, four = {"updates": 10, "lora": seeds, "rag": 30.0}, {"updates": 40, "lora": seeds | {"avg": 80.0}, "rag": 31.0}
+
+    def headline(point):
+        return {
+            "LoRA": {"updates": point["updates"], "f1": point["lora"]},
+            "RAG (one run)": point | {"f1": point["rag"]},
+        }
+
+    panels = budget_panels({"epoch_budgets": {"1": one, "4": four}}, headline, {"f1": "F1"}, "F1")
+    assert panels[0].series["LoRA"] == ([10, 40], [50.0, 80.0], [2.0, 2.0])
+    assert panels[0].series["RAG (one run)"] == ([10, 40], [30.0, 31.0], [0.0, 0.0])
+    assert line_plot(tmp_path / "curve.png", panels).stat().st_size > 0
+    assert drawn == ["LoRA"]

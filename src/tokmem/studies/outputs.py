@@ -1,7 +1,7 @@
 """Outputs every study writes beside its JSON (`tokmem.io.write_json_atomic`): markdown
 tables in the paper's layout (methods × settings) and line plots (matplotlib, Agg backend).  A score is a
 number, or over several seeds ``{"avg", "sd", "per_seed"}`` (`tokmem.studies.harness.aggregate_seeds`):
-tables print it as mean ± sd, plots draw its mean."""
+tables print it as mean ± sd, plots draw its mean with the sd as an error bar."""
 
 from __future__ import annotations
 
@@ -62,9 +62,18 @@ def pivot_table(
     return markdown_table(header, rows)
 
 
-def lines(series: dict[str, dict]) -> dict[str, tuple[list, list]]:
-    """Series given as label → {x: y} (y a number or a score over seeds: its mean), as a Panel takes them: label → (xs, ys)."""
-    return {label: (list(values), [mean_of(y) for y in values.values()]) for label, values in series.items()}
+def sd_of(value) -> float:
+    """A score's spread over seeds (0 for a plain number: one run)."""
+    return value["sd"] if isinstance(value, dict) else 0.0
+
+
+def lines(series: dict[str, dict]) -> dict[str, tuple[list, list, list]]:
+    """Series given as label → {x: y} (y a number or a score over seeds), as a Panel takes them: label → (xs,
+    the means, the sds)."""
+    return {
+        label: (list(values), [mean_of(y) for y in values.values()], [sd_of(y) for y in values.values()])
+        for label, values in series.items()
+    }
 
 
 @dataclass
@@ -72,14 +81,14 @@ class Panel:
     title: str
     xlabel: str
     ylabel: str
-    series: dict[str, tuple[list, list]] = field(default_factory=dict)  # label → (xs, ys)
+    series: dict[str, tuple[list, ...]] = field(default_factory=dict)  # label → (xs, ys) or (xs, ys, sds)
     logx: bool = False
     ylim: tuple[float, float | None] | None = None  # None: matplotlib picks the top
 
 
 def line_plot(path, panels: list[Panel], columns: int | None = None) -> Path:
     """Line charts (one per panel, ``columns`` to a row; default: one row), a marker and an x tick on every
-    point, saved as PNG."""
+    point, an error bar where a series gives sds (several seeds), saved as PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -91,11 +100,14 @@ def line_plot(path, panels: list[Panel], columns: int | None = None) -> Path:
     for ax in axes.flat[len(panels) :]:
         ax.set_axis_off()
     for ax, panel in zip(axes.flat, panels):
-        for label, (xs, ys) in panel.series.items():
-            ax.plot(xs, ys, marker="o", label=label)
+        for label, (xs, ys, *sds) in panel.series.items():
+            if sds and any(sds[0]):  # several seeds: their sd as error bars
+                ax.errorbar(xs, ys, yerr=sds[0], marker="o", capsize=3, label=label)
+            else:
+                ax.plot(xs, ys, marker="o", label=label)
         if panel.logx:
             ax.set_xscale("log")
-        xs = sorted({x for xs, _ in panel.series.values() for x in xs})
+        xs = sorted({x for xs, *_ in panel.series.values() for x in xs})
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.set_xticks([], minor=True)
         if panel.ylim:
