@@ -560,7 +560,8 @@ def test_the_real_complexfuncbench_and_bfcl_multi_turn_files_import_whole():
     assert not set(bfcl.catalog) & set(cfb.catalog)
 
 
-def test_import_then_train_then_eval_reports_tool_argument_and_call_f1(nestful_file, tmp_path, capsys):
+def import_and_train(nestful_file, tmp_path) -> tuple[Path, Path]:
+    """The CLI's import of the NESTFUL sample (with its catalog), then a one-epoch bank on it: (the data, the bank)."""
     out, catalog, bank = tmp_path / "cfb.jsonl", tmp_path / "tools.jsonl", tmp_path / "bank.safetensors"
     assert (
         main(["data", "import", "--format", "nestful", str(nestful_file), "--out", str(out), "--catalog", str(catalog)])
@@ -587,6 +588,11 @@ def test_import_then_train_then_eval_reports_tool_argument_and_call_f1(nestful_f
         )
         == 0
     )
+    return out, bank
+
+
+def test_import_then_train_then_eval_reports_tool_argument_and_call_f1(nestful_file, tmp_path, capsys):
+    out, bank = import_and_train(nestful_file, tmp_path)
     capsys.readouterr()
     assert (
         main(
@@ -719,30 +725,7 @@ def test_data_import_reads_the_openai_format(tmp_path, capsys):
 
 
 def test_train_keeps_the_catalogs_schemas_in_the_bank_and_bank_show_prints_them(nestful_file, tmp_path, capsys):
-    out, catalog, bank = tmp_path / "cfb.jsonl", tmp_path / "tools.jsonl", tmp_path / "bank.safetensors"
-    assert (
-        main(["data", "import", "--format", "nestful", str(nestful_file), "--out", str(out), "--catalog", str(catalog)])
-        == 0
-    )
-    assert (
-        main(
-            [
-                "train",
-                "--data",
-                str(out),
-                "--catalog",
-                str(catalog),
-                "--out",
-                str(bank),
-                "--backbone",
-                "tiny-random",
-                "--device",
-                "cpu",
-                "--quiet",
-            ]
-        )
-        == 0
-    )
+    bank = import_and_train(nestful_file, tmp_path)[1]
     schema = import_nestful(nestful_file).catalog["Search_Hotels"]["parameters"]
     assert MemoryBank.load(bank).tool_schemas()["Search_Hotels"] == schema
     capsys.readouterr()
