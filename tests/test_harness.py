@@ -7,7 +7,7 @@ import pytest
 from tokmem.errors import TokMemError
 from tokmem.studies.compositional import make_config
 from tokmem.studies.harness import aggregate_seeds, resumed, run_repeats
-from tokmem.studies.outputs import budget_markdown, budget_panels, line_plot
+from tokmem.studies.outputs import budget_markdown, budget_panels, line_plot, spread
 
 
 def seed_result(seed: int, f1: float, label: str = "TokMem") -> dict:
@@ -44,12 +44,14 @@ def test_labels_samples_updates_and_parameters_stay_as_the_first_seed_gives_them
     assert tokmem["samples"] == [{"predicted": ["call 0"]}] and combined["data"] == {"train": 10}
 
 
-def test_one_seed_has_no_spread():
-    assert aggregate_seeds([seed_result(3, 40.0)], ("methods",))["methods"]["tokmem"]["tool_f1"]["2"] == {
-        "avg": 40.0,
-        "sd": 0.0,
-        "per_seed": [40.0],
-    }
+def test_one_seed_has_no_spread_and_its_table_cell_is_the_plain_number():
+    def score(*f1s):
+        runs = [seed_result(seed, f1) for seed, f1 in enumerate(f1s)]
+        return aggregate_seeds(runs, ("methods",))["methods"]["tokmem"]["tool_f1"]["2"]
+
+    assert score(40.0) == {"avg": 40.0, "sd": 0.0, "per_seed": [40.0]}
+    assert spread(score(40.0)) == "40.0"
+    assert spread(score(40.0, 40.0)) == "40.0 ± 0.0"  # seeds that agree: a spread of 0, printed
 
 
 def study(config, path) -> dict:

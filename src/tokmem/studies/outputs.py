@@ -16,10 +16,11 @@ def mean_of(value) -> float:
 
 
 def spread(value, fmt: str = "{:.1f}") -> str:
-    """A score as a table prints it: the number, or over seeds "mean ± sd"."""
-    if isinstance(value, dict):
+    """A score as a table prints it: the number, or over seeds "mean ± sd" (a single seed's score has no spread to
+    print: the number)."""
+    if isinstance(value, dict) and len(value["per_seed"]) > 1:
         return f"{fmt.format(value['avg'])} ± {fmt.format(value['sd'])}"
-    return fmt.format(value)
+    return fmt.format(mean_of(value))
 
 
 def scaled(value, factor: float):
