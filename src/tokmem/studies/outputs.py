@@ -82,14 +82,14 @@ class Panel:
     title: str
     xlabel: str
     ylabel: str
-    series: dict[str, tuple[list, ...]] = field(default_factory=dict)  # label → (xs, ys) or (xs, ys, sds)
+    series: dict[str, tuple[list, list, list | None]] = field(default_factory=dict)  # label → (xs, ys, sds or None)
     logx: bool = False
     ylim: tuple[float, float | None] | None = None  # None: matplotlib picks the top
 
 
 def line_plot(path, panels: list[Panel], columns: int | None = None) -> Path:
     """Line charts (one per panel, ``columns`` to a row; default: one row), a marker and an x tick on every
-    point, an error bar where a series gives sds (several seeds), saved as PNG."""
+    point, an error bar where a series' sds are not all 0 (several seeds), saved as PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -101,9 +101,9 @@ def line_plot(path, panels: list[Panel], columns: int | None = None) -> Path:
     for ax in axes.flat[len(panels) :]:
         ax.set_axis_off()
     for ax, panel in zip(axes.flat, panels):
-        for label, (xs, ys, *sds) in panel.series.items():
-            if sds and any(sds[0]):  # several seeds: their sd as error bars
-                ax.errorbar(xs, ys, yerr=sds[0], marker="o", capsize=3, label=label)
+        for label, (xs, ys, sds) in panel.series.items():
+            if sds and any(sds):  # several seeds: their sd as error bars
+                ax.errorbar(xs, ys, yerr=sds, marker="o", capsize=3, label=label)
             else:
                 ax.plot(xs, ys, marker="o", label=label)
         if panel.logx:

@@ -542,7 +542,7 @@ def plot_memorization(result: dict, path) -> Path:
         for n in result["config"]["memory_tokens"]:
             for method in METHODS:
                 curve = methods[f"{method}-{n}"]["curve"]
-                panel.series[f"{LABELS[method]}-{n}"] = (curve["steps"], curve["ppl"])
+                panel.series[f"{LABELS[method]}-{n}"] = (curve["steps"], curve["ppl"], None)
         panels.append(panel)
     return line_plot(path, panels)
 
