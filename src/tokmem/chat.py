@@ -348,6 +348,41 @@ def tool_routing(model: TokMemModel, tools, tool_choice, threshold: float) -> tu
     return allowed.to(model.device), -1, 0.0 if tool_choice == "required" else threshold
 
 
+def tool_schemas(model: TokMemModel, tools) -> list[dict | None]:
+    """Per bank row, the schema a tool's arguments decode under: the client's ``parameters`` where a tool of ``tools``
+    (OpenAI tool objects; names are ``tool_routing``'s to check) brings them, else the bank's.
+
+    The client's schema binds (OpenAI's ``strict``, or any schema that differs from the bank's: other types, enums,
+    required keys, fewer properties), with its properties in the order the tool learned them; but it may not name a
+    parameter the bank's tool never learned: the model cannot write it, so that is a ``DataError`` naming the tool
+    and both sets of names (a server's 400).  A tool the bank keeps no schema for takes the client's as it is."""
+    schemas = list(model.bank.schemas)
+    for k, tool in enumerate(tools or []):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        parameters = function.get("parameters") if isinstance(function, dict) else None
+        if parameters is not None:
+            row = model.bank.row(function.get("name"))
+            schemas[row] = _client_schema(parameters, schemas[row], function["name"], f"tools[{k}].function.parameters")
+    return schemas
+
+
+def _client_schema(parameters, learned: dict | None, name: str, where: str) -> dict:
+    """The client's ``parameters`` reconciled with the bank's schema ``learned`` (see ``tool_schemas``)."""
+    properties = parameters.get("properties", {}) if isinstance(parameters, dict) else None
+    if not isinstance(properties, dict) or parameters.get("type", "object") != "object":
+        raise DataError(f"{where}: must be a JSON schema of type 'object' with 'properties' (an object)")
+    if learned is None:
+        return parameters
+    order = list(learned.get("properties", {}))
+    unknown = [key for key in properties if key not in order]
+    if unknown:
+        raise DataError(
+            f"{where}: {', '.join(map(repr, unknown))} not a parameter of the bank's tool '{name}' (it learned "
+            f"{', '.join(map(repr, order)) or 'none'}); send a schema over those names, or leave 'parameters' out"
+        )
+    return {**parameters, "properties": {key: properties[key] for key in order if key in properties}}
+
+
 def _reuse(model: TokMemModel, cache: ChatCache, ids: list[int]) -> tuple[list[int], DynamicCache]:
     """The tokens still to encode and the KV cache to encode them on: ``cache`` cut to the longest prefix its tokens
     share with ``ids`` (leaving at least the last token to encode, whose state starts the answer)."""

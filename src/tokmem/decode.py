@@ -160,8 +160,11 @@ def generate(
     return out
 
 
-def pick(logits: torch.Tensor, temperature, generator) -> torch.Tensor:
-    """One token per row: greedy where the temperature is 0, else sampled (``temperature``: a number or one per row)."""
+def pick(logits: torch.Tensor, temperature, generator, top_p=None, generators=None) -> torch.Tensor:
+    """One token per row: greedy where the temperature is 0, else sampled (``temperature``: a number or one per row),
+    from each row's nucleus where ``top_p`` (a number or one per row) is below 1.  ``generators``: {row: its own
+    ``torch.Generator``} for rows that sample reproducibly whatever the batch (a served request's ``seed``; one draw
+    per row, as vLLM does); the other rows draw from ``generator``."""
     temperature = torch.as_tensor(temperature, dtype=torch.float, device=logits.device)
     greedy = logits.argmax(-1)
     sampled_rows = temperature > 0
@@ -169,8 +172,24 @@ def pick(logits: torch.Tensor, temperature, generator) -> torch.Tensor:
         return greedy
     scale = torch.where(sampled_rows, temperature, 1.0).unsqueeze(-1)
     shifted = logits.float() - logits.float().amax(-1, keepdim=True)  # <= 0: a small temperature cannot overflow it
-    sampled = torch.multinomial((shifted / scale).softmax(-1), 1, generator=generator).squeeze(-1)
+    probs = (shifted / scale).softmax(-1)
+    if top_p is not None:
+        probs = nucleus(probs, top_p)
+    sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    for row, own in (generators or {}).items():
+        sampled[row] = torch.multinomial(probs[row], 1, generator=own)[0]
     return torch.where(sampled_rows, sampled, greedy)
+
+
+def nucleus(probs: torch.Tensor, top_p) -> torch.Tensor:
+    """``probs`` with each row's tokens outside its nucleus at 0: the most probable tokens whose probability first
+    reaches ``top_p`` (a number or one per row) are kept."""
+    top_p = torch.as_tensor(top_p, dtype=probs.dtype, device=probs.device).reshape(-1, 1)
+    if not (top_p < 1).any():
+        return probs
+    ordered, order = probs.sort(-1, descending=True)
+    kept = (ordered.cumsum(-1) - ordered) < top_p  # the mass of the more probable tokens is still short of top_p
+    return probs * torch.zeros_like(kept).scatter(-1, order, kept)
 
 
 def first_token_logits(logits, vocab, threshold, has_rows, forced):
@@ -204,9 +223,10 @@ def next_token_logits(logits, vocab, blocked):
     return logits.masked_fill(blocked.unsqueeze(-1) & memory, float("-inf"))
 
 
-def next_tokens(logits, vocab, blocked, temperature, generator) -> torch.Tensor:
-    """The next token of each row; ``blocked`` rows (open set, or at their segment limit) get no memory token."""
-    return pick(next_token_logits(logits, vocab, blocked), temperature, generator)
+def next_tokens(logits, vocab, blocked, temperature, generator, top_p=None, generators=None) -> torch.Tensor:
+    """The next token of each row (``pick``); ``blocked`` rows (open set, or at their segment limit) get no memory
+    token."""
+    return pick(next_token_logits(logits, vocab, blocked), temperature, generator, top_p, generators)
 
 
 class BlankLineStop:

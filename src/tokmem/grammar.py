@@ -15,6 +15,10 @@ are values) do not.
 ``ArgumentGrammar`` is pure over token ids and logits, so any decoding loop (``decode``, the server's engine)
 can use it: ``advance(tokens)`` after each step, ``constrain(logits)`` before each pick.  While a row's JSON is
 open its memory tokens and EOS are masked; once it closes, only EOS or a memory token (the next call) may follow.
+
+A row may also answer under a whole-response schema (OpenAI's ``response_format``): its text is then that JSON
+from its first token.  Until the row has a token, only its vocabulary is constrained (its memory tokens stay as
+routing leaves them: the turn may still start with a tool call, which then follows its tool's schema instead).
 """
 
 from __future__ import annotations
@@ -73,13 +77,17 @@ class Grammars:
 
     def matcher(self, parameters: dict, references: bool = True) -> xgrammar.GrammarMatcher:
         """A fresh matcher for arguments under the tool schema ``parameters`` (``decoding_schema``)."""
-        key = json.dumps([parameters, references], sort_keys=True)
+        return self._matcher(decoding_schema(parameters, references), strict=False)
+
+    def response_matcher(self, schema: dict) -> xgrammar.GrammarMatcher:
+        """A fresh matcher for a whole answer under ``schema`` (compact JSON, no property the schema lacks)."""
+        return self._matcher(schema, strict=True)
+
+    def _matcher(self, schema: dict, strict: bool) -> xgrammar.GrammarMatcher:
+        key = json.dumps([schema, strict], sort_keys=True)
         if key not in self.compiled:
             self.compiled[key] = self.compiler.compile_json_schema(
-                decoding_schema(parameters, references),
-                any_whitespace=False,
-                separators=(",", ":"),
-                strict_mode=False,
+                schema, any_whitespace=False, separators=(",", ":"), strict_mode=strict
             )
         return xgrammar.GrammarMatcher(self.compiled[key])
 
@@ -96,41 +104,51 @@ def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 class ArgumentGrammar:
-    """Per decoded row, the matcher of the tool arguments it is writing (None: unconstrained).
+    """Per decoded row, the matcher of the JSON it is writing (None: unconstrained).
 
     ``schemas[i][r]`` is, for decoded row i, its bank row r's tool schema, or None (a text row, or a tool without
     one: decoded as before); rows of one batch may use different banks (the server's engine).  ``references[i]``:
-    whether row i's arguments may be references to earlier results (``decoding_schema``).  ``select`` and ``join``
-    follow the rows as they leave and join a running batch.
+    whether row i's arguments may be references to earlier results (``decoding_schema``).  ``responses[i]``: row i's
+    whole-response schema, or None (default: none).  ``select`` and ``join`` follow the rows as they leave and join a
+    running batch.
     """
 
-    def __init__(self, grammars: Grammars, schemas: list[list[dict | None]], eos: int, references: list[bool]):
+    def __init__(
+        self,
+        grammars: Grammars,
+        schemas: list[list[dict | None]],
+        eos: int,
+        references: list[bool],
+        responses: list[dict | None] | None = None,
+    ):
         self.grammars, self.schemas, self.eos, self.references = grammars, list(schemas), eos, list(references)
         self.vocab = grammars.vocab_size
-        self.matchers: list[xgrammar.GrammarMatcher | None] = [None] * len(self.schemas)
+        responses = responses or [None] * len(self.schemas)
+        self.matchers = [None if r is None else grammars.response_matcher(r) for r in responses]
+        self.started = [False] * len(self.schemas)  # whether the row has its first token (see the module's docstring)
         self.batch = xgrammar.BatchGrammarMatcher(max_threads=1)
 
     def select(self, keep: list[int]) -> "ArgumentGrammar":
         """The rows ``keep``, with their matchers as they are."""
-        return self._with(
-            [self.schemas[i] for i in keep], [self.matchers[i] for i in keep], [self.references[i] for i in keep]
-        )
+        return self._with(*([values[i] for i in keep] for values in self._rows()))
 
     def join(self, other: "ArgumentGrammar") -> "ArgumentGrammar":
         """These rows, then ``other``'s."""
-        return self._with(
-            self.schemas + other.schemas, self.matchers + other.matchers, self.references + other.references
-        )
+        return self._with(*(mine + theirs for mine, theirs in zip(self._rows(), other._rows())))
 
-    def _with(self, schemas, matchers, references) -> "ArgumentGrammar":
+    def _rows(self) -> tuple[list, list, list, list]:
+        return self.schemas, self.matchers, self.references, self.started
+
+    def _with(self, schemas, matchers, references, started) -> "ArgumentGrammar":
         grammar = ArgumentGrammar(self.grammars, schemas, self.eos, references)
-        grammar.matchers, grammar.batch = matchers, self.batch
+        grammar.matchers, grammar.started, grammar.batch = matchers, started, self.batch
         return grammar
 
     def advance(self, tokens: torch.Tensor) -> None:
         """Feed each row's new token: a memory token starts its tool's grammar (or none); EOS ends the row's."""
         tokens = tokens.tolist()
         for i, token in enumerate(tokens):
+            self.started[i] = True
             if token >= self.vocab:
                 schema = self.schemas[i][token - self.vocab]
                 self.matchers[i] = None if schema is None else self.grammars.matcher(schema, self.references[i])
@@ -152,8 +170,9 @@ class ArgumentGrammar:
         bitmask = xgrammar.allocate_token_bitmask(len(active), self.vocab)
         self.batch.batch_fill_next_token_bitmask([self.matchers[i] for i in active], bitmask)
         allowed = allowed_tokens(bitmask, self.vocab).to(logits.device)
-        closed = allowed[:, self.eos]  # the JSON is complete: the next call's memory token may follow
+        # the JSON is complete (the next call's memory token may follow), or the row has no token yet (routing decides)
+        memory = allowed[:, self.eos] | ~torch.tensor([self.started[i] for i in active], device=logits.device)
         rows = torch.tensor(active, device=logits.device)
         logits[rows, : self.vocab] = logits[rows, : self.vocab].masked_fill(~allowed, float("-inf"))
-        logits[rows, self.vocab :] = logits[rows, self.vocab :].masked_fill(~closed.unsqueeze(-1), float("-inf"))
+        logits[rows, self.vocab :] = logits[rows, self.vocab :].masked_fill(~memory.unsqueeze(-1), float("-inf"))
         return logits
