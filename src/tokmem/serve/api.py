@@ -300,7 +300,9 @@ def _reply(handle: Handle, turn: int) -> Reply:
     reply = reply_from(handle.request.bank.model, handle.tokens, handle.plain, turn)
     if reply.content is not None:
         reply.content = handle.request.stop.cut(reply.content)
-    if handle.finish_reason not in ("stop", "length"):
+    ended_early = handle.finish_reason not in ("stop", "length")
+    stop_sequence = handle.finish_reason == "stop" and reply.finish_reason == "length"  # no EOS: a stop sequence
+    if ended_early or stop_sequence:
         reply.finish_reason = handle.finish_reason
     return reply
 
