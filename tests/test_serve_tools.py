@@ -226,7 +226,11 @@ def test_streamed_tool_calls_are_deltas_the_sdk_assembles_into_the_whole_answer(
         ({"extra_body": {"reasoning_effort": "low"}}, "reasoning_effort: not a field this server takes"),
         ({"response_format": {"type": "json_schema"}}, "json_schema is given with type 'json_schema'"),
         (
-            {"tools": [{"type": "function", "function": {"name": "city", "parameters": {"properties": {"place": {}}}}}]},
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "city", "parameters": {"properties": {"place": {}}}}}
+                ]
+            },
             "'place' not a parameter of the bank's tool 'city' (it learned 'city')",
         ),
         ({"messages": [*ASK, {"role": "tool", "content": "sunny"}]}, "needs the tool_call_id"),
