@@ -276,7 +276,15 @@ def _text_message(message, i: int) -> dict:
 
 
 def _call_ids(model: TokMemModel, call, where: str) -> list[int]:
-    """A call as training lays it out: the tool row's memory token, then its arguments (compact, schema order)."""
+    """A call as training lays it out: the tool row's memory token, then its arguments (compact, schema order).
+    Arguments nested too deep for Python's JSON (a RecursionError) are a ``DataError`` naming them."""
+    try:
+        return _laid_out_call(model, call, where)
+    except RecursionError:
+        raise DataError(f"{where}.function.arguments: nested too deep") from None
+
+
+def _laid_out_call(model: TokMemModel, call, where: str) -> list[int]:
     function = call.get("function") if isinstance(call, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if name not in model.bank or not model.bank.is_tool(model.bank.row(name)):

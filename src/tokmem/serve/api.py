@@ -126,9 +126,8 @@ def _bank_routes(app: FastAPI, registry: BankRegistry) -> None:
         tensors: UploadFile = File(description="the bank's .safetensors"),
         metadata: UploadFile = File(description="the bank's .safetensors.json"),
     ):
-        # validating and writing a bank of kilobytes takes about a millisecond: done here, not in a worker thread,
-        # whose hand-offs cost more than the work when the machine is busy
-        version = registry.put(name, await tensors.read(), await metadata.read())
+        # in a worker thread: compiling the bank's tool schemas may take up to the server's schema budget
+        version = await run_in_threadpool(registry.put, name, await tensors.read(), await metadata.read())
         return {"id": name, "object": "bank", "revision": version.revision, "procedures": version.model.bank.names}
 
     @app.delete("/v1/banks/{name:path}")
