@@ -161,18 +161,23 @@ class _Checker:
 
 
 def decoding_schema(parameters: dict, references: bool = True, where: str = "parameters", budget: Budget = Budget()):
-    """The schema a tool's arguments decode under: ``parameters``' properties and required keys (the rest of its
-    root binds nothing: a tool's arguments are an object), checked (``check_schema``, references resolved), with no
-    extra keys, and with ``references`` each argument also accepting a reference to an earlier result
-    (``REFERENCE``).  An array argument without ``items`` gets ``ANY_ITEM``."""
-    root = {key: parameters[key] for key in ("properties", "required", *DEFINITIONS) if key in parameters}
+    """The schema a tool's arguments decode under: ``parameters``' properties and required keys (of the model a root
+    ``$ref`` names, as pydantic writes a recursive one; the rest of its root binds nothing: arguments are an object),
+    checked (``check_schema``, references resolved), with no extra keys, and with ``references`` each argument also
+    accepting a reference to an earlier result (``REFERENCE``).  An array argument without ``items`` gets
+    ``ANY_ITEM``."""
+    root = {key: parameters[key] for key in ("properties", "required", "$ref", *DEFINITIONS) if key in parameters}
     checked = check_schema({"type": "object", **root}, where, budget)
+    defs = checked.get("$defs", {})
+    body = defs[checked["$ref"].rsplit("/", 1)[1]] if "$ref" in checked else checked
+    if not isinstance(body, dict):
+        raise SchemaError(f"{where}.$ref: must name an object schema")
     properties = {
         name: {"anyOf": [_with_items(spec), REFERENCE]} if references else _with_items(spec)
-        for name, spec in checked.get("properties", {}).items()
+        for name, spec in body.get("properties", {}).items()
     }
-    schema = {"type": "object", "properties": properties, "required": checked.get("required", [])}
-    return {**schema, "additionalProperties": False, **{k: v for k, v in checked.items() if k == "$defs"}}
+    schema = {"type": "object", "properties": properties, "required": body.get("required", [])}
+    return {**schema, "additionalProperties": False, **({"$defs": defs} if defs else {})}
 
 
 def _with_items(spec):
