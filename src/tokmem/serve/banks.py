@@ -28,7 +28,7 @@ import torch
 
 from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank, metadata_path, write_files
-from tokmem.errors import BankError
+from tokmem.errors import BankError, cut
 from tokmem.grammar import grammars_for
 from tokmem.model import TokMemModel
 from tokmem.schemas import Budget, SchemaError
@@ -200,7 +200,7 @@ class BankRegistry:
 def check_name(name: str) -> None:
     if not NAME.fullmatch(name) or ".." in name:
         raise BankError(
-            f"invalid bank name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
+            f"invalid bank name {cut(repr(name))}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
         )
 
 
