@@ -61,7 +61,7 @@ GRACE = 5.0  # seconds past a request's time limit before the route stops waitin
 STATUSES = {
     400: "a bad request (or bank upload): the message names the field",
     401: "the route needs 'Authorization: Bearer <api key>' (a server started with --api-key)",
-    404: "no bank (model) of that name",
+    404: "no bank (model) of that name, or no route for the path",
     408: "the request body took longer than the server's limit to arrive",
     409: "something that is not a bank file stands where the bank would be written",
     413: "the request body is over the server's size limit",
@@ -156,7 +156,7 @@ def _completion_routes(app: FastAPI, answers: "Answers") -> None:
 
 
 def _bank_routes(app: FastAPI, registry: BankRegistry) -> None:
-    @app.put("/v1/banks/{name:path}", responses=errors(400, 401, 409))
+    @app.put("/v1/banks/{name:path}", responses=errors(400, 401, 404, 409))
     async def put_bank(
         name: str,
         tensors: UploadFile = File(description="the bank's .safetensors"),
