@@ -15,9 +15,10 @@ chaining rules are ``tokmem.decode``'s, so greedy answers are token-identical to
 A request may limit the memory rows it routes to (``Request.allowed``: OpenAI's ``tools`` / ``tool_choice``,
 mapped by ``tokmem.chat.tool_routing``); the limit is folded into the row's ``valid`` columns, so it costs
 nothing per step.  After a tool row's memory token the arguments decode under the tool's schema where the bank
-has one, or the client's (``Request.schemas``; ``tokmem.grammar``), and a request with a whole-response schema
-(``response_format``) answers in its JSON from the first token: the batch keeps one ``ArgumentGrammar`` whose rows
-follow the batch's rows, its masks applied as one tensor op per step, as ``decode`` does offline.
+has one, or the client's (``Request.grammars``), and a request with a whole-response schema (``response_format``)
+answers in its JSON from the first token (``tokmem.grammar``; every grammar compiled before the request reaches the
+engine: never here): the batch keeps one ``ArgumentGrammar`` whose rows follow the batch's rows, its masks applied
+as one tensor op per step, as ``decode`` does offline.
 
 Sampling (temperature > 0) takes each row's ``top_p``; a request with a ``seed`` draws from its own generator, so
 it samples the same answer whatever else is in the batch.  A text answer that reaches one of its request's ``stop``
@@ -58,7 +59,7 @@ from tokmem.decode import (
 )
 from tokmem.errors import BackboneError, TokMemError
 from tokmem.chat import starts_calls
-from tokmem.grammar import ArgumentGrammar, grammars_for
+from tokmem.grammar import ArgumentGrammar
 from tokmem.sequences import positions
 from tokmem.model import TokMemModel
 from tokmem.serve.banks import BankVersion
@@ -87,16 +88,16 @@ class Request:
     ignore_eos: bool = False  # go on past EOS up to max_tokens (benchmarks: equal output lengths)
     allowed: torch.Tensor | None = None  # (bank rows,) bool: the memory rows it may use; None: every one
     schema: bool = DecodeConfig.schema  # tool arguments under their schemas, where the bank has them
-    schemas: list[dict | None] | None = None  # per bank row, the tool schema to use (the client's); None: the bank's
-    response: dict | None = None  # the schema a text answer decodes under from its first token (response_format)
+    grammars: list | None = None  # per bank row, its tool's compiled grammar (the client's schema); None: the bank's
+    response: object = None  # the compiled grammar a text answer decodes under from its first token (response_format)
     references: bool = DecodeConfig.references  # schema-bound arguments may be references (off for a chat)
     timeout: float | None = None  # seconds from submission
 
-    def tool_schemas(self) -> list[dict | None]:
-        """Per bank row, the schema its tool's arguments decode under (None: unconstrained)."""
+    def tool_grammars(self) -> list:
+        """Per bank row, the compiled grammar its tool's arguments decode under (None: unconstrained)."""
         if not self.schema:
             return [None] * self.bank.rows
-        return self.bank.model.bank.schemas if self.schemas is None else self.schemas
+        return self.bank.grammars[self.references] if self.grammars is None else self.grammars
 
 
 class Handle:
@@ -268,20 +269,15 @@ def request_tables(requests: list[Request], device) -> tuple[torch.Tensor, torch
 
 
 def argument_grammar(requests: list[Request], always: bool = False):
-    """The ``ArgumentGrammar`` of a batch of ``requests`` (each row its tool schemas, ``Request.tool_schemas``, and
-    its whole-response schema); None when no row has a schema to decode under, unless ``always``."""
-    schemas = [r.tool_schemas() for r in requests]
+    """The ``ArgumentGrammar`` of a batch of ``requests`` (each row its tool grammars, ``Request.tool_grammars``, and
+    its whole-response grammar), all compiled before (so nothing compiles here); None when no row has a grammar to
+    decode under, unless ``always``."""
+    grammars = [r.tool_grammars() for r in requests]
     responses = [r.response for r in requests]
-    if not always and all(schema is None for row in schemas + [responses] for schema in row):
+    if not always and all(grammar is None for row in grammars + [responses] for grammar in row):
         return None
     model = requests[0].bank.model
-    return ArgumentGrammar(
-        grammars_for(model.backbone.tokenizer, model.vocab_size),
-        schemas,
-        model.backbone.eos_token_id,
-        [r.references for r in requests],
-        responses,
-    )
+    return ArgumentGrammar(grammars, model.vocab_size, model.backbone.eos_token_id, responses)
 
 
 def _generator(seed: int, device) -> torch.Generator:

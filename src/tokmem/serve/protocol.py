@@ -34,6 +34,7 @@ from pydantic import (
 from starlette.exceptions import HTTPException
 
 from tokmem.chat import tool_routing, tool_schemas
+from tokmem.errors import cut
 from tokmem.decode import DecodeConfig
 
 MIN_TEMPERATURE = 0.01  # below it (except 0, greedy) sampling is greedy in all but name, and scaled logits overflow
@@ -41,6 +42,7 @@ MAX_STEPS = 64  # segments (memory tokens) per answer
 MAX_INT = 2**31 - 1  # the largest integer a client may send anywhere
 NAME = 200  # the longest bank, procedure or tool name (and tool call id)
 MAX_STOPS = 4  # stop sequences per request (as OpenAI)
+MAX_MESSAGE = 2000  # the longest error message (what it echoes of the input is cut before, see errors.cut)
 # the OpenAI fields this server does not implement, and the values that leave them off (the only ones accepted)
 OFF = {
     "logprobs": (None, False),
@@ -83,10 +85,24 @@ class ApiError(HTTPException):
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        message, param = cut(self.message, MAX_MESSAGE), None if self.param is None else cut(self.param)
+        return {"error": {"message": message, "type": self.type, "param": param, "code": self.code}}
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error body: every answer other than 200 has it."""
+
+    error: ErrorDetail
 
 
 # ---- request bodies ---------------------------------------------------------------------------------
@@ -164,14 +180,15 @@ class TokMemOptions(BaseModel):
         None, max_length=16, description="accepted, without effect (OpenAI's metadata)"
     )
     store: bool | None = Field(None, description="accepted, without effect: this server stores nothing")
-    logprobs: JsonValue = None
-    top_logprobs: JsonValue = None
-    frequency_penalty: JsonValue = None
-    presence_penalty: JsonValue = None
-    logit_bias: JsonValue = None
-    service_tier: JsonValue = None
-    functions: JsonValue = None
-    function_call: JsonValue = None
+    # not implemented (``OFF``): typed as OpenAI types them, refused unless off
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    frequency_penalty: float | None = Field(None, allow_inf_nan=False)
+    presence_penalty: float | None = Field(None, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = None
+    service_tier: Text | None = None
+    functions: list[dict[str, JsonValue]] | None = Field(None, description="legacy: refused (send tools)")
+    function_call: Text | dict[str, JsonValue] | None = Field(None, description="legacy: refused (send tool_choice)")
 
     @field_validator("n")
     @classmethod
@@ -330,7 +347,9 @@ class ChatBody(TokMemOptions):
         return allowed, forced, threshold
 
     def tool_schemas(self, model) -> list[dict | None] | None:
-        return tool_schemas(model, [tool.model_dump(exclude_none=True) for tool in self.tools or []])
+        if not any(tool.function.parameters is not None for tool in self.tools or []):
+            return None
+        return tool_schemas(model, [tool.model_dump(exclude_none=True) for tool in self.tools])
 
     def response_schema(self) -> dict | None:
         return None if self.response_format is None else self.response_format.answer_schema()
