@@ -64,7 +64,7 @@ class Weather(BaseModel):
 
 class Trip(BaseModel):
     weather: Weather  # nested: pydantic writes it as a $ref into $defs
-    budget_eur: float
+    nights: int = Field(ge=1, le=30)
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +177,8 @@ def test_langchain_structured_output_as_json_schema_and_json_mode_parses(base_ur
         "Weather in Rome, then count."
     )
     assert isinstance(weather, Weather) and isinstance(loose, dict) and loose
+    trip = llm.with_structured_output(Trip, method="json_schema").invoke(QUESTION)
+    assert "$defs" in Trip.model_json_schema() and isinstance(trip.weather, Weather)
 
 
 def test_a_clients_strict_schema_is_obeyed_and_one_over_unlearned_names_refused(base_url):

@@ -187,3 +187,35 @@ def test_a_composition_that_cannot_be_made_is_refused_naming_why(app, model, sta
 
     error = call(app, scenario)
     assert error.status_code == status and message in error.body["message"]
+
+
+@pytest.mark.parametrize(
+    "request_body, message",
+    [
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}},
+            "response_format.json_schema.schema",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "city", "parameters": {**CITY, "$ref": "#/$defs/Nowhere"}},
+                    }
+                ]
+            },
+            "tools['city'].parameters",
+        ),
+    ],
+    ids=["response-format", "tool-parameters"],
+)
+def test_a_request_schema_that_cannot_compile_is_that_requests_400_and_others_answer(app, request_body, message):
+    async def scenario(client, http):
+        bad = client.chat.completions.create(model="tools", messages=ASK, max_tokens=5, **request_body)
+        clean = client.chat.completions.create(model="tools", messages=ASK, max_tokens=5)
+        return await asyncio.gather(bad, clean, return_exceptions=True)
+
+    bad, clean = call(app, scenario)
+    assert isinstance(bad, openai.BadRequestError) and message in bad.body["message"]
+    assert clean.choices[0].finish_reason in ("stop", "length", "tool_calls")
