@@ -89,7 +89,7 @@ def test_with_a_response_format_a_turn_may_still_call_a_tool_under_its_schema(ap
 
 
 # ---- a client's tool schema -------------------------------------------------------------------------------
-def test_a_clients_tool_parameters_bind_the_arguments(app):
+def test_a_clients_tool_parameters_bind_the_arguments_served_as_in_tokmem_chat(app, offline):
     only_rome = {**CITY, "properties": {"city": {"type": "string", "enum": ["Rome"]}}}
     tools = [{"type": "function", "function": {"name": "city", "parameters": only_rome, "strict": True}}]
     named = {"type": "function", "function": {"name": "city"}}
@@ -100,6 +100,8 @@ def test_a_clients_tool_parameters_bind_the_arguments(app):
     )
     assert [json.loads(c.function.arguments) for c in bound.choices[0].message.tool_calls] == [{"city": "Rome"}]
     assert json.loads(banks_own.choices[0].message.tool_calls[0].function.arguments)["city"] in ("Oslo", "Rome")
+    reply = tokmem.chat(offline["tools"], ASK, tools, named, DecodeConfig(max_new_tokens=200))
+    assert answer(bound) == (None, [(c.name, c.arguments) for c in reply.tool_calls], reply.finish_reason)
 
 
 # ---- top_p, seed, stop ----------------------------------------------------------------------------------

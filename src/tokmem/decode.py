@@ -281,14 +281,15 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
     ]
 
 
-def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None):
+def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None, schemas=None):
     """Encode ``ids`` (the new tokens of each row, after what ``cache`` holds; ``mask`` covers both) and decode each row
     up to EOS or ``config.max_new_tokens``: the rows' token lists (EOS included; a row done before the others is
     filled with EOS), their memory mass, which rows answer as the plain backbone, the cache (it holds every token
     fed, i.e. all but each row's last) and its attention mask (0 where a column is padding or fed after a row was done).
 
     ``forced``: per row a memory id to start with, or -1 (route).  ``allowed``: (rows, bank rows) bool, the memory
-    tokens each row may use at all (default: every one); a row with none answers as the plain backbone.
+    tokens each row may use at all (default: every one); a row with none answers as the plain backbone.  ``schemas``:
+    per bank row, the tool schema to decode under instead of the bank's (``argument_grammar``).
     """
     vocab, eos = model.vocab_size, model.backbone.eos_token_id
     index, steer = model.memory_matrices()
@@ -300,7 +301,7 @@ def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None
     token, plain, mass = first_tokens(logits, vocab, config.threshold, has_rows, forced, config.temperature, generator)
 
     steps = model.is_memory(token).long()
-    grammar = argument_grammar(model, rows, config)
+    grammar = argument_grammar(model, rows, config, schemas)
     stop = BlankLineStop(model.backbone.tokenizer, vocab, ids.device) if config.stop_at_blank_line else None
     done = (token == eos) | (stop.update(token) if stop else False)
     generated = [token]
@@ -330,15 +331,17 @@ def _only(logits: torch.Tensor, allowed: torch.Tensor | None, vocab: int) -> tor
     return logits
 
 
-def argument_grammar(model: TokMemModel, rows: int, config: DecodeConfig):
+def argument_grammar(model: TokMemModel, rows: int, config: DecodeConfig, schemas: list | None = None):
     """The ``ArgumentGrammar`` of a batch of ``rows``, or None when no tool row has a schema (or ``config.schema``
-    is off): then nothing is constrained and the grammar backend is not even imported.  The bank's schemas are
-    compiled (or found compiled) here, before decoding starts; one that cannot be is a ``SchemaError`` naming it."""
-    if not config.schema or not any(schema is not None for schema in model.bank.schemas):
+    is off): then nothing is constrained and the grammar backend is not even imported.  ``schemas``: per bank row,
+    the schema to use instead of the bank's (a client's, ``tokmem.chat.tool_schemas``).  The schemas are compiled (or
+    found compiled) here, before decoding starts; one that cannot be is a ``SchemaError`` naming it."""
+    schemas = model.bank.schemas if schemas is None else schemas
+    if not config.schema or not any(schema is not None for schema in schemas):
         return None
     from tokmem.grammar import ArgumentGrammar, grammars_for
 
-    grammars = grammars_for(model.backbone.tokenizer, model.vocab_size).rows(model.bank.schemas, config.references)
+    grammars = grammars_for(model.backbone.tokenizer, model.vocab_size).rows(schemas, config.references)
     return ArgumentGrammar([grammars] * rows, model.vocab_size, model.backbone.eos_token_id)
 
 

@@ -347,9 +347,7 @@ class ChatBody(TokMemOptions):
         return allowed, forced, threshold
 
     def tool_schemas(self, model) -> list[dict | None] | None:
-        if not any(tool.function.parameters is not None for tool in self.tools or []):
-            return None
-        return tool_schemas(model, [tool.model_dump(exclude_none=True) for tool in self.tools])
+        return tool_schemas(model, [tool.model_dump(exclude_none=True) for tool in self.tools or []])
 
     def response_schema(self) -> dict | None:
         return None if self.response_format is None else self.response_format.answer_schema()
