@@ -5,13 +5,14 @@ import json
 import re
 
 import pytest
+import torch
 import xgrammar
 from pydantic import BaseModel
 
 from tokmem.chat import conversation_ids
 from tokmem.data.procedures import load_schemas
 from tokmem.errors import DataError
-from tokmem.grammar import Grammars
+from tokmem.grammar import ArgumentGrammar, Grammars
 from tokmem.schemas import Budget, SchemaError, check_schema, decoding_schema
 
 
@@ -154,3 +155,32 @@ def test_call_arguments_nested_too_deep_are_refused_naming_the_field(backbone):
     ]
     with pytest.raises(DataError, match=r"messages\[1\].tool_calls\[0\].function.arguments: nested too deep"):
         conversation_ids(model, messages)
+
+
+@pytest.mark.parametrize(
+    "defs",
+    [{"A": {"$ref": "#/$defs/A"}}, {"A": {"$ref": "#/$defs/B", "title": "a"}, "B": {"$ref": "#/$defs/A"}}],
+    ids=["itself", "each-other"],
+)
+def test_references_that_only_point_at_each_other_are_refused(defs):
+    with pytest.raises(SchemaError, match="only point at each other"):
+        decoding_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": defs})
+
+
+def test_a_row_whose_grammar_admits_no_token_goes_free_instead_of_masking_everything(backbone):
+    """A grammar with a dead end (compiled past the door's checks, as no schema that passes them should make one):
+    the row is left unconstrained, never all -inf (which sampling would turn into NaN)."""
+    grammars = Grammars(backbone.tokenizer, backbone.vocab_size)
+    cycle = {
+        "type": "object",
+        "properties": {"a": {"anyOf": [{"$ref": "#/$defs/A"}]}},
+        "$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}]}},
+    }
+    dead = grammars.compiler.compile_json_schema(json.dumps(cycle), any_whitespace=False, separators=(",", ":"))
+    vocab, eos = backbone.vocab_size, backbone.eos_token_id
+    grammar = ArgumentGrammar([[dead]], vocab, eos)
+    grammar.advance(torch.tensor([vocab]))
+    for token in backbone.tokenizer('{"a":', add_special_tokens=False)["input_ids"]:
+        grammar.advance(torch.tensor([token]))
+    logits = grammar.constrain(torch.zeros(1, vocab + 1))
+    assert grammar.matchers == [None] and torch.isfinite(logits).all()

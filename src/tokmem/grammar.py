@@ -189,7 +189,13 @@ class ArgumentGrammar:
             return logits
         bitmask = xgrammar.allocate_token_bitmask(len(active), self.vocab)
         self.batch.batch_fill_next_token_bitmask([self.matchers[i] for i in active], bitmask)
-        allowed = allowed_tokens(bitmask, self.vocab).to(logits.device)
+        allowed = allowed_tokens(bitmask, self.vocab)
+        stuck = ~allowed.any(-1)  # a grammar with no way on (a schema that admits no value): the row goes free
+        if stuck.any():
+            for k in stuck.nonzero().flatten().tolist():
+                self.matchers[active[k]] = None
+            return self.constrain(logits)
+        allowed = allowed.to(logits.device)
         closed = allowed[:, self.eos]  # the JSON is complete: the next call's memory token may follow
         rows = torch.tensor(active, device=logits.device)
         logits[rows, : self.vocab] = logits[rows, : self.vocab].masked_fill(~allowed, float("-inf"))
