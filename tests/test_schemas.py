@@ -79,6 +79,7 @@ def test_references_in_definitions_and_json_pointers_resolve_into_one_root_defs(
         ({"type": "object", "dependentRequired": {"a": ["b"]}}, "s.dependentRequired", "not supported"),
         ({"allOf": [{"type": "integer"}, {"minimum": 1}]}, "s.allOf", "more than one schema"),
         ({"type": "string", "format": "credit-card"}, "s.format", "not a supported format"),
+        ({"type": "string", "format": []}, "s.format", "not a supported format"),
         ({"$ref": "https://example.com/s.json"}, "s.$ref", "only references within the schema"),
         ({"$ref": "#/$defs/Missing"}, "s.$ref", "points at nothing"),
         ({"type": "array", "items": [{"type": "integer"}]}, "s.items", "use 'prefixItems'"),

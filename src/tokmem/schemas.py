@@ -8,7 +8,7 @@ A schema may come from a bank's metadata, a training catalog or a request, so it
 points nowhere, a regex repetition over 128), and what costs too much (a schema over ``Budget.max_chars`` characters
 or nested deeper than ``Budget.max_depth``).  What it keeps is the schema with every local reference (``"#"``,
 ``"#/$defs/…"``, ``"#/definitions/…"``, any JSON pointer into the schema) re-pointed into one root ``$defs`` of the
-referenced parts, so the schema stays valid when it is nested in another (``grammar.decoding_schema``) and a
+referenced parts, so the schema stays valid when it is nested in another (``decoding_schema``) and a
 recursive model (pydantic's) needs no expansion.  Annotations (``title``, ``description``, ``default``, …) are
 dropped: they bind nothing.
 """
@@ -214,7 +214,7 @@ def _value(key: str, value, at: str, schema: dict, budget: Budget):
         if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
             raise SchemaError(f"{at}: must be a list of property names")
     elif key == "format":
-        if value not in FORMATS:
+        if not isinstance(value, str) or value not in FORMATS:
             raise SchemaError(f"{at}: {value!r:.80} is not a supported format ({', '.join(sorted(FORMATS))})")
     elif key == "pattern":
         _pattern(value, at, budget)
