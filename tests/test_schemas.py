@@ -7,6 +7,8 @@ import re
 import pytest
 import torch
 import xgrammar
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from tokmem.chat import conversation_ids
@@ -185,3 +187,35 @@ def test_a_row_whose_grammar_admits_no_token_goes_free_instead_of_masking_everyt
         grammar.advance(torch.tensor([token]))
     logits = grammar.constrain(torch.zeros(1, vocab + 1))
     assert grammar.matchers == [None] and torch.isfinite(logits).all()
+
+
+KEYWORDS = st.sampled_from(
+    ["type", "properties", "required", "items", "anyOf", "allOf", "$ref", "$defs", "enum", "const", "pattern"]
+    + ["format", "minLength", "maxItems", "minimum", "multipleOf", "additionalProperties", "prefixItems", "not", "x"]
+)
+VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats()
+    | st.sampled_from(["#", "#/$defs/a", "string", "object", "a{200}"]),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(KEYWORDS | st.sampled_from(["a", "b"]), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(st.dictionaries(KEYWORDS, VALUES, max_size=5))
+def test_any_json_as_a_schema_compiles_or_is_a_schema_error_never_another_exception(grammars, schema):
+    try:
+        grammars.arguments({"type": "object", "properties": {"s": schema}})
+    except SchemaError:
+        pass
