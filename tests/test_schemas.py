@@ -5,13 +5,16 @@ import json
 import re
 
 import pytest
+import torch
 import xgrammar
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from tokmem.chat import conversation_ids
 from tokmem.data.procedures import load_schemas
 from tokmem.errors import DataError
-from tokmem.grammar import Grammars
+from tokmem.grammar import ArgumentGrammar, Grammars
 from tokmem.schemas import Budget, SchemaError, check_schema, decoding_schema
 
 
@@ -78,6 +81,7 @@ def test_references_in_definitions_and_json_pointers_resolve_into_one_root_defs(
         ({"type": "object", "dependentRequired": {"a": ["b"]}}, "s.dependentRequired", "not supported"),
         ({"allOf": [{"type": "integer"}, {"minimum": 1}]}, "s.allOf", "more than one schema"),
         ({"type": "string", "format": "credit-card"}, "s.format", "not a supported format"),
+        ({"type": "string", "format": []}, "s.format", "not a supported format"),
         ({"$ref": "https://example.com/s.json"}, "s.$ref", "only references within the schema"),
         ({"$ref": "#/$defs/Missing"}, "s.$ref", "points at nothing"),
         ({"type": "array", "items": [{"type": "integer"}]}, "s.items", "use 'prefixItems'"),
@@ -154,3 +158,64 @@ def test_call_arguments_nested_too_deep_are_refused_naming_the_field(backbone):
     ]
     with pytest.raises(DataError, match=r"messages\[1\].tool_calls\[0\].function.arguments: nested too deep"):
         conversation_ids(model, messages)
+
+
+@pytest.mark.parametrize(
+    "defs",
+    [{"A": {"$ref": "#/$defs/A"}}, {"A": {"$ref": "#/$defs/B", "title": "a"}, "B": {"$ref": "#/$defs/A"}}],
+    ids=["itself", "each-other"],
+)
+def test_references_that_only_point_at_each_other_are_refused(defs):
+    with pytest.raises(SchemaError, match="only point at each other"):
+        decoding_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": defs})
+
+
+def test_a_row_whose_grammar_admits_no_token_goes_free_instead_of_masking_everything(backbone):
+    """A grammar with a dead end (compiled past the door's checks, as no schema that passes them should make one):
+    the row is left unconstrained, never all -inf (which sampling would turn into NaN)."""
+    grammars = Grammars(backbone.tokenizer, backbone.vocab_size)
+    cycle = {
+        "type": "object",
+        "properties": {"a": {"anyOf": [{"$ref": "#/$defs/A"}]}},
+        "$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}]}},
+    }
+    dead = grammars.compiler.compile_json_schema(json.dumps(cycle), any_whitespace=False, separators=(",", ":"))
+    vocab, eos = backbone.vocab_size, backbone.eos_token_id
+    grammar = ArgumentGrammar([[dead]], vocab, eos)
+    grammar.advance(torch.tensor([vocab]))
+    for token in backbone.tokenizer('{"a":', add_special_tokens=False)["input_ids"]:
+        grammar.advance(torch.tensor([token]))
+    logits = grammar.constrain(torch.zeros(1, vocab + 1))
+    assert grammar.matchers == [None] and torch.isfinite(logits).all()
+
+
+KEYWORDS = st.sampled_from(
+    ["type", "properties", "required", "items", "anyOf", "allOf", "$ref", "$defs", "enum", "const", "pattern"]
+    + ["format", "minLength", "maxItems", "minimum", "multipleOf", "additionalProperties", "prefixItems", "not", "x"]
+)
+VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats()
+    | st.sampled_from(["#", "#/$defs/a", "string", "object", "a{200}"]),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(KEYWORDS | st.sampled_from(["a", "b"]), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(st.dictionaries(KEYWORDS, VALUES, max_size=5))
+def test_any_json_as_a_schema_compiles_or_is_a_schema_error_never_another_exception(grammars, schema):
+    try:
+        grammars.arguments({"type": "object", "properties": {"s": schema}})
+    except SchemaError:
+        pass

@@ -3,7 +3,6 @@ requests decode on other banks: the bad one gets its own 4xx (a pydantic schema 
 the six get 200 and exactly their offline answers, and a refused upload leaves the bank directory as it was."""
 
 import asyncio
-import json
 
 import pytest
 from helpers import bank_files, call, expected, files, random_rows, serve, write_served_banks
@@ -153,10 +152,19 @@ def test_a_bank_on_disk_whose_schema_cannot_compile_fails_only_its_own_requests(
     assert_clean(offline, answers)
 
 
-def test_a_schema_slower_to_compile_than_the_servers_budget_is_refused(lively_backbone, tmp_path, offline):
-    app, _ = serve(lively_backbone, tmp_path / "banks", schema_seconds=0.001)
+def test_a_schema_slower_to_compile_than_the_servers_budget_is_refused_beside_clean_requests(
+    lively_backbone, tmp_path, offline
+):
+    app, engine = serve(lively_backbone, tmp_path / "banks", schema_seconds=0.001)
     schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^([a-z]{128}){128}$"}}}
     _, sent = upload(lively_backbone, tmp_path, schema)
-    response = call(app, lambda client, http: http.put("/v1/banks/slow", files=sent))
+    before = files(tmp_path / "banks")
+    engine.start()
+    try:
+        response, answers = beside_clean(app, lambda http: http.put("/v1/banks/slow", files=sent))
+    finally:
+        engine.stop()
     assert response.status_code == 400
-    assert "took longer than the limit of 0.001 s" in json.loads(response.text)["error"]["message"]
+    assert "took longer than the limit of 0.001 s" in response.json()["error"]["message"]
+    assert_clean(offline, answers)
+    assert files(tmp_path / "banks") == before

@@ -61,7 +61,7 @@ class Grammars:
             tokenizer, vocab_size=vocab_size, stop_token_ids=[tokenizer.eos_token_id]
         )
         self.compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)  # the cache is ours
-        self.compiled: OrderedDict[str, Future] = OrderedDict()
+        self.compiled: OrderedDict[str, tuple[Future, float]] = OrderedDict()  # hash -> (compile, its deadline)
         self._lock = threading.Lock()
 
     def compile(self, schema, where: str = "schema") -> xgrammar.CompiledGrammar:
@@ -71,27 +71,29 @@ class Grammars:
         checked = check_schema(schema, where, self.budget)
         key = hashlib.sha256(json.dumps(checked, sort_keys=True).encode()).hexdigest()
         with self._lock:
-            future = self.compiled.get(key)
-            if future is None:
-                future = self.compiled[key] = self._start(checked)
+            if key not in self.compiled:
+                self.compiled[key] = self._start(checked), time.monotonic() + self.budget.seconds
                 while len(self.compiled) > self.CACHED:
                     self.compiled.popitem(last=False)
             self.compiled.move_to_end(key)
+            future, deadline = self.compiled[key]
         try:
-            return future.result(timeout=max(0.0, future.deadline - time.monotonic()))
+            return future.result(timeout=max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             error = SchemaError(
                 f"{where}: compiling the schema took longer than the limit of {self.budget.seconds:g} s"
             )
+            failed = Future()
+            failed.set_exception(error)
             with self._lock:
-                self.compiled[key] = _failed(error)
+                self.compiled[key] = failed, 0.0
             raise error from None
         except RuntimeError as err:  # the backend's refusal, cached as the future's exception
             raise SchemaError(f"{where}: the grammar backend cannot compile it: {_first_line(err)}") from None
 
     def _start(self, schema) -> Future:
+        """The compile of a checked ``schema``, running in a thread of its own."""
         future = Future()
-        future.deadline = time.monotonic() + self.budget.seconds
 
         def run():
             try:
@@ -116,13 +118,6 @@ class Grammars:
             None if schema is None else self.arguments(schema, references, f"{where}[{row}]")
             for row, schema in enumerate(schemas)
         ]
-
-
-def _failed(error: Exception) -> Future:
-    future = Future()
-    future.deadline = 0.0
-    future.set_exception(error)
-    return future
 
 
 def _first_line(err: Exception) -> str:
@@ -200,7 +195,13 @@ class ArgumentGrammar:
             return logits
         bitmask = xgrammar.allocate_token_bitmask(len(active), self.vocab)
         self.batch.batch_fill_next_token_bitmask([self.matchers[i] for i in active], bitmask)
-        allowed = allowed_tokens(bitmask, self.vocab).to(logits.device)
+        allowed = allowed_tokens(bitmask, self.vocab)
+        stuck = ~allowed.any(-1)  # a grammar with no way on (a schema that admits no value): the row goes free
+        if stuck.any():
+            for k in stuck.nonzero().flatten().tolist():
+                self.matchers[active[k]] = None
+            return self.constrain(logits)
+        allowed = allowed.to(logits.device)
         # the JSON is complete (the next call's memory token may follow), or the row has no token yet (routing decides)
         memory = allowed[:, self.eos] | ~torch.tensor([self.started[i] for i in active], device=logits.device)
         rows = torch.tensor(active, device=logits.device)

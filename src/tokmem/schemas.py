@@ -8,7 +8,7 @@ A schema may come from a bank's metadata, a training catalog or a request, so it
 points nowhere, a regex repetition over 128), and what costs too much (a schema over ``Budget.max_chars`` characters
 or nested deeper than ``Budget.max_depth``).  What it keeps is the schema with every local reference (``"#"``,
 ``"#/$defs/…"``, ``"#/definitions/…"``, any JSON pointer into the schema) re-pointed into one root ``$defs`` of the
-referenced parts, so the schema stays valid when it is nested in another (``grammar.decoding_schema``) and a
+referenced parts, so the schema stays valid when it is nested in another (``decoding_schema``) and a
 recursive model (pydantic's) needs no expansion.  Annotations (``title``, ``description``, ``default``, …) are
 dropped: they bind nothing.
 """
@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from tokmem.errors import DataError
+from tokmem.errors import DataError, listed
 
 # keywords whose value is one schema, a list of schemas, or a map of names to schemas
 ONE = {"items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "propertyNames"}
@@ -88,27 +88,41 @@ def check_schema(schema, where: str = "schema", budget: Budget = Budget()) -> di
 
 
 class _Checker:
-    """One walk over a schema and the parts its references reach; ``defs``: pointer → (name, checked part)."""
+    """One walk over a schema and the parts its references reach.  ``names``: each pointer referenced → its name in
+    the root ``$defs``, ``queue``: the pointers in the order they were first met, ``defs``: name → checked part."""
 
     def __init__(self, root, where: str, budget: Budget):
         self.root, self.where, self.budget = root, where, budget
         self.names: dict[str, str] = {}
+        self.queue: list[str] = []
         self.defs: dict[str, dict | bool] = {}
 
     def run(self) -> dict | bool:
         checked = self.walk(self.root, self.where, 0)
-        pending = list(self.names)
-        while pending:  # the referenced parts, and the parts they reference
-            pointer = pending.pop()
-            self.defs[self.names[pointer]] = self.walk(self.target(pointer), f"{self.where}.$ref {pointer!r}", 0)
-            pending += [p for p in self.names if self.names[p] not in self.defs and p not in pending]
+        for pointer in self.queue:  # grows as the referenced parts reference more
+            self.defs[self.names[pointer]] = self.walk(self.target(pointer), f"{self.where}.$ref {pointer!r:.80}", 0)
+        self.refuse_bare_cycles()
         if not self.defs:
             return checked
         if not isinstance(checked, dict):
             raise SchemaError(f"{self.where}: a boolean schema has no references")
         return {**checked, "$defs": self.defs}
 
+    def refuse_bare_cycles(self) -> None:
+        """A part that is only a reference to itself, directly or through others, admits no value: refused."""
+        for name in self.defs:
+            seen, at = [], name
+            while isinstance(self.defs[at], dict) and list(self.defs[at]) == ["$ref"] and at not in seen:
+                seen.append(at)
+                at = self.defs[at]["$ref"].rsplit("/", 1)[1]
+            if at in seen:
+                pointers = [p for p, n in self.names.items() if n in seen]
+                raise SchemaError(
+                    f"{self.where}: the references {listed(pointers)} only point at each other (no value)"
+                )
+
     def walk(self, schema, where: str, depth: int) -> dict | bool:
+        """``schema`` with its subschemas checked, its references re-pointed and its annotations dropped."""
         if isinstance(schema, bool):
             return schema
         if not isinstance(schema, dict):
@@ -118,8 +132,10 @@ class _Checker:
         checked = {}
         for key, value in schema.items():
             at = f"{where}.{key}"
+            if key == "items" and isinstance(value, list):
+                raise SchemaError(f"{at}: a list of schemas is not supported (use 'prefixItems')")
             if key in ONE:
-                checked[key] = self.walk(value, at, depth + 1) if key != "items" else self.items(value, at, depth)
+                checked[key] = self.walk(value, at, depth + 1)
             elif key in MANY:
                 checked[key] = [self.walk(s, f"{at}[{i}]", depth + 1) for i, s in enumerate(_list(value, at, key))]
             elif key in NAMED:
@@ -132,19 +148,16 @@ class _Checker:
             raise SchemaError(f"{where}.allOf: more than one schema is not supported (merge them into one)")
         return checked
 
-    def items(self, value, at: str, depth: int):
-        if isinstance(value, list):
-            raise SchemaError(f"{at}: a list of schemas is not supported (use 'prefixItems')")
-        return self.walk(value, at, depth + 1)
-
     def reference(self, pointer, at: str) -> str:
         if not isinstance(pointer, str) or not (pointer == "#" or pointer.startswith("#/")):
             raise SchemaError(
                 f"{at}: only references within the schema ('#' or '#/…') are supported, not {pointer!r:.80}"
             )
-        self.target(pointer, at)
-        name = self.names.setdefault(pointer, f"ref{len(self.names)}")
-        return f"#/$defs/{name}"
+        if pointer not in self.names:
+            self.target(pointer, at)
+            self.names[pointer] = f"ref{len(self.names)}"
+            self.queue.append(pointer)
+        return f"#/$defs/{self.names[pointer]}"
 
     def target(self, pointer: str, at: str | None = None):
         """The part of the root schema a JSON pointer names."""
@@ -201,7 +214,7 @@ def _value(key: str, value, at: str, schema: dict, budget: Budget):
         if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
             raise SchemaError(f"{at}: must be a list of property names")
     elif key == "format":
-        if value not in FORMATS:
+        if not isinstance(value, str) or value not in FORMATS:
             raise SchemaError(f"{at}: {value!r:.80} is not a supported format ({', '.join(sorted(FORMATS))})")
     elif key == "pattern":
         _pattern(value, at, budget)
