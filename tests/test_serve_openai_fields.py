@@ -81,11 +81,17 @@ def test_a_json_schema_response_is_json_under_the_schema_and_json_object_an_obje
     assert plain.choices[0].message.content and not plain.choices[0].message.content.startswith("{")
 
 
-def test_with_a_response_format_a_turn_may_still_call_a_tool_under_its_schema(app):
-    (response,) = ask(app, {"model": "tools", "response_format": STRICT, "tool_choice": "required", "max_tokens": 200})
-    (call_, *_) = response.choices[0].message.tool_calls
-    assert response.choices[0].finish_reason == "tool_calls"
+def test_with_a_response_format_a_turn_may_still_call_a_tool_but_never_a_text_row(app):
+    routed = {"threshold": 0.0}  # every turn that may route does
+    tool, text = ask(
+        app,
+        {"model": "tools", "response_format": STRICT, "tool_choice": "required", "max_tokens": 200},
+        {"model": "alpha", "response_format": STRICT, "max_tokens": 300, "extra_body": routed},
+    )
+    (call_, *_) = tool.choices[0].message.tool_calls
+    assert tool.choices[0].finish_reason == "tool_calls"
     assert call_.function.name == "count" or json.loads(call_.function.arguments)["city"] in ("Oslo", "Rome")
+    assert not text.tokmem["routed"] and set(json.loads(text.choices[0].message.content)) == set(WEATHER["required"])
 
 
 # ---- a client's tool schema -------------------------------------------------------------------------------
