@@ -88,7 +88,8 @@ def serve(backbone, directory, engine_options=None, **settings):
     from tokmem.serve.engine import Engine
 
     engine = Engine(backbone, **(engine_options or {}))
-    return create_app(BankRegistry(backbone, directory), engine, ServeConfig(banks=str(directory), **settings)), engine
+    config = ServeConfig(banks=str(directory), **settings)
+    return create_app(BankRegistry(backbone, directory, budget=config.schema_budget), engine, config), engine
 
 
 def call(app, scenario, api_key="unused"):

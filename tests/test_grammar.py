@@ -9,7 +9,8 @@ from helpers import random_rows
 
 import tokmem
 from tokmem import DecodeConfig
-from tokmem.grammar import REFERENCE, ArgumentGrammar, decoding_schema, grammars_for
+from tokmem.grammar import ArgumentGrammar, grammars_for
+from tokmem.schemas import REFERENCE, decoding_schema
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Rome"]}}, "required": ["city"]}
 COUNT = {
@@ -89,9 +90,8 @@ def test_batched_schema_bound_generation_equals_one_query_at_a_time(tool_model):
 
 def test_each_row_is_masked_by_its_own_tools_grammar_and_memory_tokens_wait_for_the_json_to_close(tool_model):
     vocab, eos = tool_model.vocab_size, tool_model.backbone.eos_token_id
-    grammar = ArgumentGrammar(
-        grammars_for(tool_model.backbone.tokenizer, vocab), [tool_model.bank.schemas] * 3, eos, [True] * 3
-    )
+    compiled = grammars_for(tool_model.backbone.tokenizer, vocab).rows(tool_model.bank.schemas)
+    grammar = ArgumentGrammar([compiled] * 3, vocab, eos)
     grammar.advance(torch.tensor([vocab + 0, vocab + 1, vocab + 2]))  # city, count, free (no schema)
     logits = grammar.constrain(torch.zeros(3, vocab + 3))
     brace = tool_model.backbone.tokenizer.convert_tokens_to_ids("{")
@@ -113,7 +113,9 @@ def test_decoding_schema_forbids_extra_keys_and_accepts_references_to_earlier_re
 
 def test_a_row_without_references_must_write_a_value_where_a_row_with_them_may_start_one(tool_model):
     vocab, eos, tokenizer = tool_model.vocab_size, tool_model.backbone.eos_token_id, tool_model.backbone.tokenizer
-    grammar = ArgumentGrammar(grammars_for(tokenizer, vocab), [tool_model.bank.schemas] * 2, eos, [True, False])
+    grammars = grammars_for(tokenizer, vocab)
+    with_references, values = (grammars.rows(tool_model.bank.schemas, references) for references in (True, False))
+    grammar = ArgumentGrammar([with_references, values], vocab, eos)
     grammar.advance(torch.tensor([vocab + 1, vocab + 1]))  # count: {"n": integer, …}
     for token in tokenizer('{"n":', add_special_tokens=False)["input_ids"]:
         grammar.advance(torch.tensor([token, token]))

@@ -204,7 +204,7 @@ def huge_bank(registry, name="alpha", value=3e38):
     """A version of ``name`` whose rows are finite but so large that the logits overflow (what validation now refuses)."""
     version = registry.get(name)
     index = torch.full_like(version.index, value)
-    return BankVersion(version.name, "huge", version.model, index, index, version.stamp)
+    return BankVersion(version.name, "huge", version.model, index, index, version.stamp, version.grammars)
 
 
 @pytest.mark.parametrize(

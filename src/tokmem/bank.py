@@ -29,7 +29,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save_file
 
-from tokmem.errors import BankError
+from tokmem.errors import BankError, cut, listed
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -72,7 +72,9 @@ class MemoryBank:
         try:
             return self._rows[name]
         except KeyError:
-            raise BankError(f"no procedure '{name}' in the bank (it has: {', '.join(self.names) or 'none'})") from None
+            raise BankError(
+                f"no procedure {cut(repr(name))} in the bank (it has: {listed(self.names) or 'none'})"
+            ) from None
 
     def _index_names(self) -> None:
         """Rebuild the name -> row table after ``names`` changed."""

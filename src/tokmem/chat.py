@@ -28,7 +28,7 @@ from transformers import DynamicCache
 
 from tokmem.data.procedures import arguments_json, schema_order
 from tokmem.decode import DecodeConfig, decode_rows, left_pad, left_pad_columns, to_generation
-from tokmem.errors import DataError
+from tokmem.errors import DataError, cut, listed
 from tokmem.sequences import RESULT_TOKENS, chat_prefix, result_ids, user_turn_ids
 from tokmem.model import TokMemModel
 
@@ -276,13 +276,21 @@ def _text_message(message, i: int) -> dict:
 
 
 def _call_ids(model: TokMemModel, call, where: str) -> list[int]:
-    """A call as training lays it out: the tool row's memory token, then its arguments (compact, schema order)."""
+    """A call as training lays it out: the tool row's memory token, then its arguments (compact, schema order).
+    Arguments nested too deep for Python's JSON (a RecursionError) are a ``DataError`` naming them."""
+    try:
+        return _laid_out_call(model, call, where)
+    except RecursionError:
+        raise DataError(f"{where}.function.arguments: nested too deep") from None
+
+
+def _laid_out_call(model: TokMemModel, call, where: str) -> list[int]:
     function = call.get("function") if isinstance(call, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if name not in model.bank or not model.bank.is_tool(model.bank.row(name)):
         raise DataError(
-            f"{where}.function.name: {name!r} is not a tool in the bank (its tools: "
-            f"{', '.join(sorted(model.bank.tool_names())) or 'none'})"
+            f"{where}.function.name: {cut(repr(name))} is not a tool in the bank (its tools: "
+            f"{listed(sorted(model.bank.tool_names())) or 'none'})"
         )
     try:
         arguments = json.loads(function.get("arguments") or "{}")
@@ -326,8 +334,7 @@ def tool_routing(model: TokMemModel, tools, tool_choice, threshold: float) -> tu
     unknown = [n for n in names or [] if n not in bank.tool_names()]
     if unknown:
         raise DataError(
-            f"tools: {', '.join(map(repr, unknown))} not a tool in the bank (its tools: "
-            f"{', '.join(sorted(bank.tool_names())) or 'none'})"
+            f"tools: {listed(unknown)} not a tool in the bank (its tools: {listed(sorted(bank.tool_names())) or 'none'})"
         )
     tool_rows = torch.tensor([kind == "tool" for kind in bank.kinds], dtype=torch.bool)
     allowed = torch.tensor([names is None or n in names for n in bank.names], dtype=torch.bool)
@@ -339,7 +346,7 @@ def tool_routing(model: TokMemModel, tools, tool_choice, threshold: float) -> tu
         named = (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice, dict) else None
         if named not in bank.tool_names() or (names is not None and named not in names):
             raise DataError(
-                f"tool_choice: {tool_choice!r} is not 'auto', 'none', 'required' or one of the allowed tools"
+                f"tool_choice: {cut(repr(tool_choice))} is not 'auto', 'none', 'required' or one of the allowed tools"
             )
         allowed = torch.tensor([n == named for n in bank.names], dtype=torch.bool)
         return allowed.to(model.device), model.memory_id(named), threshold

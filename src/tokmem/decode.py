@@ -312,18 +312,14 @@ def _only(logits: torch.Tensor, allowed: torch.Tensor | None, vocab: int) -> tor
 
 def argument_grammar(model: TokMemModel, rows: int, config: DecodeConfig):
     """The ``ArgumentGrammar`` of a batch of ``rows``, or None when no tool row has a schema (or ``config.schema``
-    is off): then nothing is constrained and the grammar backend is not even imported."""
+    is off): then nothing is constrained and the grammar backend is not even imported.  The bank's schemas are
+    compiled (or found compiled) here, before decoding starts; one that cannot be is a ``SchemaError`` naming it."""
     if not config.schema or not any(schema is not None for schema in model.bank.schemas):
         return None
     from tokmem.grammar import ArgumentGrammar, grammars_for
 
-    tokenizer = model.backbone.tokenizer
-    return ArgumentGrammar(
-        grammars_for(tokenizer, model.vocab_size),
-        [model.bank.schemas] * rows,
-        model.backbone.eos_token_id,
-        [config.references] * rows,
-    )
+    grammars = grammars_for(model.backbone.tokenizer, model.vocab_size).rows(model.bank.schemas, config.references)
+    return ArgumentGrammar([grammars] * rows, model.vocab_size, model.backbone.eos_token_id)
 
 
 def to_generation(model, query, row, mass, routed) -> Generation:

@@ -1,8 +1,12 @@
 """Schema-bound tool arguments: after a tool row's memory token, its arguments decode under the tool's JSON schema.
 
 The grammar backend is xgrammar (vLLM's default structured-decoding backend; ``benchmarks/grammar_backends.py``
-measured it against llguidance on this project's data).  Each tool's schema compiles once per tokenizer into a
-grammar over the vocabulary; each decoded row that is writing a tool's arguments has its own matcher.
+measured it against llguidance on this project's data).  ``Grammars.compile`` is the one way a schema becomes a
+grammar over a tokenizer's vocabulary: checked first (``tokmem.schemas``: the features xgrammar enforces, references
+resolved, size and depth bounded), compiled within a time budget off the caller's thread, cached by the schema's
+hash (failures too).  Decoding only ever uses grammars compiled before it starts (``ArgumentGrammar``), so a schema
+that cannot compile is refused where it came in (a bank upload, a catalog, a request), never mid-decoding.  Each
+decoded row that is writing a tool's arguments has its own matcher.
 
 The arguments are compact JSON (``arguments_json``: no spaces), keys in the schema's order (training lays them
 out so: ``data.procedures.schema_order``), no key the schema lacks; required keys, types and enums as the schema
@@ -20,74 +24,108 @@ open its memory tokens and EOS are masked; once it closes, only EOS or a memory 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import re
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future
 
 import torch
 import xgrammar
 
-# "$var2.coordinates.latitude$", "$var1.data[0].id$": bounded, so that a reference always closes
-REFERENCE = {"type": "string", "pattern": r"^\$var[0-9]{1,3}(\.[A-Za-z_][A-Za-z0-9_]{0,31}|\[[0-9]{1,4}\]){0,4}\$$"}
-# What an array without ``items`` may hold.  xgrammar 0.2.8's own "any value" rule, with compact separators, accepts
-# one element only and objects of one key only; spelled out like this it accepts the data's lists of objects.
-ANY_ITEM = {
-    "anyOf": [
-        {"type": "object", "additionalProperties": True},
-        {"type": "string"},
-        {"type": "number"},
-        {"type": "boolean"},
-    ]
-}
+from tokmem.schemas import Budget, SchemaError, check_schema, decoding_schema
+
 _BITS = torch.arange(32, dtype=torch.int32)
 
 
-def decoding_schema(parameters: dict, references: bool = True) -> dict:
-    """The schema arguments decode under: ``parameters`` with no extra keys, and with ``references`` each argument
-    also accepting a reference to an earlier result (``REFERENCE``).  An array argument without ``items`` gets
-    ``ANY_ITEM``."""
-    properties = {
-        name: {"anyOf": [_with_items(spec), REFERENCE]} if references else _with_items(spec)
-        for name, spec in parameters.get("properties", {}).items()
-    }
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": list(parameters.get("required", [])),
-        "additionalProperties": False,
-    }
-
-
-def _with_items(spec: dict) -> dict:
-    return {**spec, "items": ANY_ITEM} if spec.get("type") == "array" and "items" not in spec else spec
-
-
 class Grammars:
-    """Compiled tool grammars for one tokenizer (``vocab_size`` rows of logits), each schema compiled once."""
+    """Grammars compiled for one tokenizer (``vocab_size`` rows of logits): ``compile`` is the one way in.
 
-    def __init__(self, tokenizer, vocab_size: int):
-        self.vocab_size = vocab_size
+    Every schema is checked (``schemas.check_schema``) and compiled within ``budget`` in a thread of its own, so a
+    costly schema delays only whoever sent it (xgrammar releases the GIL while it compiles); a compile past
+    ``budget.seconds`` is refused and left to finish in the background.  Results are cached by the schema's hash,
+    failures too (the most recent ``CACHED``), so a schema that failed once fails at once after.
+    """
+
+    CACHED = 1024
+
+    def __init__(self, tokenizer, vocab_size: int, budget: Budget = Budget()):
+        self.vocab_size, self.budget = vocab_size, budget
         info = xgrammar.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=[tokenizer.eos_token_id]
         )
-        self.compiler = xgrammar.GrammarCompiler(info, max_threads=1)
-        self.compiled: dict[str, xgrammar.CompiledGrammar] = {}
+        self.compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)  # the cache is ours
+        self.compiled: OrderedDict[str, tuple[Future, float]] = OrderedDict()  # hash -> (compile, its deadline)
+        self._lock = threading.Lock()
 
-    def matcher(self, parameters: dict, references: bool = True) -> xgrammar.GrammarMatcher:
-        """A fresh matcher for arguments under the tool schema ``parameters`` (``decoding_schema``)."""
-        key = json.dumps([parameters, references], sort_keys=True)
-        if key not in self.compiled:
-            self.compiled[key] = self.compiler.compile_json_schema(
-                decoding_schema(parameters, references),
-                any_whitespace=False,
-                separators=(",", ":"),
-                strict_mode=False,
+    def compile(self, schema, where: str = "schema") -> xgrammar.CompiledGrammar:
+        """The grammar of JSON text (compact: no spaces) that ``schema`` accepts.  A ``SchemaError`` (under
+        ``where``) says why it cannot be: a feature the backend does not enforce, a broken reference, over budget,
+        or the backend's own refusal."""
+        checked = check_schema(schema, where, self.budget)
+        key = hashlib.sha256(json.dumps(checked, sort_keys=True).encode()).hexdigest()
+        with self._lock:
+            if key not in self.compiled:
+                self.compiled[key] = self._start(checked), time.monotonic() + self.budget.seconds
+                while len(self.compiled) > self.CACHED:
+                    self.compiled.popitem(last=False)
+            self.compiled.move_to_end(key)
+            future, deadline = self.compiled[key]
+        try:
+            return future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            error = SchemaError(
+                f"{where}: compiling the schema took longer than the limit of {self.budget.seconds:g} s"
             )
-        return xgrammar.GrammarMatcher(self.compiled[key])
+            failed = Future()
+            failed.set_exception(error)
+            with self._lock:
+                self.compiled[key] = failed, 0.0
+            raise error from None
+        except RuntimeError as err:  # the backend's refusal, cached as the future's exception
+            raise SchemaError(f"{where}: the grammar backend cannot compile it: {_first_line(err)}") from None
+
+    def _start(self, schema) -> Future:
+        """The compile of a checked ``schema``, running in a thread of its own."""
+        future = Future()
+
+        def run():
+            try:
+                future.set_result(
+                    self.compiler.compile_json_schema(
+                        json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=False
+                    )
+                )
+            except Exception as err:  # noqa: BLE001 - handed to whoever waits
+                future.set_exception(RuntimeError(str(err)))
+
+        threading.Thread(target=run, name="tokmem-grammar", daemon=True).start()
+        return future
+
+    def arguments(self, parameters: dict, references: bool = True, where: str = "parameters"):
+        """The compiled grammar of a tool's arguments (``decoding_schema``)."""
+        return self.compile(decoding_schema(parameters, references, where, self.budget), where)
+
+    def rows(self, schemas: list, references: bool = True, where: str = "schemas") -> list:
+        """Per bank row, the compiled grammar of its tool's arguments, or None (no schema)."""
+        return [
+            None if schema is None else self.arguments(schema, references, f"{where}[{row}]")
+            for row, schema in enumerate(schemas)
+        ]
+
+
+def _first_line(err: Exception) -> str:
+    """The backend's message without its source location, cut short."""
+    line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return re.sub(r"^\[[0-9:]+\] \S+: ", "", line)[:200]
 
 
 @functools.lru_cache(maxsize=4)
-def grammars_for(tokenizer, vocab_size: int) -> Grammars:
-    """The one ``Grammars`` per tokenizer (compiled grammars are reused across calls)."""
-    return Grammars(tokenizer, vocab_size)
+def grammars_for(tokenizer, vocab_size: int, budget: Budget = Budget()) -> Grammars:
+    """The one ``Grammars`` per tokenizer and budget (compiled grammars are reused across calls)."""
+    return Grammars(tokenizer, vocab_size, budget)
 
 
 def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -98,32 +136,27 @@ def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 class ArgumentGrammar:
     """Per decoded row, the matcher of the tool arguments it is writing (None: unconstrained).
 
-    ``schemas[i][r]`` is, for decoded row i, its bank row r's tool schema, or None (a text row, or a tool without
-    one: decoded as before); rows of one batch may use different banks (the server's engine).  ``references[i]``:
-    whether row i's arguments may be references to earlier results (``decoding_schema``).  ``select`` and ``join``
-    follow the rows as they leave and join a running batch.
+    ``grammars[i][r]`` is, for decoded row i, its bank row r's compiled argument grammar (``Grammars.rows``), or
+    None (a text row, or a tool without a schema: decoded as before); rows of one batch may use different banks (the
+    server's engine).  Nothing is compiled here: whoever decodes compiles first, so a schema's failure is its
+    sender's alone.  ``select`` and ``join`` follow the rows as they leave and join a running batch.
     """
 
-    def __init__(self, grammars: Grammars, schemas: list[list[dict | None]], eos: int, references: list[bool]):
-        self.grammars, self.schemas, self.eos, self.references = grammars, list(schemas), eos, list(references)
-        self.vocab = grammars.vocab_size
-        self.matchers: list[xgrammar.GrammarMatcher | None] = [None] * len(self.schemas)
+    def __init__(self, grammars: list[list], vocab_size: int, eos: int):
+        self.grammars, self.vocab, self.eos = list(grammars), vocab_size, eos
+        self.matchers: list[xgrammar.GrammarMatcher | None] = [None] * len(self.grammars)
         self.batch = xgrammar.BatchGrammarMatcher(max_threads=1)
 
     def select(self, keep: list[int]) -> "ArgumentGrammar":
         """The rows ``keep``, with their matchers as they are."""
-        return self._with(
-            [self.schemas[i] for i in keep], [self.matchers[i] for i in keep], [self.references[i] for i in keep]
-        )
+        return self._with([self.grammars[i] for i in keep], [self.matchers[i] for i in keep])
 
     def join(self, other: "ArgumentGrammar") -> "ArgumentGrammar":
         """These rows, then ``other``'s."""
-        return self._with(
-            self.schemas + other.schemas, self.matchers + other.matchers, self.references + other.references
-        )
+        return self._with(self.grammars + other.grammars, self.matchers + other.matchers)
 
-    def _with(self, schemas, matchers, references) -> "ArgumentGrammar":
-        grammar = ArgumentGrammar(self.grammars, schemas, self.eos, references)
+    def _with(self, grammars, matchers) -> "ArgumentGrammar":
+        grammar = ArgumentGrammar(grammars, self.vocab, self.eos)
         grammar.matchers, grammar.batch = matchers, self.batch
         return grammar
 
@@ -132,8 +165,8 @@ class ArgumentGrammar:
         tokens = tokens.tolist()
         for i, token in enumerate(tokens):
             if token >= self.vocab:
-                schema = self.schemas[i][token - self.vocab]
-                self.matchers[i] = None if schema is None else self.grammars.matcher(schema, self.references[i])
+                compiled = self.grammars[i][token - self.vocab]
+                self.matchers[i] = None if compiled is None else xgrammar.GrammarMatcher(compiled)
             elif token == self.eos:
                 self.matchers[i] = None
         fed = [i for i, token in enumerate(tokens) if token < self.vocab and self.matchers[i] is not None]
@@ -151,7 +184,13 @@ class ArgumentGrammar:
             return logits
         bitmask = xgrammar.allocate_token_bitmask(len(active), self.vocab)
         self.batch.batch_fill_next_token_bitmask([self.matchers[i] for i in active], bitmask)
-        allowed = allowed_tokens(bitmask, self.vocab).to(logits.device)
+        allowed = allowed_tokens(bitmask, self.vocab)
+        stuck = ~allowed.any(-1)  # a grammar with no way on (a schema that admits no value): the row goes free
+        if stuck.any():
+            for k in stuck.nonzero().flatten().tolist():
+                self.matchers[active[k]] = None
+            return self.constrain(logits)
+        allowed = allowed.to(logits.device)
         closed = allowed[:, self.eos]  # the JSON is complete: the next call's memory token may follow
         rows = torch.tensor(active, device=logits.device)
         logits[rows, : self.vocab] = logits[rows, : self.vocab].masked_fill(~allowed, float("-inf"))

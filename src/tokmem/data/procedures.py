@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tokmem.errors import DataError
 from tokmem.io import read_jsonl, write_text_atomic
+from tokmem.schemas import decoding_schema
 
 
 def stable_hash(text: str) -> int:
@@ -184,7 +185,8 @@ def load_catalog(path) -> dict[str, str]:
 
 def load_schemas(path) -> dict[str, dict]:
     """The catalog's tool schemas (``"parameters"``: OpenAI's function format, a JSON schema object), name → schema,
-    for the entries that have one."""
+    for the entries that have one.  Each is checked as its arguments will decode under it (``decoding_schema``): one
+    that schema-bound decoding cannot take is a ``SchemaError`` naming the line, the tool and the field."""
     return {
         name: entry["parameters"]
         for name, entry in _catalog_entries(path).items()
@@ -210,5 +212,7 @@ def _catalog_entries(path) -> dict[str, dict]:
             raise DataError(
                 f"{_where(path, number, 'parameters')}: must be a JSON schema object (with 'properties' an object)"
             )
+        if parameters is not None:
+            decoding_schema(parameters, where=f"{path}:{number}: tool {name.strip()!r:.80}: parameters")
         catalog[name.strip()] = {"description": description, "parameters": parameters}
     return catalog

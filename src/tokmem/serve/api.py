@@ -33,20 +33,55 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from tokmem.chat import Reply, conversation_ids, reply_from, starts_calls
-from tokmem.errors import TokMemError
+from tokmem.errors import TokMemError, cut
 from tokmem.sequences import chat_prefix
 from tokmem.serve.banks import BankConflict, BankNotFound, BankRegistry, BankUnusable, BankWriteError, stamp
 from tokmem.serve.config import ServeConfig
 from tokmem.serve.engine import Engine, Handle, Overloaded
 from tokmem.serve.engine import Request as EngineRequest
 from tokmem.serve.guards import Auth, BodyGuard
-from tokmem.serve.protocol import CHAT, COMPLETION, ApiError, ChatBody, CompletionBody, Shape, TokMemOptions
+from tokmem.serve.protocol import (
+    CHAT,
+    COMPLETION,
+    ApiError,
+    ChatBody,
+    CompletionBody,
+    ErrorBody,
+    Shape,
+    TokMemOptions,
+)
 from tokmem.serve.stream import CallDeltas, Deltas, IncrementalText
 
 log = logging.getLogger(__name__)
 GRACE = 5.0  # seconds past a request's time limit before the route stops waiting for the engine
+# what each status this server answers means (its body is always ``ErrorBody``); 405 comes with an Allow header
+STATUSES = {
+    400: "a bad request (or bank upload): the message names the field",
+    401: "the route needs 'Authorization: Bearer <api key>' (a server started with --api-key)",
+    404: "no bank (model) of that name, or no route for the path",
+    408: "the request body took longer than the server's limit to arrive",
+    409: "something that is not a bank file stands where the bank would be written",
+    413: "the request body is over the server's size limit",
+    429: "the server's queue is full: retry later",
+    500: "the server failed on this request (other requests are not affected)",
+    504: "the answer took longer than the server's time limit",
+}
+
+
+def errors(*statuses: int) -> dict:
+    """The OpenAPI ``responses`` of a route that may answer ``statuses``, and what any route may answer."""
+    return {status: {"model": ErrorBody, "description": STATUSES[status]} for status in (*statuses, 408, 413, 500)}
+
+
+ANSWERS = errors(400, 401, 404, 429, 504) | {
+    200: {
+        "description": "the answer: JSON, or with 'stream': true server-sent events ('data: {chunk}' … 'data: [DONE]')",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+}
 
 
 def create_app(registry: BankRegistry, engine: Engine, config: ServeConfig) -> FastAPI:
@@ -60,6 +95,7 @@ def create_app(registry: BankRegistry, engine: Engine, config: ServeConfig) -> F
     app.add_middleware(BodyGuard, limit=config.max_body_bytes, seconds=config.body_timeout)
     app.add_middleware(Auth, api_key=config.api_key, protect=config.protect)  # added last: runs first
     _error_handlers(app)
+    _documented(app)
     _info_routes(app, registry, engine)
     _completion_routes(app, Answers(registry, engine, config))
     _bank_routes(app, registry)
@@ -79,7 +115,7 @@ def _info_routes(app: FastAPI, registry: BankRegistry, engine: Engine) -> None:
             "parent": registry.backbone.name,
         }
 
-    @app.get("/health")
+    @app.get("/health", responses=errors())
     def health():
         return {
             "status": "ok",
@@ -89,11 +125,11 @@ def _info_routes(app: FastAPI, registry: BankRegistry, engine: Engine) -> None:
             "queued": len(engine.pending),
         }
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=errors(401))
     def models():
         return {"object": "list", "data": [m for m in map(model, registry.names()) if m is not None]}
 
-    @app.get("/v1/models/{name:path}")
+    @app.get("/v1/models/{name:path}", responses=errors(400, 401, 404))
     def retrieve_model(name: str):
         found = model(name)
         if found is None:
@@ -102,7 +138,7 @@ def _info_routes(app: FastAPI, registry: BankRegistry, engine: Engine) -> None:
 
 
 def _completion_routes(app: FastAPI, answers: "Answers") -> None:
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=ANSWERS)
     async def chat_completions(body: ChatBody, request: Request):
         if body.messages[-1].role not in ("user", "tool"):
             raise ApiError(400, "the last message must be the user's or a tool result", param="messages")
@@ -111,7 +147,7 @@ def _completion_routes(app: FastAPI, answers: "Answers") -> None:
         chars = sum(m.chars() for m in body.messages)
         return await answers.answer(CHAT, body, request, messages, messages[-1]["content"], max_tokens, chars)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=ANSWERS)
     async def completions(body: CompletionBody, request: Request):
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         if len(prompts) != 1:
@@ -120,18 +156,17 @@ def _completion_routes(app: FastAPI, answers: "Answers") -> None:
 
 
 def _bank_routes(app: FastAPI, registry: BankRegistry) -> None:
-    @app.put("/v1/banks/{name:path}")
+    @app.put("/v1/banks/{name:path}", responses=errors(400, 401, 404, 409))
     async def put_bank(
         name: str,
         tensors: UploadFile = File(description="the bank's .safetensors"),
         metadata: UploadFile = File(description="the bank's .safetensors.json"),
     ):
-        # validating and writing a bank of kilobytes takes about a millisecond: done here, not in a worker thread,
-        # whose hand-offs cost more than the work when the machine is busy
-        version = registry.put(name, await tensors.read(), await metadata.read())
+        # in a worker thread: compiling the bank's tool schemas may take up to the server's schema budget
+        version = await run_in_threadpool(registry.put, name, await tensors.read(), await metadata.read())
         return {"id": name, "object": "bank", "revision": version.revision, "procedures": version.model.bank.names}
 
-    @app.delete("/v1/banks/{name:path}")
+    @app.delete("/v1/banks/{name:path}", responses=errors(400, 401, 404))
     def delete_bank(name: str):
         registry.delete(name)
         return {"id": name, "object": "bank", "deleted": True}
@@ -340,6 +375,28 @@ def _id(shape: Shape) -> str:
     return f"{shape.id_prefix}-{uuid.uuid4().hex}"
 
 
+def _documented(app: FastAPI) -> None:
+    """The OpenAPI document as the server answers: FastAPI's, without the 422 it lists for every route with a body
+    or parameters (invalid requests get 400 here)."""
+    generated = app.openapi
+
+    def openapi() -> dict:
+        document = generated()
+        for operations in document["paths"].values():
+            for operation in operations.values():
+                operation["responses"].pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            document.get("components", {}).get("schemas", {}).pop(name, None)
+        return document
+
+    app.openapi = openapi
+
+
+def _allowed(app: FastAPI, scope) -> list[str]:
+    """The methods the app's routes take on the scope's path (a 405's Allow header)."""
+    return sorted({m for r in app.routes if r.matches(scope)[0] != Match.NONE for m in getattr(r, "methods", ()) or ()})
+
+
 def _error_handlers(app: FastAPI) -> None:
     statuses = [
         (BankNotFound, 404, "model_not_found"),
@@ -363,12 +420,13 @@ def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request, err: RequestValidationError):
         first = err.errors()[0]
-        where = ".".join(str(part) for part in first["loc"] if part != "body")
+        where = cut(".".join(str(part) for part in first["loc"] if part != "body"), 120)
         return ApiError(400, f"{where}: {first['msg']}" if where else first["msg"], param=where or None).response()
 
     @app.exception_handler(HTTPException)
     async def http_error(request, err: HTTPException):
-        return ApiError(err.status_code, str(err.detail), "invalid_request_error").response()
+        headers = {"Allow": ", ".join(_allowed(app, request.scope))} if err.status_code == 405 else err.headers
+        return ApiError(err.status_code, str(err.detail), "invalid_request_error", headers=headers).response()
 
     @app.exception_handler(Exception)
     async def unexpected(request, err: Exception):

@@ -3,8 +3,10 @@
 A bank named ``NAME`` is ``DIR/NAME.safetensors`` plus ``DIR/NAME.safetensors.json`` (the layout
 ``MemoryBank.save`` writes).  Each load or upload makes an immutable ``BankVersion``; a request holds
 the version it started with, so replacing or deleting a bank never changes a running answer.
-Uploads are validated from their bytes as ``MemoryBank.load`` validates files (``MemoryBank.from_bytes``),
-then both files are written together (``write_files``); a rejected upload leaves ``DIR`` as it was.
+Uploads are validated from their bytes as ``MemoryBank.load`` validates files (``MemoryBank.from_bytes``) and
+their tools' schemas compiled (``grammar.Grammars``, within the server's budget), then both files are written
+together (``write_files``); a rejected upload leaves ``DIR`` as it was.  So every version's argument grammars are
+compiled before any request decodes with it: the engine never compiles.
 
 The directory is the source of truth: each use compares the files' size and modification time with
 those of the resident version, and reloads a bank changed on disk or forgets one removed from it.
@@ -26,8 +28,10 @@ import torch
 
 from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank, metadata_path, write_files
-from tokmem.errors import BankError
+from tokmem.errors import BankError, cut
+from tokmem.grammar import grammars_for
 from tokmem.model import TokMemModel
+from tokmem.schemas import Budget, SchemaError
 
 log = logging.getLogger(__name__)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -60,6 +64,7 @@ class BankVersion:
     index: torch.Tensor  # (rows, d) on the device, in the backbone's dtype
     steer: torch.Tensor
     stamp: tuple  # the two files' (size, mtime) when loaded: a different stamp means they changed on disk
+    grammars: dict  # references (True/False) -> per row, its tool's compiled argument grammar or None
 
     @property
     def rows(self) -> int:
@@ -81,11 +86,12 @@ class _Identity:
 
 
 class BankRegistry:
-    def __init__(self, backbone: Backbone, directory, max_resident: int = 256):
+    def __init__(self, backbone: Backbone, directory, max_resident: int = 256, budget: Budget = Budget()):
         self.backbone = backbone
         self.directory = Path(directory)
         self.max_resident = max_resident
         self._identity = _Identity(backbone)
+        self.grammars = grammars_for(backbone.tokenizer, backbone.vocab_size, budget)
         self._resident: OrderedDict[str, BankVersion] = OrderedDict()
         self._lock = threading.Lock()
         if not self.directory.is_dir():
@@ -128,7 +134,8 @@ class BankRegistry:
             bank = MemoryBank.from_bytes(
                 tensors, metadata, backbone=self._identity, where=path.name, require_backbone=True
             )
-        except BankError as err:
+            grammars = self._compile(bank)
+        except (BankError, SchemaError) as err:
             raise BankError(f"upload of bank '{name}': {err}") from None
         with self._lock:
             try:
@@ -146,7 +153,7 @@ class BankRegistry:
                 raise BankWriteError(
                     f"bank '{name}' could not be written ({type(err).__name__}); nothing changed"
                 ) from err
-            return self._install(name, path, bank, revision(tensors, metadata))
+            return self._install(name, path, bank, revision(tensors, metadata), grammars)
 
     def delete(self, name: str) -> None:
         path = self.path(name)
@@ -157,13 +164,19 @@ class BankRegistry:
             metadata_path(path).unlink(missing_ok=True)
             self._resident.pop(name, None)
 
-    def _install(self, name, path, bank=None, digest=None) -> BankVersion:
+    def _compile(self, bank: MemoryBank) -> dict:
+        """Each tool row's argument grammars, with and without references (``BankVersion.grammars``); a schema that
+        cannot compile is a ``SchemaError`` naming its row, field and keyword."""
+        return {references: self.grammars.rows(bank.schemas, references) for references in (True, False)}
+
+    def _install(self, name, path, bank=None, digest=None, grammars=None) -> BankVersion:
         when = stamp(path)
         if bank is None:
             tensors, metadata = path.read_bytes(), metadata_path(path).read_bytes()
             try:
                 bank = MemoryBank.from_bytes(tensors, metadata, backbone=self._identity, where=path.name)
-            except BankError as err:
+                grammars = self._compile(bank)
+            except (BankError, SchemaError) as err:
                 log.error("bank '%s' in %s does not validate: %s", name, self.directory, err)
                 raise BankUnusable(f"bank '{name}' on this server does not validate (see the server log)") from None
             digest = revision(tensors, metadata)
@@ -175,6 +188,7 @@ class BankRegistry:
             bank.index.to(device, dtype),
             bank.steer_matrix.to(device, dtype),
             when,
+            grammars,
         )
         self._resident[name] = version
         self._resident.move_to_end(name)
@@ -186,7 +200,7 @@ class BankRegistry:
 def check_name(name: str) -> None:
     if not NAME.fullmatch(name) or ".." in name:
         raise BankError(
-            f"invalid bank name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
+            f"invalid bank name {cut(repr(name))}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
         )
 
 

@@ -14,6 +14,7 @@ from typing import Literal
 from tokmem.backbones import DEFAULT_BACKBONE
 from tokmem.config import option
 from tokmem.decode import DecodeConfig
+from tokmem.schemas import Budget
 
 
 @dataclass
@@ -38,6 +39,9 @@ class ServeConfig:
     max_new_tokens: int = option(1024, "the most tokens a request may ask for")
     default_max_tokens: int = option(DecodeConfig.max_new_tokens, "tokens answered when a request does not say")
     timeout: float = option(120.0, "seconds per request, queueing included; then 504")
+    # JSON schemas (bank tools' and requests'): compiled at the door, off the decoding thread, within this budget
+    schema_seconds: float = option(Budget.seconds, "seconds a schema may take to compile; a slower one gets 400")
+    max_schema_chars: int = option(Budget.max_chars, "characters of one JSON schema; a larger one gets 400")
     # connections
     max_body_mb: float = option(8.0, "request body limit in MiB; larger bodies get 413")
     header_timeout: float = option(10.0, "seconds a connection may take to send a request's headers; then it is closed")
@@ -48,6 +52,10 @@ class ServeConfig:
     @property
     def max_body_bytes(self) -> int:
         return int(self.max_body_mb * 2**20)
+
+    @property
+    def schema_budget(self) -> Budget:
+        return Budget(seconds=self.schema_seconds, max_chars=self.max_schema_chars)
 
 
 def exposure_warning(config: ServeConfig) -> str | None:

@@ -15,8 +15,9 @@ chaining rules are ``tokmem.decode``'s, so greedy answers are token-identical to
 A request may limit the memory rows it routes to (``Request.allowed``: OpenAI's ``tools`` / ``tool_choice``,
 mapped by ``tokmem.chat.tool_routing``); the limit is folded into the row's ``valid`` columns, so it costs
 nothing per step.  After a tool row's memory token the arguments decode under the tool's schema where the bank
-has one (``tokmem.grammar``): the batch keeps one ``ArgumentGrammar`` whose rows follow the batch's rows, its
-masks applied as one tensor op per step, as ``decode`` does offline.
+has one (``tokmem.grammar``, compiled when the bank version was loaded: never here): the batch keeps one
+``ArgumentGrammar`` whose rows follow the batch's rows, its masks applied as one tensor op per step, as ``decode``
+does offline.
 
 Every admitted request is finished (answer, error, cancel or timeout), whatever happens to the
 others: a group whose prefill fails is prefilled again one request at a time, so only the requests
@@ -51,7 +52,7 @@ from tokmem.decode import (
     to_generation,
 )
 from tokmem.errors import BackboneError, TokMemError
-from tokmem.grammar import ArgumentGrammar, grammars_for
+from tokmem.grammar import ArgumentGrammar
 from tokmem.sequences import positions
 from tokmem.model import TokMemModel
 from tokmem.serve.banks import BankVersion
@@ -238,18 +239,14 @@ def request_tables(requests: list[Request], device) -> tuple[torch.Tensor, torch
 
 
 def argument_grammar(requests: list[Request], always: bool = False):
-    """The ``ArgumentGrammar`` of a batch of ``requests`` (each row its bank's schemas, or none where the request
-    switched them off); None when no row has a schema to decode under, unless ``always``."""
-    schemas = [r.bank.model.bank.schemas if r.schema else [None] * r.bank.rows for r in requests]
-    if not always and all(schema is None for row in schemas for schema in row):
+    """The ``ArgumentGrammar`` of a batch of ``requests``: each row its bank version's grammars, compiled when the
+    version was made (so nothing compiles here), or none where the request switched schemas off; None when no row
+    has a schema to decode under, unless ``always``."""
+    grammars = [r.bank.grammars[r.references] if r.schema else [None] * r.bank.rows for r in requests]
+    if not always and all(grammar is None for row in grammars for grammar in row):
         return None
     model = requests[0].bank.model
-    return ArgumentGrammar(
-        grammars_for(model.backbone.tokenizer, model.vocab_size),
-        schemas,
-        model.backbone.eos_token_id,
-        [r.references for r in requests],
-    )
+    return ArgumentGrammar(grammars, model.vocab_size, model.backbone.eos_token_id)
 
 
 def _fail_broken_rows(handles: list[Handle], logits: torch.Tensor) -> torch.Tensor:

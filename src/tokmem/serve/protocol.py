@@ -21,12 +21,14 @@ from pydantic import AfterValidator, BaseModel, Field, JsonValue, ValidationInfo
 from starlette.exceptions import HTTPException
 
 from tokmem.chat import tool_routing
+from tokmem.errors import cut
 from tokmem.decode import DecodeConfig
 
 MIN_TEMPERATURE = 0.01  # below it (except 0, greedy) sampling is greedy in all but name, and scaled logits overflow
 MAX_STEPS = 64  # segments (memory tokens) per answer
 MAX_INT = 2**31 - 1  # the largest integer a client may send anywhere
 NAME = 200  # the longest bank, procedure or tool name (and tool call id)
+MAX_MESSAGE = 2000  # the longest error message (what it echoes of the input is cut before, see errors.cut)
 # the OpenAI fields this server does not implement, and the values that leave them off (the only ones accepted)
 OFF = {
     "stop": (None, "", []),
@@ -68,10 +70,24 @@ class ApiError(HTTPException):
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        message, param = cut(self.message, MAX_MESSAGE), None if self.param is None else cut(self.param)
+        return {"error": {"message": message, "type": self.type, "param": param, "code": self.code}}
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error body: every answer other than 200 has it."""
+
+    error: ErrorDetail
 
 
 # ---- request bodies ---------------------------------------------------------------------------------
@@ -109,15 +125,16 @@ class TokMemOptions(BaseModel):
         alias="schema",
         description="decode a tool's arguments under its JSON schema, where the bank has one",
     )
-    stop: JsonValue = None
-    seed: JsonValue = None
-    top_p: JsonValue = None
-    logprobs: JsonValue = None
-    top_logprobs: JsonValue = None
-    frequency_penalty: JsonValue = None
-    presence_penalty: JsonValue = None
-    logit_bias: JsonValue = None
-    response_format: JsonValue = None
+    # not implemented (``OFF``): typed as OpenAI types them, refused unless off
+    stop: Text | list[Text] | None = None
+    seed: int | None = None
+    top_p: float | None = Field(None, allow_inf_nan=False)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    frequency_penalty: float | None = Field(None, allow_inf_nan=False)
+    presence_penalty: float | None = Field(None, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, JsonValue] | None = None
 
     @field_validator("temperature")
     @classmethod

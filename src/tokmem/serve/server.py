@@ -14,7 +14,7 @@ from tokmem.serve.guards import header_deadline_protocol
 
 def build(config: ServeConfig, backbone) -> FastAPI:
     """The app for ``config`` on a loaded backbone."""
-    registry = BankRegistry(backbone, config.banks, max_resident=config.max_resident)
+    registry = BankRegistry(backbone, config.banks, max_resident=config.max_resident, budget=config.schema_budget)
     engine = Engine(backbone, max_batch=config.max_batch, max_queue=config.max_queue, seed=config.seed)
     return create_app(registry, engine, config)
 

@@ -1,0 +1,259 @@
+"""JSON schemas from users, checked before any grammar is compiled from them: bounded, of the features the grammar
+backend enforces, and self-contained.
+
+A schema may come from a bank's metadata, a training catalog or a request, so it is bad input until checked:
+``check_schema`` refuses (``SchemaError``, naming the field and the keyword) what xgrammar 0.2.8 would not enforce
+(it silently ignores ``not``, ``if``/``then``/``else``, ``uniqueItems``, ``contains``, ``dependentRequired``, …;
+``allOf`` of several schemas and an unknown ``format`` become "any value"), what it cannot compile (a reference that
+points nowhere, a regex repetition over 128), and what costs too much (a schema over ``Budget.max_chars`` characters
+or nested deeper than ``Budget.max_depth``).  What it keeps is the schema with every local reference (``"#"``,
+``"#/$defs/…"``, ``"#/definitions/…"``, any JSON pointer into the schema) re-pointed into one root ``$defs`` of the
+referenced parts, so the schema stays valid when it is nested in another (``decoding_schema``) and a
+recursive model (pydantic's) needs no expansion.  Annotations (``title``, ``description``, ``default``, …) are
+dropped: they bind nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from tokmem.errors import DataError, listed
+
+# keywords whose value is one schema, a list of schemas, or a map of names to schemas
+ONE = {"items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "propertyNames"}
+MANY = {"anyOf", "oneOf", "allOf", "prefixItems"}
+NAMED = {"properties", "patternProperties"}
+DEFINITIONS = {"$defs", "definitions"}  # reached through references only
+ANNOTATIONS = {
+    "title",
+    "description",
+    "default",
+    "examples",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "$comment",
+    "$schema",
+    "$id",
+    "discriminator",
+    "contentEncoding",
+    "contentMediaType",
+}
+TYPES = {"string", "number", "integer", "boolean", "null", "array", "object"}
+FORMATS = {"email", "date", "time", "date-time", "duration", "ipv4", "ipv6", "hostname", "uuid", "uri"}
+COUNTS = {"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"}
+BOUNDS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+REPEAT = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")  # a regex quantifier {n}, {n,} or {n,m}
+# "$var2.coordinates.latitude$", "$var1.data[0].id$": bounded, so that a reference always closes
+REFERENCE = {"type": "string", "pattern": r"^\$var[0-9]{1,3}(\.[A-Za-z_][A-Za-z0-9_]{0,31}|\[[0-9]{1,4}\]){0,4}\$$"}
+# What an array without ``items`` may hold.  xgrammar 0.2.8's own "any value" rule, with compact separators, accepts
+# one element only and objects of one key only; spelled out like this it accepts the data's lists of objects.
+ANY_ITEM = {
+    "anyOf": [
+        {"type": "object", "additionalProperties": True},
+        {"type": "string"},
+        {"type": "number"},
+        {"type": "boolean"},
+    ]
+}
+
+
+class SchemaError(DataError):
+    """A JSON schema that schema-bound decoding cannot take (its field and keyword named): the sender's to fix."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one schema may cost: its compile time, size and nesting, and its patterns' repetition counts."""
+
+    seconds: float = 5.0  # compiling it (off the decoding thread); a slower compile is refused
+    max_chars: int = 65_536  # its compact JSON text
+    max_depth: int = 32  # schemas nested in schemas
+    max_repeat: int = 128  # the largest {n,m} in a pattern (xgrammar 0.2.8 fails to compile larger ones)
+
+
+def check_schema(schema, where: str = "schema", budget: Budget = Budget()) -> dict | bool:
+    """``schema`` checked against ``budget`` and the backend's features, every reference resolved into one root
+    ``$defs`` (see the module's docstring); a ``SchemaError`` names what is wrong, under ``where``."""
+    try:
+        size = len(json.dumps(schema, separators=(",", ":")))
+    except (TypeError, ValueError, RecursionError):
+        raise SchemaError(f"{where}: not a JSON schema (not JSON, or nested too deep)") from None
+    if size > budget.max_chars:
+        raise SchemaError(f"{where}: the schema has {size} characters; the limit is {budget.max_chars}")
+    return _Checker(schema, where, budget).run()
+
+
+class _Checker:
+    """One walk over a schema and the parts its references reach.  ``names``: each pointer referenced → its name in
+    the root ``$defs``, ``queue``: the pointers in the order they were first met, ``defs``: name → checked part."""
+
+    def __init__(self, root, where: str, budget: Budget):
+        self.root, self.where, self.budget = root, where, budget
+        self.names: dict[str, str] = {}
+        self.queue: list[str] = []
+        self.defs: dict[str, dict | bool] = {}
+
+    def run(self) -> dict | bool:
+        checked = self.walk(self.root, self.where, 0)
+        for pointer in self.queue:  # grows as the referenced parts reference more
+            self.defs[self.names[pointer]] = self.walk(self.target(pointer), f"{self.where}.$ref {pointer!r:.80}", 0)
+        self.refuse_bare_cycles()
+        if not self.defs:
+            return checked
+        if not isinstance(checked, dict):
+            raise SchemaError(f"{self.where}: a boolean schema has no references")
+        return {**checked, "$defs": self.defs}
+
+    def refuse_bare_cycles(self) -> None:
+        """A part that is only a reference to itself, directly or through others, admits no value: refused."""
+        for name in self.defs:
+            seen, at = [], name
+            while isinstance(self.defs[at], dict) and list(self.defs[at]) == ["$ref"] and at not in seen:
+                seen.append(at)
+                at = self.defs[at]["$ref"].rsplit("/", 1)[1]
+            if at in seen:
+                pointers = [p for p, n in self.names.items() if n in seen]
+                raise SchemaError(
+                    f"{self.where}: the references {listed(pointers)} only point at each other (no value)"
+                )
+
+    def walk(self, schema, where: str, depth: int) -> dict | bool:
+        """``schema`` with its subschemas checked, its references re-pointed and its annotations dropped."""
+        if isinstance(schema, bool):
+            return schema
+        if not isinstance(schema, dict):
+            raise SchemaError(f"{where}: a schema must be a JSON object or a boolean, not {_kind(schema)}")
+        if depth > self.budget.max_depth:
+            raise SchemaError(f"{where}: schemas nest deeper than the limit of {self.budget.max_depth}")
+        checked = {}
+        for key, value in schema.items():
+            at = f"{where}.{key}"
+            if key == "items" and isinstance(value, list):
+                raise SchemaError(f"{at}: a list of schemas is not supported (use 'prefixItems')")
+            if key in ONE:
+                checked[key] = self.walk(value, at, depth + 1)
+            elif key in MANY:
+                checked[key] = [self.walk(s, f"{at}[{i}]", depth + 1) for i, s in enumerate(_list(value, at, key))]
+            elif key in NAMED:
+                checked[key] = {n: self.walk(s, f"{at}.{n}", depth + 1) for n, s in _object(value, at).items()}
+            elif key == "$ref":
+                checked[key] = self.reference(value, at)
+            elif key not in DEFINITIONS and key not in ANNOTATIONS:
+                checked[key] = _value(key, value, at, schema, self.budget)
+        if len(checked.get("allOf", [])) > 1:
+            raise SchemaError(f"{where}.allOf: more than one schema is not supported (merge them into one)")
+        return checked
+
+    def reference(self, pointer, at: str) -> str:
+        if not isinstance(pointer, str) or not (pointer == "#" or pointer.startswith("#/")):
+            raise SchemaError(
+                f"{at}: only references within the schema ('#' or '#/…') are supported, not {pointer!r:.80}"
+            )
+        if pointer not in self.names:
+            self.target(pointer, at)
+            self.names[pointer] = f"ref{len(self.names)}"
+            self.queue.append(pointer)
+        return f"#/$defs/{self.names[pointer]}"
+
+    def target(self, pointer: str, at: str | None = None):
+        """The part of the root schema a JSON pointer names."""
+        node = self.root
+        for part in pointer[2:].split("/") if pointer != "#" else []:
+            part = unquote(part).replace("~1", "/").replace("~0", "~")
+            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            elif isinstance(node, dict) and part in node:
+                node = node[part]
+            else:
+                raise SchemaError(f"{at or self.where}: the reference {pointer!r:.80} points at nothing in the schema")
+        return node
+
+
+def decoding_schema(parameters: dict, references: bool = True, where: str = "parameters", budget: Budget = Budget()):
+    """The schema a tool's arguments decode under: ``parameters``' properties and required keys (of the model a root
+    ``$ref`` names, as pydantic writes a recursive one; the rest of its root binds nothing: arguments are an object),
+    checked (``check_schema``, references resolved), with no extra keys, and with ``references`` each argument also
+    accepting a reference to an earlier result (``REFERENCE``).  An array argument without ``items`` gets
+    ``ANY_ITEM``."""
+    root = {key: parameters[key] for key in ("properties", "required", "$ref", *DEFINITIONS) if key in parameters}
+    checked = check_schema({"type": "object", **root}, where, budget)
+    defs = checked.get("$defs", {})
+    body = defs[checked["$ref"].rsplit("/", 1)[1]] if "$ref" in checked else checked
+    if not isinstance(body, dict):
+        raise SchemaError(f"{where}.$ref: must name an object schema")
+    properties = {
+        name: {"anyOf": [_with_items(spec), REFERENCE]} if references else _with_items(spec)
+        for name, spec in body.get("properties", {}).items()
+    }
+    schema = {"type": "object", "properties": properties, "required": body.get("required", [])}
+    return {**schema, "additionalProperties": False, **({"$defs": defs} if defs else {})}
+
+
+def _with_items(spec):
+    return (
+        {**spec, "items": ANY_ITEM}
+        if isinstance(spec, dict) and spec.get("type") == "array" and "items" not in spec
+        else spec
+    )
+
+
+def _value(key: str, value, at: str, schema: dict, budget: Budget):
+    """A keyword's value that is not a schema, checked (the backend takes some wrong types as a crash)."""
+    if key in ("enum", "const"):
+        if key == "enum" and not isinstance(value, list):
+            raise SchemaError(f"{at}: must be a list of values")
+    elif key == "type":
+        types = value if isinstance(value, list) else [value]
+        if not types or not all(isinstance(t, str) and t in TYPES for t in types):
+            raise SchemaError(f"{at}: must be one of {', '.join(sorted(TYPES))}, or a list of them")
+    elif key == "required":
+        if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+            raise SchemaError(f"{at}: must be a list of property names")
+    elif key == "format":
+        if not isinstance(value, str) or value not in FORMATS:
+            raise SchemaError(f"{at}: {value!r:.80} is not a supported format ({', '.join(sorted(FORMATS))})")
+    elif key == "pattern":
+        _pattern(value, at, budget)
+    elif key in COUNTS:
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**31:
+            raise SchemaError(f"{at}: must be a whole number from 0")
+    elif key in BOUNDS or key == "multipleOf":
+        if not isinstance(value, int | float) or isinstance(value, bool) or abs(value) > 1e300:
+            raise SchemaError(f"{at}: must be a number")
+        if key == "multipleOf" and schema.get("type") != "integer":
+            raise SchemaError(f"{at}: is supported for type 'integer' only")
+    else:
+        raise SchemaError(f"{at}: the keyword {key!r:.80} is not supported by schema-bound decoding")
+    return value
+
+
+def _pattern(value, at: str, budget: Budget) -> None:
+    if not isinstance(value, str):
+        raise SchemaError(f"{at}: must be a regular expression (a string)")
+    for match in REPEAT.finditer(value):
+        largest = max(int(n) for n in match.groups() if n)
+        if largest > budget.max_repeat:
+            raise SchemaError(
+                f"{at}: the repetition {match.group(0)[:40]} is over the limit of {budget.max_repeat} "
+                "(use maxLength/minLength for long strings)"
+            )
+
+
+def _list(value, at: str, key: str) -> list:
+    if not isinstance(value, list) or (key != "prefixItems" and not value):
+        raise SchemaError(f"{at}: must be a non-empty list of schemas")
+    return value
+
+
+def _object(value, at: str) -> dict:
+    if not isinstance(value, dict):
+        raise SchemaError(f"{at}: must be an object of schemas")
+    return value
+
+
+def _kind(value) -> str:
+    return {list: "a list", str: "a string", type(None): "null"}.get(type(value), type(value).__name__)
