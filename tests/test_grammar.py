@@ -9,7 +9,15 @@ from helpers import random_rows
 
 import tokmem
 from tokmem import DecodeConfig
-from tokmem.grammar import REFERENCE, ArgumentGrammar, decoding_schema, grammars_for
+from tokmem.grammar import (
+    INTEGER_BOUND,
+    REFERENCE,
+    STRING_BOUND,
+    ArgumentGrammar,
+    bounded,
+    decoding_schema,
+    grammars_for,
+)
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Rome"]}}, "required": ["city"]}
 COUNT = {
@@ -107,8 +115,8 @@ def test_each_row_is_masked_by_its_own_tools_grammar_and_memory_tokens_wait_for_
 def test_decoding_schema_forbids_extra_keys_and_accepts_references_to_earlier_results():
     schema = decoding_schema(COUNT)
     assert schema["additionalProperties"] is False and schema["required"] == ["n", "unit"]
-    assert schema["properties"]["n"]["anyOf"] == [COUNT["properties"]["n"], REFERENCE]
-    assert decoding_schema(COUNT, references=False)["properties"]["n"] == COUNT["properties"]["n"]
+    assert schema["properties"]["n"]["anyOf"] == [bounded(COUNT["properties"]["n"]), REFERENCE]
+    assert decoding_schema(COUNT, references=False)["properties"]["n"] == bounded(COUNT["properties"]["n"])
 
 
 def test_a_row_without_references_must_write_a_value_where_a_row_with_them_may_start_one(tool_model):
@@ -121,3 +129,48 @@ def test_a_row_without_references_must_write_a_value_where_a_row_with_them_may_s
     quote, digit = tokenizer.convert_tokens_to_ids('"'), tokenizer.convert_tokens_to_ids("7")
     assert allowed[0, quote] and allowed[0, digit]  # "$var1.n$" or a number
     assert not allowed[1, quote] and allowed[1, digit]  # a number only
+
+
+# ---- bounds: a call always closes -------------------------------------------------------------------------------
+
+
+def accepts(backbone, parameters: dict, text: str) -> bool:
+    """Whether ``text`` is a complete call's arguments under ``parameters`` (compiled as decoding compiles them)."""
+    matcher = grammars_for(backbone.tokenizer, backbone.vocab_size).matcher(parameters, references=False)
+    return matcher.accept_string(text) and matcher.accept_token(backbone.eos_token_id)
+
+
+def one(spec: dict) -> dict:
+    return {"type": "object", "properties": {"v": spec}, "required": ["v"]}
+
+
+def test_a_string_without_a_bound_closes_after_the_default_bound(backbone):
+    assert accepts(backbone, one({"type": "string"}), '{"v":"%s"}' % ("x" * STRING_BOUND))
+    assert not accepts(backbone, one({"type": "string"}), '{"v":"%s"}' % ("x" * (STRING_BOUND + 1)))
+    assert accepts(backbone, one({"type": "string"}), """{"v":"SELECT name FROM t WHERE city = 'Oslo'"}""")
+
+
+def test_a_schemas_max_length_is_the_bound_and_a_bounded_string_is_valid_json(backbone):
+    five = one({"type": "string", "minLength": 2, "maxLength": 5})
+    assert accepts(backbone, five, '{"v":"abcde"}') and accepts(backbone, five, '{"v":"åé"}')
+    assert not accepts(backbone, five, '{"v":"abcdef"}') and not accepts(backbone, five, '{"v":"a"}')
+    assert not accepts(backbone, five, '{"v":"a\tb"}')  # a raw control character is not JSON
+
+
+def test_integers_are_bounded_and_numbers_keep_every_decimal_a_result_gives(backbone):
+    assert accepts(backbone, one({"type": "integer"}), '{"v":%d}' % -INTEGER_BOUND)
+    assert not accepts(backbone, one({"type": "integer"}), '{"v":%d}' % (10 * INTEGER_BOUND))
+    assert accepts(backbone, one({"type": "number"}), '{"v":-37.669123456789}')
+
+
+def test_bounds_leave_patterns_enums_formats_and_set_ranges_alone_and_reach_nested_values():
+    kept = [
+        {"type": "string", "pattern": "^[a-z]+$"},
+        {"type": "string", "enum": ["a"]},
+        {"type": "string", "format": "date"},
+        {"type": "integer", "minimum": 0},
+    ]
+    assert [bounded(spec) for spec in kept] == kept
+    nested = {"type": "array", "items": {"type": "object", "properties": {"enum": {"type": "string"}}}}
+    assert "pattern" in bounded(nested)["items"]["properties"]["enum"]
+    assert nested == {"type": "array", "items": {"type": "object", "properties": {"enum": {"type": "string"}}}}

@@ -6,8 +6,8 @@ grammar over the vocabulary; each decoded row that is writing a tool's arguments
 
 The arguments are compact JSON (``arguments_json``: no spaces), keys in the schema's order (training lays them
 out so: ``data.procedures.schema_order``), no key the schema lacks; required keys, types and enums as the schema
-says.  (xgrammar's ``any_order`` would accept the data's own key order, but then lets calls without a required key
-through.)  An argument may also be a reference to an earlier call's result, ``"$var1.path$"`` (the NESTFUL
+says; a string or integer the schema leaves unbounded gets a bound (``bounded``), so that a call always closes.
+(xgrammar's ``any_order`` would accept the data's own key order, but then lets calls without a required key through.)  An argument may also be a reference to an earlier call's result, ``"$var1.path$"`` (the NESTFUL
 convention of chains written without results), whatever its type, where the row allows it: ``tokmem.generate``'s
 rows (a chain in one go, results unknown) do, a conversation's (``tokmem.chat``: results in context, so arguments
 are values) do not.
@@ -37,23 +37,67 @@ ANY_ITEM = {
         {"type": "boolean"},
     ]
 }
+# Bounds on a value whose schema sets none, so that a call always closes (a runaway string — an SQL statement, a
+# 150-digit id — would otherwise run to max_new_tokens and leave the JSON open).  128 characters hold the longest
+# free-text value of ComplexFuncBench's queries (83); a tool that needs longer strings says so with ``maxLength``.
+STRING_BOUND = 128
+INTEGER_BOUND = 10**15  # |an integer argument|: at most 16 digits
 _BITS = torch.arange(32, dtype=torch.int32)
 
 
 def decoding_schema(parameters: dict, references: bool = True) -> dict:
     """The schema arguments decode under: ``parameters`` with no extra keys, and with ``references`` each argument
     also accepting a reference to an earlier result (``REFERENCE``).  An array argument without ``items`` gets
-    ``ANY_ITEM``."""
+    ``ANY_ITEM``; strings and integers are ``bounded``."""
     properties = {
         name: {"anyOf": [_with_items(spec), REFERENCE]} if references else _with_items(spec)
         for name, spec in parameters.get("properties", {}).items()
     }
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": list(parameters.get("required", [])),
-        "additionalProperties": False,
-    }
+    return bounded(
+        {
+            "type": "object",
+            "properties": properties,
+            "required": list(parameters.get("required", [])),
+            "additionalProperties": False,
+        }
+    )
+
+
+def bounded(schema):
+    """``schema`` (a copy) with every string and integer that sets no bound of its own bounded, so that a call always
+    closes: strings to ``STRING_BOUND`` characters (or the schema's ``maxLength``), integers to ±``INTEGER_BOUND``
+    (``minimum``/``maximum``); a string with a ``pattern``, ``format``, ``enum`` or ``const`` is left as it is.
+
+    A string's bound is a ``pattern`` of plain characters: xgrammar 0.2.8's own ``maxLength`` rule lets raw control
+    characters (invalid JSON) through, and neither writes escapes, so a bounded string holds no quote, backslash or
+    newline: the price of a call that always closes.  Non-integer numbers stay unbounded: xgrammar 0.2.8 writes a
+    number with a range with at most 6 decimals, which would cut the coordinates a call copies from a result."""
+    if isinstance(schema, list):
+        return [bounded(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _bounded_under(key, value) for key, value in schema.items()}
+    if out.get("type") == "string" and not {"pattern", "format", "enum", "const"} & out.keys():
+        low = out.pop("minLength", 0)
+        out["pattern"] = _PLAIN % (low, out.pop("maxLength", max(STRING_BOUND, low)))
+    if out.get("type") == "integer" and not _INTEGER_BOUNDS & out.keys():
+        out.update(minimum=-INTEGER_BOUND, maximum=INTEGER_BOUND)
+    return out
+
+
+def _bounded_under(key: str, value):
+    if key in _UNTOUCHED:
+        return value
+    if key in _SCHEMA_MAPS and isinstance(value, dict):
+        return {name: bounded(spec) for name, spec in value.items()}
+    return bounded(value)
+
+
+_PLAIN = r'^[^"\\\x00-\x1f]{%d,%d}$'  # %d to %d characters, none of which JSON escapes
+# JSON values, not schemas (and a bound under ``not`` would invert)
+_UNTOUCHED = {"enum", "const", "default", "examples", "not"}
+_SCHEMA_MAPS = {"properties", "$defs", "definitions"}  # name → schema
+_INTEGER_BOUNDS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum", "const"}
 
 
 def _with_items(spec: dict) -> dict:
