@@ -150,7 +150,8 @@ def _from_pretrained(source: str, dtype, gguf_file: str | None = None):
     except (OSError, ValueError) as err:
         raise BackboneError(
             f"backbone '{source}' could not be loaded: {err}\n"
-            f"Give a local model directory, a .gguf file, '{DEFAULT_BACKBONE}' or 'tiny-random' "
+            f"Give a local model directory, a .gguf file, '{DEFAULT_BACKBONE}', {', '.join(map(repr, PACKAGED))} "
+            "or 'tiny-random' "
             "(hub ids need network access)."
         ) from None
     _ensure_pad_token(tokenizer)
