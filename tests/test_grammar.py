@@ -8,9 +8,10 @@ import torch
 from helpers import random_rows
 
 import tokmem
-from tokmem import DecodeConfig
+from tokmem import DecodeConfig, Example, Step, TrainConfig
 from tokmem.grammar import (
     INTEGER_BOUND,
+    LEARNED_FLOOR,
     REFERENCE,
     STRING_BOUND,
     ArgumentGrammar,
@@ -174,3 +175,26 @@ def test_bounds_leave_patterns_enums_formats_and_set_ranges_alone_and_reach_nest
     nested = {"type": "array", "items": {"type": "object", "properties": {"enum": {"type": "string"}}}}
     assert "pattern" in bounded(nested)["items"]["properties"]["enum"]
     assert nested == {"type": "array", "items": {"type": "object", "properties": {"enum": {"type": "string"}}}}
+
+
+def test_training_keeps_in_the_banks_schema_a_bound_learned_from_the_values_its_calls_gave(backbone):
+    find = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "code": {"type": "string", "maxLength": 3},
+            "note": {"type": "string"},
+            "n": {"type": "integer"},
+        },
+    }
+    calls = [{"city": "Oslo", "code": "OSL"}, {"city": "x" * LEARNED_FLOOR, "note": "$var1.note$", "n": 3}]
+    examples = [Example(f"Find {c}", (Step("find", json.dumps({"name": "find", "arguments": c})),)) for c in calls]
+    model = tokmem.create(backbone)
+    tokmem.learn(model, examples, TrainConfig(epochs=1, progress=False), schemas={"find": find})
+    kept = model.bank.schemas[model.bank.row("find")]["properties"]
+    assert kept["city"] == {"type": "string", "maxLength": 2 * LEARNED_FLOOR}
+    assert kept["code"] == find["properties"]["code"] and kept["n"] == find["properties"]["n"]
+    assert kept["note"] == {"type": "string"}  # only a reference was given: the default bound
+    city = {"type": "object", "properties": {"city": kept["city"]}, "required": ["city"]}
+    assert accepts(backbone, city, '{"city":"%s"}' % ("x" * 2 * LEARNED_FLOOR))
+    assert not accepts(backbone, city, '{"city":"%s"}' % ("x" * (2 * LEARNED_FLOOR + 1)))

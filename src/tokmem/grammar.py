@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 
 import torch
 import xgrammar
@@ -38,10 +39,13 @@ ANY_ITEM = {
     ]
 }
 # Bounds on a value whose schema sets none, so that a call always closes (a runaway string — an SQL statement, a
-# 150-digit id — would otherwise run to max_new_tokens and leave the JSON open).  128 characters hold the longest
-# free-text value of ComplexFuncBench's queries (83); a tool that needs longer strings says so with ``maxLength``.
+# 150-digit id — would otherwise run to max_new_tokens and leave the JSON open).  Training stores a string bound
+# learned from the training values in the bank's schema (``learned_bounds``); 128 characters, the default, hold the
+# longest free-text value of ComplexFuncBench's queries (83); a tool that needs longer ones says so with ``maxLength``.
 STRING_BOUND = 128
 INTEGER_BOUND = 10**15  # |an integer argument|: at most 16 digits
+# the least bound learned from training values (``learned_bounds``): a city seen as "Oslo" may be longer
+LEARNED_FLOOR = 32
 _BITS = torch.arange(32, dtype=torch.int32)
 
 
@@ -77,12 +81,34 @@ def bounded(schema):
     if not isinstance(schema, dict):
         return schema
     out = {key: _bounded_under(key, value) for key, value in schema.items()}
-    if out.get("type") == "string" and not {"pattern", "format", "enum", "const"} & out.keys():
+    if out.get("type") == "string" and not _SHAPED & out.keys():
         low = out.pop("minLength", 0)
         out["pattern"] = _PLAIN % (low, out.pop("maxLength", max(STRING_BOUND, low)))
     if out.get("type") == "integer" and not _INTEGER_BOUNDS & out.keys():
         out.update(minimum=-INTEGER_BOUND, maximum=INTEGER_BOUND)
     return out
+
+
+def learned_bounds(schema: dict | None, tool: str, examples) -> dict | None:
+    """``schema`` (a copy) with a ``maxLength`` on each string argument that sets no bound, learned from the values
+    the training ``examples``' calls of ``tool`` gave it: twice the longest, at least ``LEARNED_FLOOR`` characters.
+    An argument no call gave a value to (only references, or nothing) keeps the default bound (``bounded``)."""
+    if schema is None or not isinstance(schema.get("properties"), dict):
+        return schema
+    calls = [
+        json.loads(s.call_arguments) for e in examples for s in e.steps if s.procedure == tool and s.call_arguments
+    ]
+    properties = dict(schema["properties"])
+    for name, spec in properties.items():
+        given = [len(c[name]) for c in calls if isinstance(c.get(name), str) and not _REFERENCE.fullmatch(c[name])]
+        if (
+            given
+            and isinstance(spec, dict)
+            and spec.get("type") == "string"
+            and not (_SHAPED | {"maxLength"}) & spec.keys()
+        ):
+            properties[name] = {**spec, "maxLength": max(LEARNED_FLOOR, 2 * max(given), spec.get("minLength", 0))}
+    return {**schema, "properties": properties}
 
 
 def _bounded_under(key: str, value):
@@ -97,6 +123,9 @@ _PLAIN = r'^[^"\\\x00-\x1f]{%d,%d}$'  # %d to %d characters, none of which JSON 
 # JSON values, not schemas (and a bound under ``not`` would invert)
 _UNTOUCHED = {"enum", "const", "default", "examples", "not"}
 _SCHEMA_MAPS = {"properties", "$defs", "definitions"}  # name → schema
+# a string of one of these shapes is bounded by it (or not ours to bound)
+_SHAPED = {"pattern", "format", "enum", "const"}
+_REFERENCE = re.compile(REFERENCE["pattern"])
 _INTEGER_BOUNDS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum", "const"}
 
 
