@@ -70,6 +70,7 @@ INTEGER_BOUND = 10**15  # |an integer argument|: at most 16 digits
 # the least bound learned from training values (``learned_bounds``): a city seen as "Oslo" may be longer
 LEARNED_FLOOR = 32
 
+
 class SchemaError(DataError):
     """A JSON schema that schema-bound decoding cannot take (its field and keyword named): the sender's to fix."""
 
