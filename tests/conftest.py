@@ -7,7 +7,8 @@ import torch
 
 import tokmem
 from tokmem import Example, Step, load_backbone
-from tokmem.backbones import Backbone
+from tokmem.backbones import PACKAGED, Backbone
+from tokmem.errors import BackboneError
 
 WORDS = ["sun", "apple", "window", "blueberry"]  # different lengths, so batches carry unequal target counts
 
@@ -15,6 +16,21 @@ WORDS = ["sun", "apple", "window", "blueberry"]  # different lengths, so batches
 @pytest.fixture(scope="session")
 def backbone():
     return load_backbone("tiny-random", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def qwen():
+    """The real qwen2.5-coder-0.5b where its packages are installed (``make qwen``); the test is skipped otherwise."""
+    try:
+        PACKAGED["qwen2.5-coder-0.5b"].part_paths()
+    except BackboneError as err:
+        pytest.skip(str(err))
+    return load_backbone("qwen2.5-coder-0.5b", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer(qwen):
+    return qwen.tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -5,12 +5,13 @@ import re
 
 import pytest
 import torch
+import xgrammar
 from helpers import random_rows
 
 import tokmem
-from tokmem import DecodeConfig
+from tokmem import DecodeConfig, Example, Step, TrainConfig
 from tokmem.grammar import ArgumentGrammar, grammars_for
-from tokmem.schemas import REFERENCE, decoding_schema
+from tokmem.schemas import INTEGER_BOUND, LEARNED_FLOOR, REFERENCE, STRING_BOUND, bounded, decoding_schema
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Rome"]}}, "required": ["city"]}
 COUNT = {
@@ -107,8 +108,8 @@ def test_each_row_is_masked_by_its_own_tools_grammar_and_memory_tokens_wait_for_
 def test_decoding_schema_forbids_extra_keys_and_accepts_references_to_earlier_results():
     schema = decoding_schema(COUNT)
     assert schema["additionalProperties"] is False and schema["required"] == ["n", "unit"]
-    assert schema["properties"]["n"]["anyOf"] == [COUNT["properties"]["n"], REFERENCE]
-    assert decoding_schema(COUNT, references=False)["properties"]["n"] == COUNT["properties"]["n"]
+    assert schema["properties"]["n"]["anyOf"] == [bounded(COUNT["properties"]["n"]), REFERENCE]
+    assert decoding_schema(COUNT, references=False)["properties"]["n"] == bounded(COUNT["properties"]["n"])
 
 
 def test_a_row_without_references_must_write_a_value_where_a_row_with_them_may_start_one(tool_model):
@@ -142,3 +143,72 @@ def test_a_response_row_is_json_from_its_first_token_and_leaves_memory_tokens_to
         grammar.advance(torch.tensor([token, eos, eos]))
     closed = grammar.constrain(torch.zeros(3, vocab + 3))[0] > float("-inf")
     assert closed[:vocab].nonzero().flatten().tolist() == [eos]
+
+
+# ---- bounds: a call always closes -------------------------------------------------------------------------------
+
+
+def accepts(backbone, parameters: dict, text: str) -> bool:
+    """Whether ``text`` is a complete call's arguments under ``parameters`` (compiled as decoding compiles them)."""
+    compiled = grammars_for(backbone.tokenizer, backbone.vocab_size).arguments(parameters, references=False)
+    matcher = xgrammar.GrammarMatcher(compiled)
+    return matcher.accept_string(text) and matcher.accept_token(backbone.eos_token_id)
+
+
+def one(spec: dict) -> dict:
+    return {"type": "object", "properties": {"v": spec}, "required": ["v"]}
+
+
+def test_a_string_without_a_bound_closes_after_the_default_bound(backbone):
+    assert accepts(backbone, one({"type": "string"}), '{"v":"%s"}' % ("x" * STRING_BOUND))
+    assert not accepts(backbone, one({"type": "string"}), '{"v":"%s"}' % ("x" * (STRING_BOUND + 1)))
+    assert accepts(backbone, one({"type": "string"}), """{"v":"SELECT name FROM t WHERE city = 'Oslo'"}""")
+
+
+def test_a_schemas_max_length_is_the_bound_and_a_bounded_string_is_valid_json(backbone):
+    five = one({"type": "string", "minLength": 2, "maxLength": 5})
+    assert accepts(backbone, five, '{"v":"abcde"}') and accepts(backbone, five, '{"v":"åé"}')
+    assert not accepts(backbone, five, '{"v":"abcdef"}') and not accepts(backbone, five, '{"v":"a"}')
+    assert not accepts(backbone, five, '{"v":"a\tb"}')  # a raw control character is not JSON
+
+
+def test_integers_are_bounded_and_numbers_keep_every_decimal_a_result_gives(backbone):
+    assert accepts(backbone, one({"type": "integer"}), '{"v":%d}' % -INTEGER_BOUND)
+    assert not accepts(backbone, one({"type": "integer"}), '{"v":%d}' % (10 * INTEGER_BOUND))
+    assert accepts(backbone, one({"type": "number"}), '{"v":-37.669123456789}')
+
+
+def test_bounds_leave_patterns_enums_formats_and_set_ranges_alone_and_reach_nested_values():
+    kept = [
+        {"type": "string", "pattern": "^[a-z]+$"},
+        {"type": "string", "enum": ["a"]},
+        {"type": "string", "format": "date"},
+        {"type": "integer", "minimum": 0},
+    ]
+    assert [bounded(spec) for spec in kept] == kept
+    nested = {"type": "array", "items": {"type": "object", "properties": {"enum": {"type": "string"}}}}
+    assert "pattern" in bounded(nested)["items"]["properties"]["enum"]
+    assert nested == {"type": "array", "items": {"type": "object", "properties": {"enum": {"type": "string"}}}}
+
+
+def test_training_keeps_in_the_banks_schema_a_bound_learned_from_the_values_its_calls_gave(backbone):
+    find = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "code": {"type": "string", "maxLength": 3},
+            "note": {"type": "string"},
+            "n": {"type": "integer"},
+        },
+    }
+    calls = [{"city": "Oslo", "code": "OSL"}, {"city": "x" * LEARNED_FLOOR, "note": "$var1.note$", "n": 3}]
+    examples = [Example(f"Find {c}", (Step("find", json.dumps({"name": "find", "arguments": c})),)) for c in calls]
+    model = tokmem.create(backbone)
+    tokmem.learn(model, examples, TrainConfig(epochs=1, progress=False), schemas={"find": find})
+    kept = model.bank.schemas[model.bank.row("find")]["properties"]
+    assert kept["city"] == {"type": "string", "maxLength": 2 * LEARNED_FLOOR}
+    assert kept["code"] == find["properties"]["code"] and kept["n"] == find["properties"]["n"]
+    assert kept["note"] == {"type": "string"}  # only a reference was given: the default bound
+    city = {"type": "object", "properties": {"city": kept["city"]}, "required": ["city"]}
+    assert accepts(backbone, city, '{"city":"%s"}' % ("x" * 2 * LEARNED_FLOOR))
+    assert not accepts(backbone, city, '{"city":"%s"}' % ("x" * (2 * LEARNED_FLOOR + 1)))

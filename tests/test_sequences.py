@@ -187,6 +187,50 @@ def test_result_ids_are_the_template_tool_turns_of_the_whole_conversation(tokeni
     assert tokenizer.decode(result_ids(tokenizer, ["r1", "r2"])) == after_call
 
 
+# Qwen2.5's tool turns, in short: consecutive tool messages share one user turn, each in <tool_response> tags
+QWEN_STYLE = (
+    "{% for m in messages %}{% if m.role == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    "\n<tool_response>\n{{ m.content }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def assert_results_laid_out_as_the_template_writes_them(tokenizer):
+    """A training sequence's results and a conversation's consecutive results are the template's tool turns."""
+    calls = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "CALL"}]
+    results = [{"role": "tool", "content": "r1"}, {"role": "tool", "content": "r2"}]
+    rendered = tokenizer.apply_chat_template(calls + results, tokenize=False, add_generation_prompt=True)
+    assert tokenizer.decode(result_ids(tokenizer, ["r1", "r2"])) == rendered[rendered.index("CALL") + 4 :].removeprefix(
+        tokenizer.eos_token
+    )
+    one = tokenizer.apply_chat_template(calls + results[:1], tokenize=False, add_generation_prompt=True)
+    vocab = len(tokenizer)  # memory ids come after the vocabulary
+    encoded = encode(WITH_RESULTS, tokenizer, {"weather": vocab, "convert": vocab + 1}.get, 1024, tools={"weather"})
+    text = tokenizer.decode([t for t in encoded.input_ids if t < vocab])
+    assert one[one.index("CALL") :].replace("CALL", '{"city":"Oslo"}').replace("r1", WEATHER_RESULT) in text
+
+
+def test_a_template_that_groups_tool_results_in_one_user_turn_is_followed(tokenizer, monkeypatch):
+    monkeypatch.setattr(tokenizer, "chat_template", QWEN_STYLE)
+    result_turn.cache_clear()
+    try:
+        assert_results_laid_out_as_the_template_writes_them(tokenizer)
+        assert "<tool_response>" in tokenizer.decode(result_ids(tokenizer, ["r"]))
+    finally:
+        result_turn.cache_clear()
+
+
+@pytest.mark.slow
+def test_results_follow_the_real_qwen_template_in_tool_response_turns(qwen_tokenizer):
+    assert_results_laid_out_as_the_template_writes_them(qwen_tokenizer)
+    assert qwen_tokenizer.decode(result_ids(qwen_tokenizer, ["r"])) == (
+        "\n<|im_start|>user\n<tool_response>\nr\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
 def test_a_long_result_is_cut_to_its_budget_and_says_so(tokenizer):
     ids = result_ids(tokenizer, ["x" * 50], budget=10)
     assert "x" * 10 + " … [result cut: 10 of 50 tokens shown]<|im_end|>" in tokenizer.decode(ids)

@@ -313,6 +313,7 @@ def test_schema_bound_rows_keep_their_grammar_as_rows_without_one_join_and_leave
             allowed=allowed,
             forced=forced,
             threshold=threshold,
+            references=False,  # as the API asks for a chat: arguments are values (tokmem.chat)
         )
 
     plain = engine.submit(Request(registry.get("alpha"), chat_prefix(tokenizer, "hi"), "hi", max_tokens=6))

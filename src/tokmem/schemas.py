@@ -61,6 +61,16 @@ ANY_ITEM = {
 }
 
 
+# Bounds on a value whose schema sets none, so that a call always closes (a runaway string — an SQL statement, a
+# 150-digit id — would otherwise run to max_new_tokens and leave the JSON open).  Training stores a string bound
+# learned from the training values in the bank's schema (``learned_bounds``); 128 characters, the default, hold the
+# longest free-text value of ComplexFuncBench's queries (83); a tool that needs longer ones says so with ``maxLength``.
+STRING_BOUND = 128
+INTEGER_BOUND = 10**15  # |an integer argument|: at most 16 digits
+# the least bound learned from training values (``learned_bounds``): a city seen as "Oslo" may be longer
+LEARNED_FLOOR = 32
+
+
 class SchemaError(DataError):
     """A JSON schema that schema-bound decoding cannot take (its field and keyword named): the sender's to fix."""
 
@@ -178,7 +188,7 @@ def decoding_schema(parameters: dict, references: bool = True, where: str = "par
     ``$ref`` names, as pydantic writes a recursive one; the rest of its root binds nothing: arguments are an object),
     checked (``check_schema``, references resolved), with no extra keys, and with ``references`` each argument also
     accepting a reference to an earlier result (``REFERENCE``).  An array argument without ``items`` gets
-    ``ANY_ITEM``."""
+    ``ANY_ITEM``; strings and integers are ``bounded``."""
     root = {key: parameters[key] for key in ("properties", "required", "$ref", *DEFINITIONS) if key in parameters}
     checked = check_schema({"type": "object", **root}, where, budget)
     defs = checked.get("$defs", {})
@@ -190,7 +200,7 @@ def decoding_schema(parameters: dict, references: bool = True, where: str = "par
         for name, spec in body.get("properties", {}).items()
     }
     schema = {"type": "object", "properties": properties, "required": body.get("required", [])}
-    return {**schema, "additionalProperties": False, **({"$defs": defs} if defs else {})}
+    return bounded({**schema, "additionalProperties": False, **({"$defs": defs} if defs else {})})
 
 
 def _with_items(spec):
@@ -257,3 +267,72 @@ def _object(value, at: str) -> dict:
 
 def _kind(value) -> str:
     return {list: "a list", str: "a string", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def bounded(schema):
+    """``schema`` (a copy) with every string and integer that sets no bound of its own bounded, so that a call always
+    closes: strings to ``STRING_BOUND`` characters (or the schema's ``maxLength``), integers to ±``INTEGER_BOUND``
+    (``minimum``/``maximum``); a string with a ``pattern``, ``format``, ``enum`` or ``const`` is left as it is.
+
+    A string's bound is a ``pattern`` of plain characters: xgrammar 0.2.8's own ``maxLength`` rule lets raw control
+    characters (invalid JSON) through, and neither writes escapes, so a bounded string holds no quote, backslash or
+    newline: the price of a call that always closes.  A bound over ``Budget.max_repeat`` (a pattern's longest
+    repetition) stays a ``maxLength``: such a pattern compiles slowly (0.7 s for 1,128 characters, 14 s for 4,096).
+    Non-integer numbers stay unbounded: xgrammar 0.2.8 writes a number with a range with at most 6 decimals, which
+    would cut the coordinates a call copies from a result."""
+    if isinstance(schema, list):
+        return [bounded(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _bounded_under(key, value) for key, value in schema.items()}
+    if out.get("type") == "string" and not _SHAPED & out.keys():
+        low = out.get("minLength", 0)
+        high = out.get("maxLength", max(STRING_BOUND, low))
+        if high <= Budget.max_repeat:
+            out = {key: value for key, value in out.items() if key not in ("minLength", "maxLength")}
+            out["pattern"] = _PLAIN % (low, high)
+        else:
+            out["maxLength"] = high
+    if out.get("type") == "integer" and not _INTEGER_BOUNDS & out.keys():
+        out.update(minimum=-INTEGER_BOUND, maximum=INTEGER_BOUND)
+    return out
+
+
+def learned_bounds(schema: dict | None, tool: str, examples) -> dict | None:
+    """``schema`` (a copy) with a ``maxLength`` on each string argument that sets no bound, learned from the values
+    the training ``examples``' calls of ``tool`` gave it: twice the longest, at least ``LEARNED_FLOOR`` characters.
+    An argument no call gave a value to (only references, or nothing) keeps the default bound (``bounded``)."""
+    if schema is None or not isinstance(schema.get("properties"), dict):
+        return schema
+    calls = [
+        json.loads(s.call_arguments) for e in examples for s in e.steps if s.procedure == tool and s.call_arguments
+    ]
+    properties = dict(schema["properties"])
+    for name, spec in properties.items():
+        given = [len(c[name]) for c in calls if isinstance(c.get(name), str) and not _REFERENCE.fullmatch(c[name])]
+        if (
+            given
+            and isinstance(spec, dict)
+            and spec.get("type") == "string"
+            and not (_SHAPED | {"maxLength"}) & spec.keys()
+        ):
+            properties[name] = {**spec, "maxLength": max(LEARNED_FLOOR, 2 * max(given), spec.get("minLength", 0))}
+    return {**schema, "properties": properties}
+
+
+def _bounded_under(key: str, value):
+    if key in _UNTOUCHED:
+        return value
+    if key in _SCHEMA_MAPS and isinstance(value, dict):
+        return {name: bounded(spec) for name, spec in value.items()}
+    return bounded(value)
+
+
+_PLAIN = r'^[^"\\\x00-\x1f]{%d,%d}$'  # %d to %d characters, none of which JSON escapes
+# JSON values, not schemas (and a bound under ``not`` would invert)
+_UNTOUCHED = {"enum", "const", "default", "examples", "not"}
+_SCHEMA_MAPS = {"properties", "$defs", "definitions"}  # name → schema
+# a string of one of these shapes is bounded by it (or not ours to bound)
+_SHAPED = {"pattern", "format", "enum", "const"}
+_REFERENCE = re.compile(REFERENCE["pattern"])
+_INTEGER_BOUNDS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum", "const"}

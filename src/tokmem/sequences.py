@@ -11,7 +11,8 @@ schema is known (``tools`` maps names to schemas) the arguments are written in t
 schema-bound decoding writes them in.
 
 A step with a ``result`` ends the assistant's turn after its call (EOS, trained: the call is complete), then the
-result follows as the backbone's chat template writes a ``role: "tool"`` message, then the next assistant header;
+result follows as the backbone's chat template writes a ``role: "tool"`` message (Qwen's: a user turn with the result
+in ``<tool_response>`` tags), then the next assistant header;
 none of that is trained on.  A template that does not render a tool role gets the result as a user message
 ``Tool result:\n…``; a backbone without a template gets ``Tool result: …`` on a line.  A result longer than
 ``result_tokens`` tokens is cut there and says so (``… [result cut: N of M tokens shown]``).  ``result_ids`` is the
@@ -76,82 +77,82 @@ def _chat_texts(tokenizer, query: str | list[dict]) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class ResultTurn:
-    """The text around a turn that follows the assistant's (a tool result, or a user's next message), as the chat
-    template writes it: ``after_call`` follows the EOS that ends the assistant's turn, each message is ``opening +
-    content + closing``, and ``header`` starts the next assistant turn."""
+    """The text around the turns that follow the assistant's (tool results, or a user's next messages), as the chat
+    template writes them: ``after_call`` follows the EOS that ends the assistant's turn, the messages are ``opening``,
+    the first, ``between`` and each next one, ``closing``; ``header`` starts the next assistant turn.  (ChatML gives
+    each message its own turn, ``between`` = closing + opening; Qwen's template puts consecutive tool results in one
+    user turn, each in ``<tool_response>`` tags.)"""
 
     after_call: str
     opening: str
+    between: str
     closing: str
     header: str
 
 
-_CALL, _RESULT = "\x00call\x00", "\x00result\x00"
+_CALL, _RESULTS = "\x00call\x00", ("\x00result1\x00", "\x00result2\x00")
+PLAIN_RESULT = ResultTurn("\n", "Tool result: ", "\nTool result: ", "\n", "")
 
 
 @functools.lru_cache(maxsize=8)
 def result_turn(tokenizer) -> ResultTurn:
     """The backbone's ``ResultTurn``: its template's tool role, else a user turn, else (no template) a plain line."""
     if not tokenizer.chat_template:
-        return ResultTurn("\n", "Tool result: ", "\n", "")
-    return (
-        _template_turn(tokenizer, "tool", "")
-        or _template_turn(tokenizer, "user", "Tool result:\n")
-        or ResultTurn("\n", "Tool result: ", "\n", "")
-    )
+        return PLAIN_RESULT
+    return _template_turn(tokenizer, "tool", "") or _template_turn(tokenizer, "user", "Tool result:\n") or PLAIN_RESULT
 
 
 def _template_turn(tokenizer, role: str, lead: str) -> ResultTurn | None:
-    """The pieces read off the template by rendering a placeholder call and result; None if it does not render them."""
+    """The pieces read off the template by rendering a placeholder call and one, then two messages of ``role`` after
+    it; None if it does not render them so."""
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _CALL}]
-    result = {"role": role, "content": lead + _RESULT}
+    results = [{"role": role, "content": lead + placeholder} for placeholder in _RESULTS]
+    render = functools.partial(tokenizer.apply_chat_template, tokenize=False)
     try:
-        base = tokenizer.apply_chat_template(messages, tokenize=False)
-        turn = tokenizer.apply_chat_template([*messages, result], tokenize=False)
-        whole = tokenizer.apply_chat_template([*messages, result], tokenize=False, add_generation_prompt=True)
+        base, one, two = render(messages), render([*messages, results[0]]), render([*messages, *results])
+        whole = render([*messages, *results], add_generation_prompt=True)
     except TemplateError:
         return None
     call_end = _CALL + tokenizer.eos_token
-    if (
-        call_end not in base
-        or not turn.startswith(base)
-        or not whole.startswith(turn)
-        or _RESULT not in turn[len(base) :]
-    ):
+    if call_end not in base or not two.startswith(base) or not whole.startswith(two) or two.count(_RESULTS[0]) != 1:
         return None
-    opening, closing = turn[len(base) :].split(_RESULT)
-    return ResultTurn(base[base.index(call_end) + len(call_end) :], opening, closing, whole[len(turn) :])
+    opening, rest = two[len(base) :].split(_RESULTS[0])
+    if rest.count(_RESULTS[1]) != 1:
+        return None
+    between, closing = rest.split(_RESULTS[1])
+    if one != base + opening + _RESULTS[0] + closing:
+        return None
+    return ResultTurn(base[base.index(call_end) + len(call_end) :], opening, between, closing, whole[len(two) :])
 
 
 @functools.lru_cache(maxsize=8)
 def user_turn(tokenizer) -> ResultTurn:
-    """The pieces of a user turn that follows an assistant's answer (its EOS), as the template writes them."""
-    if not tokenizer.chat_template:
-        return ResultTurn("\n", "", "\n", "")
-    return _template_turn(tokenizer, "user", "") or ResultTurn("\n", "", "\n", "")
+    """The pieces of the user turns that follow an assistant's answer (its EOS), as the template writes them."""
+    plain = ResultTurn("\n", "", "\n", "\n", "")
+    return (tokenizer.chat_template and _template_turn(tokenizer, "user", "")) or plain
 
 
 def result_ids(tokenizer, results: list[str], budget: int = RESULT_TOKENS) -> list[int]:
-    """Token ids after a call turn's EOS: one tool turn per result (each cut to ``budget`` tokens), then the next
-    assistant header."""
+    """Token ids after a call turn's EOS: the tool turns of ``results`` (each cut to ``budget`` tokens) as the template
+    writes consecutive tool messages, then the next assistant header."""
     return _turn_ids(tokenizer, result_turn(tokenizer), results, budget)
 
 
 def user_turn_ids(tokenizer, contents: list[str]) -> list[int]:
-    """Token ids after an assistant answer's EOS: one user turn per content, then the next assistant header (a
+    """Token ids after an assistant answer's EOS: the user turns of ``contents``, then the next assistant header (a
     conversation that goes on after tool results, ``tokmem.chat``)."""
     return _turn_ids(tokenizer, user_turn(tokenizer), contents, None)
 
 
 def _turn_ids(tokenizer, pieces: ResultTurn, contents: list[str], budget: int | None) -> list[int]:
     words = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    ids = words(pieces.after_call)
-    for text in contents:
+    ids = words(pieces.after_call) + words(pieces.opening)
+    for k, text in enumerate(contents):
         content = words(text)
         if budget is not None and len(content) > budget:
             content = content[:budget] + words(f" … [result cut: {budget} of {len(content)} tokens shown]")
-        ids += words(pieces.opening) + content + words(pieces.closing)
-    return ids + words(pieces.header)
+        ids += (words(pieces.between) if k else []) + content
+    return ids + words(pieces.closing) + words(pieces.header)
 
 
 @dataclass

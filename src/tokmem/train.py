@@ -20,6 +20,7 @@ from tokmem import distributed
 from tokmem.config import option
 from tokmem.data.procedures import Example, tool_procedures
 from tokmem.errors import TokMemError
+from tokmem.schemas import learned_bounds
 from tokmem.sequences import RESULT_TOKENS, Encoded, TruncationCount, collate, encode, to_device
 from tokmem.model import TokMemModel
 
@@ -126,7 +127,8 @@ def learn(
     """One continual round: add the unseen procedures, train only them, renormalise, freeze.
 
     ``descriptions`` and ``schemas``: name → description / tool JSON schema (a catalog's), kept with the new rows
-    (a schema only on a tool row: it binds the arguments decoded after the row's memory token).
+    (a schema only on a tool row: it binds the arguments decoded after the row's memory token; its string arguments
+    get bounds learned from these examples' values, ``schemas.learned_bounds``).
 
     The new rows are renormalised to the old rows' mean norm after the round, and with
     ``renorm_every_step`` after every optimiser step too.  ``param_groups`` and ``on_step``: as in ``fit``.
@@ -144,7 +146,10 @@ def learn(
         initial_rows(model.backbone, len(new), config.init, config.seed),
         [(descriptions or {}).get(n, "") for n in new],
         kinds,
-        [(schemas or {}).get(n) if kind == "tool" else None for n, kind in zip(new, kinds)],
+        [
+            learned_bounds((schemas or {}).get(n), n, examples) if kind == "tool" else None
+            for n, kind in zip(new, kinds)
+        ],
     )
 
     def after_step(step: int, total: int) -> None:
