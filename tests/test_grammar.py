@@ -126,6 +126,25 @@ def test_a_row_without_references_must_write_a_value_where_a_row_with_them_may_s
     assert not allowed[1, quote] and allowed[1, digit]  # a number only
 
 
+def test_a_response_row_is_json_from_its_first_token_and_leaves_memory_tokens_to_routing_until_then(tool_model):
+    vocab, eos, tokenizer = tool_model.vocab_size, tool_model.backbone.eos_token_id, tool_model.backbone.tokenizer
+    grammars = grammars_for(tokenizer, vocab)
+    compiled = grammars.rows(tool_model.bank.schemas, references=False)
+    grammar = ArgumentGrammar([compiled] * 3, vocab, eos, [grammars.compile(CITY), grammars.compile(CITY), None])
+    first = grammar.constrain(torch.zeros(3, vocab + 3)) > float("-inf")
+    brace = tokenizer.convert_tokens_to_ids("{")
+    assert first[0, :vocab].nonzero().flatten().tolist() == [brace] and first[0, vocab:].all()  # JSON, or a tool
+    assert first[2].all()  # a row without a response schema is free
+    grammar.advance(torch.tensor([brace, vocab + 1, eos]))  # row 0 starts its JSON, row 1 calls count instead
+    after = grammar.constrain(torch.zeros(3, vocab + 3)) > float("-inf")
+    assert not after[0, brace] and not after[0, vocab:].any()  # inside the JSON: no memory token
+    assert after[1, :vocab].nonzero().flatten().tolist() == [brace]  # count's arguments, under count's schema
+    for token in tokenizer('"city":"Oslo"}', add_special_tokens=False)["input_ids"]:
+        grammar.advance(torch.tensor([token, eos, eos]))
+    closed = grammar.constrain(torch.zeros(3, vocab + 3))[0] > float("-inf")
+    assert closed[:vocab].nonzero().flatten().tolist() == [eos]
+
+
 # ---- bounds: a call always closes -------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Streamed text: incremental decoding agrees with decoding the whole answer at once."""
+"""Streamed text: incremental decoding agrees with decoding the whole answer at once; stop sequences cut it."""
 
 from helpers import random_rows
 from hypothesis import given, settings
@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 import tokmem
 from tokmem.decode import to_generation
-from tokmem.serve.stream import IncrementalText
+from tokmem.serve.stream import IncrementalText, StopSequences
 
 
 def test_incremental_text_equals_the_whole_answers_text_however_the_tokens_arrive(backbone):
@@ -28,3 +28,10 @@ def test_incremental_text_equals_the_whole_answers_text_however_the_tokens_arriv
         assert text.update(row) == to_generation(model, "q", row, 0.0, routed).text
 
     check()
+
+
+def test_stop_sequences_cut_at_the_first_and_a_stream_holds_back_what_may_begin_one():
+    stops = StopSequences(("END", "\n\n"))
+    assert stops.cut("one\n\ntwo END") == "one" and stops.cut("no stop here") == "no stop here"
+    assert stops.cut("abc EN", final=False) == "abc " and stops.cut("abc EN") == "abc EN"
+    assert stops.cut("abc\n", final=False) == "abc" and not StopSequences()

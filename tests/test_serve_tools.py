@@ -219,11 +219,20 @@ def test_streamed_tool_calls_are_deltas_the_sdk_assembles_into_the_whole_answer(
             {"tool_choice": "required", "extra_body": {"procedure": "chat"}},
             "procedure (routing skipped) cannot be combined",
         ),
-        ({"seed": 3}, "seed is not supported"),
-        ({"top_p": 0.5}, "top_p is not supported"),
-        ({"stop": ["\n"]}, "stop is not supported"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty is not supported"),
         ({"logprobs": True}, "logprobs is not supported"),
-        ({"response_format": {"type": "json_object"}}, "response_format is not supported"),
+        ({"n": 2}, "this server answers one choice per request"),
+        ({"extra_body": {"functions": [{"name": "city"}]}}, "legacy form of tools"),
+        ({"extra_body": {"reasoning_effort": "low"}}, "reasoning_effort: not a field this server takes"),
+        ({"response_format": {"type": "json_schema"}}, "json_schema is given with type 'json_schema'"),
+        (
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "city", "parameters": {"properties": {"place": {}}}}}
+                ]
+            },
+            "'place' not a parameter of the bank's tool 'city' (it learned 'city')",
+        ),
         ({"messages": [*ASK, {"role": "tool", "content": "sunny"}]}, "needs the tool_call_id"),
         ({"messages": CONVERSATION[1:]}, "messages[0]: the conversation must start"),
         (
@@ -257,7 +266,9 @@ def test_streamed_tool_calls_are_deltas_the_sdk_assembles_into_the_whole_answer(
         ),
     ],
 )
-def test_bad_tool_requests_get_400_naming_the_field(app, request_body, message):
+def test_bad_tool_requests_get_400_naming_the_field_in_the_answer_and_the_server_log(
+    app, request_body, message, caplog
+):
     request = {"model": "tools", "messages": ASK, "max_tokens": 8, **request_body}
 
     async def scenario(client, http):
@@ -266,6 +277,7 @@ def test_bad_tool_requests_get_400_naming_the_field(app, request_body, message):
         return caught.value
 
     assert message in call(app, scenario).body["message"]
+    assert any("refused with 400" in r.message and message in r.message for r in caplog.records)
 
 
 def test_the_values_that_leave_unimplemented_fields_off_are_accepted(app, offline):

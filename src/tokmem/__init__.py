@@ -9,7 +9,7 @@ from tokmem.chat import ChatCache, Reply, ToolCall, chat, chat_batch, run_tools
 from tokmem.data import Example, Step, load_catalog, load_examples
 from tokmem.decode import DecodeConfig, Generation, Route, generate, route
 from tokmem.errors import BackboneError, BankError, DataError, TokMemError
-from tokmem.model import TokMemModel, create, load
+from tokmem.model import TokMemModel, compose, create, load
 from tokmem.train import TrainConfig, TrainReport, learn, train
 
 __version__ = _version("tokmem")
@@ -36,6 +36,7 @@ __all__ = [
     "adapt",
     "chat",
     "chat_batch",
+    "compose",
     "create",
     "generate",
     "learn",

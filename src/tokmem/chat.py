@@ -11,7 +11,8 @@ The model answers with tool calls when its turn starts with a tool row's memory 
 row, the arguments are what follows, under the tool's schema where the bank has one); several calls chain in one
 turn; EOS ends the turn.  ``tool_choice`` (OpenAI's): ``"auto"`` routes as TokMem does (the open-set rule may
 answer with text), ``"none"`` masks the tool rows, ``"required"`` forces the best tool row, ``{"type": "function",
-"function": {"name": …}}`` forces that one; ``tools`` (names or OpenAI tool objects) limits routing to those rows.
+"function": {"name": …}}`` forces that one; ``tools`` (names or OpenAI tool objects) limits routing to those rows,
+and a tool object's ``parameters`` bind its arguments instead of the bank's schema (``tool_schemas``).
 
 ``ChatCache`` keeps the KV cache of the conversation between calls: each call encodes only the tokens after the
 longest prefix it shares with what the cache holds (``prefilled`` says how many).
@@ -141,6 +142,7 @@ def _answer(model, ids, turns, caches, tools, tool_choice, config) -> list[Reply
         torch.full((rows,), forced, device=model.device),
         generator,
         allowed.expand(rows, -1),
+        tool_schemas(model, tools),
     )
     replies = []
     for i, (cache, tokens) in enumerate(zip(caches, answers)):
@@ -353,6 +355,42 @@ def tool_routing(model: TokMemModel, tools, tool_choice, threshold: float) -> tu
     if tool_choice == "required" and not allowed.any():
         raise DataError("tool_choice 'required': the bank has no tool among the allowed ones")
     return allowed.to(model.device), -1, 0.0 if tool_choice == "required" else threshold
+
+
+def tool_schemas(model: TokMemModel, tools) -> list[dict | None] | None:
+    """Per bank row, the schema a tool's arguments decode under: the client's ``parameters`` where a tool of ``tools``
+    (OpenAI tool objects; names are ``tool_routing``'s to check) brings them, else the bank's; None when no tool
+    brings any (the bank's, all of them).
+
+    The client's schema binds (OpenAI's ``strict``, or any schema that differs from the bank's: other types, enums,
+    required keys, fewer properties), with its properties in the order the tool learned them; but it may not name a
+    parameter the bank's tool never learned: the model cannot write it, so that is a ``DataError`` naming the tool
+    and both sets of names (a server's 400).  A tool the bank keeps no schema for takes the client's as it is."""
+    schemas, given = list(model.bank.schemas), False
+    for k, tool in enumerate(tools or []):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        parameters = function.get("parameters") if isinstance(function, dict) else None
+        if parameters is not None:
+            row, given = model.bank.row(function.get("name")), True
+            schemas[row] = _client_schema(parameters, schemas[row], function["name"], f"tools[{k}].function.parameters")
+    return schemas if given else None
+
+
+def _client_schema(parameters, learned: dict | None, name: str, where: str) -> dict:
+    """The client's ``parameters`` reconciled with the bank's schema ``learned`` (see ``tool_schemas``)."""
+    properties = parameters.get("properties", {}) if isinstance(parameters, dict) else None
+    if not isinstance(properties, dict) or parameters.get("type", "object") != "object":
+        raise DataError(f"{where}: must be a JSON schema of type 'object' with 'properties' (an object)")
+    if learned is None:
+        return parameters
+    order = list(learned.get("properties", {}))
+    unknown = [key for key in properties if key not in order]
+    if unknown:
+        raise DataError(
+            f"{where}: {', '.join(map(repr, unknown))} not a parameter of the bank's tool '{name}' (it learned "
+            f"{', '.join(map(repr, order)) or 'none'}); send a schema over those names, or leave 'parameters' out"
+        )
+    return {**parameters, "properties": {key: properties[key] for key in order if key in properties}}
 
 
 def _reuse(model: TokMemModel, cache: ChatCache, ids: list[int]) -> tuple[list[int], DynamicCache]:

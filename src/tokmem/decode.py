@@ -160,8 +160,11 @@ def generate(
     return out
 
 
-def pick(logits: torch.Tensor, temperature, generator) -> torch.Tensor:
-    """One token per row: greedy where the temperature is 0, else sampled (``temperature``: a number or one per row)."""
+def pick(logits: torch.Tensor, temperature, generator, top_p=None, generators=None) -> torch.Tensor:
+    """One token per row: greedy where the temperature is 0, else sampled (``temperature``: a number or one per row),
+    from each row's nucleus where ``top_p`` (a number or one per row) is below 1.  ``generators``: {row: its own
+    ``torch.Generator``} for rows that sample reproducibly whatever the batch (a served request's ``seed``; one draw
+    per row, as vLLM does); the other rows draw from ``generator``."""
     temperature = torch.as_tensor(temperature, dtype=torch.float, device=logits.device)
     greedy = logits.argmax(-1)
     sampled_rows = temperature > 0
@@ -169,8 +172,24 @@ def pick(logits: torch.Tensor, temperature, generator) -> torch.Tensor:
         return greedy
     scale = torch.where(sampled_rows, temperature, 1.0).unsqueeze(-1)
     shifted = logits.float() - logits.float().amax(-1, keepdim=True)  # <= 0: a small temperature cannot overflow it
-    sampled = torch.multinomial((shifted / scale).softmax(-1), 1, generator=generator).squeeze(-1)
+    probs = (shifted / scale).softmax(-1)
+    if top_p is not None:
+        probs = nucleus(probs, top_p)
+    sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    for row, own in (generators or {}).items():
+        sampled[row] = torch.multinomial(probs[row], 1, generator=own)[0]
     return torch.where(sampled_rows, sampled, greedy)
+
+
+def nucleus(probs: torch.Tensor, top_p) -> torch.Tensor:
+    """``probs`` with each row's tokens outside its nucleus at 0: the most probable tokens whose probability first
+    reaches ``top_p`` (a number or one per row) are kept."""
+    top_p = torch.as_tensor(top_p, dtype=probs.dtype, device=probs.device).reshape(-1, 1)
+    if not (top_p < 1).any():
+        return probs
+    ordered, order = probs.sort(-1, descending=True)
+    kept = (ordered.cumsum(-1) - ordered) < top_p  # the mass of the more probable tokens is still short of top_p
+    return probs * torch.zeros_like(kept).scatter(-1, order, kept)
 
 
 def first_token_logits(logits, vocab, threshold, has_rows, forced):
@@ -204,9 +223,10 @@ def next_token_logits(logits, vocab, blocked):
     return logits.masked_fill(blocked.unsqueeze(-1) & memory, float("-inf"))
 
 
-def next_tokens(logits, vocab, blocked, temperature, generator) -> torch.Tensor:
-    """The next token of each row; ``blocked`` rows (open set, or at their segment limit) get no memory token."""
-    return pick(next_token_logits(logits, vocab, blocked), temperature, generator)
+def next_tokens(logits, vocab, blocked, temperature, generator, top_p=None, generators=None) -> torch.Tensor:
+    """The next token of each row (``pick``); ``blocked`` rows (open set, or at their segment limit) get no memory
+    token."""
+    return pick(next_token_logits(logits, vocab, blocked), temperature, generator, top_p, generators)
 
 
 class BlankLineStop:
@@ -261,14 +281,15 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
     ]
 
 
-def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None):
+def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None, schemas=None):
     """Encode ``ids`` (the new tokens of each row, after what ``cache`` holds; ``mask`` covers both) and decode each row
     up to EOS or ``config.max_new_tokens``: the rows' token lists (EOS included; a row done before the others is
     filled with EOS), their memory mass, which rows answer as the plain backbone, the cache (it holds every token
     fed, i.e. all but each row's last) and its attention mask (0 where a column is padding or fed after a row was done).
 
     ``forced``: per row a memory id to start with, or -1 (route).  ``allowed``: (rows, bank rows) bool, the memory
-    tokens each row may use at all (default: every one); a row with none answers as the plain backbone.
+    tokens each row may use at all (default: every one); a row with none answers as the plain backbone.  ``schemas``:
+    per bank row, the tool schema to decode under instead of the bank's (``argument_grammar``).
     """
     vocab, eos = model.vocab_size, model.backbone.eos_token_id
     index, steer = model.memory_matrices()
@@ -280,7 +301,7 @@ def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None
     token, plain, mass = first_tokens(logits, vocab, config.threshold, has_rows, forced, config.temperature, generator)
 
     steps = model.is_memory(token).long()
-    grammar = argument_grammar(model, rows, config)
+    grammar = argument_grammar(model, rows, config, schemas)
     stop = BlankLineStop(model.backbone.tokenizer, vocab, ids.device) if config.stop_at_blank_line else None
     done = (token == eos) | (stop.update(token) if stop else False)
     generated = [token]
@@ -310,15 +331,17 @@ def _only(logits: torch.Tensor, allowed: torch.Tensor | None, vocab: int) -> tor
     return logits
 
 
-def argument_grammar(model: TokMemModel, rows: int, config: DecodeConfig):
+def argument_grammar(model: TokMemModel, rows: int, config: DecodeConfig, schemas: list | None = None):
     """The ``ArgumentGrammar`` of a batch of ``rows``, or None when no tool row has a schema (or ``config.schema``
-    is off): then nothing is constrained and the grammar backend is not even imported.  The bank's schemas are
-    compiled (or found compiled) here, before decoding starts; one that cannot be is a ``SchemaError`` naming it."""
-    if not config.schema or not any(schema is not None for schema in model.bank.schemas):
+    is off): then nothing is constrained and the grammar backend is not even imported.  ``schemas``: per bank row,
+    the schema to use instead of the bank's (a client's, ``tokmem.chat.tool_schemas``).  The schemas are compiled (or
+    found compiled) here, before decoding starts; one that cannot be is a ``SchemaError`` naming it."""
+    schemas = model.bank.schemas if schemas is None else schemas
+    if not config.schema or not any(schema is not None for schema in schemas):
         return None
     from tokmem.grammar import ArgumentGrammar, grammars_for
 
-    grammars = grammars_for(model.backbone.tokenizer, model.vocab_size).rows(model.bank.schemas, config.references)
+    grammars = grammars_for(model.backbone.tokenizer, model.vocab_size).rows(schemas, config.references)
     return ArgumentGrammar([grammars] * rows, model.vocab_size, model.backbone.eos_token_id)
 
 

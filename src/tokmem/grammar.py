@@ -19,6 +19,10 @@ are values) do not.
 ``ArgumentGrammar`` is pure over token ids and logits, so any decoding loop (``decode``, the server's engine)
 can use it: ``advance(tokens)`` after each step, ``constrain(logits)`` before each pick.  While a row's JSON is
 open its memory tokens and EOS are masked; once it closes, only EOS or a memory token (the next call) may follow.
+
+A row may also answer under a whole-response grammar (OpenAI's ``response_format``): its text is then that JSON
+from its first token.  Until the row has a token, only its vocabulary is constrained (its memory tokens stay as
+routing leaves them: the turn may still start with a tool call, which then follows its tool's grammar instead).
 """
 
 from __future__ import annotations
@@ -134,36 +138,43 @@ def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 class ArgumentGrammar:
-    """Per decoded row, the matcher of the tool arguments it is writing (None: unconstrained).
+    """Per decoded row, the matcher of the JSON it is writing (None: unconstrained).
 
     ``grammars[i][r]`` is, for decoded row i, its bank row r's compiled argument grammar (``Grammars.rows``), or
     None (a text row, or a tool without a schema: decoded as before); rows of one batch may use different banks (the
-    server's engine).  Nothing is compiled here: whoever decodes compiles first, so a schema's failure is its
-    sender's alone.  ``select`` and ``join`` follow the rows as they leave and join a running batch.
+    server's engine).  ``responses[i]``: row i's compiled whole-response grammar, or None (default: none).  Nothing
+    is compiled here: whoever decodes compiles first, so a schema's failure is its sender's alone.  ``select`` and
+    ``join`` follow the rows as they leave and join a running batch.
     """
 
-    def __init__(self, grammars: list[list], vocab_size: int, eos: int):
+    def __init__(self, grammars: list[list], vocab_size: int, eos: int, responses: list | None = None):
         self.grammars, self.vocab, self.eos = list(grammars), vocab_size, eos
-        self.matchers: list[xgrammar.GrammarMatcher | None] = [None] * len(self.grammars)
+        responses = responses or [None] * len(self.grammars)
+        self.matchers = [None if r is None else xgrammar.GrammarMatcher(r) for r in responses]
+        self.started = [False] * len(self.grammars)  # whether the row has its first token (see the module's docstring)
         self.batch = xgrammar.BatchGrammarMatcher(max_threads=1)
 
     def select(self, keep: list[int]) -> "ArgumentGrammar":
         """The rows ``keep``, with their matchers as they are."""
-        return self._with([self.grammars[i] for i in keep], [self.matchers[i] for i in keep])
+        return self._with(*([values[i] for i in keep] for values in self._rows()))
 
     def join(self, other: "ArgumentGrammar") -> "ArgumentGrammar":
         """These rows, then ``other``'s."""
-        return self._with(self.grammars + other.grammars, self.matchers + other.matchers)
+        return self._with(*(mine + theirs for mine, theirs in zip(self._rows(), other._rows())))
 
-    def _with(self, grammars, matchers) -> "ArgumentGrammar":
+    def _rows(self) -> tuple[list, list, list]:
+        return self.grammars, self.matchers, self.started
+
+    def _with(self, grammars, matchers, started) -> "ArgumentGrammar":
         grammar = ArgumentGrammar(grammars, self.vocab, self.eos)
-        grammar.matchers, grammar.batch = matchers, self.batch
+        grammar.matchers, grammar.started, grammar.batch = matchers, started, self.batch
         return grammar
 
     def advance(self, tokens: torch.Tensor) -> None:
         """Feed each row's new token: a memory token starts its tool's grammar (or none); EOS ends the row's."""
         tokens = tokens.tolist()
         for i, token in enumerate(tokens):
+            self.started[i] = True
             if token >= self.vocab:
                 compiled = self.grammars[i][token - self.vocab]
                 self.matchers[i] = None if compiled is None else xgrammar.GrammarMatcher(compiled)
@@ -191,8 +202,9 @@ class ArgumentGrammar:
                 self.matchers[active[k]] = None
             return self.constrain(logits)
         allowed = allowed.to(logits.device)
-        closed = allowed[:, self.eos]  # the JSON is complete: the next call's memory token may follow
+        # the JSON is complete (the next call's memory token may follow), or the row has no token yet (routing decides)
+        memory = allowed[:, self.eos] | ~torch.tensor([self.started[i] for i in active], device=logits.device)
         rows = torch.tensor(active, device=logits.device)
         logits[rows, : self.vocab] = logits[rows, : self.vocab].masked_fill(~allowed, float("-inf"))
-        logits[rows, self.vocab :] = logits[rows, self.vocab :].masked_fill(~closed.unsqueeze(-1), float("-inf"))
+        logits[rows, self.vocab :] = logits[rows, self.vocab :].masked_fill(~memory.unsqueeze(-1), float("-inf"))
         return logits

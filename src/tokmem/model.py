@@ -14,6 +14,7 @@ from transformers import DynamicCache
 from tokmem import distributed
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone
 from tokmem.bank import MemoryBank
+from tokmem.errors import BankError
 from tokmem.sequences import IGNORE, positions
 
 
@@ -217,6 +218,28 @@ def load(bank_path, backbone: str | Backbone | None = None, **load_options) -> T
     if isinstance(backbone, str):
         backbone = load_backbone(backbone, **load_options)
     return TokMemModel(backbone, MemoryBank.load(bank_path, backbone=backbone))
+
+
+def compose(models: list[TokMemModel], names: list[str] | None = None) -> TokMemModel:
+    """One model over several banks of one backbone: their rows one after another (``MemoryBank.merge``), so a turn
+    may route to any of them (``tokmem.chat``, the server's ``model: "travel+billing"``).  ``names``: the banks'
+    names, for errors.  Banks of other backbones, or sharing a procedure name, are a ``BankError`` naming them."""
+    names = names or [f"bank {k}" for k in range(len(models))]
+    first = models[0]
+    bank = MemoryBank(first.bank.hidden_size, first.bank.decoupled, first.bank.backbone)
+    owner: dict[str, str] = {}
+    for name, model in zip(names, models):
+        if model.backbone is not first.backbone:
+            raise BankError(f"cannot compose '{name}': it is loaded on another backbone than '{names[0]}'")
+        clash = [procedure for procedure in model.bank.names if procedure in owner]
+        if clash:
+            raise BankError(
+                f"cannot compose '{owner[clash[0]]}' and '{name}': both have {', '.join(map(repr, clash))} "
+                "(procedure names must be unique across the banks)"
+            )
+        owner.update(dict.fromkeys(model.bank.names, name))
+        bank.merge(model.bank)
+    return TokMemModel(first.backbone, bank)
 
 
 def _shared_width(ids: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:

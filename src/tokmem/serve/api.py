@@ -38,7 +38,15 @@ from starlette.routing import Match
 from tokmem.chat import Reply, conversation_ids, reply_from, starts_calls
 from tokmem.errors import TokMemError, cut
 from tokmem.sequences import chat_prefix
-from tokmem.serve.banks import BankConflict, BankNotFound, BankRegistry, BankUnusable, BankWriteError, stamp
+from tokmem.serve.banks import (
+    BankConflict,
+    BankNotFound,
+    BankRegistry,
+    BankUnusable,
+    BankVersion,
+    BankWriteError,
+    stamp,
+)
 from tokmem.serve.config import ServeConfig
 from tokmem.serve.engine import Engine, Handle, Overloaded
 from tokmem.serve.engine import Request as EngineRequest
@@ -53,7 +61,7 @@ from tokmem.serve.protocol import (
     Shape,
     TokMemOptions,
 )
-from tokmem.serve.stream import CallDeltas, Deltas, IncrementalText
+from tokmem.serve.stream import CallDeltas, Deltas, IncrementalText, StopSequences
 
 log = logging.getLogger(__name__)
 GRACE = 5.0  # seconds past a request's time limit before the route stops waiting for the engine
@@ -202,7 +210,7 @@ class Answers:
             reply = _reply(handle, turn)
             choice = shape.choice(reply.content, reply.finish_reason, False, [c.to_openai() for c in reply.tool_calls])
         else:
-            choice = shape.choice(handle.generation().text, handle.finish_reason, stream=False)
+            choice = shape.choice(_text(handle), handle.finish_reason, stream=False)
         return {
             "id": _id(shape),
             "object": shape.object,
@@ -239,6 +247,8 @@ class Answers:
                 code="context_length_exceeded",
             )
         allowed, forced, threshold = body.routing(bank.model)
+        references = isinstance(query, str)  # a chat answers as tokmem.chat: arguments are values
+        tools, response = await run_in_threadpool(self._grammars, body, bank, references)
         return self.engine.submit(
             EngineRequest(
                 bank,
@@ -248,14 +258,32 @@ class Answers:
                 max_steps=body.steps(),
                 threshold=threshold,
                 temperature=body.temperature,
+                top_p=body.top_p,
+                seed=body.seed,
+                stop=StopSequences(body.stop),
                 forced=forced,
                 ignore_eos=body.ignore_eos,
                 timeout=config.timeout,
                 allowed=allowed,
                 schema=body.bind_schema,
-                references=isinstance(query, str),  # a chat answers as tokmem.chat: arguments are values
+                grammars=tools,
+                response=response,
+                references=references,
             )
         )
+
+    def _grammars(self, body: TokMemOptions, bank: BankVersion, references: bool) -> tuple[list | None, object]:
+        """The request's own grammars, compiled before it reaches the engine (within the server's schema budget):
+        its tools' arguments under the client's ``parameters`` (None: the bank's), its whole response's (None: free
+        text).  A schema that cannot compile is this request's 400 (``SchemaError``, naming the field)."""
+        grammars, names = self.registry.grammars, bank.model.bank.names
+        schemas = body.tool_schemas(bank.model)
+        tools = schemas and [
+            None if schema is None else grammars.arguments(schema, references, f"tools['{names[row]}'].parameters")
+            for row, schema in enumerate(schemas)
+        ]
+        schema = body.response_schema()
+        return tools, None if schema is None else grammars.compile(schema, "response_format.json_schema.schema")
 
     async def wait(self, handle: Handle, request: Request) -> None:
         """Wait for the answer; a client that goes away meanwhile frees its row."""
@@ -287,7 +315,7 @@ class Answers:
                     if piece:
                         yield sse({**meta, "choices": [shape.choice(None, None, True, piece)]})
                 else:
-                    piece = deltas.update(text.update(tokens))
+                    piece = deltas.update(handle.request.stop.cut(text.update(tokens), final=False))
                     if piece:
                         yield sse({**meta, "choices": [shape.choice(piece, None, stream=True)]})
             try:
@@ -300,7 +328,7 @@ class Answers:
                 rest = calls.final([(c.name, c.arguments) for c in reply.tool_calls])
                 last = shape.choice(deltas.final(reply.content or "") or None, reply.finish_reason, True, rest)
             else:
-                last = shape.choice(deltas.final(handle.generation().text) or None, handle.finish_reason, stream=True)
+                last = shape.choice(deltas.final(_text(handle)) or None, handle.finish_reason, stream=True)
             yield sse({**meta, "choices": [last], "tokmem": tokmem_field(handle)})
             if include_usage:
                 yield sse({**meta, "choices": [], "usage": usage(handle)})
@@ -325,11 +353,21 @@ def _prompt(model, query: str | list[dict]) -> list[int]:
 
 
 def _reply(handle: Handle, turn: int) -> Reply:
-    """The chat answer (``tokmem.chat``'s ``Reply``); a request the engine ended early keeps the engine's reason."""
+    """The chat answer (``tokmem.chat``'s ``Reply``, its text up to a stop sequence); a request the engine ended
+    early keeps the engine's reason."""
     reply = reply_from(handle.request.bank.model, handle.tokens, handle.plain, turn)
-    if handle.finish_reason not in ("stop", "length"):
+    if reply.content is not None:
+        reply.content = handle.request.stop.cut(reply.content)
+    ended_early = handle.finish_reason not in ("stop", "length")
+    stop_sequence = handle.finish_reason == "stop" and reply.finish_reason == "length"  # no EOS: a stop sequence
+    if ended_early or stop_sequence:
         reply.finish_reason = handle.finish_reason
     return reply
+
+
+def _text(handle: Handle) -> str:
+    """A text completion's answer, up to a stop sequence."""
+    return handle.request.stop.cut(handle.generation().text)
 
 
 async def _finished(handle: Handle) -> None:
@@ -397,6 +435,17 @@ def _allowed(app: FastAPI, scope) -> list[str]:
     return sorted({m for r in app.routes if r.matches(scope)[0] != Match.NONE for m in getattr(r, "methods", ()) or ()})
 
 
+UNKNOWN_FIELD = "not a field this server takes (see docs/serving.md for the OpenAI fields it implements)"
+LOGGED = 300  # characters of a refusal's message that go to the server log
+
+
+def _refused(request: Request, err: ApiError):
+    """The error's response; a client's error (4xx) is logged with its message, which names the field."""
+    if err.status < 500:
+        log.warning("%s %s refused with %d: %s", request.method, request.url.path, err.status, err.message[:LOGGED])
+    return err.response()
+
+
 def _error_handlers(app: FastAPI) -> None:
     statuses = [
         (BankNotFound, 404, "model_not_found"),
@@ -409,24 +458,25 @@ def _error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(request, err: ApiError):
-        return err.response()
+        return _refused(request, err)
 
     @app.exception_handler(TokMemError)
     async def tokmem_error(request, err: TokMemError):
         status, code = next((s, c) for kind, s, c in statuses if isinstance(err, kind))
         kind = {429: "rate_limit_error", 500: "server_error"}.get(status, "invalid_request_error")
-        return ApiError(status, str(err), kind, code).response()
+        return _refused(request, ApiError(status, str(err), kind, code))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, err: RequestValidationError):
         first = err.errors()[0]
         where = cut(".".join(str(part) for part in first["loc"] if part != "body"), 120)
-        return ApiError(400, f"{where}: {first['msg']}" if where else first["msg"], param=where or None).response()
+        message = UNKNOWN_FIELD if first["type"] == "extra_forbidden" else first["msg"]
+        return _refused(request, ApiError(400, f"{where}: {message}" if where else message, param=where or None))
 
     @app.exception_handler(HTTPException)
     async def http_error(request, err: HTTPException):
         headers = {"Allow": ", ".join(_allowed(app, request.scope))} if err.status_code == 405 else err.headers
-        return ApiError(err.status_code, str(err.detail), "invalid_request_error", headers=headers).response()
+        return _refused(request, ApiError(err.status_code, str(err.detail), "invalid_request_error", headers=headers))
 
     @app.exception_handler(Exception)
     async def unexpected(request, err: Exception):

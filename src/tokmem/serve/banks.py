@@ -10,6 +10,10 @@ compiled before any request decodes with it: the engine never compiles.
 
 The directory is the source of truth: each use compares the files' size and modification time with
 those of the resident version, and reloads a bank changed on disk or forgets one removed from it.
+
+A request may name several banks joined by ``+`` (``travel+billing``): ``get`` composes them
+(``tokmem.model.compose``: their rows one after another, procedure names unique) into one version that the engine
+gathers per row like any bank; a composition is kept resident like a bank and made again when a part changes.
 """
 
 from __future__ import annotations
@@ -30,12 +34,14 @@ from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank, metadata_path, write_files
 from tokmem.errors import BankError, cut
 from tokmem.grammar import grammars_for
-from tokmem.model import TokMemModel
+from tokmem.model import TokMemModel, compose
 from tokmem.schemas import Budget, SchemaError
 
 log = logging.getLogger(__name__)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 SUFFIX = ".safetensors"
+JOIN = "+"  # joins the names of banks composed for one request
+MAX_JOINED = 16  # banks one request may compose
 
 
 class BankNotFound(BankError):
@@ -63,7 +69,7 @@ class BankVersion:
     model: TokMemModel  # the shared backbone with this bank (procedure names, memory ids, traces)
     index: torch.Tensor  # (rows, d) on the device, in the backbone's dtype
     steer: torch.Tensor
-    stamp: tuple  # the two files' (size, mtime) when loaded: a different stamp means they changed on disk
+    stamp: tuple  # the two files' (size, mtime) when loaded (a composition: its parts' revisions); another: changed
     grammars: dict  # references (True/False) -> per row, its tool's compiled argument grammar or None
 
     @property
@@ -115,7 +121,9 @@ class BankRegistry:
 
     def get(self, name: str) -> BankVersion:
         """The current version of a bank, loading it on first use or when its files changed on disk
-        (least recently used ones leave)."""
+        (least recently used ones leave); of several banks joined by ``+``, their composition."""
+        if JOIN in name:
+            return self._composed(name)
         path = self.path(name)
         with self._lock:
             version, now = self._resident.get(name), stamp(path)
@@ -124,6 +132,28 @@ class BankRegistry:
                 raise BankNotFound(f"no bank named '{name}'")
             if version is None or version.stamp != now:
                 version = self._install(name, path)
+            self._resident.move_to_end(name)
+            return version
+
+    def _composed(self, name: str) -> BankVersion:
+        names = name.split(JOIN)
+        if len(names) > MAX_JOINED:
+            raise BankError(f"a request may compose at most {MAX_JOINED} banks; {cut(repr(name))} joins {len(names)}")
+        parts = [self.get(part) for part in names]
+        revisions = tuple(part.revision for part in parts)
+        with self._lock:
+            version = self._resident.get(name)
+            if version is None or version.stamp != revisions:
+                version = BankVersion(
+                    name,
+                    JOIN.join(revisions),
+                    compose([part.model for part in parts], names),
+                    torch.cat([part.index for part in parts]),
+                    torch.cat([part.steer for part in parts]),
+                    revisions,
+                    {ref: [g for part in parts for g in part.grammars[ref]] for ref in (True, False)},
+                )
+                self._keep(version)
             self._resident.move_to_end(name)
             return version
 
@@ -190,11 +220,15 @@ class BankRegistry:
             when,
             grammars,
         )
-        self._resident[name] = version
-        self._resident.move_to_end(name)
+        self._keep(version)
+        return version
+
+    def _keep(self, version: BankVersion) -> None:
+        """Make ``version`` resident, the most recently used (the least recently used leave)."""
+        self._resident[version.name] = version
+        self._resident.move_to_end(version.name)
         while len(self._resident) > self.max_resident:
             self._resident.popitem(last=False)
-        return version
 
 
 def check_name(name: str) -> None:

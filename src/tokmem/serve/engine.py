@@ -15,9 +15,14 @@ chaining rules are ``tokmem.decode``'s, so greedy answers are token-identical to
 A request may limit the memory rows it routes to (``Request.allowed``: OpenAI's ``tools`` / ``tool_choice``,
 mapped by ``tokmem.chat.tool_routing``); the limit is folded into the row's ``valid`` columns, so it costs
 nothing per step.  After a tool row's memory token the arguments decode under the tool's schema where the bank
-has one (``tokmem.grammar``, compiled when the bank version was loaded: never here): the batch keeps one
-``ArgumentGrammar`` whose rows follow the batch's rows, its masks applied as one tensor op per step, as ``decode``
-does offline.
+has one, or the client's (``Request.grammars``), and a request with a whole-response schema (``response_format``)
+answers in its JSON from the first token (``tokmem.grammar``; every grammar compiled before the request reaches the
+engine: never here): the batch keeps one ``ArgumentGrammar`` whose rows follow the batch's rows, its masks applied
+as one tensor op per step, as ``decode`` does offline.
+
+Sampling (temperature > 0) takes each row's ``top_p``; a request with a ``seed`` draws from its own generator, so
+it samples the same answer whatever else is in the batch.  A text answer that reaches one of its request's ``stop``
+sequences ends there (``serve.stream.StopSequences``).
 
 Every admitted request is finished (answer, error, cancel or timeout), whatever happens to the
 others: a group whose prefill fails is prefilled again one request at a time, so only the requests
@@ -45,17 +50,20 @@ from tokmem.bank import MemoryBank
 from tokmem.decode import (
     DecodeConfig,
     Generation,
-    first_tokens,
+    first_token_logits,
     left_pad,
     left_pad_columns,
     next_tokens,
+    pick,
     to_generation,
 )
 from tokmem.errors import BackboneError, TokMemError
+from tokmem.chat import starts_calls
 from tokmem.grammar import ArgumentGrammar
 from tokmem.sequences import positions
 from tokmem.model import TokMemModel
 from tokmem.serve.banks import BankVersion
+from tokmem.serve.stream import IncrementalText, StopSequences
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +81,23 @@ class Request:
     max_steps: int = DecodeConfig.max_steps
     threshold: float = DecodeConfig.threshold
     temperature: float = DecodeConfig.temperature
+    top_p: float = 1.0  # nucleus sampling (temperature > 0)
+    seed: int | None = None  # sample from its own generator (the same answer whatever the batch); None: the engine's
+    stop: StopSequences = StopSequences()  # a text answer ends before the first of these
     forced: int = -1  # a memory id to start with (routing skipped), or -1
     ignore_eos: bool = False  # go on past EOS up to max_tokens (benchmarks: equal output lengths)
     allowed: torch.Tensor | None = None  # (bank rows,) bool: the memory rows it may use; None: every one
     schema: bool = DecodeConfig.schema  # tool arguments under their schemas, where the bank has them
+    grammars: list | None = None  # per bank row, its tool's compiled grammar (the client's schema); None: the bank's
+    response: object = None  # the compiled grammar a text answer decodes under from its first token (response_format)
     references: bool = DecodeConfig.references  # schema-bound arguments may be references (off for a chat)
     timeout: float | None = None  # seconds from submission
+
+    def tool_grammars(self) -> list:
+        """Per bank row, the compiled grammar its tool's arguments decode under (None: unconstrained)."""
+        if not self.schema:
+            return [None] * self.bank.rows
+        return self.bank.grammars[self.references] if self.grammars is None else self.grammars
 
 
 class Handle:
@@ -93,6 +112,8 @@ class Handle:
         self.error: str | None = None  # what went wrong, when the reason is error
         self.cancelled = False
         self.deadline = None if request.timeout is None else time.monotonic() + request.timeout
+        self.generator = None if request.seed is None else _generator(request.seed, request.bank.index.device)
+        self.text = IncrementalText(request.bank.model) if request.stop else None  # to find the stop sequences
         self._done = threading.Event()
         self._updated = asyncio.Event()
         try:
@@ -131,12 +152,18 @@ class Handle:
         if self.finished:  # failed this step
             return
         self.tokens.append(token)
-        if token == eos and not self.request.ignore_eos:
+        if (token == eos and not self.request.ignore_eos) or self._stopped_by_sequence():
             self._finish("stop")
         elif len(self.tokens) >= self.request.max_tokens:
             self._finish("length")
         else:
             self._notify()
+
+    def _stopped_by_sequence(self) -> bool:
+        """Whether the answer is text that has reached one of the request's stop sequences."""
+        if self.text is None or starts_calls(self.request.bank.model, self.tokens[0], self.plain):
+            return False
+        return self.request.stop.end(self.text.update(self.tokens)) is not None
 
     def _finish(self, reason: str) -> None:
         self.finish_reason = reason
@@ -164,6 +191,7 @@ class _Batch:
     plain: torch.Tensor  # open set: no memory tokens for this row
     max_steps: torch.Tensor
     temperature: torch.Tensor
+    top_p: torch.Tensor
     grammar: ArgumentGrammar | None = None  # the rows' schema-bound arguments; None: no row needs one
     index: torch.Tensor = field(init=False)  # (rows, widest bank, d): each row's own bank, padded
     steer: torch.Tensor = field(init=False)
@@ -192,7 +220,7 @@ class _Batch:
         start = int(mask.any(0).int().argmax())
         for layer in self.cache.layers:
             layer.keys, layer.values = layer.keys[rows, :, start:], layer.values[rows, :, start:]
-        state = [t[rows] for t in (self.position, self.last, self.steps, self.plain, self.max_steps, self.temperature)]
+        state = [t[rows] for t in self._state()]
         grammar = None if self.grammar is None else self.grammar.select(keep)
         return _Batch([self.handles[i] for i in keep], self.cache, mask[:, start:], *state, grammar)
 
@@ -205,9 +233,11 @@ class _Batch:
         theirs = other.grammar or argument_grammar([h.request for h in other.handles], always=True)
         return mine.join(theirs)
 
+    def _state(self) -> list[torch.Tensor]:
+        return [self.position, self.last, self.steps, self.plain, self.max_steps, self.temperature, self.top_p]
+
     def _cat(self, other: "_Batch") -> list[torch.Tensor]:
-        names = ("position", "last", "steps", "plain", "max_steps", "temperature")
-        return [torch.cat([getattr(self, n), getattr(other, n)]) for n in names]
+        return [torch.cat([mine, theirs]) for mine, theirs in zip(self._state(), other._state())]
 
 
 def bank_tables(banks: list[BankVersion], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -239,14 +269,24 @@ def request_tables(requests: list[Request], device) -> tuple[torch.Tensor, torch
 
 
 def argument_grammar(requests: list[Request], always: bool = False):
-    """The ``ArgumentGrammar`` of a batch of ``requests``: each row its bank version's grammars, compiled when the
-    version was made (so nothing compiles here), or none where the request switched schemas off; None when no row
-    has a schema to decode under, unless ``always``."""
-    grammars = [r.bank.grammars[r.references] if r.schema else [None] * r.bank.rows for r in requests]
-    if not always and all(grammar is None for row in grammars for grammar in row):
+    """The ``ArgumentGrammar`` of a batch of ``requests`` (each row its tool grammars, ``Request.tool_grammars``, and
+    its whole-response grammar), all compiled before (so nothing compiles here); None when no row has a grammar to
+    decode under, unless ``always``."""
+    grammars = [r.tool_grammars() for r in requests]
+    responses = [r.response for r in requests]
+    if not always and all(grammar is None for row in grammars + [responses] for grammar in row):
         return None
     model = requests[0].bank.model
-    return ArgumentGrammar(grammars, model.vocab_size, model.backbone.eos_token_id)
+    return ArgumentGrammar(grammars, model.vocab_size, model.backbone.eos_token_id, responses)
+
+
+def _generator(seed: int, device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def own_generators(handles: list[Handle]) -> dict[int, torch.Generator]:
+    """The rows that sample from their own generator (a request's ``seed``), for ``decode.pick``."""
+    return {i: h.generator for i, h in enumerate(handles) if h.generator is not None}
 
 
 def _fail_broken_rows(handles: list[Handle], logits: torch.Tensor) -> torch.Tensor:
@@ -376,17 +416,17 @@ class Engine:
         ids, mask = left_pad([r.prompt for r in requests], model.backbone.tokenizer.pad_token_id, device)
         position_ids = positions(mask)
         state = {
-            "max_steps": torch.tensor([r.max_steps for r in requests], device=device),
-            "temperature": torch.tensor([r.temperature for r in requests], device=device),
+            name: torch.tensor([getattr(r, name) for r in requests], device=device)
+            for name in ("max_steps", "temperature", "top_p", "threshold", "forced")
         }
         index, steer, valid = request_tables(requests, device)
         hidden, cache = model.hidden(ids, mask, position_ids, DynamicCache(config=model.lm.config), steer)
         logits = _fail_broken_rows(handles, model.logits(hidden[:, -1], index, valid).float())
-        threshold = torch.tensor([r.threshold for r in requests], device=device)
-        forced = torch.tensor([r.forced for r in requests], device=device)
-        token, plain, mass = first_tokens(
-            logits, vocab, threshold, valid.any(-1), forced, state["temperature"], self.generator
-        )
+        logits, plain, mass = first_token_logits(logits, vocab, state["threshold"], valid.any(-1), state["forced"])
+        grammar = argument_grammar(requests)
+        if grammar is not None:  # a whole-response schema binds the first token of a text answer
+            grammar.constrain(logits)
+        token = pick(logits, state["temperature"], self.generator, state["top_p"], own_generators(handles))
         for handle, p, m in zip(handles, plain.tolist(), mass.tolist()):
             handle.plain, handle.memory_mass = p, m
         self._record(handles, token)
@@ -400,7 +440,8 @@ class Engine:
             plain,
             state["max_steps"],
             state["temperature"],
-            argument_grammar(requests),
+            state["top_p"],
+            grammar,
         )
 
     def _decode(self) -> None:
@@ -413,8 +454,9 @@ class Engine:
         if batch.grammar is not None:
             batch.grammar.advance(batch.last)
             batch.grammar.constrain(logits)
+        blocked = batch.plain | (batch.steps >= batch.max_steps)
         token = next_tokens(
-            logits, vocab, batch.plain | (batch.steps >= batch.max_steps), batch.temperature, self.generator
+            logits, vocab, blocked, batch.temperature, self.generator, batch.top_p, own_generators(batch.handles)
         )
         batch.mask, batch.last, batch.position = mask, token, batch.position + 1
         batch.steps = batch.steps + self.model.is_memory(token).long()

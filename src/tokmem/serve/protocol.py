@@ -5,10 +5,13 @@ temperatures are 0 (greedy) or at least ``MIN_TEMPERATURE``, integers have upper
 finite, and every string must be encodable as UTF-8 (a lone surrogate such as ``"\\ud800"`` is refused
 with 400 rather than reaching the tokenizer).
 
-OpenAI's tools API: ``tools`` (function tools: the bank's tool rows of those names), ``tool_choice``,
-``parallel_tool_calls`` (false: at most one call a turn, i.e. one memory token), assistant messages with
-``tool_calls`` and ``role: "tool"`` results.  The OpenAI fields in ``OFF`` are not implemented: a request may
-send them only with the value that leaves them off, anything else is a 400 naming the field, never ignored.
+OpenAI's tools API: ``tools`` (function tools: the bank's tool rows of those names, their ``parameters`` binding the
+arguments: ``tokmem.chat.tool_schemas``), ``tool_choice``, ``parallel_tool_calls`` (false: at most one call a turn,
+i.e. one memory token), assistant messages with ``tool_calls`` and ``role: "tool"`` results; ``response_format``
+(``json_object`` / ``json_schema``: the answer's text decodes under the schema), ``top_p``, ``stop``, ``seed``.
+The OpenAI fields in ``OFF`` are not implemented: a request may send them only with the value that leaves them off,
+anything else is a 400 naming the field, never ignored.  ``IGNORED`` fields are OpenAI's metadata about a request
+(this server stores nothing): accepted, without effect.  Any other field is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -16,11 +19,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import torch
 from fastapi.responses import JSONResponse
-from pydantic import AfterValidator, BaseModel, Field, JsonValue, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from starlette.exceptions import HTTPException
 
-from tokmem.chat import tool_routing
+from tokmem.chat import tool_routing, tool_schemas
 from tokmem.errors import cut
 from tokmem.decode import DecodeConfig
 
@@ -28,19 +41,21 @@ MIN_TEMPERATURE = 0.01  # below it (except 0, greedy) sampling is greedy in all 
 MAX_STEPS = 64  # segments (memory tokens) per answer
 MAX_INT = 2**31 - 1  # the largest integer a client may send anywhere
 NAME = 200  # the longest bank, procedure or tool name (and tool call id)
+MAX_STOPS = 4  # stop sequences per request (as OpenAI)
 MAX_MESSAGE = 2000  # the longest error message (what it echoes of the input is cut before, see errors.cut)
 # the OpenAI fields this server does not implement, and the values that leave them off (the only ones accepted)
 OFF = {
-    "stop": (None, "", []),
-    "seed": (None,),
-    "top_p": (None, 1),
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
     "frequency_penalty": (None, 0),
     "presence_penalty": (None, 0),
     "logit_bias": (None, {}),
-    "response_format": (None, {"type": "text"}),
+    "service_tier": (None, "auto", "default"),
+    "functions": (None,),
+    "function_call": (None,),
 }
+LEGACY = {"functions": "tools", "function_call": "tool_choice"}  # OpenAI's deprecated fields and what replaced them
+IGNORED = ("user", "metadata", "store")  # OpenAI's metadata about a request: accepted, without effect
 
 
 def _utf8(text: str) -> str:
@@ -95,8 +110,38 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    name: Text = Field(max_length=NAME)
+    description: Text | None = None
+    schema_: dict[str, JsonValue] = Field(
+        {"type": "object"}, alias="schema", description="the JSON schema the answer's text decodes under"
+    )
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> "ResponseFormat":
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is given with type 'json_schema', and only then")
+        return self
+
+    def answer_schema(self) -> dict | None:
+        """The schema the answer's text decodes under (any JSON object for ``json_object``), or None (text)."""
+        if self.type == "text":
+            return None
+        return {"type": "object"} if self.json_schema is None else self.json_schema.schema_
+
+
 class TokMemOptions(BaseModel):
-    model: Text = Field(description="the bank", max_length=200)
+    model_config = ConfigDict(extra="forbid")  # a field this server does not know is refused by name, never ignored
+
+    model: Text = Field(
+        description="the bank, or several banks of the backbone joined by '+' (their rows together)", max_length=1000
+    )
     max_tokens: int | None = Field(None, ge=1, le=MAX_INT)
     temperature: float = Field(
         DecodeConfig.temperature,
@@ -105,7 +150,12 @@ class TokMemOptions(BaseModel):
         allow_inf_nan=False,
         description=f"0 (the default here) is greedy; else at least {MIN_TEMPERATURE}",
     )
-    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False, description="nucleus sampling (temperature > 0)")
+    seed: int | None = Field(
+        None, ge=-(2**63), lt=2**64, description="sampling seed: the same request samples the same answer"
+    )
+    stop: Text | list[Text] | None = Field((), description=f"up to {MAX_STOPS} sequences that end a text answer")
+    n: int | None = Field(1, description="one choice per request")
     stream: bool = False
     stream_options: StreamOptions | None = None
     procedure: Text | None = Field(None, max_length=200, description="force this procedure (routing skipped)")
@@ -125,16 +175,35 @@ class TokMemOptions(BaseModel):
         alias="schema",
         description="decode a tool's arguments under its JSON schema, where the bank has one",
     )
+    user: Text | None = Field(None, max_length=NAME, description="accepted, without effect (OpenAI's metadata)")
+    metadata: dict[str, Text] | None = Field(
+        None, max_length=16, description="accepted, without effect (OpenAI's metadata)"
+    )
+    store: bool | None = Field(None, description="accepted, without effect: this server stores nothing")
     # not implemented (``OFF``): typed as OpenAI types them, refused unless off
-    stop: Text | list[Text] | None = None
-    seed: int | None = None
-    top_p: float | None = Field(None, allow_inf_nan=False)
     logprobs: bool | None = None
     top_logprobs: int | None = None
     frequency_penalty: float | None = Field(None, allow_inf_nan=False)
     presence_penalty: float | None = Field(None, allow_inf_nan=False)
     logit_bias: dict[str, float] | None = None
-    response_format: dict[str, JsonValue] | None = None
+    service_tier: Text | None = None
+    functions: list[dict[str, JsonValue]] | None = Field(None, description="legacy: refused (send tools)")
+    function_call: Text | dict[str, JsonValue] | None = Field(None, description="legacy: refused (send tool_choice)")
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: int | None) -> int:
+        if value not in (None, 1):
+            raise ValueError("this server answers one choice per request: send n=1, or leave it out")
+        return 1
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> tuple[str, ...]:
+        stops = tuple(s for s in ([value] if isinstance(value, str) else value or []) if s)
+        if len(stops) > MAX_STOPS or any(len(s) > NAME for s in stops):
+            raise ValueError(f"send at most {MAX_STOPS} stop sequences of at most {NAME} characters each")
+        return stops
 
     @field_validator("temperature")
     @classmethod
@@ -148,12 +217,25 @@ class TokMemOptions(BaseModel):
     def _off(cls, value: Any, info: ValidationInfo) -> Any:
         if not any(value == off and isinstance(value, bool) == isinstance(off, bool) for off in OFF[info.field_name]):
             offs = " or ".join("null" if off is None else repr(off) for off in OFF[info.field_name])
-            raise ValueError(f"{info.field_name} is not supported by this server (send {offs}, or leave it out)")
+            instead = (
+                f"; it is the legacy form of {LEGACY[info.field_name]}: send that" if info.field_name in LEGACY else ""
+            )
+            raise ValueError(
+                f"{info.field_name} is not supported by this server (send {offs}, or leave it out){instead}"
+            )
         return value
 
     def routing(self, model) -> tuple[Any, int, float]:
         """(allowed bank rows or None, forced memory id or -1, threshold): ``procedure`` forces one."""
         return None, -1 if self.procedure is None else model.memory_id(self.procedure), self.threshold
+
+    def tool_schemas(self, model) -> list[dict | None] | None:
+        """Per bank row, the schema its tool's arguments decode under; None: the bank's."""
+        return None
+
+    def response_schema(self) -> dict | None:
+        """The schema the answer's text decodes under from its first token; None: free text."""
+        return None
 
     def steps(self) -> int:
         return self.max_steps
@@ -214,9 +296,9 @@ class Function(BaseModel):
     name: Text = Field(max_length=NAME)
     description: Text | None = None
     parameters: dict[str, JsonValue] | None = Field(
-        None, description="not used: the bank's own schema binds the arguments"
+        None, description="binds the arguments (over the names the bank's tool learned); absent: the bank's schema"
     )
-    strict: bool | None = None
+    strict: bool | None = Field(None, description="the arguments always follow the schema, strict or not")
 
 
 class Tool(BaseModel):
@@ -241,6 +323,9 @@ class ChatBody(TokMemOptions):
     )
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice = "auto"
     parallel_tool_calls: bool | None = Field(None, description="false: at most one tool call a turn")
+    response_format: ResponseFormat | None = Field(
+        None, description="json_object / json_schema: a text answer is JSON under the schema (text rows masked)"
+    )
 
     @model_validator(mode="after")
     def _one_way_to_route(self) -> "ChatBody":
@@ -254,7 +339,18 @@ class ChatBody(TokMemOptions):
             return super().routing(model)
         names = None if self.tools is None else [tool.function.name for tool in self.tools]
         choice = self.tool_choice if isinstance(self.tool_choice, str) else self.tool_choice.model_dump()
-        return tool_routing(model, names, choice, self.threshold)
+        allowed, forced, threshold = tool_routing(model, names, choice, self.threshold)
+        if self.response_schema() is not None:  # the answer is tool calls or the response's JSON: no text row's words
+            allowed = allowed & torch.tensor(
+                [kind == "tool" for kind in model.bank.kinds], dtype=torch.bool, device=allowed.device
+            )
+        return allowed, forced, threshold
+
+    def tool_schemas(self, model) -> list[dict | None] | None:
+        return tool_schemas(model, [tool.model_dump(exclude_none=True) for tool in self.tools or []])
+
+    def response_schema(self) -> dict | None:
+        return None if self.response_format is None else self.response_format.answer_schema()
 
     def steps(self) -> int:
         return 1 if self.parallel_tool_calls is False else self.max_steps

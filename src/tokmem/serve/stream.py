@@ -3,12 +3,14 @@
 ``IncrementalText`` splits a request's tokens into segments as ``tokmem.decode`` does and decodes each
 token once: per segment it keeps a short window of recent tokens and decodes only that window (the
 text of a byte-level tokenizer is the concatenation of its windows' texts), so an update costs the
-new tokens, not the whole answer.  ``Deltas`` sends only text that will not change.
+new tokens, not the whole answer.  ``Deltas`` sends only text that will not change; ``StopSequences``
+cuts a text answer at a request's ``stop`` sequences.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from tokmem.chat import call_id
 from tokmem.data.procedures import assemble_call
@@ -134,3 +136,29 @@ class Deltas:
             return ""
         delta, self.sent = text[len(self.sent) :], text
         return delta
+
+
+@dataclass(frozen=True)
+class StopSequences:
+    """OpenAI's ``stop``: a text answer ends before the first of these sequences (none: it never does)."""
+
+    sequences: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.sequences)
+
+    def end(self, text: str) -> int | None:
+        """Where the first stop sequence in ``text`` begins, or None."""
+        found = [i for i in (text.find(s) for s in self.sequences) if i >= 0]
+        return min(found) if found else None
+
+    def cut(self, text: str, final: bool = True) -> str:
+        """``text`` up to its first stop sequence; unless ``final``, also short of an ending that may begin one
+        (a stream must not send what a later token may turn into a stop sequence)."""
+        end = self.end(text)
+        if end is not None:
+            return text[:end]
+        if final:
+            return text
+        partial = max((k for s in self.sequences for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        return text[: len(text) - partial]
