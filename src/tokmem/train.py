@@ -22,6 +22,7 @@ from tokmem.data.procedures import Example, tool_procedures
 from tokmem.errors import TokMemError
 from tokmem.sequences import RESULT_TOKENS, Encoded, TruncationCount, collate, encode, to_device
 from tokmem.model import TokMemModel
+from tokmem.prefix_store import PrefixStore, default_budget
 
 
 Init = Literal["mean", "orthogonal"]
@@ -64,6 +65,11 @@ class TrainConfig:
         False, "batch sequences of similar length together (less padding; each epoch still shuffled)"
     )
     bf16: bool | None = option(None, "bf16 autocast (default: on CUDA only)")
+    prefix_cache_gib: float | None = option(
+        None,
+        "memory for the query prefixes' KV states, kept from one epoch to the next (GiB; default: a quarter of the "
+        "memory free when training starts; 0: none, each epoch encodes them again)",
+    )
     fsdp: bool = option(
         False,
         "under torchrun / accelerate: shard the frozen backbone's decoder layers across the processes (FSDP2), "
@@ -94,6 +100,7 @@ class TrainReport:
     truncated: TruncationCount = field(default_factory=TruncationCount)
     new_procedures: list[str] = field(default_factory=list)
     renorm_target: float | None = None
+    prefix_cache_bytes: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -111,6 +118,7 @@ class TrainReport:
             "truncated_responses": self.truncated.responses,
             "new_procedures": self.new_procedures,
             "renorm_target": self.renorm_target,
+            "prefix_cache_bytes": self.prefix_cache_bytes,
         }
 
 
@@ -212,6 +220,7 @@ def fit(
     report = TrainReport() if report is None else report
     steps = steps if steps is not None else _steps([len(e.input_ids) for e in encoded], config)
     total = len(steps)
+    prefixes = prefix_store(model, config, steps)
     rows = model.unfreeze_rows() if model.bank.trainable.any() else []
     groups = [{"params": rows}] if rows else []
     optimizer = torch.optim.AdamW([*groups, *param_groups], lr=config.lr, weight_decay=config.weight_decay)
@@ -227,7 +236,7 @@ def fit(
     try:
         for step in steps:
             chunk = distributed.shard([encoded[i] for i in step])
-            loss = _step(model, optimizer, chunk, config, report, filler=encoded[step[0]])
+            loss = _step(model, optimizer, chunk, config, report, encoded[step[0]], prefixes)
             scheduler.step()
             report.steps += 1
             report.losses.append(loss)
@@ -242,9 +251,21 @@ def fit(
                     model.bank.save(config.checkpoint)
     finally:
         bar.close()
+        report.prefix_cache_bytes = prefixes.used if prefixes else 0
         if rows:
             model.commit_rows()
     return report
+
+
+def prefix_store(model: TokMemModel, config: TrainConfig, steps: list[list[int]]) -> PrefixStore | None:
+    """Where the query prefixes' states are kept for the examples that come again (a later epoch): nowhere when none
+    does, with a zero budget, or under ``fsdp`` (every rank must run the same passes, and the ranks' stores differ)."""
+    order = [i for step in steps for i in step]
+    if config.fsdp or config.prefix_cache_gib == 0 or len(set(order)) == len(order):
+        return None
+    if config.prefix_cache_gib is None:
+        return PrefixStore(default_budget(model.device))
+    return PrefixStore(int(config.prefix_cache_gib * 2**30))
 
 
 def row_kinds(names: list[str], examples: list[Example], config: TrainConfig) -> list[str]:
@@ -280,11 +301,12 @@ def _require_trainable_rows(model: TokMemModel) -> None:
         raise TokMemError("the bank has no trainable rows: add procedures first (or use learn())")
 
 
-def _step(model, optimizer, chunk, config, report, filler: Encoded) -> float:
+def _step(model, optimizer, chunk, config, report, filler: Encoded, prefixes: PrefixStore | None) -> float:
     """One optimiser step over ``grad_accum`` micro-batches of ``batch_size`` (this rank's share of the step, under
     a launcher); the loss is averaged over all target tokens of the step, on every rank.  Without accumulation the
     step is one batch, whatever its size (replay adds examples to a batch).  With the backbone's layers sharded,
-    a rank with fewer micro-batches than another runs ``filler`` at weight 0 for each missing one."""
+    a rank with fewer micro-batches than another runs ``filler`` at weight 0 for each missing one.  ``prefixes``:
+    where the query prefixes' states are kept across epochs (``prefix_store``)."""
     pad = model.backbone.tokenizer.pad_token_id
     size = config.batch_size if config.grad_accum > 1 else max(len(chunk), 1)
     batches = [collate(chunk[i : i + size], pad) for i in range(0, len(chunk), size)]
@@ -299,7 +321,7 @@ def _step(model, optimizer, chunk, config, report, filler: Encoded) -> float:
     for batch, weight in zip(batches, weights):
         batch = to_device(batch, model.device)
         with step_context(model.device, config.bf16):
-            loss, count = model.loss(batch)
+            loss, count = model.loss(batch, prefixes)
         (loss * (weight * count / targets)).backward()
         total += weight * loss.item() * count / targets
         report.tokens += int(weight * batch["attention_mask"].sum())
