@@ -54,9 +54,10 @@ def default_budget(device: torch.device) -> int:
 
 
 def _rows(cache: DynamicCache, mask: torch.Tensor, hidden: torch.Tensor) -> list[Entry]:
-    """Each row's own positions (those its mask keeps) out of a batch's cache, and its last hidden state."""
+    """Each row's own positions (those its mask keeps) out of a batch's cache, and its last hidden state (copies:
+    nothing of the batch's tensors stays alive)."""
     kv = torch.stack([torch.stack([layer.keys, layer.values]) for layer in cache.layers])  # (L, 2, B, H, T, hd)
-    return [(kv[:, :, i][:, :, :, row.bool()].clone(), hidden[i, -1].clone()) for i, row in enumerate(mask)]
+    return [(kv[:, :, i][:, :, :, row.bool()], hidden[i, -1].clone()) for i, row in enumerate(mask)]
 
 
 def _left_padded(entries: list[Entry], config):

@@ -94,6 +94,7 @@ class TrainReport:
     steps: int = 0
     examples: int = 0
     tokens: int = 0
+    positions: int = 0  # of the collated batches, padding included
     target_tokens: int = 0
     seconds: float = 0.0
     losses: list[float] = field(default_factory=list)
@@ -105,6 +106,10 @@ class TrainReport:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def padding_share(self) -> float:
+        return 1 - self.tokens / self.positions if self.positions else 0.0
 
     def summary(self) -> dict:
         return {
@@ -325,6 +330,7 @@ def _step(model, optimizer, chunk, config, report, filler: Encoded, prefixes: Pr
         (loss * (weight * count / targets)).backward()
         total += weight * loss.item() * count / targets
         report.tokens += int(weight * batch["attention_mask"].sum())
+        report.positions += int(weight * batch["attention_mask"].numel())
         report.examples += int(weight * len(batch["input_ids"]))
     report.target_tokens += local_targets
     distributed.sum_gradients([p for group in optimizer.param_groups for p in group["params"]])
