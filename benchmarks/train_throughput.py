@@ -10,7 +10,7 @@ trained on).  Seconds are per epoch over the workload's examples; tokens/s count
 ``--lora-batches``: its second epoch is timed and the fastest batch reported.  The methods run one after another, so
 a change in the machine's load between them shows in their ratio: the JSON records the load average around the run.
 
-FLOPs per token are counted once, untimed, by ``torch.utils.flop_counter`` over the first batch of examples (TokMem:
+FLOPs per token are counted once, untimed, by ``torch.utils.flop_counter`` over one batch spread over the workload (TokMem:
 epoch 1 and epoch 2 apart; what the forward and backward passes actually run: a frozen backbone's backward computes
 no weight gradients).  The peak is a large square matrix product in the backbone's dtype, timed in the same run, so
 the utilisation (FLOP/s achieved over FLOP/s of that product) needs no datasheet.
@@ -111,8 +111,10 @@ def lora_tokens(backbone, work: Workload) -> int:
 
 
 def counted_flops(backbone, work: Workload, batch_size: int) -> dict:
-    """FLOPs per token over the first batch: TokMem's epoch 1 and epoch 2 (one step each), LoRA's one step."""
-    first = Workload(work.examples[:batch_size], work.schemas, work.max_length)
+    """FLOPs per token over one batch: TokMem's epoch 1 and epoch 2 (one step each), LoRA's one step.  The batch
+    takes evenly spaced examples, as a shuffled one would (the workloads come in task order, and examples of one
+    SNI task share their definition, which a batch's shared-prefix pass encodes once)."""
+    first = Workload(work.examples[:: len(work.examples) // batch_size][:batch_size], work.schemas, work.max_length)
     counter, marks = FlopCounterMode(display=False), []
     config = TrainConfig(epochs=2, batch_size=batch_size, max_length=work.max_length, progress=False)
     with counter:
