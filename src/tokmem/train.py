@@ -214,6 +214,7 @@ def fit(
     the rows' group takes the config's lr and weight decay.  A model without trainable rows trains the groups alone.
     ``steps``: the indices into ``encoded`` of each optimiser step, for a caller that composes its batches itself
     (replay adds old examples to each); default: ``epoch_order`` in steps of batch size × ``grad_accum``.
+    An example that comes again (a later epoch) reuses its query prefix's states from the first time (``prefix_store``).
     """
     config = config or TrainConfig()
     if not param_groups:
