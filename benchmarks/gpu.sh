@@ -10,13 +10,11 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "pip install -e . failed"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv | tee "$out/gpu.txt"
 python3 -m pytest -q -m cuda tests/test_cuda.py 2>&1 | tee "$out/cuda-tests.log"
-train() {  # batch size, then extra flags; the JSON is named after them
-  python3 benchmarks/train_throughput.py --backbone random:llama-3.2-1b --device cuda --steps 20 --batch-size "$@" \
-    --json "$out/train_throughput_gpu-b$1${2:+-grouped}.json" 2>&1 | grep -v Warning
+train() {  # TokMem's batch; the JSON is named after it (LoRA at its best of 32, 64, 128)
+  python3 benchmarks/train_throughput.py --backbone random:llama-3.2-1b --device cuda --workload demo --examples 256 \
+    --batch-size "$1" --lora-batches 32,64,128 --json "$out/train_throughput_gpu-b$1.json" 2>&1 | grep -v Warning
 }
 train 32
-train 32 --length-grouped
-train 64 --length-grouped
-train 128 --length-grouped --no-naive
+train 128
 python3 benchmarks/serve_mixed_banks.py --backbone random:llama-3.2-1b --device cuda --batch 64 --tokens 32 \
   --waves 2 --no-http --json "$out/serve_decode_gpu.json" 2>&1 | grep -v Warning

@@ -1,141 +1,143 @@
-"""Training throughput and model FLOP utilisation: the TokMem step against a LoRA step (and a naive
-resized-vocabulary step), on the same batches in the same run.
+"""Training throughput and model FLOP utilisation: TokMem (epoch 1, and epochs 2+ with the query prefixes kept)
+against LoRA r=8 at its best batch, on the same examples in the same run, each through the library's own training
+(``tokmem.learn`` for TokMem, the LoRA baseline ``tokmem.methods.lora.LoRA`` for LoRA).
 
-  tokmem  only the bank rows are parameters; vocabulary logits only at labelled positions
-  lora    PEFT LoRA r=8 on q_proj and v_proj (memory ids replaced by EOS: it has no memory tokens)
-  naive   the usual recipe: resize the vocabulary, make the whole embedding matrix trainable and
-          mask the gradient of the old rows; full logits at every position
+Workloads: ``demo`` (the built-in procedures; needs no data), ``sni`` (Super-Natural Instructions training sequences
+as the atomic study lays them out: the task definition and input, one memory token, the answer) and ``cfb``
+(ComplexFuncBench records with their tools' results: the tool loop's sequences, where the results are read but not
+trained on).  Seconds are per epoch over the workload's examples; tokens/s count each method's own sequences
+(LoRA's have the call text where TokMem has a memory token).  LoRA trains two epochs at each batch of
+``--lora-batches``: its second epoch is timed and the fastest batch reported.  The methods run one after another, so
+a change in the machine's load between them shows in their ratio: the JSON records the load average around the run.
 
-Each method's FLOPs per batch are counted once, untimed, by ``torch.utils.flop_counter`` (the matrix
-products and attention its forward and backward actually run: a frozen backbone's backward computes no
-weight gradients).  The peak is a large square matrix product in the backbone's dtype, timed in the
-same run, so the utilisation (FLOP/s achieved over FLOP/s of that product) needs no datasheet.
-The batches are the built-in demo procedures laid out as ``tokmem.train`` lays them out; with
-``--length-grouped`` they are ordered as ``TrainConfig(length_grouped=True)`` orders them.  The JSON
-reports the share of the steps' tokens that are padding, and the share that repeats a prompt prefix
-already in the same batch (the chat template's system text, for instance).
+FLOPs per token are counted once, untimed, by ``torch.utils.flop_counter`` over one batch spread over the workload (TokMem:
+epoch 1 and epoch 2 apart; what the forward and backward passes actually run: a frozen backbone's backward computes
+no weight gradients).  The peak is a large square matrix product in the backbone's dtype, timed in the same run, so
+the utilisation (FLOP/s achieved over FLOP/s of that product) needs no datasheet.
 
-    python benchmarks/train_throughput.py [--backbone smollm2-135m] [--steps 6] --json runs/throughput.json
-    python benchmarks/train_throughput.py --backbone random:llama-3.2-1b --device cuda --batch-size 32 ...
+    python benchmarks/train_throughput.py --backbone smollm2-135m --workload sni --json runs/throughput.json
+    python benchmarks/train_throughput.py --backbone /tmp/qwen/qwen2.5-coder-0.5b-instruct.gguf --workload cfb \\
+        --examples 8 --batch-size 2 --lora-batches 1,2 --json results/train_throughput-qwen0.5b-cfb.json
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import math
+import os
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from tokmem import TrainConfig, create, load_backbone
-from tokmem.data.builtin import demo_dataset
-from tokmem.sequences import collate, encode, to_device
+from tokmem import TrainConfig, create, learn, load_backbone
+from tokmem.data.procedures import Example
+from tokmem.methods.lora import LoRA
 from tokmem.report import console, machine, write_json
-from tokmem.train import example_order, step_context
+from tokmem.sequences import encode
+
+WORKLOADS = ("demo", "sni", "cfb")
+MAX_LENGTH = {"demo": 1024, "sni": 1024, "cfb": 1536}  # cfb: the tool-loop study's, which keeps its records whole
+SNI_PER_TASK = 4
 
 
-def batches(model, batch_size: int, count: int, length_grouped: bool) -> list[dict]:
-    """``count`` batches of the demo's training examples, in training order, on the model's device."""
-    train, _ = demo_dataset(seed=0)
-    model.bank.add(sorted({p for e in train for p in e.procedures}), model.backbone.mean_embedding())
-    tokenizer = model.backbone.tokenizer
-    encoded = [encode(e, tokenizer, model.memory_id, 1024) for e in train]
-    config = TrainConfig(
-        batch_size=batch_size, length_grouped=length_grouped, epochs=1 + batch_size * count // len(train)
+@dataclass
+class Workload:
+    examples: list[Example]
+    schemas: dict[str, dict] | None  # the tools' argument schemas (cfb): TokMem's rows lay out arguments only
+    max_length: int
+
+
+def workload(name: str, count: int) -> Workload:
+    """The first ``count`` training examples of the workload, in a fixed order."""
+    from tokmem.data.shared import shared_data
+
+    if name == "demo":
+        from tokmem.data.builtin import demo_dataset
+
+        return Workload(demo_dataset(seed=0)[0][:count], None, MAX_LENGTH[name])
+    if name == "sni":
+        from tokmem.data.sni import load_tasks
+
+        tasks, _ = load_tasks(shared_data("sni", "tasks"), math.ceil(count / SNI_PER_TASK), SNI_PER_TASK)
+        return Workload([e for task in tasks for e in task.examples()][:count], None, MAX_LENGTH[name])
+    from tokmem.data.nestful import import_nestful
+
+    imported = import_nestful(shared_data("function-calling", "complexfuncbench", "complexfuncbench-data.json.gz"))
+    examples = [e for e in imported.examples if len(e.steps) <= 4][:count]
+    schemas = {name: tool.get("parameters") for name, tool in imported.catalog.items()}
+    return Workload(examples, schemas, MAX_LENGTH[name])
+
+
+def epoch_seconds(stamps: list[float], start: float, steps_per_epoch: int) -> list[float]:
+    """Seconds of each epoch from the end times of its optimiser steps."""
+    ends = [start, *stamps[steps_per_epoch - 1 :: steps_per_epoch]]
+    return [b - a for a, b in zip(ends, ends[1:])]
+
+
+def tokmem_epochs(backbone, work: Workload, batch_size: int, epochs: int) -> dict:
+    """TokMem's seconds per epoch (``tokmem.learn``, the default prefix store) and its tokens an epoch."""
+    stamps = []
+    config = TrainConfig(epochs=epochs, batch_size=batch_size, max_length=work.max_length, progress=False)
+    model = create(backbone)
+    report = learn(
+        model, work.examples, config, schemas=work.schemas, on_step=lambda *_: stamps.append(time.perf_counter())
     )
-    order = example_order([len(e.input_ids) for e in encoded], config)[: batch_size * count]
-    chunks = [[encoded[i] for i in order[j : j + batch_size]] for j in range(0, len(order), batch_size)]
-    device = model.device
-    return [to_device(collate(chunk, tokenizer.pad_token_id), device) for chunk in chunks]
+    start = stamps[-1] - report.seconds  # the training loop's start
+    seconds = epoch_seconds(stamps, start, math.ceil(len(work.examples) / batch_size))
+    return {
+        "seconds": seconds,
+        "tokens": report.tokens / epochs,
+        "padding_share": report.padding_share,
+        "prefix_cache_bytes": report.prefix_cache_bytes,
+    }
 
 
-def tokmem_step(model):
-    optimizer = torch.optim.AdamW(model.unfreeze_rows(), lr=5e-3, weight_decay=0.0)
-
-    def step(batch):
-        optimizer.zero_grad(set_to_none=True)
-        loss, _ = model.loss(batch)
-        loss.backward()
-        optimizer.step()
-
-    return step
+def lora_epoch(backbone, work: Workload, batch_size: int) -> float:
+    """Seconds of LoRA's second epoch (the first warms it up) at ``batch_size``."""
+    method = LoRA(backbone, batch_size=batch_size, epochs=2, max_length=work.max_length)
+    stamps = []
+    method.on_step = lambda _: stamps.append(time.perf_counter())
+    method.learn(work.examples)
+    return stamps[-1] - stamps[len(stamps) // 2 - 1]
 
 
-def naive_step(backbone, rows: int):
-    lm = copy.deepcopy(backbone.model)
-    vocab = backbone.vocab_size
-    lm.resize_token_embeddings(vocab + rows, mean_resizing=False)
-    weight = lm.get_input_embeddings().weight
-    weight.requires_grad_(True)
-    weight.register_hook(lambda grad: torch.cat([torch.zeros_like(grad[:vocab]), grad[vocab:]]))
-    optimizer = torch.optim.AdamW([weight], lr=5e-3, weight_decay=0.0)
-
-    def step(batch):
-        optimizer.zero_grad(set_to_none=True)
-        lm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss.backward()
-        optimizer.step()
-
-    return step
+def lora_tokens(backbone, work: Workload) -> int:
+    """Tokens of LoRA's sequences over the examples (its layout: the call text in the memory token's place)."""
+    tokenizer = backbone.tokenizer
+    return sum(len(encode(e, tokenizer, None, work.max_length).input_ids) for e in work.examples)
 
 
-def lora_step(backbone):
-    from peft import LoraConfig, get_peft_model
-
-    lm = get_peft_model(
-        copy.deepcopy(backbone.model), LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
-    )
-    optimizer = torch.optim.AdamW([p for p in lm.parameters() if p.requires_grad], lr=5e-5, weight_decay=0.01)
-    vocab, eos = backbone.vocab_size, backbone.eos_token_id
-
-    def step(batch):
-        ids = batch["input_ids"].masked_fill(batch["input_ids"] >= vocab, eos)
-        labels = batch["labels"].masked_fill(batch["labels"] >= vocab, eos)
-        optimizer.zero_grad(set_to_none=True)
-        lm(input_ids=ids, attention_mask=batch["attention_mask"], labels=labels).loss.backward()
-        optimizer.step()
-
-    return step
-
-
-def in_step_context(step, device: torch.device):
-    """``step`` run as ``tokmem.train`` runs its steps (autocast and attention kernels), for every method alike."""
-
-    def run(batch):
-        with step_context(device):
-            step(batch)
-
-    return run
+def counted_flops(backbone, work: Workload, batch_size: int) -> dict:
+    """FLOPs per token over one batch: TokMem's epoch 1 and epoch 2 (one step each), LoRA's one step.  The batch
+    takes evenly spaced examples, as a shuffled one would (the workloads come in task order, and examples of one
+    SNI task share their definition, which a batch's shared-prefix pass encodes once)."""
+    first = Workload(work.examples[:: len(work.examples) // batch_size][:batch_size], work.schemas, work.max_length)
+    counter, marks = FlopCounterMode(display=False), []
+    config = TrainConfig(epochs=2, batch_size=batch_size, max_length=work.max_length, progress=False)
+    with counter:
+        report = learn(
+            create(backbone),
+            first.examples,
+            config,
+            schemas=first.schemas,
+            on_step=lambda *_: marks.append(counter.get_total_flops()),
+        )
+    tokens = report.tokens / 2
+    with counter:
+        LoRA(backbone, batch_size=batch_size, epochs=1, max_length=work.max_length).learn(first.examples)
+    return {
+        "tokmem_epoch1": marks[0] / tokens,
+        "tokmem_epoch2": (marks[1] - marks[0]) / tokens,
+        "lora": counter.get_total_flops() / lora_tokens(backbone, first),
+    }
 
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def seconds_per_batch(steps: dict, data: list[dict], device, warmup: int = 1) -> dict[str, list[float]]:
-    """Each step function's time on each batch after ``warmup`` batches; the methods take turns batch by
-    batch, so that a change in the machine's load during the run affects them alike."""
-    seconds = {name: [] for name in steps}
-    for i, batch in enumerate(data):
-        for name, step in steps.items():
-            synchronize(device)
-            start = time.perf_counter()
-            step(batch)
-            synchronize(device)
-            if i >= warmup:
-                seconds[name].append(time.perf_counter() - start)
-    return seconds
-
-
-def counted_flops(step, data: list[dict]) -> int:
-    """FLOPs of the matrix products and attention that ``step`` runs over ``data`` (forward and backward)."""
-    counter = FlopCounterMode(display=False)
-    with counter:
-        for batch in data:
-            step(batch)
-    return counter.get_total_flops()
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, size: int, repeats: int = 10) -> float:
@@ -153,56 +155,53 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, size: int, repeats: in
     return 2 * size**3 / statistics.median(times)
 
 
-def token_shares(data: list[dict]) -> tuple[float, float]:
-    """(padding share, repeated-prefix share) of all positions in the batches.
-
-    A batch's repeated prefix is the prompt prefix its rows share, counted once per row after the first.
-    """
-    padding = prefix = total = 0
-    for batch in data:
-        ids, mask = batch["input_ids"].cpu(), batch["attention_mask"].cpu()
-        total += ids.numel()
-        padding += int((mask == 0).sum())
-        same = (ids == ids[:1]).all(dim=0).int()
-        prefix += int(same.cumprod(0).sum()) * (len(ids) - 1)
-    return padding / total, prefix / total
-
-
 def run(args) -> dict:
     torch.manual_seed(0)
-    backbone = load_backbone(args.backbone, device=args.device)
-    device, dtype = backbone.device, backbone.model.dtype
-    model = create(backbone)
-    data = batches(model, args.batch_size, args.steps + 1, args.length_grouped)
-    steps = {"tokmem": tokmem_step(model), "lora": lora_step(backbone)}
-    if not args.no_naive:
-        steps["naive"] = naive_step(backbone, len(model.bank))
-    steps = {name: in_step_context(step, device) for name, step in steps.items()}
-    seconds = seconds_per_batch(steps, data, device)
-    timed = data[1:]
-    tokens = sum(int(b["attention_mask"].sum()) for b in timed)
-    peak = matmul_peak(device, dtype, args.peak_size)
-    padding, prefix = token_shares(timed)
+    load_before = os.getloadavg()
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    backbone = load_backbone(args.backbone, device=args.device, dtype=dtype)
+    device = backbone.device
+    work = workload(args.workload, args.examples)
+    n = len(work.examples)
+    if any(n % b for b in (args.batch_size, *args.lora_batches)):
+        raise SystemExit(f"--examples ({n}) must be a multiple of --batch-size and of every --lora-batches")
+    flops = counted_flops(backbone, work, args.batch_size)  # also warms both methods up
+    tokmem = tokmem_epochs(backbone, work, args.batch_size, args.epochs)
+    lora = {b: lora_epoch(backbone, work, b) for b in args.lora_batches}
+    best = min(lora, key=lora.get)
+    peak = matmul_peak(device, backbone.model.dtype, args.peak_size)
+    epoch1, later = tokmem["seconds"][0], statistics.mean(tokmem["seconds"][1:])
+    tokens, tokens_lora = tokmem["tokens"], lora_tokens(backbone, work)
     result = {
         "backbone": args.backbone,
+        "workload": args.workload,
         "device": str(device),
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": str(backbone.model.dtype).removeprefix("torch."),
+        "examples": n,
         "batch_size": args.batch_size,
-        "steps": args.steps,
-        "length_grouped": args.length_grouped,
-        "tokens": tokens,
-        "padding_share": padding,
-        "prefix_share": prefix,
+        "epochs": args.epochs,
+        "tokmem_tokens_per_epoch": tokens,
+        "lora_tokens_per_epoch": tokens_lora,
+        "tokmem_epoch_s": tokmem["seconds"],
+        "tokmem_epoch1_tokens_per_s": tokens / epoch1,
+        "tokmem_epoch2_tokens_per_s": tokens / later,
+        "lora_batch_size": best,
+        "lora_epoch_s_by_batch": lora,
+        "lora_epoch_s": lora[best],
+        "lora_tokens_per_s": tokens_lora / lora[best],
+        "tokmem_epoch2_over_lora_tokens_per_s": tokens / later / (tokens_lora / lora[best]),
+        "tokmem_epoch2_speedup_per_epoch": lora[best] / later,
+        "tokmem_epoch1_speedup_per_epoch": lora[best] / epoch1,
         "peak_flops": peak,
+        "flops_per_token": flops,
+        "tokmem_epoch1_mfu": flops["tokmem_epoch1"] * tokens / epoch1 / peak,
+        "tokmem_mfu": flops["tokmem_epoch2"] * tokens / later / peak,
+        "lora_mfu": flops["lora"] * tokens_lora / lora[best] / peak,
+        "padding_share": tokmem["padding_share"],
+        "prefix_cache_bytes": tokmem["prefix_cache_bytes"],
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
     }
-    for name, step in steps.items():
-        rate = tokens / sum(seconds[name])
-        flops = counted_flops(step, timed)
-        result[f"{name}_tokens_per_s"] = rate
-        result[f"{name}_flops_per_token"] = flops / tokens
-        result[f"{name}_mfu"] = flops / sum(seconds[name]) / peak
-        result[f"{name}_step_s_median"] = statistics.median(seconds[name])
-    result["tokmem_over_lora"] = result["tokmem_tokens_per_s"] / result["lora_tokens_per_s"]
     if device.type == "cuda":
         result["max_memory_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return result
@@ -210,14 +209,16 @@ def run(args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backbone", default="smollm2-135m", help="any backbone spec, e.g. random:llama-3.2-1b")
+    parser.add_argument("--backbone", default="smollm2-135m", help="any backbone spec, e.g. a .gguf file")
     parser.add_argument("--device", default=None, help="cpu, cuda, … (default: cuda when available)")
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=6, help="timed steps per method (after one warm-up step)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="the backbone's (default: the library's)")
+    parser.add_argument("--workload", choices=WORKLOADS, default="demo")
+    parser.add_argument("--examples", type=int, default=16, help="training examples (the first of the workload)")
+    parser.add_argument("--batch-size", type=int, default=4, help="TokMem's batch")
+    parser.add_argument("--epochs", type=int, default=3, help="TokMem's epochs (at least 2)")
     parser.add_argument(
-        "--length-grouped", action="store_true", help="order the batches as TrainConfig(length_grouped=True)"
+        "--lora-batches", type=lambda s: tuple(map(int, s.split(","))), default=(2, 4, 8), help="LoRA's batches tried"
     )
-    parser.add_argument("--no-naive", action="store_true", help="leave out the naive resized-vocabulary step")
     parser.add_argument(
         "--peak-size",
         type=int,
@@ -229,15 +230,17 @@ def main() -> None:
     on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     args.peak_size = args.peak_size or (8192 if on_gpu else 2048)
     result = run(args)
-    for name in ("tokmem", "lora", "naive"):
-        if f"{name}_tokens_per_s" in result:
-            console.print(
-                f"{name:>7}: {result[f'{name}_tokens_per_s']:.0f} tokens/s, "
-                f"{result[f'{name}_flops_per_token'] / 1e9:.2f} GFLOP/token, MFU {result[f'{name}_mfu']:.1%}"
-            )
+    seconds = ", ".join(f"{s:.1f}" for s in result["tokmem_epoch_s"])
     console.print(
-        f"tokmem / lora: {result['tokmem_over_lora']:.2f}×; peak {result['peak_flops'] / 1e12:.2f} TFLOP/s "
-        f"({result['dtype']}); padding {result['padding_share']:.1%}, repeated prefix {result['prefix_share']:.1%}"
+        f"TokMem epochs {seconds} s: {result['tokmem_epoch1_tokens_per_s']:.0f} tokens/s in epoch 1, "
+        f"{result['tokmem_epoch2_tokens_per_s']:.0f} in epochs 2+ (MFU {result['tokmem_mfu']:.1%}; "
+        f"prefixes kept: {result['prefix_cache_bytes'] / 2**20:.0f} MiB; padding {result['padding_share']:.1%})"
+    )
+    console.print(
+        f"LoRA r=8 at batch {result['lora_batch_size']}: {result['lora_epoch_s']:.1f} s an epoch, "
+        f"{result['lora_tokens_per_s']:.0f} tokens/s (MFU {result['lora_mfu']:.1%}); TokMem epochs 2+ / LoRA: "
+        f"{result['tokmem_epoch2_over_lora_tokens_per_s']:.2f}× tokens/s, {result['tokmem_epoch2_speedup_per_epoch']:.2f}× "
+        f"an epoch; peak {result['peak_flops'] / 1e12:.2f} TFLOP/s ({result['dtype']}); load {result['load_average_before']}"
     )
     if args.json:
         write_json(args.json, {**result, "machine": machine()})

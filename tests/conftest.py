@@ -1,6 +1,7 @@
 """Shared fixtures: the tiny-random backbone, a livelier copy of it, fresh models and small examples."""
 
 import copy
+import os
 
 import pytest
 import torch
@@ -9,6 +10,9 @@ import tokmem
 from tokmem import Example, Step, load_backbone
 from tokmem.backbones import PACKAGED, Backbone
 from tokmem.errors import BackboneError
+
+# CPU backbones load in float32 in tests, whatever the CPU (the tolerances are float32's); bf16 is tested explicitly
+os.environ.setdefault("TOKMEM_CPU_BF16", "0")
 
 WORDS = ["sun", "apple", "window", "blueberry"]  # different lengths, so batches carry unequal target counts
 

@@ -1,13 +1,17 @@
 """TokMemModel: memory ids, the two places the bank enters the frozen network, and what stays frozen."""
 
+import math
+
 import pytest
 import torch
 from helpers import random_rows
 
 import tokmem
 from tokmem import Example, Step, TrainConfig
+from tokmem.backbones import CPU_BF16, cpu_has_bf16, default_dtype
 from tokmem.errors import BackboneError, BankError
 from tokmem.model import _shared_width, _split_prefix
+from tokmem.prefix_store import PrefixStore
 from tokmem.sequences import IGNORE, collate, encode
 
 
@@ -118,6 +122,71 @@ def test_loss_with_the_query_prefix_cached_equals_the_full_sequence_loss_and_gra
     assert cached.item() == pytest.approx(full.item(), rel=1e-5)
     for a, b in zip(cached_grads, full_grads):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_prefixes_kept_in_a_store_give_the_full_sequence_loss_and_gradients_whether_stored_or_new(filled, backbone):
+    examples = [
+        Example("Reverse the word apple, please, right now.", (Step("a", "elppa"),)),
+        Example("hi", (Step("b", "one two three four"), Step("c", "x"))),
+        Example("Count: 1 2", (Step("c", "2"),)),
+    ]
+    tokenizer = backbone.tokenizer
+    encoded = [encode(e, tokenizer, filled.memory_id, 1024) for e in examples]
+    batch = collate(encoded, tokenizer.pad_token_id)
+    store = PrefixStore(budget=2**30)
+    rows = filled.unfreeze_rows()
+    filled.loss(collate(encoded[1:2], tokenizer.pad_token_id), store)  # one row stored, two new in the batch
+    assert len(store.entries) == 1
+    full_grads = torch.autograd.grad(full_sequence_loss(filled, batch), rows)
+    for expected_entries in (3, 3):  # a mixed batch, then every row from the store
+        stored, _ = filled.loss(batch, store)
+        assert len(store.entries) == expected_entries
+        assert stored.item() == pytest.approx(full_sequence_loss(filled, batch).item(), rel=1e-5)
+        for a, b in zip(torch.autograd.grad(stored, rows), full_grads):
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_store_keeps_prefixes_only_while_its_budget_lasts_and_the_loss_is_the_same(filled, backbone):
+    examples = [Example(f"Reverse {w}.", (Step("a", w[::-1]),)) for w in ("sun", "apple", "window", "blueberry")]
+    tokenizer = backbone.tokenizer
+    batch = collate([encode(e, tokenizer, filled.memory_id, 1024) for e in examples], tokenizer.pad_token_id)
+    unbounded, bounded = PrefixStore(budget=2**30), PrefixStore(budget=0)
+    filled.loss(batch, unbounded)
+    one = unbounded.used // len(examples) + 1  # the prefixes differ in length by a few tokens
+    bounded.budget = 2 * one
+    expected = filled.loss(batch)[0].item()
+    for _ in range(2):
+        assert filled.loss(batch, bounded)[0].item() == pytest.approx(expected, rel=1e-5)
+        assert 0 < bounded.used <= bounded.budget and len(bounded.entries) < len(examples)
+
+
+@pytest.mark.parametrize(("setting", "dtype"), [("0", torch.float32), ("1", torch.bfloat16)])
+def test_tokmem_cpu_bf16_sets_the_cpu_backbones_dtype(monkeypatch, setting, dtype):
+    monkeypatch.setenv(CPU_BF16, setting)
+    assert default_dtype("cpu") == dtype
+    assert default_dtype("cuda") == torch.bfloat16
+
+
+def test_unset_a_cpu_backbone_is_bf16_exactly_where_the_cpu_multiplies_bf16(monkeypatch):
+    monkeypatch.delenv(CPU_BF16)
+    assert default_dtype("cpu") == (torch.bfloat16 if cpu_has_bf16() else torch.float32)
+
+
+def test_a_bad_cpu_bf16_setting_is_refused_naming_the_variable(monkeypatch):
+    monkeypatch.setenv(CPU_BF16, "yes")
+    with pytest.raises(BackboneError, match=r"\$TOKMEM_CPU_BF16 is 'yes'"):
+        default_dtype("cpu")
+
+
+def test_a_bf16_cpu_backbone_trains_float32_rows_with_kept_prefixes_and_stays_bit_identical(examples):
+    backbone = tokmem.load_backbone("tiny-random", device="cpu", dtype=torch.bfloat16)
+    before = {k: v.clone() for k, v in backbone.model.state_dict().items()}
+    model = tokmem.create(backbone)
+    report = tokmem.learn(model, examples, TrainConfig(epochs=2, lr=0.05, progress=False))
+    assert model.bank.index.dtype == torch.float32 and report.prefix_cache_bytes > 0
+    assert all(math.isfinite(loss) for loss in report.losses)
+    assert (model.bank.index - backbone.mean_embedding()).abs().max() > 0.01
+    assert all(torch.equal(v, before[k]) for k, v in backbone.model.state_dict().items())
 
 
 def test_an_unknown_random_shape_is_refused_with_the_known_ones():

@@ -125,6 +125,30 @@ def test_gradient_accumulation_matches_a_larger_batch(backbone, examples):
     assert not torch.allclose(small, large, rtol=0, atol=1e-3)
 
 
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_three_epochs_with_the_prefixes_kept_train_the_rows_that_encoding_them_each_epoch_does(
+    backbone, examples, decoupled
+):
+    def trained(budget: float | None):
+        model = tokmem.create(backbone, decoupled=decoupled)
+        report = tokmem.learn(model, examples, config(epochs=3, lr=0.05, renormalize=False, prefix_cache_gib=budget))
+        return model.bank, report
+
+    encoded_each_epoch, _ = trained(0)
+    kept, everything = trained(None)  # the default budget holds every prefix
+    half = everything.prefix_cache_bytes / 2
+    kept_while_it_lasts, part = trained(half / 2**30)
+    assert 0 < part.prefix_cache_bytes <= half
+    for bank in (kept, kept_while_it_lasts):
+        torch.testing.assert_close(bank.index, encoded_each_epoch.index, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(bank.steer, encoded_each_epoch.steer, rtol=1e-5, atol=1e-6)
+    assert (encoded_each_epoch.index - backbone.mean_embedding()).abs().max() > 0.1  # the rows did train
+
+
+def test_one_epoch_keeps_no_prefixes(model, examples):
+    assert tokmem.learn(model, examples, config(epochs=1)).prefix_cache_bytes == 0
+
+
 def test_checkpoint_writes_a_loadable_bank_of_the_live_rows(model, examples, tmp_path, backbone):
     path = tmp_path / "ckpt" / "bank.safetensors"
     model.bank.add(["reverse", "upper"], backbone.mean_embedding())

@@ -138,7 +138,9 @@ def adaptation_key(backbone: Backbone, examples: list[Example], config: AdaptCon
     for example in examples:
         digest.update(json.dumps(example.to_json(), sort_keys=True, ensure_ascii=False).encode())
     rows = {
-        k: v for k, v in asdict(train_config).items() if k not in ("progress", "checkpoint", "checkpoint_every", "bf16")
+        k: v
+        for k, v in asdict(train_config).items()
+        if k not in ("progress", "checkpoint", "checkpoint_every", "bf16", "prefix_cache_gib")
     }
     digest.update(json.dumps([asdict(config), rows], sort_keys=True).encode())
     return digest.hexdigest()[:16]

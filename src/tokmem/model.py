@@ -15,6 +15,7 @@ from tokmem import distributed
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone
 from tokmem.bank import MemoryBank
 from tokmem.errors import BankError
+from tokmem.prefix_store import PrefixStore
 from tokmem.sequences import IGNORE, positions
 
 
@@ -118,18 +119,19 @@ class TokMemModel(nn.Module):
         mask = torch.ones_like(ids)
         return self.hidden(ids, mask, positions(mask), DynamicCache(config=self.lm.config), steer)[1]
 
-    def loss(self, batch: dict) -> tuple[torch.Tensor, int]:
+    def loss(self, batch: dict, prefixes: PrefixStore | None = None) -> tuple[torch.Tensor, int]:
         """Mean next-token loss over labelled positions only (memory, response and EOS tokens).
 
         Vocabulary logits are computed only at positions that have a label.  With a frozen backbone the
-        query prefix does not depend on the bank (the first memory token comes after it), so it runs once
-        without gradients and only the labelled suffix is back-propagated (see ``_suffix_hidden``).
+        query prefix does not depend on the bank (the first memory token comes after it), so it runs
+        without gradients (once a run with ``prefixes``) and only the labelled suffix is back-propagated
+        (see ``_suffix_hidden``).
         """
         index, steer = self.memory_matrices()
         labels = batch["labels"]
         starts = (labels != IGNORE).int().argmax(-1)
         if self._prefix_is_fixed(batch["input_ids"], starts):
-            hidden, labels = self._suffix_hidden(batch, starts, steer)
+            hidden, labels = self._suffix_hidden(batch, starts, steer, prefixes)
         else:
             hidden, _ = self.hidden(batch["input_ids"], batch["attention_mask"], steer=steer)
             hidden, labels = hidden[:, :-1], labels[:, 1:]
@@ -154,29 +156,42 @@ class TokMemModel(nn.Module):
         fixed = ~memory_in_prefix & (starts.min() > 0)
         return distributed.all_ranks(fixed) if self.layers_sharded else bool(fixed)  # one host sync
 
-    def _suffix_hidden(self, batch: dict, starts: torch.Tensor, steer: torch.Tensor):
+    def _suffix_hidden(self, batch: dict, starts: torch.Tensor, steer: torch.Tensor, prefixes: PrefixStore | None):
         """Hidden states that predict each suffix token, and the suffix labels (right-padded).
 
-        The query prefixes run under ``no_grad`` into a KV cache: first the ids every row starts with (the
-        chat template's system prompt, typically) once for the whole batch, then each row's rest of the
-        prefix, left-padded.  The suffixes (from the first labelled token on) run on top of it with
+        The query prefixes come as a KV cache computed without gradients (``_encode_prefixes``, or kept in
+        ``prefixes`` from an earlier epoch); the suffixes (from the first labelled token on) run on top of it with
         gradients.  The state predicting the first suffix token is the prefix's last one.
         """
-        shared = _shared_width(batch["input_ids"], starts)
-        if self.layers_sharded:  # every rank runs the shared pass, or none does
-            shared = shared * distributed.all_ranks(shared > 0)
-        shared, prefix, prefix_mask, suffix, suffix_mask, labels = _split_prefix(batch, starts, shared)
-        rows, width = len(prefix), shared.shape[1]
-        shared_mask = prefix_mask.new_ones(rows, width)
         with torch.no_grad():
-            cache = self.prefix_cache(shared, steer.detach()) if width else DynamicCache(config=self.lm.config)
-            cache.batch_repeat_interleave(rows)
-            mask = torch.cat([shared_mask, prefix_mask], dim=-1)
-            routing, cache = self.hidden(prefix, mask, width + positions(prefix_mask), cache, steer.detach())
-        position_ids = width + prefix_mask.sum(-1, keepdim=True) + positions(suffix_mask)
+            if prefixes is None:
+                cache, mask, routing = self._encode_prefixes(batch, starts, steer.detach())
+            else:
+
+                def encode(rows: list[int]):
+                    return self._encode_prefixes(_rows(batch, rows), starts[rows], steer.detach())
+
+                cache, mask, routing = prefixes.states(batch["input_ids"], starts, encode, self.lm.config)
+        suffix, suffix_mask, labels = _split_suffix(batch, starts)
+        position_ids = starts.unsqueeze(-1) + positions(suffix_mask)
         mask = torch.cat([mask, suffix_mask], dim=-1)
         hidden, _ = self.hidden(suffix, mask, position_ids, cache, steer)
         return torch.cat([routing[:, -1:], hidden[:, :-1]], dim=1), labels
+
+    def _encode_prefixes(self, batch: dict, starts: torch.Tensor, steer: torch.Tensor):
+        """(KV cache, attention mask, hidden states) of the rows' query prefixes, left-padded: first the ids every
+        row starts with (the chat template's system prompt, typically) once for the whole batch, then each row's
+        rest of the prefix."""
+        shared = _shared_width(batch["input_ids"], starts)
+        if self.layers_sharded:  # every rank runs the shared pass, or none does
+            shared = shared * distributed.all_ranks(shared > 0)
+        shared, prefix, prefix_mask = _split_prefix(batch, starts, shared)
+        rows, width = len(prefix), shared.shape[1]
+        cache = self.prefix_cache(shared, steer) if width else DynamicCache(config=self.lm.config)
+        cache.batch_repeat_interleave(rows)
+        mask = torch.cat([prefix_mask.new_ones(rows, width), prefix_mask], dim=-1)
+        hidden, cache = self.hidden(prefix, mask, width + positions(prefix_mask), cache, steer)
+        return cache, mask, hidden
 
 
 def embed_ids(ids: torch.Tensor, vocab_size: int, embed_words, steer: torch.Tensor) -> torch.Tensor:
@@ -249,22 +264,32 @@ def _shared_width(ids: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
 
 
 def _split_prefix(batch: dict, starts: torch.Tensor, shared: torch.Tensor):
-    """(shared ids) (1, ``shared``), (prefix ids, prefix mask) left-padded and (suffix ids, suffix mask, suffix
-    labels) right-padded: the prefixes are the rest up to each row's first label.
+    """(shared ids) (1, ``shared``) and (prefix ids, prefix mask) left-padded: the rest up to each row's first label.
 
-    Gathers, not a loop over rows: one host sync (the three widths) whatever the batch size.
+    Gathers, not a loop over rows: one host sync (the two widths) whatever the batch size.
     """
-    ids, labels = batch["input_ids"], batch["labels"]
-    lengths = batch["attention_mask"].sum(-1)
-    shared_width, prefix_width, suffix_width = torch.stack(
-        [shared, starts.max() - shared, (lengths - starts).max()]
-    ).tolist()
+    ids = batch["input_ids"]
+    shared_width, prefix_width = torch.stack([shared, starts.max() - shared]).tolist()
     prefix_columns = torch.arange(prefix_width, device=ids.device) + (starts - prefix_width).unsqueeze(-1)
     prefix_mask = (prefix_columns >= shared_width).long()
     prefix = ids.gather(1, prefix_columns.clamp(min=0)) * prefix_mask
+    return ids[:1, :shared_width], prefix, prefix_mask
+
+
+def _split_suffix(batch: dict, starts: torch.Tensor):
+    """(suffix ids, suffix mask, suffix labels) right-padded: each row from its first label on (one host sync)."""
+    ids, labels = batch["input_ids"], batch["labels"]
+    lengths = batch["attention_mask"].sum(-1)
+    suffix_width = int((lengths - starts).max())
     suffix_columns = torch.arange(suffix_width, device=ids.device) + starts.unsqueeze(-1)
     suffix_mask = (suffix_columns < lengths.unsqueeze(-1)).long()
     suffix_columns = suffix_columns.clamp(max=ids.shape[1] - 1)
     suffix = ids.gather(1, suffix_columns) * suffix_mask
     suffix_labels = labels.gather(1, suffix_columns).masked_fill(suffix_mask == 0, IGNORE)
-    return ids[:1, :shared_width], prefix, prefix_mask, suffix, suffix_mask, suffix_labels
+    return suffix, suffix_mask, suffix_labels
+
+
+def _rows(batch: dict, rows: list[int]) -> dict:
+    """The batch's rows ``rows``."""
+    index = torch.tensor(rows, device=batch["input_ids"].device)
+    return {name: tensor[index] for name, tensor in batch.items()}

@@ -23,6 +23,7 @@ from tokmem.errors import TokMemError
 from tokmem.schemas import learned_bounds
 from tokmem.sequences import RESULT_TOKENS, Encoded, TruncationCount, collate, encode, to_device
 from tokmem.model import TokMemModel
+from tokmem.prefix_store import PrefixStore, default_budget
 
 
 Init = Literal["mean", "orthogonal"]
@@ -65,6 +66,11 @@ class TrainConfig:
         False, "batch sequences of similar length together (less padding; each epoch still shuffled)"
     )
     bf16: bool | None = option(None, "bf16 autocast (default: on CUDA only)")
+    prefix_cache_gib: float | None = option(
+        None,
+        "memory for the query prefixes' KV states, kept from one epoch to the next (GiB; default: a quarter of the "
+        "memory free when training starts; 0: none, each epoch encodes them again)",
+    )
     fsdp: bool = option(
         False,
         "under torchrun / accelerate: shard the frozen backbone's decoder layers across the processes (FSDP2), "
@@ -89,16 +95,22 @@ class TrainReport:
     steps: int = 0
     examples: int = 0
     tokens: int = 0
+    positions: int = 0  # of the collated batches, padding included
     target_tokens: int = 0
     seconds: float = 0.0
     losses: list[float] = field(default_factory=list)
     truncated: TruncationCount = field(default_factory=TruncationCount)
     new_procedures: list[str] = field(default_factory=list)
     renorm_target: float | None = None
+    prefix_cache_bytes: int = 0
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def padding_share(self) -> float:
+        return 1 - self.tokens / self.positions if self.positions else 0.0
 
     def summary(self) -> dict:
         return {
@@ -112,6 +124,7 @@ class TrainReport:
             "truncated_responses": self.truncated.responses,
             "new_procedures": self.new_procedures,
             "renorm_target": self.renorm_target,
+            "prefix_cache_bytes": self.prefix_cache_bytes,
         }
 
 
@@ -206,6 +219,7 @@ def fit(
     the rows' group takes the config's lr and weight decay.  A model without trainable rows trains the groups alone.
     ``steps``: the indices into ``encoded`` of each optimiser step, for a caller that composes its batches itself
     (replay adds old examples to each); default: ``epoch_order`` in steps of batch size × ``grad_accum``.
+    An example that comes again (a later epoch) reuses its query prefix's states from the first time (``prefix_store``).
     """
     config = config or TrainConfig()
     if not param_groups:
@@ -217,6 +231,7 @@ def fit(
     report = TrainReport() if report is None else report
     steps = steps if steps is not None else _steps([len(e.input_ids) for e in encoded], config)
     total = len(steps)
+    prefixes = prefix_store(model, config, steps)
     rows = model.unfreeze_rows() if model.bank.trainable.any() else []
     groups = [{"params": rows}] if rows else []
     optimizer = torch.optim.AdamW([*groups, *param_groups], lr=config.lr, weight_decay=config.weight_decay)
@@ -232,7 +247,7 @@ def fit(
     try:
         for step in steps:
             chunk = distributed.shard([encoded[i] for i in step])
-            loss = _step(model, optimizer, chunk, config, report, filler=encoded[step[0]])
+            loss = _step(model, optimizer, chunk, config, report, encoded[step[0]], prefixes)
             scheduler.step()
             report.steps += 1
             report.losses.append(loss)
@@ -247,9 +262,21 @@ def fit(
                     model.bank.save(config.checkpoint)
     finally:
         bar.close()
+        report.prefix_cache_bytes = prefixes.used if prefixes else 0
         if rows:
             model.commit_rows()
     return report
+
+
+def prefix_store(model: TokMemModel, config: TrainConfig, steps: list[list[int]]) -> PrefixStore | None:
+    """Where the query prefixes' states are kept for the examples that come again (a later epoch): nowhere when none
+    does, with a zero budget, or under ``fsdp`` (every rank must run the same passes, and the ranks' stores differ)."""
+    order = [i for step in steps for i in step]
+    if config.fsdp or config.prefix_cache_gib == 0 or len(set(order)) == len(order):
+        return None
+    if config.prefix_cache_gib is None:
+        return PrefixStore(default_budget(model.device))
+    return PrefixStore(int(config.prefix_cache_gib * 2**30))
 
 
 def row_kinds(names: list[str], examples: list[Example], config: TrainConfig) -> list[str]:
@@ -285,11 +312,12 @@ def _require_trainable_rows(model: TokMemModel) -> None:
         raise TokMemError("the bank has no trainable rows: add procedures first (or use learn())")
 
 
-def _step(model, optimizer, chunk, config, report, filler: Encoded) -> float:
+def _step(model, optimizer, chunk, config, report, filler: Encoded, prefixes: PrefixStore | None) -> float:
     """One optimiser step over ``grad_accum`` micro-batches of ``batch_size`` (this rank's share of the step, under
     a launcher); the loss is averaged over all target tokens of the step, on every rank.  Without accumulation the
     step is one batch, whatever its size (replay adds examples to a batch).  With the backbone's layers sharded,
-    a rank with fewer micro-batches than another runs ``filler`` at weight 0 for each missing one."""
+    a rank with fewer micro-batches than another runs ``filler`` at weight 0 for each missing one.  ``prefixes``:
+    where the query prefixes' states are kept across epochs (``prefix_store``)."""
     pad = model.backbone.tokenizer.pad_token_id
     size = config.batch_size if config.grad_accum > 1 else max(len(chunk), 1)
     batches = [collate(chunk[i : i + size], pad) for i in range(0, len(chunk), size)]
@@ -304,10 +332,11 @@ def _step(model, optimizer, chunk, config, report, filler: Encoded) -> float:
     for batch, weight in zip(batches, weights):
         batch = to_device(batch, model.device)
         with step_context(model.device, config.bf16):
-            loss, count = model.loss(batch)
+            loss, count = model.loss(batch, prefixes)
         (loss * (weight * count / targets)).backward()
         total += weight * loss.item() * count / targets
         report.tokens += int(weight * batch["attention_mask"].sum())
+        report.positions += int(weight * batch["attention_mask"].numel())
         report.examples += int(weight * len(batch["input_ids"]))
     report.target_tokens += local_targets
     distributed.sum_gradients([p for group in optimizer.param_groups for p in group["params"]])
