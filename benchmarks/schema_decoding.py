@@ -23,7 +23,7 @@ import torch
 
 import tokmem
 from tokmem.data.nestful import import_nestful
-from tokmem.data.realtools import hash_split
+from tokmem.studies.realtools import hash_split
 from tokmem.evaluate import evaluate
 from tokmem.io import write_text_atomic
 
