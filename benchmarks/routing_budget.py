@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import replace
 
 import tokmem
-from tokmem.data.realtools import complexfuncbench_data, function_calling_dir
+from tokmem.studies.realtools import complexfuncbench_data, function_calling_dir
 from tokmem.errors import TokMemError
 from tokmem.report import machine, write_json
 from tokmem.studies.harness import resumed, seed_spread

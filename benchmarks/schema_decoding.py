@@ -23,8 +23,8 @@ import torch
 
 import tokmem
 from tokmem.data.nestful import import_nestful
-from tokmem.data.realtools import hash_split
-from tokmem.evaluate import evaluate
+from tokmem.studies.realtools import hash_split
+from tokmem.eval.evaluate import evaluate
 from tokmem.io import write_text_atomic
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "function-calling" / "complexfuncbench"

@@ -74,7 +74,7 @@ def write_served_banks(backbone, directory) -> dict:
 
 def bank_files(path) -> tuple[bytes, bytes]:
     """(safetensors, JSON) bytes of a saved bank: what an upload sends."""
-    from tokmem.bank import metadata_path
+    from tokmem.bank_format import metadata_path
 
     return path.read_bytes(), metadata_path(path).read_bytes()
 

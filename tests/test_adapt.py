@@ -14,7 +14,8 @@ from tokmem.adapt import AdaptConfig, adapt, adaptation_key, cached_adapt, save_
 from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
 from tokmem.cli import main
-from tokmem.data.tools import split_tools, tool_examples
+from tokmem.data.tool_catalog import split_tools
+from tokmem.studies.tool_datasets import tool_examples
 from tokmem.errors import BackboneError, BankError
 
 QV = ("q_proj", "v_proj")

@@ -20,7 +20,7 @@ from tokmem.methods.lora import LoRA, Replay
 from tokmem.methods.tokmem import TokMem
 from tokmem.methods.rag import RAG, demonstration_prompt
 from tokmem.methods.tools import ToolRAG, tool_prompt
-from tokmem.data.tools import catalog, split_tools
+from tokmem.data.tool_catalog import catalog, split_tools
 from tokmem.cli import main
 from tokmem.data.sni import Instance, Task, load_tasks
 from tokmem.errors import TokMemError

@@ -10,7 +10,8 @@ from helpers import random_rows
 from safetensors.torch import save_file
 
 import tokmem
-from tokmem.bank import MemoryBank, metadata_path
+from tokmem.bank import MemoryBank
+from tokmem.bank_format import metadata_path
 from tokmem.errors import BankError
 
 WIDTH = 8
@@ -307,7 +308,7 @@ def crash_halfway(bank, monkeypatch):
             f.write(data[: len(data) // 2])
         raise OSError("No space left on device")
 
-    monkeypatch.setattr("tokmem.bank.save_file", save_half)
+    monkeypatch.setattr("tokmem.bank_format.save_file", save_half)
 
 
 @pytest.mark.parametrize("fail", [poison_with_nan, crash_halfway])
@@ -446,7 +447,7 @@ def test_a_failed_second_rename_puts_the_first_file_back(tmp_path, monkeypatch):
             raise OSError("disk gone")
         return real_replace(src, dst)
 
-    monkeypatch.setattr("tokmem.bank.os.replace", replace)
+    monkeypatch.setattr("tokmem.io.os.replace", replace)
     with pytest.raises(OSError, match="disk gone"):
         make_bank(names=("x",)).save(path)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files

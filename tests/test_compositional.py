@@ -18,7 +18,8 @@ from tokmem.methods.tokmem import UnfrozenTokMem
 from tokmem.methods.method import first_block
 from tokmem.methods.tools import ICL, ToolRAG, compact_schema, tool_prompt
 from tokmem.cli import main
-from tokmem.data.tools import call_json, catalog, split_tools
+from tokmem.data.procedures import call_json
+from tokmem.data.tool_catalog import catalog, split_tools
 from tokmem.errors import TokMemError
 from tokmem.cli import bench
 from tokmem.studies import atomic, compositional, compositional_report, tool_setup

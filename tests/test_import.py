@@ -12,7 +12,7 @@ from tokmem.data import load_catalog, load_examples
 from tokmem.data.bfcl import import_bfcl, parse_call
 from tokmem.data.nestful import import_nestful
 from tokmem.data.openai_chat import LATER_TURNS, import_openai
-from tokmem.data.tools import call_json
+from tokmem.data.procedures import call_json
 from tokmem.data.xlam import import_xlam
 from tokmem.errors import DataError
 

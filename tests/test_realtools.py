@@ -7,7 +7,7 @@ import pytest
 
 from tokmem.data import shared
 from tokmem.data.procedures import Example, Step
-from tokmem.data.realtools import (
+from tokmem.studies.realtools import (
     FLIGHT_TOOLS,
     complexfuncbench_data,
     function_calling_dir,

@@ -7,22 +7,13 @@ from collections import Counter
 
 import pytest
 
-from tokmem.data.tools import (
-    TOOLS,
-    Param,
-    Tool,
-    array_of,
-    call_json,
-    catalog,
-    join_queries,
-    join_repeats,
-    split_tools,
-    tool_dataset,
-    tool_examples,
-)
-from tokmem.data.xlam import load_xlam, rank_tools, xlam_dataset
+from tokmem.data.phrasing import join_queries, join_repeats
+from tokmem.data.procedures import call_json
+from tokmem.data.tool_catalog import TOOLS, Param, Tool, array_of, catalog, split_tools
+from tokmem.data.xlam import load_xlam, rank_tools
 from tokmem.errors import DataError
 from tokmem.eval.metrics import parse_call
+from tokmem.studies.tool_datasets import tool_dataset, tool_examples, xlam_dataset
 
 JSON_TYPES = {"integer", "number", "string", "boolean", "array"}
 PAPER_TOOLS = {

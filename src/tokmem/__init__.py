@@ -1,7 +1,5 @@
 """tokmem: one-token procedural memory for frozen language models (TokMem)."""
 
-from importlib.metadata import version as _version
-
 from tokmem.adapt import AdaptConfig, adapt
 from tokmem.backbones import Backbone, load_backbone
 from tokmem.bank import MemoryBank
@@ -11,8 +9,7 @@ from tokmem.decode import DecodeConfig, Generation, Route, generate, route
 from tokmem.errors import BackboneError, BankError, DataError, TokMemError
 from tokmem.model import TokMemModel, compose, create, load
 from tokmem.train import TrainConfig, TrainReport, learn, train
-
-__version__ = _version("tokmem")
+from tokmem.version import __version__ as __version__
 
 __all__ = [
     "AdaptConfig",

@@ -9,33 +9,32 @@ followed by the tool's arguments as JSON only: the memory token is the tool choi
 assemble the whole call ``{"name": procedure, "arguments": …}``).  A tool row may keep its tool's JSON schema
 (``schemas``: OpenAI's function ``parameters``), which binds the arguments decoded after its memory token.
 
-On disk a bank is ``<path>`` (safetensors, tensors only, never pickle) plus ``<path>.json``
-(format version, names, descriptions, kinds, schemas, dims, DC flag, backbone identity, norm statistics).
-Version 1 files (before kinds) load with every row ``text``.  Every metadata field is checked by one
-small function (``FIELD_CHECKS``) before anything is built from it, so a bad file or upload gets one
-clear error, never a traceback.  The two files are written together: both temporaries first, then
-both renamed, the first one put back if the second rename fails.
+On disk a bank is ``<path>`` (safetensors) plus ``<path>.json`` (metadata), as ``tokmem.bank_format`` lays them
+out and checks them when read; the two files are written together (``tokmem.io.write_files``).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load, save_file
 
+from tokmem.bank_format import (
+    FORMAT,
+    FORMAT_VERSION,
+    KINDS,
+    existing_metadata,
+    metadata_path,
+    name_problem,
+    read_metadata,
+    read_tensors,
+    save_tensors,
+    schemas_problem,
+)
 from tokmem.errors import BankError, cut, listed
+from tokmem.io import write_files
 
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-KINDS = ("text", "tool")
-MAX_NAME_CHARS = 128  # a procedure name's length
-MAX_HIDDEN_SIZE = 2**16
 ROW_NORM_FACTOR = 1000.0  # rows may be at most this many times the backbone's mean embedding norm
 
 
@@ -202,7 +201,7 @@ class MemoryBank:
     def metadata(self) -> dict:
         norms = self.norms()
         return {
-            "format": "tokmem-bank",
+            "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "hidden_size": self.hidden_size,
             "num_rows": len(self),
@@ -227,13 +226,10 @@ class MemoryBank:
         if not all(torch.isfinite(m).all() for m in (self.index, self.steer_matrix)):
             raise BankError(f"refusing to save {path}: the bank has NaN/Inf rows (training diverged?)")
         path.parent.mkdir(parents=True, exist_ok=True)
-        tensors = {"index": self.index.contiguous()}
-        if self.decoupled:
-            tensors["steer"] = self.steer.contiguous()
         text = json.dumps(self.metadata(), indent=2, ensure_ascii=False)
         write_files(
             {
-                path: lambda tmp: save_file(tensors, tmp, metadata={"format": "tokmem-bank"}),
+                path: lambda tmp: save_tensors(tmp, self.index, self.steer),
                 metadata_path(path): lambda tmp: Path(tmp).write_text(text, encoding="utf-8"),
             }
         )
@@ -243,7 +239,7 @@ class MemoryBank:
     def load(cls, path, backbone=None) -> "MemoryBank":
         """Load and validate a bank; with ``backbone`` given, refuse a bank trained for another one."""
         path = Path(path)
-        meta_file = _existing_metadata(path)
+        meta_file = existing_metadata(path)
         return cls.from_bytes(path.read_bytes(), meta_file.read_bytes(), backbone, where=path)
 
     @classmethod
@@ -254,38 +250,20 @@ class MemoryBank:
         before anything is written); errors name ``where`` (the .safetensors path; the metadata's is ``where.json``).
         ``require_backbone``: the metadata must name the backbone's fingerprint (uploads)."""
         where = Path(where)
-        meta = _parse_metadata(metadata, metadata_path(where))
+        meta = read_metadata(metadata, metadata_path(where))
         if require_backbone and "fingerprint" not in (meta.get("backbone") or {}):
             raise BankError(f"{metadata_path(where)}: field 'backbone' must give the backbone's 'fingerprint'")
-        tensors = _parse_tensors(tensors, where)
         bank = cls(meta["hidden_size"], decoupled=meta["decoupled"], backbone=meta.get("backbone") or {})
         bank.names = list(meta["names"])
         bank._index_names()
         bank.descriptions = list(meta.get("descriptions") or [""] * len(bank.names))
         bank.kinds = list(meta.get("kinds") or ["text"] * len(bank.names))
-        bank.index = _checked(tensors, "index", where, meta)
-        if bank.decoupled:
-            bank.steer = _checked(tensors, "steer", where, meta)
+        bank.index, bank.steer = read_tensors(tensors, where, meta)
         bank.trainable = torch.zeros(len(bank.names), dtype=torch.bool)
         bank.schemas = list(meta.get("schemas") or [None] * len(bank.names))  # none before schemas were kept
         if backbone is not None:
             check_backbone(bank, backbone, where)
         return bank
-
-
-def metadata_path(path) -> Path:
-    path = Path(path)
-    return path.with_name(path.name + ".json")
-
-
-def read_backbone_name(path) -> str:
-    """The backbone spec a bank file was trained for (from its metadata)."""
-    meta_file = _existing_metadata(Path(path))
-    meta = _parse_metadata(meta_file.read_bytes(), meta_file)
-    name = (meta.get("backbone") or {}).get("name")
-    if not name:
-        raise BankError(f"{metadata_path(path)}: field 'backbone.name' is missing; pass the backbone explicitly")
-    return name
 
 
 def check_backbone(bank: MemoryBank, backbone, path="<bank>") -> None:
@@ -307,213 +285,12 @@ def check_backbone(bank: MemoryBank, backbone, path="<bank>") -> None:
             )
 
 
-def schemas_problem(schemas, rows: int) -> str | None:
-    """What is wrong with per-row tool ``schemas``, worded to follow their name (``[1] must be …``), or None.
-
-    They must be a list with, per row, None or a JSON schema object whose ``properties`` (if any) is an object
-    and whose ``required`` (if any) lists strings."""
-    if not isinstance(schemas, list) or len(schemas) != rows:
-        return f" must be a list of {rows} entries (a JSON schema or null per row)"
-    for row, schema in enumerate(schemas):
-        if schema is None:
-            continue
-        if not isinstance(schema, dict):
-            return f"[{row}] must be a JSON schema object or null, not {type(schema).__name__}"
-        if not isinstance(schema.get("properties", {}), dict):
-            return f"[{row}].properties must be an object"
-        required = schema.get("required", [])
-        if not isinstance(required, list) or not all(isinstance(key, str) for key in required):
-            return f"[{row}].required must be a list of argument names"
-    return None
-
-
 def _check_name(name) -> None:
-    problem = _name_problem(name)
+    problem = name_problem(name)
     if problem:
         raise BankError(problem)
-
-
-def _name_problem(name) -> str | None:
-    if not isinstance(name, str) or not name.strip() or name != name.strip() or len(name) > MAX_NAME_CHARS:
-        return f"invalid procedure name {name!r:.60}: use a non-empty text of at most {MAX_NAME_CHARS} characters without surrounding spaces"
-    return None
 
 
 def _check_kind(kind) -> None:
     if kind not in KINDS:
         raise BankError(f"invalid row kind {kind!r}: choose from {', '.join(KINDS)}")
-
-
-def write_files(writers: dict[Path, Callable[[str], None]]) -> None:
-    """Write several files as one change: ``write(tmp)`` each to a hidden temporary beside its path
-    (``.NAME.*.tmp``), then rename them all into place.  On any failure no temporary is left and no file
-    has changed: a target that is not a plain file is refused first, and files already renamed are put
-    back from hard-linked copies of what they were."""
-    for path in writers:
-        if path.exists() and not path.is_file():
-            raise BankError(f"{path} exists and is not a file: nothing written")
-    temporaries = {}
-    try:
-        for path, write in writers.items():
-            fd, temporaries[path] = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            os.close(fd)
-            write(temporaries[path])
-        _rename_all(temporaries)
-    finally:
-        for tmp in temporaries.values():
-            Path(tmp).unlink(missing_ok=True)
-
-
-def _rename_all(temporaries: dict[Path, str]) -> None:
-    """Rename each temporary to its path; if one rename fails, put back the paths already renamed."""
-    backups: dict[Path, Path] = {}  # hard-linked copies of the files being replaced
-    renamed: list[Path] = []
-    try:
-        for path, tmp in temporaries.items():
-            if path.exists():
-                backups[path] = Path(f"{tmp}.old")
-                os.link(path, backups[path])
-            os.replace(tmp, path)
-            renamed.append(path)
-    except BaseException:
-        for path in reversed(renamed):
-            if path in backups:
-                os.replace(backups[path], path)
-            else:
-                path.unlink(missing_ok=True)
-        raise
-    finally:
-        for backup in backups.values():
-            backup.unlink(missing_ok=True)
-
-
-def _existing_metadata(path: Path) -> Path:
-    """The metadata file of the bank ``path``, after checking that both files exist."""
-    meta_file = metadata_path(path)
-    if not path.is_file():
-        raise BankError(f"{path}: bank file not found")
-    if not meta_file.is_file():
-        raise BankError(f"{meta_file}: bank metadata not found (a bank is the .safetensors file plus its .json)")
-    return meta_file
-
-
-def _parse_metadata(text: bytes, meta_file: Path) -> dict:
-    try:
-        meta = json.loads(text.decode("utf-8"))
-    except (ValueError, RecursionError) as err:  # bad JSON or UTF-8, huge numbers, deep nesting
-        raise BankError(f"{meta_file}: corrupted metadata ({type(err).__name__}: {str(err)[:200]})") from None
-    if not isinstance(meta, dict):
-        raise BankError(f"{meta_file}: not a tokmem bank metadata file")
-    for check in FIELD_CHECKS:
-        problem = check(meta)
-        if problem:
-            raise BankError(f"{meta_file}: {problem}")
-    return meta
-
-
-# ---- metadata fields: each check returns what is wrong, or None; they run in this order -----------------
-def _format(meta: dict) -> str | None:
-    if meta.get("format") != "tokmem-bank":
-        return "not a tokmem bank metadata file"
-    if meta.get("format_version") not in READABLE_VERSIONS or isinstance(meta.get("format_version"), bool):
-        return (
-            f"bank format version {meta.get('format_version')} is not supported "
-            f"(this tokmem reads versions {', '.join(map(str, READABLE_VERSIONS))})"
-        )
-    return None
-
-
-def _hidden_size(meta: dict) -> str | None:
-    size = meta.get("hidden_size")
-    if type(size) is not int or not 0 < size <= MAX_HIDDEN_SIZE:
-        return f"field 'hidden_size' must be a whole number from 1 to {MAX_HIDDEN_SIZE}, not {size!r:.40}"
-    return None
-
-
-def _decoupled(meta: dict) -> str | None:
-    return None if isinstance(meta.get("decoupled"), bool) else "field 'decoupled' is missing or not true/false"
-
-
-def _names(meta: dict) -> str | None:
-    names = meta.get("names")
-    if not isinstance(names, list):
-        return "field 'names' is missing or not a list"
-    for row, name in enumerate(names):
-        problem = _name_problem(name)
-        if problem:
-            return f"field 'names', row {row}: {problem}"
-    return "field 'names' has duplicates" if len(set(names)) != len(names) else None
-
-
-def _descriptions(meta: dict) -> str | None:
-    descriptions, count = meta.get("descriptions"), len(meta["names"])
-    if descriptions is None:
-        return None
-    if (
-        not isinstance(descriptions, list)
-        or len(descriptions) != count
-        or not all(isinstance(d, str) for d in descriptions)
-    ):
-        return f"field 'descriptions' must list one text for each of the {count} names"
-    return None
-
-
-def _kinds(meta: dict) -> str | None:
-    kinds, count = meta.get("kinds"), len(meta["names"])
-    if kinds is not None and (not isinstance(kinds, list) or len(kinds) != count or not all(k in KINDS for k in kinds)):
-        return f"field 'kinds' must list one of {', '.join(KINDS)} for each of the {count} names"
-    return None
-
-
-def _backbone(meta: dict) -> str | None:
-    backbone = meta.get("backbone")
-    if backbone is None:
-        return None
-    if not isinstance(backbone, dict):
-        return "field 'backbone' must be an object with the backbone's 'name' and 'fingerprint'"
-    for key in ("name", "fingerprint"):
-        if key in backbone and not (isinstance(backbone[key], str) and backbone[key]):
-            return f"field 'backbone.{key}' must be a non-empty text"
-    return None
-
-
-def _schemas(meta: dict) -> str | None:
-    if meta.get("schemas") is None:
-        return None
-    problem = schemas_problem(meta["schemas"], len(meta["names"]))
-    return problem and f"field 'schemas'{problem}"
-
-
-FIELD_CHECKS: tuple[Callable[[dict], str | None], ...] = (
-    _format,
-    _hidden_size,
-    _decoupled,
-    _names,
-    _descriptions,
-    _kinds,
-    _schemas,
-    _backbone,
-)
-
-
-def _parse_tensors(data: bytes, path: Path) -> dict:
-    try:
-        return load(data)
-    except (SafetensorError, OSError, ValueError) as err:
-        raise BankError(f"{path}: corrupted or truncated bank file ({err})") from None
-
-
-def _checked(tensors: dict, key: str, path: Path, meta: dict) -> torch.Tensor:
-    if key not in tensors:
-        raise BankError(f"{path}: tensor '{key}' is missing")
-    tensor = tensors[key]
-    expected = (len(meta["names"]), meta["hidden_size"])
-    if tuple(tensor.shape) != expected:
-        raise BankError(f"{path}: tensor '{key}' has shape {tuple(tensor.shape)}, the metadata says {expected}")
-    if tensor.dtype != torch.float32:
-        raise BankError(f"{path}: tensor '{key}' has dtype {tensor.dtype}, expected float32")
-    bad = (~torch.isfinite(tensor)).any(dim=1).nonzero().flatten().tolist()
-    if bad:
-        names = [meta["names"][i] for i in bad[:5]]
-        raise BankError(f"{path}: tensor '{key}' has NaN/Inf values in rows {bad[:5]} ({', '.join(names)})")
-    return tensor

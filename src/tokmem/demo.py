@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from rich.table import Table
 
 from tokmem.backbones import DEFAULT_BACKBONE
 from tokmem.config import option
 from tokmem.eval import metrics
-from tokmem.methods.method import plain_answers
 from tokmem.data import builtin
 from tokmem.data.procedures import Example
-from tokmem.decode import DecodeConfig
+from tokmem.decode import DecodeConfig, generate
 from tokmem.eval.evaluate import evaluate
 from tokmem.sequences import chat_prefix
 from tokmem.model import TokMemModel, create
@@ -66,7 +65,7 @@ def instructed_scores(
     procedure (single-step queries), and prompt tokens per query."""
     prompts = [builtin.instructed_prompt(instructions(e), e.query) for e in examples]
     start = time.perf_counter()
-    answers = plain_answers(plain, prompts, config.max_new_tokens, config.batch_size, share_prefix=True)
+    answers = [g.text for g in generate(plain, prompts, replace(config, share_prefix=True))]
     matches = [metrics.exact_match(a, e.response) for a, e in zip(answers, examples)]
     per_procedure = {}
     for example, match in zip(examples, matches):

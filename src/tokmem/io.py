@@ -1,4 +1,5 @@
-"""Files: atomic writes (a crash never leaves half a file) and data files read with errors that name the file and line."""
+"""Files: atomic writes (a crash never leaves half a file, nor one file of a set changed without the others), and data
+files read with errors that name the file and line."""
 
 from __future__ import annotations
 
@@ -9,14 +10,13 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from tokmem.errors import DataError
+from tokmem.errors import BankError, DataError
 
 
 def atomic_write(path, write: Callable[[str], object]) -> Path:
     """``write(tmp)`` a temporary file beside ``path`` (hidden: ``.NAME.*.tmp``), then rename it to ``path``."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp = _temporary_beside(path)
     try:
         write(tmp)
         os.replace(tmp, path)
@@ -24,6 +24,55 @@ def atomic_write(path, write: Callable[[str], object]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_files(writers: dict[Path, Callable[[str], None]]) -> None:
+    """Write several files as one change: ``write(tmp)`` each to a hidden temporary beside its path
+    (``.NAME.*.tmp``), then rename them all into place.  On any failure no temporary is left and no file
+    has changed: a target that is not a plain file is refused first, and files already renamed are put
+    back from hard-linked copies of what they were."""
+    for path in writers:
+        if path.exists() and not path.is_file():
+            raise BankError(f"{path} exists and is not a file: nothing written")
+    temporaries = {}
+    try:
+        for path, write in writers.items():
+            temporaries[path] = _temporary_beside(path)
+            write(temporaries[path])
+        _rename_all(temporaries)
+    finally:
+        for tmp in temporaries.values():
+            Path(tmp).unlink(missing_ok=True)
+
+
+def _rename_all(temporaries: dict[Path, str]) -> None:
+    """Rename each temporary to its path; if one rename fails, put back the paths already renamed."""
+    backups: dict[Path, Path] = {}  # hard-linked copies of the files being replaced
+    renamed: list[Path] = []
+    try:
+        for path, tmp in temporaries.items():
+            if path.exists():
+                backups[path] = Path(f"{tmp}.old")
+                os.link(path, backups[path])
+            os.replace(tmp, path)
+            renamed.append(path)
+    except BaseException:
+        for path in reversed(renamed):
+            if path in backups:
+                os.replace(backups[path], path)
+            else:
+                path.unlink(missing_ok=True)
+        raise
+    finally:
+        for backup in backups.values():
+            backup.unlink(missing_ok=True)
+
+
+def _temporary_beside(path: Path) -> str:
+    """A new, empty, hidden temporary file beside ``path`` (``.NAME.*.tmp``)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    return tmp
 
 
 def write_text_atomic(path, text: str) -> Path:

@@ -226,7 +226,7 @@ def create(backbone: str | Backbone = DEFAULT_BACKBONE, decoupled: bool = False,
 def load(bank_path, backbone: str | Backbone | None = None, **load_options) -> TokMemModel:
     """Load a bank and the backbone it was trained for (or the one given, which must match)."""
     from tokmem.backbones import load_backbone
-    from tokmem.bank import read_backbone_name
+    from tokmem.bank_format import read_backbone_name
 
     if backbone is None:
         backbone = read_backbone_name(bank_path)

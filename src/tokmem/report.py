@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tokmem.io import write_json_atomic
+from tokmem.version import __version__
 
 console = Console(stderr=False)
 error_console = Console(stderr=True, soft_wrap=True)
@@ -17,10 +18,8 @@ error_console = Console(stderr=True, soft_wrap=True)
 
 def machine() -> dict:
     """Where a result was measured: written next to every result."""
-    import tokmem
-
     return {
-        "tokmem": tokmem.__version__,
+        "tokmem": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "platform": platform.platform(),

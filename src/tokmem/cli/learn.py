@@ -8,7 +8,7 @@ from tokmem import distributed
 from tokmem.adapt import AdaptConfig
 from tokmem.backbones import DEFAULT_BACKBONE, default_device, default_dtype
 from tokmem.cli.options import add_common, add_options, values
-from tokmem.data.tools import ADAPTATION_SAMPLES
+from tokmem.studies.tool_datasets import ADAPTATION_SAMPLES
 from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
 from tokmem.report import console, machine, write_json
@@ -142,7 +142,7 @@ def cmd_adapt(args) -> None:
     from tokmem.adapt import adapt
     from tokmem.backbones import load_backbone
     from tokmem.data import load_examples
-    from tokmem.data.tools import adaptation_examples
+    from tokmem.studies.tool_datasets import adaptation_examples
 
     if Path(args.out).exists():
         raise TokMemError(f"{args.out} already exists: give --out a new directory")

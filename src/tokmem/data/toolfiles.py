@@ -14,9 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokmem.data.procedures import Example, Step
+from tokmem.data.procedures import Example, Step, call_json
 from tokmem.io import read_text
-from tokmem.data.tools import call_json
 from tokmem.errors import DataError
 
 SCHEMA_CONFLICT = "records defining a called tool differently from the catalog (which keeps the first definition)"

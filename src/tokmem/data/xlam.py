@@ -8,13 +8,12 @@ where ``answers`` and ``tools`` may also be JSON strings of those lists (as the 
 A tool-calling study takes the tools most often called alone (a *single-tool* sample calls one tool,
 perhaps several times), ranks them by that count, keeps ranks a..b (the reference code: ranks 1–50
 for the adaptation phase, 51–100 for evaluation), and composes multi-tool queries from their samples as
-``tokmem.data.tools.assemble`` does.
+``tokmem.studies.tool_datasets.xlam_dataset`` does.
 """
 
 from __future__ import annotations
 
 import json
-import random
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +29,6 @@ from tokmem.data.toolfiles import (
     require_object,
     text_field,
 )
-from tokmem.data.tools import StudySizes, ToolData, assemble
-from tokmem.errors import DataError
 
 
 @dataclass(frozen=True)
@@ -89,24 +86,8 @@ def _single_tool(record: XlamRecord) -> bool:
     )
 
 
-def xlam_dataset(path, ranks: tuple[int, int] = (1, 50), **sizes) -> ToolData:
-    """A study over the tools ranked ``ranks`` (1-based, inclusive) by single-tool frequency.
-
-    Each tool keeps up to ``per_tool`` of its single-tool samples (distinct queries, drawn with
-    ``seed``); train and test are built by ``assemble``; ``sizes``: `StudySizes` fields.
-    """
-    records = load_xlam(path)
-    first, last = ranks
-    ranking = rank_tools(records)
-    if not 1 <= first <= last or last > len(ranking):
-        raise DataError(f"{path}: cannot take tool ranks {first}..{last}: it has {len(ranking)} single-tool tools")
-    chosen = [name for name, _ in ranking[first - 1 : last]]
-    sizes = StudySizes(**sizes)
-    pools = _pools(records, chosen, sizes.per_tool, random.Random(f"{sizes.seed}:xlam"))
-    return assemble(pools, _schemas(records, chosen), sizes)
-
-
-def _pools(records, chosen, per_tool, rng) -> dict[str, list[Example]]:
+def single_tool_samples(records, chosen, per_tool, rng) -> dict[str, list[Example]]:
+    """Tool → up to ``per_tool`` of its single-tool samples (distinct queries, drawn with ``rng``)."""
     by_tool: dict[str, dict[str, Example]] = {name: {} for name in chosen}
     for record in records:
         if _single_tool(record) and (name := next(iter(record.tool_names))) in by_tool:
@@ -114,7 +95,8 @@ def _pools(records, chosen, per_tool, rng) -> dict[str, list[Example]]:
     return {name: rng.sample(list(samples.values()), min(per_tool, len(samples))) for name, samples in by_tool.items()}
 
 
-def _schemas(records, chosen) -> dict[str, dict]:
+def offered_schemas(records, chosen) -> dict[str, dict]:
+    """Each chosen tool's schema, as the first record offering it gives it."""
     schemas: dict[str, dict] = {}
     for record in records:
         for schema in record.tools:

@@ -47,8 +47,9 @@ from tokmem.adapt import AdaptConfig
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone
 from tokmem.config import option
 from tokmem.data.procedures import Example
-from tokmem.data.realtools import ADAPT_DATA, ADAPT_SOURCE_NAMES, check_adapt_data
-from tokmem.data.tools import StudySizes, ToolData, split_tools
+from tokmem.data.tool_catalog import split_tools
+from tokmem.studies.realtools import ADAPT_DATA, ADAPT_SOURCE_NAMES, check_adapt_data
+from tokmem.studies.tool_datasets import StudySizes, ToolData
 from tokmem.errors import TokMemError
 from tokmem.eval import metrics
 from tokmem.eval.evaluate import memory_routes, predicted_calls, score_calls

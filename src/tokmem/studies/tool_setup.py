@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 from tokmem.adapt import AdaptConfig, cached_adapt
 from tokmem.backbones import Backbone, load_backbone
 from tokmem.data.procedures import Example
-from tokmem.data.realtools import RealData, complexfuncbench_data, function_calling_dir
-from tokmem.data.tools import ToolData, split_tools, tool_dataset, tool_examples
-from tokmem.data.xlam import xlam_dataset
+from tokmem.data.tool_catalog import split_tools
+from tokmem.studies.realtools import RealData, complexfuncbench_data, function_calling_dir
+from tokmem.studies.tool_datasets import ToolData, tool_dataset, tool_examples, xlam_dataset
 from tokmem.eval import metrics
 from tokmem.methods.lora import LoRA, Replay
 from tokmem.methods.method import Method

@@ -1,83 +1,32 @@
-"""Tool-calling data: the built-in tool catalog, and the composition of multi-tool queries.
+"""The built-in tool catalog: 50 tools in the style of APIGen / xLAM, as a table written in Python.
 
-Each tool is one procedure.  A call is rendered as compact JSON ``{"name": …, "arguments": {…}}``
-(arguments in the order of the tool's signature) and the tool's memory token precedes it, so a
-query that needs several calls is an Example with one ``Step(tool, call)`` per call.
-
-The built-in catalog holds 50 tools in the style of APIGen / xLAM: 25 for the adaptation phase and
-25 for evaluation (after the paper's evaluation tools), disjoint.  A tool has a JSON-schema
-signature, an argument sampler and query templates; its calls are never executed, the call itself
-is the answer.  Datasets are built the way the paper builds them (see ``assemble``), from the
-built-in tools here or from an xLAM file (``tokmem.data.xlam``).  To go beyond 25 + 25 tools, pass
-your own ``Tool`` objects wherever tool names are accepted.
+Each tool is one procedure, with a JSON-schema signature, an argument sampler (a function, hence code and not a
+data file) and query templates; its calls are never executed, the call itself is the answer.  25 tools are for the
+adaptation phase and 25 for evaluation (after the paper's evaluation tools), disjoint.  A call is rendered as
+compact JSON ``{"name": …, "arguments": {…}}`` (arguments in the order of the tool's signature).  To go beyond
+25 + 25 tools, pass your own ``Tool`` objects wherever tool names are accepted.
 """
 
 from __future__ import annotations
 
-import bisect
 import datetime
 import json
 import random
 import string
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 from tokmem.data.builtin import WORDS
-from tokmem.data.procedures import Example, Step, call_json
+from tokmem.data.procedures import Step, call_json
 from tokmem.errors import DataError
 
 ADAPTATION, EVALUATION = "adaptation", "evaluation"
-MAX_SAME_TOOL_CALLS = 3
-SAME_TOOL_WEIGHTS = (15, 4, 1)  # how often a single-tool sample makes 1, 2 or 3 calls
-FIRST_CONNECTOR, MIDDLE_CONNECTOR, LAST_CONNECTOR = "then", "after that", "and also"
-DRAWS_PER_EXAMPLE = 20
 
 INT, NUM, STR, BOOL = {"type": "integer"}, {"type": "number"}, {"type": "string"}, {"type": "boolean"}
 
 
 def array_of(item: dict) -> dict:
     return {"type": "array", "items": item}
-
-
-# ---- calls and queries -------------------------------------------------------------------------------
-
-
-def join_queries(parts: list[str]) -> str:
-    """Requests for different tools as one: "A, then b, after that c, and also d." (the last part's ? or . ends it)."""
-    head, *rest = _clauses(parts)
-    linked = [f"{_connector(k, len(rest))} {clause}" for k, clause in enumerate(rest, start=1)]
-    return ", ".join([head, *linked]) + _end(parts)
-
-
-def join_repeats(parts: list[str]) -> str:
-    """Requests for one tool as one: "A and b.", "A, b and c." (kept apart from ``join_queries``' connectors)."""
-    if len(parts) == 1:
-        return parts[0]
-    *most, last = _clauses(parts)
-    return f"{', '.join(most)} and {last}{_end(parts)}"
-
-
-def _clauses(parts: list[str]) -> list[str]:
-    clauses = [part.strip().rstrip(".!?") for part in parts]
-    return clauses[:1] + [_lower_first(clause) for clause in clauses[1:]]
-
-
-def _connector(k: int, last: int) -> str:
-    if k == last and k > 1:
-        return LAST_CONNECTOR
-    return FIRST_CONNECTOR if k == 1 else MIDDLE_CONNECTOR
-
-
-def _end(parts: list[str]) -> str:
-    return "?" if parts[-1].strip().endswith("?") else "."
-
-
-def _lower_first(text: str) -> str:
-    """Lower-case an ordinary capitalised first word ("Check" → "check"), never "I", "IP" or "McDonald"."""
-    word = text.split(" ", 1)[0]
-    if len(word) > 1 and word[0].isupper() and word[1:].islower():
-        return text[0].lower() + text[1:]
-    return text
 
 
 # ---- tools -----------------------------------------------------------------------------------------------
@@ -869,158 +818,10 @@ def resolve(tools) -> list[Tool]:
     """Tools given by built-in name or as ``Tool`` objects (to extend the catalog)."""
     unknown = [t for t in tools if isinstance(t, str) and t not in TOOLS]
     if unknown:
-        raise DataError(f"unknown built-in tool(s): {', '.join(unknown)} (see tokmem.data.tools.TOOLS)")
+        raise DataError(f"unknown built-in tool(s): {', '.join(unknown)} (see tokmem.data.tool_catalog.TOOLS)")
     return [TOOLS[t] if isinstance(t, str) else t for t in tools]
 
 
 def catalog(tools=None) -> dict[str, dict]:
     """Tool name → JSON-schema signature (name, description, parameters), for ICL/RAG prompts."""
     return {t.name: t.schema() for t in resolve(TOOLS if tools is None else tools)}
-
-
-# ---- datasets ---------------------------------------------------------------------------------------------
-
-ADAPTATION_SAMPLES = 5000  # the reference code's adaptation set
-
-
-@dataclass(frozen=True)
-class StudySizes:
-    """How a tool-calling study is built (``assemble``); the defaults are the paper's."""
-
-    per_tool: int = 50  # single-tool samples per tool
-    train_multi: int = 5000  # composed training queries
-    test_multi: int = 500  # composed test queries
-    max_calls: int = 4
-    train_max_calls: int | None = None  # default: max_calls
-    test_fraction: float = 0.2  # of each tool's samples, held out for the test queries
-    seed: int = 0
-
-
-@dataclass
-class ToolData:
-    """A tool-calling study's data: ``train`` (single-tool samples and composed queries), ``test``
-    (composed queries of 2..max_calls calls over held-out samples), and the tools' schemas."""
-
-    train: list[Example]
-    test: list[Example]
-    tools: dict[str, dict]
-
-    def descriptions(self) -> dict[str, str]:
-        return {name: schema.get("description", "") for name, schema in self.tools.items()}
-
-
-def tool_examples(tools, n_single: int = 50, n_multi: int = 2500, max_calls: int = 4, seed: int = 0) -> list[Example]:
-    """``n_single`` single-tool samples per tool (some calling it 2-3 times) plus up to ``n_multi`` queries
-    composed of 2..``max_calls`` calls to different tools; no sample has more than ``max_calls`` calls.
-
-    The shape of the paper's adaptation set (50 tools, 5,000 samples).
-    """
-    tools = resolve(tools)
-    taken: set[str] = set()
-    pools = sample_pools(tools, n_single, random.Random(f"{seed}:pools"), taken)
-    singles = [e for pool in pools.values() for e in pool if len(e.steps) <= max_calls]
-    return singles + compose(pools, n_multi, max_calls, random.Random(f"{seed}:multi"), taken, "multi")
-
-
-def adaptation_examples(
-    samples: int = ADAPTATION_SAMPLES,
-    per_tool: int = StudySizes.per_tool,
-    max_calls: int = StudySizes.max_calls,
-    seed: int = StudySizes.seed,
-) -> list[Example]:
-    """The reference code's adaptation set over the built-in adaptation tools: ``per_tool`` single-tool samples
-    of each (fewer when ``samples`` is too small for that), then composed queries up to ``samples`` in all."""
-    tools = split_tools()[0]
-    per_tool = min(per_tool, samples // len(tools))
-    return tool_examples(tools, per_tool, samples - per_tool * len(tools), max_calls, seed)
-
-
-def tool_dataset(tools=None, **sizes) -> ToolData:
-    """Train/test data over built-in tools (default: the evaluation half), built as ``assemble`` describes;
-    ``sizes``: `StudySizes` fields."""
-    tools = resolve(split_tools()[1] if tools is None else tools)
-    taken: set[str] = set()
-    sizes = StudySizes(**sizes)
-    pools = sample_pools(tools, sizes.per_tool, random.Random(f"{sizes.seed}:pools"), taken)
-    return assemble(pools, catalog(tools), sizes)
-
-
-def sample_pools(tools: list[Tool], size: int, rng: random.Random, taken: set[str]) -> dict[str, list[Example]]:
-    """``size`` single-tool samples per tool with queries not in ``taken`` (which grows)."""
-    return {tool.name: unique(lambda: _single(tool, rng), size, taken, tool.name) for tool in tools}
-
-
-def _single(tool: Tool, rng: random.Random) -> Example | None:
-    """A query calling one tool once, or (sometimes) two or three times with different arguments."""
-    count = rng.choices(range(1, MAX_SAME_TOOL_CALLS + 1), weights=SAME_TOOL_WEIGHTS)[0]
-    queries, steps = zip(*(tool.draw(rng) for _ in range(count)))
-    if len(set(steps)) < count:
-        return None
-    return Example(join_repeats(list(queries)), tuple(steps))
-
-
-def assemble(pools, tools, sizes: StudySizes) -> ToolData:
-    """The paper's construction of a tool-calling study from single-tool samples (``pools``: tool → samples).
-
-    Each tool's samples are split into a training part and a held-out part (``sizes.test_fraction``).  The
-    test set is up to ``test_multi`` queries composed from held-out samples, with 2..``max_calls`` calls;
-    the training set is the training samples plus up to ``train_multi`` queries composed from them,
-    every one with at most ``train_max_calls`` calls (default ``max_calls``; 1 means single calls only).
-    No test query, nor any sample composed into one, is in training; and the test set does not depend on
-    ``train_max_calls`` or ``train_multi``.
-    """
-    train_multi, test_multi, max_calls, seed = sizes.train_multi, sizes.test_multi, sizes.max_calls, sizes.seed
-    train_cap = max_calls if sizes.train_max_calls is None else sizes.train_max_calls
-    held_out, kept = _split_pools(pools, sizes.test_fraction, random.Random(f"{seed}:split"))
-    taken = {e.query for pool in pools.values() for e in pool}
-    test = compose(held_out, test_multi, max_calls, random.Random(f"{seed}:test"), taken, "multi-test")
-    singles = [e for pool in kept.values() for e in pool if len(e.steps) <= train_cap]
-    train = singles + compose(kept, train_multi, train_cap, random.Random(f"{seed}:train"), taken, "multi-train")
-    return ToolData(train, test, dict(tools))
-
-
-def _split_pools(pools, fraction, rng) -> tuple[dict, dict]:
-    held_out, kept = {}, {}
-    for name, pool in pools.items():
-        pool = rng.sample(pool, len(pool))
-        cut = round(len(pool) * fraction)
-        held_out[name], kept[name] = pool[:cut], pool[cut:]
-    return held_out, kept
-
-
-def compose(pools, count: int, max_calls: int, rng: random.Random, taken: set[str], prefix: str) -> list[Example]:
-    """Up to ``count`` new queries, each joining samples of 2 or more different tools into 2..``max_calls``
-    calls (the number of calls drawn uniformly); fewer when the pools run out of new combinations."""
-    ordered = {name: sorted(pool, key=lambda e: len(e.steps)) for name, pool in pools.items() if pool}
-    if max_calls < 2 or len(ordered) < 2:
-        return []
-    sizes = {name: [len(e.steps) for e in pool] for name, pool in ordered.items()}
-    return unique(lambda: _composite(ordered, sizes, max_calls, rng), count, taken, prefix)
-
-
-def _composite(ordered, sizes, max_calls, rng) -> Example | None:
-    target = rng.randint(2, max_calls)
-    parts, calls = [], 0
-    for name in rng.sample(sorted(ordered), len(ordered)):
-        room = target - calls - (0 if parts else 1)  # the first sample leaves room for another tool
-        fitting = bisect.bisect_right(sizes[name], room)
-        if fitting:
-            parts.append(ordered[name][rng.randrange(fitting)])
-            calls += len(parts[-1].steps)
-        if calls == target:
-            return Example(join_queries([p.query for p in parts]), tuple(s for p in parts for s in p.steps))
-    return None
-
-
-def unique(draw, count: int, taken: set[str], prefix: str) -> list[Example]:
-    """Up to ``count`` examples from ``draw()`` (which may give None) with queries not in ``taken`` (which
-    grows), ids ``prefix-k``; gives up after ``DRAWS_PER_EXAMPLE`` draws per wanted example."""
-    examples = []
-    for _ in range(count * DRAWS_PER_EXAMPLE):
-        if len(examples) == count:
-            break
-        example = draw()
-        if example is not None and example.query not in taken:
-            taken.add(example.query)
-            examples.append(replace(example, id=f"{prefix}-{len(examples)}"))
-    return examples

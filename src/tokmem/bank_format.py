@@ -1,0 +1,214 @@
+"""The bank file format: what a bank's two files hold, and the checks of what is read from them.
+
+A bank is ``<path>`` (safetensors, tensors only, never pickle: ``index``, and ``steer`` for a decoupled bank, float32,
+one row a procedure) plus ``<path>.json`` (format version, names, descriptions, kinds, schemas, dims, DC flag,
+backbone identity, norm statistics).  Version 1 files (before kinds) load with every row ``text``.  Every metadata
+field is checked by one small function (``FIELD_CHECKS``) before anything is built from it, so a bad file or upload
+gets one clear error, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load, save_file
+
+from tokmem.errors import BankError
+
+FORMAT = "tokmem-bank"
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+KINDS = ("text", "tool")
+MAX_NAME_CHARS = 128  # a procedure name's length
+MAX_HIDDEN_SIZE = 2**16
+
+
+def metadata_path(path) -> Path:
+    """The metadata file beside the bank file ``path``: ``<path>.json``."""
+    path = Path(path)
+    return path.with_name(path.name + ".json")
+
+
+def read_backbone_name(path) -> str:
+    """The backbone spec a bank file was trained for (from its metadata)."""
+    meta_file = existing_metadata(Path(path))
+    meta = read_metadata(meta_file.read_bytes(), meta_file)
+    name = (meta.get("backbone") or {}).get("name")
+    if not name:
+        raise BankError(f"{metadata_path(path)}: field 'backbone.name' is missing; pass the backbone explicitly")
+    return name
+
+
+def existing_metadata(path: Path) -> Path:
+    """The metadata file of the bank ``path``, after checking that both files exist."""
+    meta_file = metadata_path(path)
+    if not path.is_file():
+        raise BankError(f"{path}: bank file not found")
+    if not meta_file.is_file():
+        raise BankError(f"{meta_file}: bank metadata not found (a bank is the .safetensors file plus its .json)")
+    return meta_file
+
+
+def save_tensors(tmp: str, index: torch.Tensor, steer: torch.Tensor | None) -> None:
+    """Write a bank's rows to the safetensors file ``tmp``: ``index``, and ``steer`` when the bank is decoupled."""
+    tensors = {"index": index.contiguous()}
+    if steer is not None:
+        tensors["steer"] = steer.contiguous()
+    save_file(tensors, tmp, metadata={"format": FORMAT})
+
+
+def read_tensors(data: bytes, path: Path, meta: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ``index`` and (decoupled banks) ``steer`` rows of a safetensors file's bytes, each checked against
+    the metadata ``meta`` (shape, dtype, finite values); errors name ``path``."""
+    try:
+        tensors = load(data)
+    except (SafetensorError, OSError, ValueError) as err:
+        raise BankError(f"{path}: corrupted or truncated bank file ({err})") from None
+    index = _checked(tensors, "index", path, meta)
+    return index, _checked(tensors, "steer", path, meta) if meta["decoupled"] else None
+
+
+def read_metadata(text: bytes, meta_file: Path) -> dict:
+    """The metadata JSON ``text``, every field checked (``FIELD_CHECKS``); errors name ``meta_file``."""
+    try:
+        meta = json.loads(text.decode("utf-8"))
+    except (ValueError, RecursionError) as err:  # bad JSON or UTF-8, huge numbers, deep nesting
+        raise BankError(f"{meta_file}: corrupted metadata ({type(err).__name__}: {str(err)[:200]})") from None
+    if not isinstance(meta, dict):
+        raise BankError(f"{meta_file}: not a tokmem bank metadata file")
+    for check in FIELD_CHECKS:
+        problem = check(meta)
+        if problem:
+            raise BankError(f"{meta_file}: {problem}")
+    return meta
+
+
+def schemas_problem(schemas, rows: int) -> str | None:
+    """What is wrong with per-row tool ``schemas``, worded to follow their name (``[1] must be …``), or None.
+
+    They must be a list with, per row, None or a JSON schema object whose ``properties`` (if any) is an object
+    and whose ``required`` (if any) lists strings."""
+    if not isinstance(schemas, list) or len(schemas) != rows:
+        return f" must be a list of {rows} entries (a JSON schema or null per row)"
+    for row, schema in enumerate(schemas):
+        if schema is None:
+            continue
+        if not isinstance(schema, dict):
+            return f"[{row}] must be a JSON schema object or null, not {type(schema).__name__}"
+        if not isinstance(schema.get("properties", {}), dict):
+            return f"[{row}].properties must be an object"
+        required = schema.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(key, str) for key in required):
+            return f"[{row}].required must be a list of argument names"
+    return None
+
+
+def name_problem(name) -> str | None:
+    if not isinstance(name, str) or not name.strip() or name != name.strip() or len(name) > MAX_NAME_CHARS:
+        return f"invalid procedure name {name!r:.60}: use a non-empty text of at most {MAX_NAME_CHARS} characters without surrounding spaces"
+    return None
+
+
+# ---- metadata fields: each check returns what is wrong, or None; they run in this order -----------------
+def _format(meta: dict) -> str | None:
+    if meta.get("format") != FORMAT:
+        return "not a tokmem bank metadata file"
+    if meta.get("format_version") not in READABLE_VERSIONS or isinstance(meta.get("format_version"), bool):
+        return (
+            f"bank format version {meta.get('format_version')} is not supported "
+            f"(this tokmem reads versions {', '.join(map(str, READABLE_VERSIONS))})"
+        )
+    return None
+
+
+def _hidden_size(meta: dict) -> str | None:
+    size = meta.get("hidden_size")
+    if type(size) is not int or not 0 < size <= MAX_HIDDEN_SIZE:
+        return f"field 'hidden_size' must be a whole number from 1 to {MAX_HIDDEN_SIZE}, not {size!r:.40}"
+    return None
+
+
+def _decoupled(meta: dict) -> str | None:
+    return None if isinstance(meta.get("decoupled"), bool) else "field 'decoupled' is missing or not true/false"
+
+
+def _names(meta: dict) -> str | None:
+    names = meta.get("names")
+    if not isinstance(names, list):
+        return "field 'names' is missing or not a list"
+    for row, name in enumerate(names):
+        problem = name_problem(name)
+        if problem:
+            return f"field 'names', row {row}: {problem}"
+    return "field 'names' has duplicates" if len(set(names)) != len(names) else None
+
+
+def _descriptions(meta: dict) -> str | None:
+    descriptions, count = meta.get("descriptions"), len(meta["names"])
+    if descriptions is None:
+        return None
+    if (
+        not isinstance(descriptions, list)
+        or len(descriptions) != count
+        or not all(isinstance(d, str) for d in descriptions)
+    ):
+        return f"field 'descriptions' must list one text for each of the {count} names"
+    return None
+
+
+def _kinds(meta: dict) -> str | None:
+    kinds, count = meta.get("kinds"), len(meta["names"])
+    if kinds is not None and (not isinstance(kinds, list) or len(kinds) != count or not all(k in KINDS for k in kinds)):
+        return f"field 'kinds' must list one of {', '.join(KINDS)} for each of the {count} names"
+    return None
+
+
+def _backbone(meta: dict) -> str | None:
+    backbone = meta.get("backbone")
+    if backbone is None:
+        return None
+    if not isinstance(backbone, dict):
+        return "field 'backbone' must be an object with the backbone's 'name' and 'fingerprint'"
+    for key in ("name", "fingerprint"):
+        if key in backbone and not (isinstance(backbone[key], str) and backbone[key]):
+            return f"field 'backbone.{key}' must be a non-empty text"
+    return None
+
+
+def _schemas(meta: dict) -> str | None:
+    if meta.get("schemas") is None:
+        return None
+    problem = schemas_problem(meta["schemas"], len(meta["names"]))
+    return problem and f"field 'schemas'{problem}"
+
+
+FIELD_CHECKS: tuple[Callable[[dict], str | None], ...] = (
+    _format,
+    _hidden_size,
+    _decoupled,
+    _names,
+    _descriptions,
+    _kinds,
+    _schemas,
+    _backbone,
+)
+
+
+def _checked(tensors: dict, key: str, path: Path, meta: dict) -> torch.Tensor:
+    if key not in tensors:
+        raise BankError(f"{path}: tensor '{key}' is missing")
+    tensor = tensors[key]
+    expected = (len(meta["names"]), meta["hidden_size"])
+    if tuple(tensor.shape) != expected:
+        raise BankError(f"{path}: tensor '{key}' has shape {tuple(tensor.shape)}, the metadata says {expected}")
+    if tensor.dtype != torch.float32:
+        raise BankError(f"{path}: tensor '{key}' has dtype {tensor.dtype}, expected float32")
+    bad = (~torch.isfinite(tensor)).any(dim=1).nonzero().flatten().tolist()
+    if bad:
+        names = [meta["names"][i] for i in bad[:5]]
+        raise BankError(f"{path}: tensor '{key}' has NaN/Inf values in rows {bad[:5]} ({', '.join(names)})")
+    return tensor
