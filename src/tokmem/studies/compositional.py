@@ -28,9 +28,9 @@ lowers argument F1) and names no tool.  TokMem's memory-token choices are scored
 TokMem with adaptation (the default TokMem, as in the paper) learns its memory tokens on a backbone
 adapted once per study (`tokmem.adapt`) on the held-out adaptation tools; its trainable parameters
 are its memory rows (the adaptation's LoRA, merged on other tools, is not counted, as in the paper).
-The data is the built-in catalog (`tokmem.data.tools`), an xLAM file (as in the reference code:
+The data is the built-in catalog (`tokmem.data.tool_catalog`), an xLAM file (as in the reference code:
 ranks 1..adapt_tools adapt, the next ``tools`` ranks evaluate) or, with ``dataset="complexfuncbench"``, real
-data nobody here wrote (`tokmem.data.realtools`): ComplexFuncBench's records over 38 Booking.com tools
+data nobody here wrote (`tokmem.studies.realtools`): ComplexFuncBench's records over 38 Booking.com tools
 (split by query hash; ``train_multi`` / ``test_multi`` records) to evaluate, BFCL's multi-turn tools
 (``adapt_multi`` turns) and/or ComplexFuncBench's own flight tools, held out of the evaluation (``adapt_data``), to
 adapt; main and recipe studies.

@@ -81,7 +81,7 @@ def adaptation_examples(config: CompositionalConfig) -> list[Example]:
 
 @functools.lru_cache(maxsize=2)
 def real_data(config: CompositionalConfig) -> RealData:
-    """ComplexFuncBench to evaluate and ``adapt_data`` to adapt (``tokmem.data.realtools``), read once per config."""
+    """ComplexFuncBench to evaluate and ``adapt_data`` to adapt (``tokmem.studies.realtools``), read once per config."""
     folder = function_calling_dir(config.data_dir)
     return complexfuncbench_data(
         folder,
