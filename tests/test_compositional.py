@@ -285,8 +285,8 @@ def test_main_study_writes_table_3_and_a_plot(main_study):
     assert json.loads(json_path.read_text())["methods"].keys() == result["methods"].keys()
     table = markdown.read_text()
     assert (
-        "| Method | #Params | Updates | Routing F1 Avg. | Tool F1 2 calls | Tool F1 3 calls | Tool F1 Avg. | Argument F1 2 calls"
-        in table
+        "| Method | #Params | Updates | Routing F1 Avg. | Prompt tokens / call | s / call | Tool F1 2 calls | Tool F1 3 calls "
+        "| Tool F1 Avg. | Argument F1 2 calls" in table
     )
     assert all(f"| {s['label']} |" in table for s in result["methods"].values())
     assert plot.stat().st_size > 0

@@ -145,19 +145,25 @@ def route(model: TokMemModel, queries: list[str], k: int = 3, batch_size: int = 
 
 @torch.no_grad()
 def generate(
-    model: TokMemModel, queries: list[str], config: DecodeConfig | None = None, procedure: str | None = None
+    model: TokMemModel, queries: list, config: DecodeConfig | None = None, procedure: str | None = None
 ) -> list[Generation]:
-    """Answer each query (or chat conversation); ``procedure`` forces that memory token (routing skipped)."""
+    """Answer each query (or chat conversation, or prompt the caller laid out itself as token ids: a chat template's
+    tools, native tool calling); ``procedure`` forces that memory token (routing skipped)."""
     config = config or DecodeConfig()
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
     forced = None if procedure is None else model.memory_id(procedure)
-    prompts = [chat_prefix(model.backbone.tokenizer, q) for q in queries]
+    prompts = [q if _laid_out(q) else chat_prefix(model.backbone.tokenizer, q) for q in queries]
     shared = _encode_shared_prefix(model, prompts) if config.share_prefix and prompts else None
     out = []
     for start in range(0, len(queries), config.batch_size):
         chunk = slice(start, start + config.batch_size)
         out += _generate_batch(model, queries[chunk], prompts[chunk], config, forced, generator, shared)
     return out
+
+
+def _laid_out(query) -> bool:
+    """Whether a query is a prompt already laid out as token ids."""
+    return isinstance(query, list) and bool(query) and isinstance(query[0], int)
 
 
 def pick(logits: torch.Tensor, temperature, generator) -> torch.Tensor:
