@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokmem.data.procedures import Example
-from tokmem.decode import DecodeConfig, Segment, complete, generate
+from tokmem.decode import DecodeConfig, HeldPrefix, Segment, complete, generate
 from tokmem.eval import metrics
 from tokmem.model import TokMemModel
 from tokmem.sequences import chat_prefix
@@ -91,18 +91,19 @@ def plain_answers(
     batch_size: int,
     share_prefix: bool = False,
     stop_at_blank_line: bool = False,
+    held: HeldPrefix | None = None,
 ) -> list[str]:
     """Greedy answers of ``model``'s backbone (its bank must be empty) to prompts (queries, chat conversations or
     token ids laid out by the caller).
 
-    ``share_prefix``, ``stop_at_blank_line``: see ``DecodeConfig``."""
+    ``share_prefix``, ``stop_at_blank_line``: see ``DecodeConfig``; ``held``: see ``HeldPrefix``."""
     config = DecodeConfig(
         max_new_tokens=max_new_tokens,
         batch_size=batch_size,
         share_prefix=share_prefix,
         stop_at_blank_line=stop_at_blank_line,
     )
-    return [g.text for g in generate(model, prompts, config)]
+    return [g.text for g in generate(model, prompts, config, held=held)]
 
 
 def first_block(text: str) -> str:

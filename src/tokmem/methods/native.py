@@ -11,7 +11,7 @@ turns, and writes its calls in the template's convention; Qwen2.5's (the one rea
 several blocks for several calls.  ``native`` shows every tool; ``native-retrieved`` only the ``k`` the study's tool
 retriever (RAG's, ``ToolRetriever``) ranks first for the query.  Answers decode as every prompted baseline's do
 (``plain_answers``: batched, KV-cached, greedy), the prompt prefix they share (the system turn with the tools)
-encoded once, and end at the backbone's EOS (the end of the assistant's turn).
+encoded once for all the calls (``HeldPrefix``), and end at the backbone's EOS (the end of the assistant's turn).
 
 A backbone whose template ignores ``tools=`` (ChatML without tool support: tiny-random's, SmolLM2's) has no native
 tool calling to compare with: building the method is an error naming the backbone (no fallback prompt of ours,
@@ -25,7 +25,7 @@ import re
 
 from tokmem.backbones import Backbone
 from tokmem.data.procedures import call_json
-from tokmem.decode import DecodeConfig
+from tokmem.decode import DecodeConfig, HeldPrefix
 from tokmem.errors import TokMemError
 from tokmem.methods.method import Answer, Method, plain_answers
 from tokmem.methods.tools import ToolRetriever
@@ -58,6 +58,7 @@ class NativeTools(Method):
         if k is not None:
             self.name, self.label = "native-retrieved", f"Native tool calling (top {k} retrieved)"
         self.max_new_tokens, self.eval_batch_size = max_new_tokens, eval_batch_size
+        self.held = HeldPrefix()  # the tools' system turn, encoded once for all the calls (the backbone is frozen)
 
     def shown_tools(self, queries: list[str]) -> list[list[dict]]:
         """The schemas each query's prompt shows."""
@@ -78,7 +79,9 @@ class NativeTools(Method):
         return self.contexts([[{"role": "user", "content": q}] for q in queries])
 
     def continue_contexts(self, contexts: list[list[int]]) -> list[str]:
-        return plain_answers(self.model, contexts, self.max_new_tokens, self.eval_batch_size, share_prefix=True)
+        return plain_answers(
+            self.model, contexts, self.max_new_tokens, self.eval_batch_size, share_prefix=True, held=self.held
+        )
 
     def read_calls(self, text: str) -> list[str]:
         return read_tool_calls(text)
