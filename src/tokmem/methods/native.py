@@ -8,7 +8,8 @@ turns, and writes its calls in the template's convention; Qwen2.5's (the one rea
     {"name": "Search_Hotels", "arguments": {"query": "Paris"}}
     </tool_call>
 
-several blocks for several calls.  ``native`` shows every tool; ``native-retrieved`` only the ``k`` the study's tool
+several blocks for several calls (an answer without a block is read as the other prompted baselines' are: some
+backbones write the call bare).  ``native`` shows every tool; ``native-retrieved`` only the ``k`` the study's tool
 retriever (RAG's, ``ToolRetriever``) ranks first for the query.  Answers decode as every prompted baseline's do
 (``plain_answers``: batched, KV-cached, greedy), the prompt prefix they share (the system turn with the tools)
 encoded once for all the calls (``HeldPrefix``), and end at the backbone's EOS (the end of the assistant's turn).
@@ -27,6 +28,7 @@ from tokmem.backbones import Backbone
 from tokmem.data.procedures import call_json
 from tokmem.decode import DecodeConfig, HeldPrefix
 from tokmem.errors import TokMemError
+from tokmem.eval import metrics
 from tokmem.methods.method import Answer, Method, plain_answers
 from tokmem.methods.tools import ToolRetriever
 from tokmem.model import create
@@ -112,8 +114,11 @@ def template_text(tokenizer, messages: list[dict], tools: list[dict], result_tok
 def read_tool_calls(text: str) -> list[str]:
     """The calls of an answer written in the template's convention (``<tool_call>{…}</tool_call>`` blocks), each as
     compact call JSON; a block that is not a JSON call (malformed, or cut by the token limit) is kept as a JSON
-    string of its text, which the scorer reads as a call that names no tool and matches nothing (a miss)."""
-    return [_call_text(block.strip()) for block in TOOL_CALL.findall(text)]
+    string of its text, which the scorer reads as a call that names no tool and matches nothing (a miss).  An answer
+    without any block is read as every prompted baseline's is (``metrics.split_calls``): a small backbone often
+    writes its call bare (Qwen2.5-Coder-0.5B, answering after a tool result), and prose counts as a wrong call."""
+    blocks = TOOL_CALL.findall(text)
+    return [_call_text(block.strip()) for block in blocks] if blocks else metrics.split_calls(text)
 
 
 def _call_text(block: str) -> str:
