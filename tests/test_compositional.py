@@ -162,6 +162,11 @@ def test_calls_run_together_on_one_line_are_split_and_stray_text_stays_one_wrong
     assert score([gold], [predicted_calls(answer)])["arg_f1"]["2"] == pytest.approx(100 * 4 / 6)
 
 
+def test_a_call_in_a_markdown_code_fence_is_read_as_the_call_and_the_fence_as_nothing():
+    answer = Answer('```json\n{"name": "f", "arguments": {}}\n```\n``` wrong')
+    assert predicted_calls(answer) == texts('{"name": "f", "arguments": {}}', "``` wrong")
+
+
 # ---- the prompting baselines ---------------------------------------------------------------------------------
 def test_icl_shows_every_tool_and_the_first_two_compositional_demonstrations(backbone):
     tools = catalog(split_tools()[1][:3])
