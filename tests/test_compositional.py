@@ -163,6 +163,11 @@ def test_calls_run_together_on_one_line_are_split_and_stray_text_stays_one_wrong
     assert score([gold], [predicted_calls(answer)])["arg_f1"]["2"] == pytest.approx(100 * 4 / 6)
 
 
+def test_a_call_in_a_markdown_code_fence_is_read_as_the_call_and_the_fence_as_nothing():
+    answer = Answer('```json\n{"name": "f", "arguments": {}}\n```\n``` wrong')
+    assert predicted_calls(answer) == texts('{"name": "f", "arguments": {}}', "``` wrong")
+
+
 # ---- the prompting baselines ---------------------------------------------------------------------------------
 def test_icl_shows_every_tool_and_the_first_two_compositional_demonstrations(backbone):
     tools = catalog(split_tools()[1][:3])
@@ -286,8 +291,8 @@ def test_main_study_writes_table_3_and_a_plot(main_study):
     assert json.loads(json_path.read_text())["methods"].keys() == result["methods"].keys()
     table = markdown.read_text()
     assert (
-        "| Method | #Params | Updates | Routing F1 Avg. | Tool F1 2 calls | Tool F1 3 calls | Tool F1 Avg. | Argument F1 2 calls"
-        in table
+        "| Method | #Params | Updates | Routing F1 Avg. | Prompt tokens / call | s / call | Tool F1 2 calls | Tool F1 3 calls "
+        "| Tool F1 Avg. | Argument F1 2 calls" in table
     )
     assert all(f"| {s['label']} |" in table for s in result["methods"].values())
     assert plot.stat().st_size > 0

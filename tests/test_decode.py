@@ -13,7 +13,7 @@ from helpers import QUERIES, random_rows
 import tokmem
 from tokmem import DecodeConfig
 from tokmem.methods.method import first_block
-from tokmem.decode import BlankLineStop, complete
+from tokmem.decode import BlankLineStop, HeldPrefix, complete
 from tokmem.sequences import chat_prefix, chat_turns, positions
 
 
@@ -140,6 +140,28 @@ def test_a_shared_prompt_prefix_encoded_once_gives_the_same_generations(model, t
     assert [pairs(g) for g in shared] == [pairs(g) for g in separate]
     assert [g.memory_mass for g in shared] == pytest.approx([g.memory_mass for g in separate], abs=1e-5)
     assert len({g.text for g in separate}) == len(QUERIES)  # the outputs differ, so the comparison means something
+
+
+def test_a_prefix_held_across_calls_gives_the_generations_of_fresh_calls_whatever_each_call_shares(model):
+    """Each call shares another prefix with the last: longer (extended), shorter (cropped), the same, or none."""
+    config = DecodeConfig(max_new_tokens=24, threshold=1.01, share_prefix=True)
+    other = [{"role": "user", "content": "Say it backwards."}, {"role": "assistant", "content": "nus"}]
+    calls = [
+        [
+            TURNS[:1] + [{"role": "assistant", "content": a}, {"role": "user", "content": q}]
+            for a, q in zip("xy", QUERIES)
+        ],
+        [TURNS + [{"role": "user", "content": q}] for q in QUERIES],
+        [TURNS + [{"role": "user", "content": q}] for q in QUERIES[:2]],
+        [TURNS[:1] + [{"role": "assistant", "content": "z"}, {"role": "user", "content": q}] for q in QUERIES],
+        [other + [{"role": "user", "content": q}] for q in QUERIES],
+    ]
+    held = HeldPrefix()
+    for conversations in calls:
+        kept = tokmem.generate(model, conversations, config, held=held)
+        fresh = tokmem.generate(model, conversations, config)
+        assert [pairs(g) for g in kept] == [pairs(g) for g in fresh]
+        assert held.cache.get_seq_length() == len(held.ids) > 0
 
 
 def test_left_padded_rows_count_positions_from_their_first_real_token():

@@ -226,3 +226,16 @@ def test_the_real_data_main_study_runs_end_to_end_on_the_tiny_model(backbone):
     )
     assert set(result["methods"]) == {"rag", "tokmem"} and result["methods"]["tokmem"]["trainable_params"] > 0
     assert "Left out:" in compositional_report.markdown(result)
+
+
+@needs_shared
+def test_a_test_file_whose_tools_no_training_record_calls_is_refused_saying_what_was_left_out(tmp_path):
+    record = {
+        "input": "Convert 3 miles to km.",
+        "output": [{"name": "convert_units", "arguments": {"value": 3}, "label": "var1", "response": {"km": 4.8}}],
+        "tools": [{"name": "convert_units", "description": "d", "parameters": {"type": "object", "properties": {}}}],
+    }
+    data = tmp_path / "other.json"
+    data.write_text(json.dumps([record]))
+    with pytest.raises(DataError, match=r"other\.json: .* 0 test .*1 test records calling a tool no training record"):
+        complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(data))

@@ -99,7 +99,7 @@ def test_fine_tuning_answers_each_step_with_one_call_at_most(backbone):
     examples = [chain(), Example("One call.", chain().steps[:1])]
     lora = LoRA(backbone, max_new_tokens=6)
     lora.learn(examples)
-    predicted, routes = step_predictions(lora, examples, 256, progress_bar(False))
+    predicted, routes, _ = step_predictions(lora, examples, 256, progress_bar(False))
     assert [len(p) for p in predicted] == [2, 1]  # one answer per gold call, aligned with it
     assert all(call is None or isinstance(call, str) for p in predicted for call in p)  # None: no call made
     assert routes == [[], []]  # no memory tokens
@@ -121,7 +121,7 @@ def test_tokmem_per_step_calls_a_tool_of_its_bank_at_every_step(backbone):
     examples = [chain(), Example("One call.", chain().steps[:1])]
     method = TokMem(backbone, max_steps=2, max_new_tokens=6)
     method.learn(examples)
-    predicted, routes = step_predictions(method, examples, 256, progress_bar(False))
+    predicted, routes, _ = step_predictions(method, examples, 256, progress_bar(False))
     assert [len(p) for p in predicted] == [2, 1]  # a call is due at every step: it is required
     assert all(call.startswith(('{"name":"Find"', '{"name":"Rent"')) for p in predicted for call in p)
     assert [len(r) for r in routes] == [2, 1] and {r for rs in routes for r in rs} <= {"Find", "Rent"}

@@ -92,15 +92,40 @@ def _batches(items, size):
         yield items[start : start + size]
 
 
-def _encode_shared_prefix(model: TokMemModel, prompts: list[list[int]]) -> DynamicCache | None:
+@dataclass
+class HeldPrefix:
+    """The shared prefix (``DecodeConfig.share_prefix``) of a caller's last ``generate`` call and its KV cache, kept
+    for the next call, which encodes only what its own shared prefix adds (native tool calling's prompts start with
+    the same thousands of tokens of tool schemas at every step of the tool loop).  Only for a backbone whose weights
+    do not change between the calls."""
+
+    ids: list[int] = field(default_factory=list)
+    cache: DynamicCache | None = None
+
+
+def _encode_shared_prefix(model: TokMemModel, prompts: list[list[int]], held: HeldPrefix | None) -> DynamicCache | None:
     """The KV cache of the tokens every prompt starts with (leaving each at least one), or None if there are none.
 
     ``generate`` copies it into each batch (``DecodeConfig.share_prefix``), so prompts that repeat long
-    instructions encode them once."""
+    instructions encode them once; with ``held``, the part it shares with the last call's is not encoded again."""
     shared = os.path.commonprefix(prompts)[: min(map(len, prompts)) - 1]
     if not shared:
         return None
-    return model.prefix_cache(torch.tensor([shared], device=model.device))
+    if held is None:
+        return model.prefix_cache(torch.tensor([shared], device=model.device))
+    reused = len(os.path.commonprefix([held.ids, shared]))
+    if reused == len(shared) == len(held.ids):
+        return held.cache
+    if not reused:
+        held.cache = DynamicCache(config=model.lm.config)
+    elif reused < len(held.ids):  # in place: batches decode on copies of it
+        held.cache.crop(reused - len(held.ids))  # transformers 5 crops by the (negative) number of tokens to drop
+    if reused < len(shared):
+        mask = torch.ones(1, len(shared), dtype=torch.long, device=model.device)
+        new = torch.tensor([shared[reused:]], device=model.device)
+        held.cache = model.hidden(new, mask, positions(mask)[:, reused:], held.cache)[1]
+    held.ids = shared
+    return held.cache
 
 
 def pad_queries(model: TokMemModel, queries: list[str]):
@@ -145,19 +170,30 @@ def route(model: TokMemModel, queries: list[str], k: int = 3, batch_size: int = 
 
 @torch.no_grad()
 def generate(
-    model: TokMemModel, queries: list[str], config: DecodeConfig | None = None, procedure: str | None = None
+    model: TokMemModel,
+    queries: list,
+    config: DecodeConfig | None = None,
+    procedure: str | None = None,
+    held: HeldPrefix | None = None,
 ) -> list[Generation]:
-    """Answer each query (or chat conversation); ``procedure`` forces that memory token (routing skipped)."""
+    """Answer each query (or chat conversation, or prompt the caller laid out itself as token ids: a chat template's
+    tools, native tool calling); ``procedure`` forces that memory token (routing skipped); ``held``: the shared
+    prefix kept from the caller's last call (``HeldPrefix``)."""
     config = config or DecodeConfig()
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
     forced = None if procedure is None else model.memory_id(procedure)
-    prompts = [chat_prefix(model.backbone.tokenizer, q) for q in queries]
-    shared = _encode_shared_prefix(model, prompts) if config.share_prefix and prompts else None
+    prompts = [q if _laid_out(q) else chat_prefix(model.backbone.tokenizer, q) for q in queries]
+    shared = _encode_shared_prefix(model, prompts, held) if config.share_prefix and prompts else None
     out = []
     for start in range(0, len(queries), config.batch_size):
         chunk = slice(start, start + config.batch_size)
         out += _generate_batch(model, queries[chunk], prompts[chunk], config, forced, generator, shared)
     return out
+
+
+def _laid_out(query) -> bool:
+    """Whether a query is a prompt already laid out as token ids."""
+    return isinstance(query, list) and bool(query) and isinstance(query[0], int)
 
 
 def pick(logits: torch.Tensor, temperature, generator, top_p=None, generators=None) -> torch.Tensor:

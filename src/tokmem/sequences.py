@@ -148,11 +148,18 @@ def _turn_ids(tokenizer, pieces: ResultTurn, contents: list[str], budget: int | 
     words = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     ids = words(pieces.after_call) + words(pieces.opening)
     for k, text in enumerate(contents):
-        content = words(text)
-        if budget is not None and len(content) > budget:
-            content = content[:budget] + words(f" … [result cut: {budget} of {len(content)} tokens shown]")
-        ids += (words(pieces.between) if k else []) + content
+        ids += (words(pieces.between) if k else []) + result_content_ids(tokenizer, text, budget)
     return ids + words(pieces.closing) + words(pieces.header)
+
+
+def result_content_ids(tokenizer, text: str, budget: int | None = RESULT_TOKENS) -> list[int]:
+    """A result's tokens, cut to ``budget`` (None: whole) with a note saying so: the one rule every layout of a
+    tool result follows."""
+    words = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    content = words(text)
+    if budget is not None and len(content) > budget:
+        content = content[:budget] + words(f" … [result cut: {budget} of {len(content)} tokens shown]")
+    return content
 
 
 @dataclass

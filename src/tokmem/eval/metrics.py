@@ -7,6 +7,7 @@ is imported on the first ROUGE-L call).
 import ast
 import json
 import math
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -154,7 +155,7 @@ def read_call(text: str) -> tuple:
 def split_calls(text: str) -> list[str]:
     """The calls in a free-text answer: JSON objects one after another, whether on separate lines or run
     together on one; any other non-blank text up to the end of its line is kept as one call (that then
-    scores as wrong)."""
+    scores as wrong), but for a markdown code fence (```json, ```): it wraps calls, it is none."""
     decoder = json.JSONDecoder()
     calls, start = [], 0
     while start < len(text):
@@ -166,9 +167,14 @@ def split_calls(text: str) -> list[str]:
         except json.JSONDecodeError:
             end = text.find("\n", start)
             end = len(text) if end < 0 else end
-        calls.append(text[start:end].strip())
+        line = text[start:end].strip()
+        if not CODE_FENCE.fullmatch(line):
+            calls.append(line)
         start = end
     return calls
+
+
+CODE_FENCE = re.compile(r"```\w*")
 
 
 def tool_f1(predicted: Iterable[tuple], gold: Iterable[tuple]) -> float:

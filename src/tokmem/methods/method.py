@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokmem.data.procedures import Example
-from tokmem.decode import DecodeConfig, Segment, complete, generate
+from tokmem.decode import DecodeConfig, HeldPrefix, Segment, complete, generate
+from tokmem.eval import metrics
 from tokmem.model import TokMemModel
+from tokmem.sequences import chat_prefix
 
 
 @dataclass
@@ -58,6 +60,15 @@ class Method:
         demonstrations around it."""
         return queries
 
+    def prompt_ids(self, queries: list[str]) -> list[list[int]]:
+        """The tokens the backbone reads before it answers each query (its prompt tokens): the chat-formatted
+        user turn (``prompts``)."""
+        return [chat_prefix(self.model.backbone.tokenizer, prompt) for prompt in self.prompts(queries)]
+
+    def read_calls(self, text: str) -> list[str]:
+        """The call texts of an answer the method wrote without memory tokens (``metrics.split_calls``)."""
+        return metrics.split_calls(text)
+
     def continue_contexts(self, contexts: list[list[int]]) -> list[str]:
         """The text the method's plain backbone writes after each context (token ids, up to EOS): a method without
         memory tokens answering a conversation laid out as ``tokmem.studies.tool_loop.plain_context`` does."""
@@ -75,22 +86,24 @@ class Method:
 
 def plain_answers(
     model: TokMemModel,
-    prompts: list[str | list[dict]],
+    prompts: list[str | list[dict] | list[int]],
     max_new_tokens: int,
     batch_size: int,
     share_prefix: bool = False,
     stop_at_blank_line: bool = False,
+    held: HeldPrefix | None = None,
 ) -> list[str]:
-    """Greedy answers of ``model``'s backbone (its bank must be empty) to prompts (queries or chat conversations).
+    """Greedy answers of ``model``'s backbone (its bank must be empty) to prompts (queries, chat conversations or
+    token ids laid out by the caller).
 
-    ``share_prefix``, ``stop_at_blank_line``: see ``DecodeConfig``."""
+    ``share_prefix``, ``stop_at_blank_line``: see ``DecodeConfig``; ``held``: see ``HeldPrefix``."""
     config = DecodeConfig(
         max_new_tokens=max_new_tokens,
         batch_size=batch_size,
         share_prefix=share_prefix,
         stop_at_blank_line=stop_at_blank_line,
     )
-    return [g.text for g in generate(model, prompts, config)]
+    return [g.text for g in generate(model, prompts, config, held=held)]
 
 
 def first_block(text: str) -> str:

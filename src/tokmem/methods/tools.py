@@ -35,7 +35,7 @@ import json
 from tokmem.decode import DecodeConfig
 from tokmem.backbones import Backbone
 from tokmem.methods.method import Answer, Method, prompted_answers
-from tokmem.methods.rag import RAG
+from tokmem.methods.rag import RAG, embed, load_encoder
 from tokmem.data.procedures import Example
 from tokmem.model import create
 
@@ -97,6 +97,21 @@ class ICL(Method):
         return [Answer(text) for text in texts]
 
 
+class ToolRetriever:
+    """The study's tool retriever: for each query, the ``k`` tools whose descriptions (``describe``) are most similar
+    to it (Sentence-BERT cosine), most similar first."""
+
+    def __init__(self, tools: dict[str, dict], k: int, encoder=None):
+        self.encoder = encoder or load_encoder()
+        self.schemas, self.k = list(tools.values()), k
+        self.vectors = embed(self.encoder, [describe(schema) for schema in self.schemas])
+
+    def __call__(self, queries: list[str]) -> list[list[dict]]:
+        scores = embed(self.encoder, queries) @ self.vectors.T
+        top = scores.topk(min(self.k, len(self.schemas)), dim=-1).indices.tolist()
+        return [[self.schemas[i] for i in row] for row in top]
+
+
 class ToolRAG(RAG):
     name = "rag"
     label = "RAG"
@@ -104,15 +119,7 @@ class ToolRAG(RAG):
 
     def __init__(self, backbone: Backbone, tools: dict[str, dict], k: int = 4, shots: int = 2, **options):
         super().__init__(backbone, k=shots, **options)
-        self.tool_k = k
-        self.schemas = list(tools.values())
-        self.tool_vectors = self._embed([describe(schema) for schema in self.schemas])
-
-    def retrieve_tools(self, queries: list[str]) -> list[list[dict]]:
-        """The ``k`` tools whose descriptions are most similar to each query, most similar first."""
-        scores = self._embed(queries) @ self.tool_vectors.T
-        top = scores.topk(min(self.tool_k, len(self.schemas)), dim=-1).indices.tolist()
-        return [[self.schemas[i] for i in row] for row in top]
+        self.retrieve_tools = ToolRetriever(tools, k, self.encoder)
 
     def prompts(self, queries: list[str]) -> list[str]:
         return [tool_prompt(t, d, q) for t, d, q in zip(self.retrieve_tools(queries), self.retrieve(queries), queries)]

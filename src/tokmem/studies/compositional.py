@@ -4,7 +4,9 @@ Each tool is one procedure; a query needs 2–4 calls, answered as calls one JSO
 (TokMem: one call per memory-token segment).  Three studies, each a function returning a result dict:
 
 * main (`run_main`, Table 3): ICL, RAG, fine-tuning (LoRA r=8 on q, v) and TokMem without and with
-  the adaptation phase learn the training queries of the evaluation tools; all answer the test queries.
+  the adaptation phase learn the training queries of the evaluation tools; all answer the test queries.  On request
+  (``methods``) also the backbone's own tool calling, every schema or the retrieved ones in its chat template
+  (`tokmem.methods.native`; a backbone whose template has tool support).
 * generalization (`run_generalization`): fine-tuning and TokMem learn training sets whose queries
   have at most 1, 2, 3 or 4 calls; the test set (2–4 calls) is the same for all.  TokMem's adaptation
   phase (on other tools, up to 4 calls) is the same for every cap, as in the paper, whose 4-call row
@@ -23,7 +25,9 @@ Scores, per number of gold calls and their mean over those numbers ("avg", as th
 tool-selection F1 (multiset F1 of the called tools' names) and argument F1 (multiset F1 of whole
 calls after AST normalisation), 0–100, averaged over queries (`tokmem.eval.metrics`).  One rule for every
 method: a call's tool is the name its text gives; a predicted call that does not parse matches no gold call (it
-lowers argument F1) and names no tool.  TokMem's memory-token choices are scored apart, as routing F1.
+lowers argument F1) and names no tool.  TokMem's memory-token choices are scored apart, as routing F1.  Beside the
+scores, what answering cost per gold call: the prompt tokens the backbone read (``prompt_tokens_per_call``) and the
+seconds it took (``seconds_per_call``; in the tool loop, of the per-step evaluation: one answer per gold call).
 
 TokMem with adaptation (the default TokMem, as in the paper) learns its memory tokens on a backbone
 adapted once per study (`tokmem.adapt`) on the held-out adaptation tools; its trainable parameters
@@ -56,7 +60,7 @@ from tokmem.eval.evaluate import memory_routes, predicted_calls, score_calls
 from tokmem.io import write_json_atomic
 from tokmem.methods.method import Method
 from tokmem.report import machine
-from tokmem.studies.harness import answer_all, learn_round, progress_bar, resumed_run, run_repeats
+from tokmem.studies.harness import answer_all, answering_cost, learn_round, progress_bar, resumed_run, run_repeats
 from tokmem.sequences import RESULT_TOKENS
 from tokmem.studies.settings import MethodSettings, overridden
 from tokmem.studies.tool_loop import loop_scores
@@ -74,8 +78,9 @@ from tokmem.studies.tool_setup import (
 METRICS = metrics.CALL_METRICS
 MAIN_METHODS = ("icl", "rag", "lora", "tokmem-noadapt", "tokmem", "tokmem-better")
 LOOP_ABLATION = "tokmem-noschema"  # TokMem (w/ adapt) decoding free arguments: the tool loop's ablation row
+NATIVE_METHODS = ("native", "native-retrieved")  # the backbone's own tool calling (a template with tool support)
 STUDIES = {  # study → (default methods, methods it accepts)
-    "main": (MAIN_METHODS, (*MAIN_METHODS, LOOP_ABLATION)),
+    "main": (MAIN_METHODS, (*MAIN_METHODS, *NATIVE_METHODS, LOOP_ABLATION)),
     "generalization": (("lora", "tokmem"), MAIN_METHODS),
     "recipe": (("tokmem",), ("tokmem", "tokmem-noadapt")),
     "forgetting": (
@@ -108,7 +113,8 @@ class CompositionalConfig(MethodSettings):
     study: str = "main"
     methods: tuple[str, ...] | None = option(
         None,
-        "comma-separated methods (main: icl,rag,lora,tokmem-noadapt,tokmem; generalization: lora,tokmem; "
+        "comma-separated methods (main: icl,rag,lora,tokmem-noadapt,tokmem, also native,native-retrieved: the "
+        "backbone's own tool calling; generalization: lora,tokmem; "
         "forgetting: replay,tokmem,tokmem-roundnorm,tokmem-norenorm,tokmem-unfrozen, also lora,tokmem-noadapt,"
         "tokmem-better)",
     )
@@ -171,7 +177,7 @@ class CompositionalConfig(MethodSettings):
         AdaptConfig.dropout, "dropout of the adaptation phase's LoRA (0 is several times faster on CPU)"
     )
     adapt_cache: str | None = option(None, "directory of cached adapted backbones (default <tokmem cache>/adapted)")
-    rag_k: int = option(4, "tools RAG retrieves")
+    rag_k: int = option(4, "tools RAG and native-retrieved retrieve")
     shots: int = option(2, "demonstrations ICL and RAG show")
     replay_ratio: float = option(0.2, "share of replayed examples in a batch")
     replay_buffer: int = option(1000, "examples the replay buffer keeps")
@@ -317,16 +323,26 @@ def evaluate(method: Method, examples: list[Example], batch_size: int, bar, samp
     """Scores of the method's answers to ``examples``, its trainable parameters and a few answers to read."""
     start = time.perf_counter()
     bar.phase(f"{method.name}: answering {len(examples)} queries", len(examples))
-    answers = answer_all(method, [e.query for e in examples], batch_size, bar)
+    answers, cost = answered(method, [e.query for e in examples], batch_size, bar, sum(len(e.steps) for e in examples))
     predictions = [predicted_calls(a) for a in answers]
     return {
         "label": method.label,
         **score_calls(examples, predictions, routes(answers)),
+        **cost,
         "updates": method.updates,
         "trainable_params": method.trainable_params(),
         "eval_seconds": round(time.perf_counter() - start, 2),
         "samples": answer_samples(examples[:samples], predictions),
     }
+
+
+def answered(method: Method, queries: list[str], batch_size: int, bar, calls: int) -> tuple[list, dict]:
+    """The method's answers to ``queries`` (``answer_all``) and what they cost per gold call of the ``calls`` they
+    are due (``answering_cost``: one prompt answers all the calls of a query)."""
+    start = time.perf_counter()
+    answers = answer_all(method, queries, batch_size, bar)
+    seconds = time.perf_counter() - start
+    return answers, answering_cost(sum(map(len, method.prompt_ids(queries))), seconds, calls)
 
 
 def answer_samples(examples: list[Example], predictions: list) -> list[dict]:
@@ -545,7 +561,7 @@ def forgetting_round(method: Method, datasets: list[ToolData], r: int, config: C
     """Round ``r`` (1-based): learn its group's training queries, then answer those of every group so far."""
     data = datasets[r - 1]
     seconds = learn_round(method, data.train, f"round {r}", bar)
-    scores, samples = evaluate_groups(method, datasets[:r], config.eval_batch_size, bar)
+    scores, samples, cost = evaluate_groups(method, datasets[:r], config.eval_batch_size, bar)
     bar.write(
         f"{method.name} round {r}: argument F1 "
         + ", ".join(f"group {g} {s['arg_f1']['avg']:.1f}" for g, s in scores.items())
@@ -555,6 +571,7 @@ def forgetting_round(method: Method, datasets: list[ToolData], r: int, config: C
         "updates": method.updates,
         "train_seconds": round(seconds, 2),
         "new_rows": new_row_norms(method, list(data.tools)),
+        **cost,
         "groups": scores,
         "samples": samples,
     }
@@ -562,12 +579,14 @@ def forgetting_round(method: Method, datasets: list[ToolData], r: int, config: C
 
 def evaluate_groups(
     method: Method, datasets: list[ToolData], batch_size: int, bar
-) -> tuple[dict[str, dict], dict[str, list]]:
-    """Scores on the test queries of each group (1-based), all answered together and then split, and each
-    group's first answer: following one query over the rounds shows how an old tool's calls change."""
-    queries = [e.query for d in datasets for e in d.test]
+) -> tuple[dict[str, dict], dict[str, list], dict]:
+    """Scores on the test queries of each group (1-based), all answered together and then split, each
+    group's first answer (following one query over the rounds shows how an old tool's calls change), and what the
+    answers cost (``answered``)."""
+    tests = [e for d in datasets for e in d.test]
+    queries = [e.query for e in tests]
     bar.phase(f"{method.name}: answering {len(queries)} queries", len(queries))
-    answers = answer_all(method, queries, batch_size, bar)
+    answers, cost = answered(method, queries, batch_size, bar, sum(len(e.steps) for e in tests))
     predictions, chosen = [predicted_calls(a) for a in answers], routes(answers)
     scores, samples, first = {}, {}, 0
     for g, data in enumerate(datasets, 1):
@@ -576,7 +595,7 @@ def evaluate_groups(
         scores[str(g)] = score_calls(data.test, predicted, chosen[part] if chosen is not None else None)
         samples[str(g)] = answer_samples(data.test[:1], predicted)
         first += len(data.test)
-    return scores, samples
+    return scores, samples, cost
 
 
 def _start(config: CompositionalConfig, datasets: list[ToolData], adaptation: dict | None) -> dict:

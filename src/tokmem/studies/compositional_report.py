@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tokmem.eval import metrics
 from tokmem.io import write_json_atomic, write_text_atomic
-from tokmem.studies.compositional import LOOP_ABLATION, MAIN_METHODS, METRICS
+from tokmem.studies.compositional import METRICS, STUDIES
 from tokmem.studies.outputs import (
     Panel,
     budget_markdown,
@@ -77,7 +77,8 @@ def _note(result: dict) -> str:
         "Tool F1: the tools the calls' texts name, for every method alike (a call that does not parse names "
         "none); argument F1: the paper's, argument objects matched whatever the name; call F1: name and arguments "
         "both right; routing F1: the tools TokMem's memory tokens chose, scored apart. 0–100; Avg. is the mean "
-        "over the numbers of calls.\n\n"
+        "over the numbers of calls. Prompt tokens / call and s / call: the tokens the backbone read before answering "
+        "and the seconds answering took, per gold call (in the tool loop: per step).\n\n"
     )
 
 
@@ -132,27 +133,45 @@ def _budget_cells(scores: dict, part: str = "step") -> list[str]:
     return [f"{scores.get('updates', 0):,}", spread(routing["avg"]) if routing else "–"]
 
 
+COST_HEADER = ["Prompt tokens / call", "s / call"]
+
+
+def _cost_cells(scores: dict) -> list[str]:
+    """What answering cost a method per gold call (``answering_cost``), "–" in a result written before it was kept."""
+    formats = {"prompt_tokens_per_call": "{:.0f}", "seconds_per_call": "{:.2f}"}
+    return [spread(scores[key], fmt) if key in scores else "–" for key, fmt in formats.items()]
+
+
 def main_markdown(result: dict) -> str:
-    """Table 3: methods (in the paper's order) × (tool, argument, call F1) × number of calls, with the trainable parameters."""
-    methods = [result["methods"][m] for m in (*MAIN_METHODS, LOOP_ABLATION) if m in result["methods"]]
+    """Table 3: methods (in the paper's order) × (tool, argument, call F1) × number of calls, with the trainable
+    parameters and what answering cost (in the tool loop, in the per-step table: where it was measured)."""
+    methods = [result["methods"][m] for m in STUDIES["main"][1] if m in result["methods"]]
     calls = _calls(methods[0]) if methods else []
-    header = ["Method", "#Params", "Updates", "Routing F1 Avg.", *_score_header(calls)]
     parts = {part: f"## {title}\n\n" for part, title in LOOP_PARTS.items()} if "step" in methods[0] else {"": ""}
-    return (
-        "# Compositional tool calling\n\n"
-        + _note(result)
-        + "\n".join(
-            title
-            + markdown_table(
-                header,
-                [
-                    [s["label"], f"{s['trainable_params']:,}", *_budget_cells(s, part), *_score_cells(s, calls, part)]
-                    for s in methods
-                ],
-            )
-            for part, title in parts.items()
-        )
-    )
+
+    def table(part: str) -> str:
+        cost = part != "end_to_end"
+        header = [
+            "Method",
+            "#Params",
+            "Updates",
+            "Routing F1 Avg.",
+            *(COST_HEADER if cost else []),
+            *_score_header(calls),
+        ]
+        rows = [
+            [
+                s["label"],
+                f"{s['trainable_params']:,}",
+                *_budget_cells(s, part),
+                *(_cost_cells(s) if cost else []),
+                *_score_cells(s, calls, part),
+            ]
+            for s in methods
+        ]
+        return markdown_table(header, rows)
+
+    return "# Compositional tool calling\n\n" + _note(result) + "\n".join(t + table(p) for p, t in parts.items())
 
 
 def generalization_markdown(result: dict) -> str:
@@ -161,11 +180,17 @@ def generalization_markdown(result: dict) -> str:
     first = next((s for p in points.values() for s in p["methods"].values()), None)
     calls = _calls(first) if first else []
     rows = [
-        [f"≤ {n} calls ({result['data']['train'][n]} queries)", s["label"], *_budget_cells(s), *_score_cells(s, calls)]
+        [
+            f"≤ {n} calls ({result['data']['train'][n]} queries)",
+            s["label"],
+            *_budget_cells(s),
+            *_cost_cells(s),
+            *_score_cells(s, calls),
+        ]
         for n, p in points.items()
         for s in p["methods"].values()
     ]
-    header = ["Train maximum calls", "Method", "Updates", "Routing F1 Avg.", *_score_header(calls)]
+    header = ["Train maximum calls", "Method", "Updates", "Routing F1 Avg.", *COST_HEADER, *_score_header(calls)]
     return (
         "# Compositional generalisation\n\nTrained on queries with at most the given number of calls; tested on the same "
         "queries for every setting. " + _note(result) + markdown_table(header, rows)
@@ -175,7 +200,13 @@ def generalization_markdown(result: dict) -> str:
 def recipe_markdown(result: dict) -> str:
     """One row per recipe variant and method: average F1s and the seconds it trained."""
     rows = [
-        [label, s["label"], *(spread(_scored(s)[m]["avg"]) for m in METRICS), spread(s["train_seconds"], "{:.0f}")]
+        [
+            label,
+            s["label"],
+            *(spread(_scored(s)[m]["avg"]) for m in METRICS),
+            spread(s["train_seconds"], "{:.0f}"),
+            *_cost_cells(s),
+        ]
         for label, point in result["variants"].items()
         for s in point["methods"].values()
     ]
@@ -185,7 +216,7 @@ def recipe_markdown(result: dict) -> str:
         f"{result['config']['tool_segments']}) at the same budget. Renormalisation is not switched: a single round "
         "has no old rows to take the norm of (the forgetting study measures it). "
         + _note(result)
-        + markdown_table(["Variant", "Method", *(f"{t} Avg." for t in METRICS.values()), "Train s"], rows)
+        + markdown_table(["Variant", "Method", *(f"{t} Avg." for t in METRICS.values()), "Train s", *COST_HEADER], rows)
     )
 
 

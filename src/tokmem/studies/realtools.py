@@ -145,9 +145,10 @@ def complexfuncbench_data(
         left_out[f"test records beyond {test_size}"] += len(test) - test_size
         test = test[:test_size]
     if not train or not test:
+        why = "; ".join(f"{n} {reason}" for reason, n in left_out.items()) or "none"
         raise DataError(
-            f"{folder / CFB_DATA}: {len(train)} training and {len(test)} test records with at most "
-            f"{max_calls} calls: both must be non-empty (raise --max-calls or --test-fraction)"
+            f"{test_data or folder / CFB_DATA}: {len(train)} training and {len(test)} test records with at most "
+            f"{max_calls} calls: both must be non-empty (raise --max-calls or --test-fraction); left out: {why}"
         )
     tools = list(dict.fromkeys(p for e in train + test for p in e.procedures))
     adaptation = {}

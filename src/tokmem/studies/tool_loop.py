@@ -13,8 +13,9 @@ The context is the training layout (``tokmem.sequences.encode``) cut before the 
 through ``tokmem.chat_batch`` (memory tokens, schema-bound arguments, the records' conversations decoded together,
 one KV cache per conversation reused across its steps); every other method answers ``plain_context`` (the same
 layout with each call's JSON where TokMem has its memory token and arguments; ICL and RAG put their prompt,
-``Method.prompts``, in the user turn) through ``Method.continue_contexts``, and its first call is read from the
-text.
+``Method.prompts``, in the user turn; native tool calling the conversation as its chat template lays it out with the
+tools, ``NativeTools.contexts``) through ``Method.continue_contexts``, and its first call is read from the text
+(``Method.read_calls``).
 
 Per step, TokMem must call a tool (``tool_choice="required"``: a call is due).  End to end its first turn must too
 (every test query needs a tool, as TokMem's study answers always route), and after a result it may stop (``"auto"``,
@@ -25,16 +26,19 @@ The final answer in words that ComplexFuncBench also scores is not predicted: th
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
-from tokmem.chat import ChatCache, chat_batch
+from tokmem.chat import ChatCache, chat_batch, conversation_ids
 from tokmem.data.procedures import Example, arguments_json, assemble_call
 from tokmem.decode import DecodeConfig
 from tokmem.eval import metrics
 from tokmem.eval.evaluate import score_calls
 from tokmem.methods.method import Method
+from tokmem.methods.native import NativeTools
 from tokmem.methods.tokmem import TokMem
 from tokmem.sequences import chat_prefix, result_ids
+from tokmem.studies.harness import answering_cost
 
 NO_RECORDED_RESPONSE = '{"error":"no recorded response for this call: its tool or arguments differ from the gold call"}'
 History = list[tuple[str, str]]  # (call JSON text, its result) of the calls so far
@@ -77,9 +81,10 @@ def json_call(call: str) -> tuple[str, str] | None:
 
 def next_calls(
     method: Method, examples: list[Example], histories: list[History], caches: list, result_tokens: int, choice: str
-) -> list[tuple[str | None, str | None]]:
+) -> tuple[list[tuple[str | None, str | None]], int]:
     """Each conversation's next call (JSON text) and the tool its memory token chose (TokMem; None for a method
-    without memory tokens), or ``(None, None)`` where the method answers without a call."""
+    without memory tokens), or ``(None, None)`` where the method answers without a call; and the tokens of the
+    contexts answered (the prompt tokens)."""
     if isinstance(method, TokMem):
         config = (
             method.decode_config
@@ -90,36 +95,48 @@ def next_calls(
         replies = chat_batch(
             method.model, conversations, tool_choice=choice, config=config, caches=caches, result_tokens=result_tokens
         )
-        return [
+        calls = [
             (assemble_call(r.tool_calls[0].name, r.tool_calls[0].arguments), r.tool_calls[0].name)
             if r.tool_calls
             else (None, None)
             for r in replies
         ]
+        return calls, sum(len(conversation_ids(method.model, c, result_tokens)) for c in conversations)
+    contexts = method_contexts(method, examples, histories, result_tokens)
+    texts = method.continue_contexts(contexts)
+    return [(next(iter(method.read_calls(text)), None), None) for text in texts], sum(map(len, contexts))
+
+
+def method_contexts(method: Method, examples: list[Example], histories: list[History], result_tokens: int):
+    """The contexts a method without memory tokens answers: native tool calling's chat template with its tools
+    (``NativeTools.contexts``), else ``plain_context`` with the method's prompt in the user turn."""
+    if isinstance(method, NativeTools):
+        return method.contexts([conversation(e, h) for e, h in zip(examples, histories)], result_tokens)
     tokenizer = method.model.backbone.tokenizer
     prompts = method.prompts([e.query for e in examples])
-    contexts = [plain_context(tokenizer, p, h, result_tokens) for p, h in zip(prompts, histories)]
-    return [(next(iter(metrics.split_calls(text)), None), None) for text in method.continue_contexts(contexts)]
+    return [plain_context(tokenizer, p, h, result_tokens) for p, h in zip(prompts, histories)]
 
 
-def step_predictions(method: Method, examples: list[Example], result_tokens: int, bar) -> tuple[list, list]:
+def step_predictions(method: Method, examples: list[Example], result_tokens: int, bar) -> tuple[list, list, int]:
     """Per step: each record's predicted calls, one for each of its gold calls (None where the method made no call),
-    the gold ones before it in context; and the tools its memory tokens chose (empty lists for a method without
-    memory tokens)."""
+    the gold ones before it in context; the tools its memory tokens chose (empty lists for a method without
+    memory tokens); and the prompt tokens of all the steps."""
     predicted: list[list[str | None]] = [[] for _ in examples]
     routes: list[list[str]] = [[] for _ in examples]
     caches = [ChatCache() for _ in examples]
+    prompt_tokens = 0
     for k in range(max(len(e.steps) for e in examples)):
         due = [i for i, e in enumerate(examples) if k < len(e.steps)]
         histories = [[(s.response, s.result) for s in examples[i].steps[:k]] for i in due]
-        calls = next_calls(
+        calls, tokens = next_calls(
             method, [examples[i] for i in due], histories, [caches[i] for i in due], result_tokens, "required"
         )
+        prompt_tokens += tokens
         for i, (call, route) in zip(due, calls):
             predicted[i].append(call)
             routes[i] += [route] if route is not None else []
         bar.update(sum(len(examples[i].steps) == k + 1 for i in due))  # the records answered in full
-    return predicted, routes
+    return predicted, routes, prompt_tokens
 
 
 def made(calls: list[str | None]) -> list[str]:
@@ -154,17 +171,15 @@ def loop_predictions(
     caches = [ChatCache() for _ in examples]
     running = list(range(len(examples)))
     for turn in range(max_calls):
-        calls = [
-            call
-            for call, _ in next_calls(
-                method,
-                [examples[i] for i in running],
-                [histories[i] for i in running],
-                [caches[i] for i in running],
-                result_tokens,
-                "auto" if turn else "required",
-            )
-        ]
+        answered, _ = next_calls(
+            method,
+            [examples[i] for i in running],
+            [histories[i] for i in running],
+            [caches[i] for i in running],
+            result_tokens,
+            "auto" if turn else "required",
+        )
+        calls = [call for call, _ in answered]
         for i, call in zip(running, calls):
             predicted[i] += [call] if call is not None else []
             if call is not None and json_call(call):
@@ -178,15 +193,19 @@ def loop_predictions(
 
 def loop_scores(method: Method, examples: list[Example], max_calls: int, result_tokens: int, bar) -> dict:
     """``{"step": scores, "end_to_end": scores}`` (``score_calls``: tool / argument / call F1 by number of calls;
-    per step TokMem's memory-token choices also as routing F1) and every record's answers, to read what fails (a
-    few dozen records: small; per step aligned with the gold calls, null where no call was made)."""
+    per step TokMem's memory-token choices also as routing F1), the cost of a call answered per step (each step
+    answers one gold call: ``answering_cost``) and every record's answers, to read what fails (a few dozen records:
+    small; per step aligned with the gold calls, null where no call was made)."""
     bar.phase(f"{method.name}: answering {len(examples)} records step by step", len(examples))
-    steps, routes = step_predictions(method, examples, result_tokens, bar)
+    start = time.perf_counter()
+    steps, routes, prompt_tokens = step_predictions(method, examples, result_tokens, bar)
+    cost = answering_cost(prompt_tokens, time.perf_counter() - start, sum(len(e.steps) for e in examples))
     bar.phase(f"{method.name}: running {len(examples)} records end to end", len(examples))
     loops = loop_predictions(method, examples, max_calls, result_tokens, bar)
     return {
         "step": score_calls(examples, [made(p) for p in steps], routes if isinstance(method, TokMem) else None),
         "end_to_end": score_calls(examples, loops),
+        **cost,
         "samples": [
             {"query": e.query, "gold": [s.response for s in e.steps], "step": p, "end_to_end": q}
             for e, p, q in zip(examples, steps, loops)

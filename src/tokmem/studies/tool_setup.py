@@ -17,6 +17,7 @@ from tokmem.studies.tool_datasets import ToolData, tool_dataset, tool_examples, 
 from tokmem.eval import metrics
 from tokmem.methods.lora import LoRA, Replay
 from tokmem.methods.method import Method
+from tokmem.methods.native import NativeTools
 from tokmem.methods.tokmem import TokMem, UnfrozenTokMem
 from tokmem.methods.tools import ICL, ToolRAG
 from tokmem.train import TrainConfig
@@ -142,7 +143,8 @@ def prepare_backbones(
 
 
 def build_method(name: str, config: CompositionalConfig, backbones: dict, tools: dict[str, dict]) -> Method:
-    """A fresh method; ``tools``: the schemas ICL and RAG may show (and, in the tool loop, TokMem's rows keep)."""
+    """A fresh method; ``tools``: the schemas ICL, RAG and native tool calling may show (and, in the tool loop,
+    TokMem's rows keep)."""
     base, adapted = backbones["base"], backbones.get("adapted")
     decode, lora = config.decode_options(), config.lora_options()
     memory = config.tokmem_options() | dict(
@@ -159,6 +161,8 @@ def build_method(name: str, config: CompositionalConfig, backbones: dict, tools:
     factories = {
         "icl": lambda: ICL(base, tools, config.shots, **decode),
         "rag": lambda: ToolRAG(base, tools, config.rag_k, config.shots, **decode),
+        "native": lambda: NativeTools(base, tools, **decode),
+        "native-retrieved": lambda: NativeTools(base, tools, config.rag_k, **decode),
         "lora": lambda: LoRA(base, **lora),
         "replay": lambda: Replay(base, **replay, **lora),
         "tokmem-noadapt": lambda: TokMem(base, **memory),
