@@ -7,8 +7,8 @@ from helpers import random_rows
 import tokmem
 from tokmem import Example, Step, TrainConfig
 from tokmem.errors import BackboneError, BankError
-from tokmem.model import _shared_width, _split_prefix
-from tokmem.sequences import IGNORE, collate, encode
+from tokmem.model import _shared_width, _split_prefix, next_token_loss
+from tokmem.sequences import ANSWER, IGNORE, collate, encode
 
 
 @pytest.fixture(params=[False, True], ids=["coupled", "decoupled"])
@@ -118,6 +118,18 @@ def test_loss_with_the_query_prefix_cached_equals_the_full_sequence_loss_and_gra
     assert cached.item() == pytest.approx(full.item(), rel=1e-5)
     for a, b in zip(cached_grads, full_grads):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_the_answer_label_is_the_probability_of_any_vocabulary_token_and_trains_memory_mass_down(backbone):
+    vocab = backbone.vocab_size
+    logits = torch.randn(2, vocab + 3, generator=torch.Generator().manual_seed(0))
+    logits[:, vocab:] += 8  # the memory tokens are likely
+    memory_mass = logits.softmax(-1)[:, vocab:].sum(-1)
+    loss = next_token_loss(logits, torch.tensor([ANSWER, ANSWER]), vocab)
+    assert loss.item() == pytest.approx(-(1 - memory_mass).log().mean().item(), rel=1e-4)
+    mixed = next_token_loss(logits, torch.tensor([ANSWER, 5]), vocab)
+    word = torch.nn.functional.cross_entropy(logits[1:], torch.tensor([5]))
+    assert mixed.item() == pytest.approx(((-(1 - memory_mass[0]).log() + word) / 2).item(), rel=1e-4)
 
 
 def test_an_unknown_random_shape_is_refused_with_the_known_ones():

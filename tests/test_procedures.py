@@ -142,6 +142,15 @@ def test_a_steps_result_round_trips_and_a_step_without_one_writes_no_result_fiel
     assert "result" not in json.loads((tmp_path / "x.jsonl").read_text())["steps"][1]
 
 
+def test_a_final_answer_after_the_last_result_round_trips_and_one_without_a_result_before_it_is_refused(tmp_path):
+    examples = [Example("q", (Step("search", "r1", result='{"id": 7}'),), answer="Found 7.")]
+    save_examples(examples, tmp_path / "x.jsonl")
+    assert load_examples(tmp_path / "x.jsonl") == examples
+    write_lines(tmp_path / "y.jsonl", '{"query": "q", "steps": [{"procedure": "p", "response": "r"}], "answer": "a"}')
+    with pytest.raises(DataError, match=r"y.jsonl:1: field 'answer': .* steps\[0\] has no 'result'"):
+        load_examples(tmp_path / "y.jsonl")
+
+
 def test_catalog_schemas_are_read_from_parameters_and_a_non_object_is_refused(tmp_path):
     schema = {"type": "object", "properties": {"city": {"type": "string"}}}
     path = write_lines(

@@ -14,7 +14,7 @@ from transformers import DynamicCache
 from tokmem import distributed
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone
 from tokmem.bank import MemoryBank
-from tokmem.sequences import IGNORE, positions
+from tokmem.sequences import ANSWER, IGNORE, positions
 
 
 class TokMemModel(nn.Module):
@@ -134,8 +134,7 @@ class TokMemModel(nn.Module):
             hidden, labels = hidden[:, :-1], labels[:, 1:]
         where = labels != IGNORE
         logits = self.logits(hidden[where], index)
-        loss = nn.functional.cross_entropy(logits.float(), labels[where])
-        return loss, int(where.sum())
+        return next_token_loss(logits.float(), labels[where], self.vocab_size), int(where.sum())
 
     @property
     def layers_sharded(self) -> bool:
@@ -176,6 +175,17 @@ class TokMemModel(nn.Module):
         mask = torch.cat([mask, suffix_mask], dim=-1)
         hidden, _ = self.hidden(suffix, mask, position_ids, cache, steer)
         return torch.cat([routing[:, -1:], hidden[:, :-1]], dim=1), labels
+
+
+def next_token_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Mean cross-entropy of ``labels`` under ``logits`` (over vocab ∪ bank); at an ``ANSWER`` label the target is
+    every vocabulary token together, -log P(vocabulary): the answer in words, not which words."""
+    answer = labels == ANSWER
+    if not answer.any():
+        return nn.functional.cross_entropy(logits, labels)
+    target = logits.gather(1, labels.clamp(min=0).unsqueeze(1)).squeeze(1)
+    target = target.masked_scatter(answer, logits[answer, :vocab_size].logsumexp(-1))
+    return (logits.logsumexp(-1) - target).mean()
 
 
 def embed_ids(ids: torch.Tensor, vocab_size: int, embed_words, steer: torch.Tensor) -> torch.Tensor:

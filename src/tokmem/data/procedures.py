@@ -3,7 +3,8 @@
     {"query": "...", "steps": [{"procedure": "name", "response": "..."}, ...], "id": optional}
 
 One step is atomic recall; several steps are a chain.  A step may carry ``"result"``: the text its tool returned
-(placed after the call in the training sequence, as a tool message, and never trained on).  A catalog file gives
+(placed after the call in the training sequence, as a tool message, and never trained on).  After steps whose last
+carries a result, ``"answer"`` (optional) is the assistant's closing answer in words, trained as a response is.  A catalog file gives
 ``{"name": ..., "description": ..., "parameters": {JSON schema}}`` per line (``parameters`` optional: a tool's
 arguments schema in OpenAI's function format).
 """
@@ -86,6 +87,12 @@ class Example:
     query: str
     steps: tuple[Step, ...]
     id: str | None = field(default=None)
+    answer: str | None = None  # the closing answer in words after the last step's result, when the data has one
+
+    @property
+    def ends_with_result(self) -> bool:
+        """Whether the last step carries its tool's result: the assistant speaks again after it (an answer or not)."""
+        return self.steps[-1].result is not None
 
     @property
     def procedures(self) -> list[str]:
@@ -101,6 +108,8 @@ class Example:
             "query": self.query,
             "steps": [{k: v for k, v in asdict(s).items() if v is not None} for s in self.steps],
         }
+        if self.answer is not None:
+            out["answer"] = self.answer
         if self.id is not None:
             out["id"] = self.id
         return out
@@ -139,8 +148,14 @@ def parse_example(obj, path="<data>", line: int = 1) -> Example:
                 f"{_where(path, line, where + '.result')}: must be a string (the tool's output as text, e.g. JSON)"
             )
         parsed.append(Step(name.strip(), _text(step, "response", path, line, f"{where}."), result))
+    answer = None if obj.get("answer") is None else _text(obj, "answer", path, line)
+    if answer is not None and parsed[-1].result is None:
+        raise DataError(
+            f"{_where(path, line, 'answer')}: a final answer follows the last step's result, but "
+            f"steps[{len(parsed) - 1}] has no 'result'"
+        )
     ex_id = obj.get("id")
-    return Example(query=query, steps=tuple(parsed), id=None if ex_id is None else str(ex_id))
+    return Example(query=query, steps=tuple(parsed), id=None if ex_id is None else str(ex_id), answer=answer)
 
 
 def load_examples(path, known_procedures=None) -> list[Example]:
