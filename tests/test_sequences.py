@@ -8,7 +8,17 @@ import torch
 
 from tokmem import Example, Step
 from tokmem.errors import DataError
-from tokmem.sequences import ANSWER, IGNORE, TruncationCount, chat_prefix, chat_turns, collate, encode, result_ids, result_turn
+from tokmem.sequences import (
+    ANSWER,
+    IGNORE,
+    TruncationCount,
+    chat_prefix,
+    chat_turns,
+    collate,
+    encode,
+    result_ids,
+    result_turn,
+)
 
 CHAIN = Example("Reverse water, then capitalise it.", (Step("reverse", "retaw"), Step("upper", "RETAW")), id="chain")
 MEMORY = {"reverse": 1000, "upper": 1001}
