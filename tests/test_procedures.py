@@ -162,6 +162,17 @@ def test_catalog_schemas_are_read_from_parameters_and_a_non_object_is_refused(tm
         load_schemas(bad)
 
 
+def test_a_catalog_may_be_one_json_list_and_a_bad_entry_there_is_named_by_its_number(tmp_path):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    entries = [{"name": "weather", "description": "Weather now.", "parameters": schema}, {"name": "reverse"}]
+    (tmp_path / "c.json").write_text(json.dumps(entries, indent=2))
+    assert load_catalog(tmp_path / "c.json") == {"weather": "Weather now.", "reverse": ""}
+    assert load_schemas(tmp_path / "c.json") == {"weather": schema}
+    (tmp_path / "bad.json").write_text(json.dumps([entries[0], {"description": "no name"}]))
+    with pytest.raises(DataError, match="bad.json:2: field 'name': missing or empty"):
+        load_catalog(tmp_path / "bad.json")
+
+
 def test_schema_order_puts_the_schemas_keys_first_in_its_order():
     schema = {"properties": {"a": {}, "b": {}, "c": {}}}
     assert list(schema_order({"x": 0, "c": 1, "a": 2}, schema)) == ["a", "c", "x"]

@@ -5,8 +5,8 @@
 One step is atomic recall; several steps are a chain.  A step may carry ``"result"``: the text its tool returned
 (placed after the call in the training sequence, as a tool message, and never trained on).  After steps whose last
 carries a result, ``"answer"`` (optional) is the assistant's closing answer in words, trained as a response is.  A catalog file gives
-``{"name": ..., "description": ..., "parameters": {JSON schema}}`` per line (``parameters`` optional: a tool's
-arguments schema in OpenAI's function format).
+``{"name": ..., "description": ..., "parameters": {JSON schema}}`` per line, or a JSON list of them (``parameters``
+optional: a tool's arguments schema in OpenAI's function format).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tokmem.errors import DataError
-from tokmem.io import read_jsonl, write_text_atomic
+from tokmem.io import read_jsonl, read_text, write_text_atomic
 
 
 def stable_hash(text: str) -> int:
@@ -207,10 +207,22 @@ def load_schemas(path) -> dict[str, dict]:
     }
 
 
+def _catalog_records(path: Path):
+    """(number, parsed entry) of a catalog: JSON lines (number: the line), or one JSON list (number: the entry, from 1)."""
+    text = read_text(path)
+    if not text.lstrip().startswith("["):
+        return read_jsonl(path)
+    try:
+        entries = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}: invalid JSON ({err.msg} at line {err.lineno}, column {err.colno})") from None
+    return enumerate(entries, start=1)
+
+
 def _catalog_entries(path) -> dict[str, dict]:
     path = Path(path)
     catalog = {}
-    for number, obj in read_jsonl(path):
+    for number, obj in _catalog_records(path):
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{number}: expected a JSON object")
         name, description = obj.get("name"), obj.get("description", "")
