@@ -2,6 +2,7 @@
 reused across turns."""
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -198,3 +199,26 @@ def test_caches_filled_together_hold_each_conversation_and_answer_and_serve_the_
 def test_a_bad_conversation_in_a_batch_is_refused_naming_it(model):
     with pytest.raises(DataError, match=r"conversations\[1\]: messages\[1\]: no 'tool' message answers"):
         tokmem.chat_batch(model, [CONVERSATION[:1], CONVERSATION[:2]])
+
+
+def test_after_a_tool_result_with_no_memory_token_routed_a_trained_bank_answers_in_words(lively_backbone):
+    model = tokmem.create(lively_backbone)
+    examples = [
+        Example(
+            f"Weather in {city}, please ({k})?",
+            (Step("city", json.dumps({"name": "city", "arguments": {"city": city}}), result=f"{20 + k} degrees"),),
+        )
+        for k, city in enumerate(["Oslo", "Rome"] * 4)
+    ]
+    report = tokmem.learn(model, examples, tokmem.TrainConfig(epochs=2, progress=False), schemas={"city": CITY})
+    assert all(math.isfinite(loss) for loss in report.losses)  # the answer label after each result trained too
+    conversation = [
+        {"role": "user", "content": "Weather in Rome, please?"},
+        {"role": "assistant", "content": None, "tool_calls": [call("a", "city", {"city": "Rome"})]},
+        {"role": "tool", "tool_call_id": "a", "content": "21 degrees"},
+    ]
+    reply = tokmem.chat(model, conversation, config=DecodeConfig(max_new_tokens=8))
+    assert not reply.tool_calls and reply.content  # the backbone's own reply, not silence and not another call
+    follow_up = [*conversation, reply.message, {"role": "user", "content": "And in Oslo?"}]
+    next_turn = tokmem.chat(model, follow_up, config=DecodeConfig(max_new_tokens=8))
+    assert next_turn.tool_calls or next_turn.content

@@ -1,6 +1,7 @@
 """The `tokmem` command end to end on the tiny-random backbone."""
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from tokmem.bank_format import metadata_path
 from tokmem.cli import main
 from tokmem.data import Example, Step, save_examples
 from tokmem.extras import EXTRAS
+from tokmem.train import UPDATES_PER_ROW
 
 WORDS = ["apple", "house", "table", "chair", "green", "water"]
 
@@ -33,11 +35,13 @@ def tokmem(*args) -> int:
     return main([str(a) for a in args])
 
 
-def train_bank(data, name="bank.safetensors", file="first.jsonl"):
+def train_bank(data, name="bank.safetensors", file="first.jsonl", epochs=("--epochs", 1)):
+    """A bank trained on ``file``; one epoch unless ``epochs`` is empty (then ``train`` picks the budget)."""
     bank = data / name
     assert (
         tokmem(
             "train",
+            *epochs,
             "--data",
             data / file,
             "--out",
@@ -62,7 +66,46 @@ def test_train_writes_a_bank_with_its_procedures_and_a_json_report(data):
     assert bank.names == ["reverse", "upper"]
     assert bank.descriptions[0] == "Reverse a word."
     report = json.loads((data / "train.json").read_text())
-    assert report["procedures"] == ["reverse", "upper"] and report["train"]["steps"] == 3
+    assert report["procedures"] == ["reverse", "upper"] and 0 <= report["train"]["open_set_fallbacks"] <= 12
+
+
+def test_train_picks_enough_epochs_for_its_updates_per_new_procedure_unless_told(data, capsys):
+    train_bank(data, epochs=())  # 12 examples of 2 procedures at batch 4: 3 updates an epoch
+    picked = json.loads((data / "train.json").read_text())["train"]["steps"]
+    assert picked == 3 * math.ceil(UPDATES_PER_ROW * 2 / 3)
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert "training 27 epochs (picked for 2 new procedures; --epochs sets it) at lr 0.02, linear" in out
+    assert (
+        tokmem(
+            "train",
+            "--data",
+            data / "first.jsonl",
+            "--out",
+            data / "one.safetensors",
+            "--backbone",
+            "tiny-random",
+            "--epochs",
+            1,
+            "--quiet",
+            "--json",
+            data / "one.json",
+        )
+        == 0
+    )
+    assert json.loads((data / "one.json").read_text())["train"]["steps"] == 3
+
+
+def test_eval_counts_the_open_set_fallbacks_and_says_how_to_fix_them_when_most_fall_back(data, capsys):
+    path = train_bank(data)
+    capsys.readouterr()
+    args = ("eval", "--bank", path, "--data", data / "first.jsonl", "--max-new-tokens", 2, "--json", data / "e.json")
+    assert tokmem(*args, "--threshold", 1.01) == 0  # no memory mass reaches it: every query falls back
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert "open-set fallbacks: 12 of 12 held-out queries" in out and "warning: most held-out queries" in out
+    assert "--epochs" in out and "--lr" in out and "--threshold" in out
+    assert json.loads((data / "e.json").read_text())["open_set_fallbacks"] == 12
+    assert tokmem(*args, "--threshold", 0.0) == 0
+    assert "open-set fallbacks: 0 of 12" in (out := capsys.readouterr().out) and "warning: most" not in out
 
 
 def test_add_grows_the_bank_and_keeps_old_rows(data):

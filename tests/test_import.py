@@ -675,6 +675,7 @@ def test_openai_records_become_calls_with_results_matched_by_tool_call_id(tmp_pa
         ("weather", {"name": "weather", "arguments": {"city": "Rome"}}),
     ]
     assert [s.result for s in example.steps] == ["rain", "sunny"]
+    assert example.answer == "Rain in Oslo, sun in Rome."  # the assistant's words after the results
     assert imported.catalog["weather"] == {
         "name": "weather",
         "description": "Weather now.",

@@ -10,9 +10,9 @@ import tokmem
 from tokmem import Example, Step, TrainConfig
 from tokmem.backbones import CPU_BF16, cpu_has_bf16, default_dtype
 from tokmem.errors import BackboneError, BankError
-from tokmem.model import _shared_width, _split_prefix
+from tokmem.model import _shared_width, _split_prefix, next_token_loss
 from tokmem.prefix_store import PrefixStore
-from tokmem.sequences import IGNORE, collate, encode
+from tokmem.sequences import ANSWER, IGNORE, collate, encode
 
 
 @pytest.fixture(params=[False, True], ids=["coupled", "decoupled"])
@@ -187,6 +187,18 @@ def test_a_bf16_cpu_backbone_trains_float32_rows_with_kept_prefixes_and_stays_bi
     assert all(math.isfinite(loss) for loss in report.losses)
     assert (model.bank.index - backbone.mean_embedding()).abs().max() > 0.01
     assert all(torch.equal(v, before[k]) for k, v in backbone.model.state_dict().items())
+
+
+def test_the_answer_label_is_the_probability_of_any_vocabulary_token_and_trains_memory_mass_down(backbone):
+    vocab = backbone.vocab_size
+    logits = torch.randn(2, vocab + 3, generator=torch.Generator().manual_seed(0))
+    logits[:, vocab:] += 8  # the memory tokens are likely
+    memory_mass = logits.softmax(-1)[:, vocab:].sum(-1)
+    loss = next_token_loss(logits, torch.tensor([ANSWER, ANSWER]), vocab)
+    assert loss.item() == pytest.approx(-(1 - memory_mass).log().mean().item(), rel=1e-4)
+    mixed = next_token_loss(logits, torch.tensor([ANSWER, 5]), vocab)
+    word = torch.nn.functional.cross_entropy(logits[1:], torch.tensor([5]))
+    assert mixed.item() == pytest.approx(((-(1 - memory_mass[0]).log() + word) / 2).item(), rel=1e-4)
 
 
 def test_an_unknown_random_shape_is_refused_with_the_known_ones():

@@ -142,6 +142,15 @@ def test_a_steps_result_round_trips_and_a_step_without_one_writes_no_result_fiel
     assert "result" not in json.loads((tmp_path / "x.jsonl").read_text())["steps"][1]
 
 
+def test_a_final_answer_after_the_last_result_round_trips_and_one_without_a_result_before_it_is_refused(tmp_path):
+    examples = [Example("q", (Step("search", "r1", result='{"id": 7}'),), answer="Found 7.")]
+    save_examples(examples, tmp_path / "x.jsonl")
+    assert load_examples(tmp_path / "x.jsonl") == examples
+    write_lines(tmp_path / "y.jsonl", '{"query": "q", "steps": [{"procedure": "p", "response": "r"}], "answer": "a"}')
+    with pytest.raises(DataError, match=r"y.jsonl:1: field 'answer': .* steps\[0\] has no 'result'"):
+        load_examples(tmp_path / "y.jsonl")
+
+
 def test_catalog_schemas_are_read_from_parameters_and_a_non_object_is_refused(tmp_path):
     schema = {"type": "object", "properties": {"city": {"type": "string"}}}
     path = write_lines(
@@ -151,6 +160,17 @@ def test_catalog_schemas_are_read_from_parameters_and_a_non_object_is_refused(tm
     bad = write_lines(tmp_path / "bad.jsonl", '{"name": "weather", "parameters": "city"}')
     with pytest.raises(DataError, match="bad.jsonl:1: field 'parameters': must be a JSON schema object"):
         load_schemas(bad)
+
+
+def test_a_catalog_may_be_one_json_list_and_a_bad_entry_there_is_named_by_its_number(tmp_path):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    entries = [{"name": "weather", "description": "Weather now.", "parameters": schema}, {"name": "reverse"}]
+    (tmp_path / "c.json").write_text(json.dumps(entries, indent=2))
+    assert load_catalog(tmp_path / "c.json") == {"weather": "Weather now.", "reverse": ""}
+    assert load_schemas(tmp_path / "c.json") == {"weather": schema}
+    (tmp_path / "bad.json").write_text(json.dumps([entries[0], {"description": "no name"}]))
+    with pytest.raises(DataError, match="bad.json:2: field 'name': missing or empty"):
+        load_catalog(tmp_path / "bad.json")
 
 
 def test_schema_order_puts_the_schemas_keys_first_in_its_order():

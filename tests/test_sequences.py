@@ -1,11 +1,24 @@
 """The training sequence chat(query) m_i r_i m_j r_j … EOS, its labels, truncation and collation."""
 
+import functools
+from dataclasses import replace
+
 import pytest
 import torch
 
 from tokmem import Example, Step
 from tokmem.errors import DataError
-from tokmem.sequences import IGNORE, TruncationCount, chat_prefix, chat_turns, collate, encode, result_ids, result_turn
+from tokmem.sequences import (
+    ANSWER,
+    IGNORE,
+    TruncationCount,
+    chat_prefix,
+    chat_turns,
+    collate,
+    encode,
+    result_ids,
+    result_turn,
+)
 
 CHAIN = Example("Reverse water, then capitalise it.", (Step("reverse", "retaw"), Step("upper", "RETAW")), id="chain")
 MEMORY = {"reverse": 1000, "upper": 1001}
@@ -160,11 +173,15 @@ WITH_RESULTS = Example(
 )
 
 
+def result_turn_ids(tokenizer, result: str) -> list[int]:
+    return tokens(tokenizer, f"\n<|im_start|>tool\n{result}<|im_end|>\n<|im_start|>assistant\n")
+
+
 def test_a_result_follows_its_call_as_a_tool_turn_then_the_assistant_header_and_is_never_a_target(tokenizer):
     memory = {"weather": 1000, "convert": 1001}
     encoded = encode(WITH_RESULTS, tokenizer, memory.get, max_length=1024, tools={"weather", "convert"})
     eos = tokenizer.eos_token_id
-    turn = lambda result: tokens(tokenizer, f"\n<|im_start|>tool\n{result}<|im_end|>\n<|im_start|>assistant\n")  # noqa: E731
+    turn = functools.partial(result_turn_ids, tokenizer)
     call_1 = [1000, *tokens(tokenizer, '{"city":"Oslo"}'), eos]
     call_2 = [1001, *tokens(tokenizer, '{"value":3,"unit":"km"}'), eos]
     prefix = chat_prefix(tokenizer, WITH_RESULTS.query)
@@ -172,7 +189,32 @@ def test_a_result_follows_its_call_as_a_tool_turn_then_the_assistant_header_and_
     ignored = lambda ids: [IGNORE] * len(ids)  # noqa: E731
     assert encoded.labels == ignored(prefix) + call_1 + ignored(turn(WEATHER_RESULT)) + call_2 + ignored(
         turn("5000 m")
-    ) + [eos]
+    ) + [ANSWER]
+
+
+def test_after_the_last_result_the_assistant_answers_in_words_and_never_learns_to_stop_in_silence(tokenizer):
+    memory = {"weather": 1000, "convert": 1001}
+    encoded = encode(WITH_RESULTS, tokenizer, memory.get, max_length=1024, tools={"weather", "convert"})
+    header_end = len(encoded.input_ids) - 1  # the last result's assistant header ends here: the answer starts
+    assert tokenizer.decode(encoded.input_ids[:header_end]).endswith("5000 m<|im_end|>\n<|im_start|>assistant\n")
+    assert encoded.labels[header_end:] == [ANSWER]  # a word, not a memory token, not EOS
+    assert tokenizer.eos_token_id not in encoded.labels[header_end:]
+
+
+def test_a_final_answer_after_the_last_result_is_trained_as_a_response_then_eos(tokenizer):
+    memory = {"weather": 1000, "convert": 1001}
+    answered = replace(WITH_RESULTS, answer="It is 21 degrees; 3 km is 5000 m.")
+    encoded = encode(answered, tokenizer, memory.get, max_length=1024, tools={"weather", "convert"})
+    answer = tokens(tokenizer, answered.answer) + [tokenizer.eos_token_id]
+    assert encoded.input_ids[-len(answer) :] == answer
+    assert encoded.labels[-len(answer) :] == answer
+    unanswered = encode(WITH_RESULTS, tokenizer, memory.get, max_length=1024, tools={"weather", "convert"})
+    assert encoded.input_ids[: -len(answer)] == unanswered.input_ids[:-1]
+
+
+def test_the_fine_tuning_layout_without_memory_tokens_keeps_its_eos_after_the_last_result(tokenizer):
+    encoded = encode(WITH_RESULTS, tokenizer, None, max_length=1024)
+    assert encoded.labels[-1] == encoded.input_ids[-1] == tokenizer.eos_token_id
 
 
 def test_result_ids_are_the_template_tool_turns_of_the_whole_conversation(tokenizer):

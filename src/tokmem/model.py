@@ -16,7 +16,7 @@ from tokmem.backbones import DEFAULT_BACKBONE, Backbone
 from tokmem.bank import MemoryBank
 from tokmem.errors import BankError
 from tokmem.prefix_store import PrefixStore
-from tokmem.sequences import IGNORE, positions
+from tokmem.sequences import ANSWER, IGNORE, positions
 
 
 class TokMemModel(nn.Module):
@@ -137,8 +137,7 @@ class TokMemModel(nn.Module):
             hidden, labels = hidden[:, :-1], labels[:, 1:]
         where = labels != IGNORE
         logits = self.logits(hidden[where], index)
-        loss = nn.functional.cross_entropy(logits.float(), labels[where])
-        return loss, int(where.sum())
+        return next_token_loss(logits.float(), labels[where], self.vocab_size), int(where.sum())
 
     @property
     def layers_sharded(self) -> bool:
@@ -192,6 +191,17 @@ class TokMemModel(nn.Module):
         mask = torch.cat([prefix_mask.new_ones(rows, width), prefix_mask], dim=-1)
         hidden, cache = self.hidden(prefix, mask, width + positions(prefix_mask), cache, steer)
         return cache, mask, hidden
+
+
+def next_token_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Mean cross-entropy of ``labels`` under ``logits`` (over vocab ∪ bank); at an ``ANSWER`` label the target is
+    every vocabulary token together, -log P(vocabulary): the answer in words, not which words."""
+    answer = labels == ANSWER
+    if not answer.any():
+        return nn.functional.cross_entropy(logits, labels)
+    target = logits.gather(1, labels.clamp(min=0).unsqueeze(1)).squeeze(1)
+    target = target.masked_scatter(answer, logits[answer, :vocab_size].logsumexp(-1))
+    return (logits.logsumexp(-1) - target).mean()
 
 
 def embed_ids(ids: torch.Tensor, vocab_size: int, embed_words, steer: torch.Tensor) -> torch.Tensor:

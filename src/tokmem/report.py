@@ -38,6 +38,19 @@ def percent(value) -> str:
     return "–" if value is None else f"{100 * value:.1f}%"
 
 
+def print_fallbacks(fallbacks: int, total: int, what: str, more_training: str) -> None:
+    """How many of ``total`` queries fell back to the plain backbone (open set: no memory token routed), with a
+    warning and the flags that fix it when most did (``more_training``: e.g. ``--epochs 10``)."""
+    console.print(f"open-set fallbacks: {fallbacks} of {total} {what} answered by the plain backbone (no memory token)")
+    if fallbacks > total / 2:
+        console.print(
+            f"[yellow]warning: most {what} fall back to the plain backbone: the bank is undertrained. Train again "
+            f"with more updates (tokmem train … {more_training}, or a higher --lr), or route more readily "
+            "(--threshold 0.3)[/yellow]",
+            highlight=False,
+        )
+
+
 def scores_table(title: str, result: dict) -> Table:
     """Per-procedure routing / exact match / ROUGE-L, then the overall row."""
     table = Table(title=title)

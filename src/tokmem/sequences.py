@@ -1,7 +1,7 @@
 """The training sequence and its label mask.
 
     chat(query)  m_i  r_i  m_j  r_j  …  EOS
-    chat(query)  m_i  args_i  EOS <tool turn: result_i> <assistant header>  m_j  args_j  …  EOS   (with results)
+    chat(query)  m_i  args_i  EOS <tool turn: result_i> <assistant header>  m_j  args_j  EOS <…>  answer  EOS
 
 The query is formatted with the backbone's chat template (generation prompt included).  Labels
 cover the memory tokens, the response tokens and EOS; the query is never a target.  After the memory
@@ -12,8 +12,11 @@ schema-bound decoding writes them in.
 
 A step with a ``result`` ends the assistant's turn after its call (EOS, trained: the call is complete), then the
 result follows as the backbone's chat template writes a ``role: "tool"`` message (Qwen's: a user turn with the result
-in ``<tool_response>`` tags), then the next assistant header;
-none of that is trained on.  A template that does not render a tool role gets the result as a user message
+in ``<tool_response>`` tags), then the next assistant header; none of that is trained on.  After the last result the
+assistant answers in words: the example's ``answer`` and EOS where it has one (trained as a response is), else one
+``ANSWER`` label: the position learns to answer in words (the probability of all vocabulary tokens together), not
+which words, so that decoding leaves it to the backbone's own reply with the bank masked (the open-set path) instead
+of learning to stop in silence.  A template that does not render a tool role gets the result as a user message
 ``Tool result:\n…``; a backbone without a template gets ``Tool result: …`` on a line.  A result longer than
 ``result_tokens`` tokens is cut there and says so (``… [result cut: N of M tokens shown]``).  ``result_ids`` is the
 one place these tokens are made: decoding (``tokmem.chat``) lays out a conversation's tool turns with it too.
@@ -37,6 +40,7 @@ from tokmem.data.procedures import Example, arguments_json, schema_order
 from tokmem.errors import DataError, TokMemError
 
 IGNORE = -100
+ANSWER = -2  # label: "a vocabulary token, not a memory token" (the answer in words after the last tool result)
 RESULT_TOKENS = 256  # default budget of one tool result in a sequence
 
 
@@ -219,8 +223,9 @@ def encode(
             context = [] if step.result is None else result_ids(tokenizer, [step.result], result_tokens)
             target += segment + context
             labels += segment + [IGNORE] * len(context)
-        target.append(eos)
-        labels.append(eos)
+        ending, ending_labels = _ending(example, tokenizer, memory=memory_id is not None)
+        target += ending
+        labels += ending_labels
 
     cut_query = len(prefix) + len(target) > max_length
     cut_response = len(target) > max_length - 1
@@ -233,6 +238,17 @@ def encode(
         truncated.responses += int(cut_response)
         truncated.examples.append(example.id or example.query[:40])
     return Encoded(prefix + target, [IGNORE] * len(prefix) + labels)
+
+
+def _ending(example: Example, tokenizer, memory: bool) -> tuple[list[int], list[int]]:
+    """The tokens after the last step and their labels: EOS; the answer and EOS where the example has one; after a
+    last result with no answer, EOS as input under the ``ANSWER`` label (with memory tokens: without them there is
+    no other choice to learn against, and the fine-tuning layout keeps its EOS)."""
+    eos = tokenizer.eos_token_id
+    if example.answer is not None:
+        ids = tokenizer(example.answer, add_special_tokens=False)["input_ids"] + [eos]
+        return ids, list(ids)
+    return [eos], [ANSWER if memory and example.ends_with_result else eos]
 
 
 def step_ids(example: Example, step, tokenizer, memory_id=None, tools: Collection[str] = ()) -> list[int]:

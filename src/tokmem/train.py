@@ -7,10 +7,11 @@ to the old rows' mean norm (unless told not to) and frozen in turn.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
 
 import torch
@@ -126,6 +127,29 @@ class TrainReport:
             "renorm_target": self.renorm_target,
             "prefix_cache_bytes": self.prefix_cache_bytes,
         }
+
+
+# ``tokmem train``'s recipe when no flag sets it: the studies' best for few rows (the tool-loop study's lr 2e-2 on a
+# linear schedule, mean-initialised rows: docs/studies.md, "Why TokMem's routing collapses"), and a budget read off
+# the data: enough epochs that there are at least UPDATES_PER_ROW optimiser steps per new row.
+PICKED_LR, PICKED_SCHEDULE, UPDATES_PER_ROW = 2e-2, "linear", 40
+
+
+def picked_config(examples: list[Example], new_rows: int, **given) -> TrainConfig:
+    """``tokmem train``'s config: the options ``given`` (those not None), and where ``lr``, ``schedule`` or
+    ``epochs`` is not given, the picked recipe and budget (``PICKED_LR``, ``PICKED_SCHEDULE``, ``picked_epochs``)."""
+    given = {name: value for name, value in given.items() if value is not None}
+    config = TrainConfig(**({"lr": PICKED_LR, "schedule": PICKED_SCHEDULE} | given))
+    if "epochs" in given:
+        return config
+    return replace(config, epochs=picked_epochs(len(examples), new_rows, config.batch_size * config.grad_accum))
+
+
+def picked_epochs(examples: int, new_rows: int, step_size: int) -> int:
+    """Passes over ``examples`` that make at least ``UPDATES_PER_ROW`` optimiser steps (of ``step_size`` examples)
+    per new row: a few tools with a hundred examples get several epochs, a large data set one."""
+    steps_per_epoch = math.ceil(examples / step_size)
+    return max(1, math.ceil(UPDATES_PER_ROW * new_rows / steps_per_epoch))
 
 
 def learn(

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from tokmem.cli.options import add_common, add_options, values
 from tokmem.decode import DecodeConfig
-from tokmem.report import call_scores_table, console, machine, percent, scores_table, trace_table, write_json
+from tokmem.report import (
+    call_scores_table,
+    console,
+    machine,
+    percent,
+    print_fallbacks,
+    scores_table,
+    trace_table,
+    write_json,
+)
 
 
 def add_commands(commands) -> None:
@@ -67,8 +76,18 @@ def cmd_eval(args) -> None:
     examples = load_examples(args.data, known_procedures=model.bank.names)
     result = evaluate(model, examples, DecodeConfig(**values(args, DecodeConfig)))
     console.print(scores_table(f"{args.data} ({len(examples)} examples)", result))
+    print_fallbacks(result["open_set_fallbacks"], len(examples), "held-out queries", "--epochs N (more than before)")
+    if result["calls_per_step"]:
+        console.print(
+            call_scores_table(
+                "tool calls per step, gold calls and results before (F1, 0–100)", result["calls_per_step"]
+            )
+        )
     if result["calls"]:
-        console.print(call_scores_table("tool calls (F1, 0–100)", result["calls"]))
+        whole = (
+            "end to end, each call answered with its recorded result" if result["calls_per_step"] else "whole answers"
+        )
+        console.print(call_scores_table(f"tool calls, {whole} (F1, 0–100)", result["calls"]))
     if result["chain_examples"]:
         console.print(trace_table("chained examples", [r for r in result["predictions"] if len(r["gold"]) > 1]))
         console.print(f"chain accuracy {percent(result['chain_accuracy'])} over {result['chain_examples']} chains")

@@ -11,8 +11,10 @@ from tokmem.cli.options import add_common, add_options, values
 from tokmem.studies.tool_datasets import ADAPTATION_SAMPLES
 from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
-from tokmem.report import console, machine, write_json
-from tokmem.train import TrainConfig
+from tokmem.report import console, machine, print_fallbacks, write_json
+from tokmem.train import PICKED_LR, PICKED_SCHEDULE, SCHEDULES, UPDATES_PER_ROW, TrainConfig, picked_config
+
+PICKED = ("lr", "epochs", "schedule")  # train's and add's options whose default is picked (tokmem.train.picked_config)
 
 
 def add_commands(commands) -> None:
@@ -68,14 +70,26 @@ def _add_adapt(commands) -> None:
 
 def _training_options(parser) -> None:
     parser.add_argument(
-        "--catalog", help="JSONL of {name, description, parameters (a tool's JSON schema, optional)} per procedure"
+        "--catalog",
+        help="the procedures' {name, description, parameters (a tool's JSON schema, optional)}: JSON lines or a list",
     )
-    add_options(parser, TrainConfig, skip=("seed",))  # --seed is common
+    add_options(parser, TrainConfig, skip=("seed", *PICKED))  # --seed is common
+    parser.add_argument("--lr", type=float, help=f"learning rate of the memory rows (default {PICKED_LR:g})")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        help=f"passes over the examples (default: enough for {UPDATES_PER_ROW} updates per new procedure)",
+    )
+    parser.add_argument(
+        "--lr-schedule", dest="schedule", choices=SCHEDULES, help=f"constant, or linear (default {PICKED_SCHEDULE})"
+    )
     add_common(parser)
 
 
-def _train_config(args, out_path) -> TrainConfig:
-    return TrainConfig(
+def _train_config(args, out_path, examples, new_rows: int) -> TrainConfig:
+    return picked_config(
+        examples,
+        new_rows,
         **values(args, TrainConfig),
         progress=not args.quiet,
         checkpoint=str(out_path) if args.checkpoint_every else None,
@@ -90,7 +104,12 @@ def _learn_and_save(model, args, out_path) -> None:
     examples = load_examples(args.data)
     descriptions = load_catalog(args.catalog) if args.catalog else None
     schemas = load_schemas(args.catalog) if args.catalog else None
-    report = learn(model, examples, _train_config(args, out_path), descriptions=descriptions, schemas=schemas)
+    new_rows = len({p for e in examples for p in e.procedures} - set(model.bank.names))
+    config = _train_config(args, out_path, examples, new_rows)
+    if distributed.is_main():
+        picked = "" if args.epochs else f" (picked for {new_rows} new procedures; --epochs sets it)"
+        console.print(f"training {config.epochs} epochs{picked} at lr {config.lr:g}, {config.schedule} schedule")
+    report = learn(model, examples, config, descriptions=descriptions, schemas=schemas)
     if not distributed.is_main():  # under torchrun / accelerate every rank holds the same bank: one writes it
         return
     model.bank.save(out_path)
@@ -102,11 +121,21 @@ def _learn_and_save(model, args, out_path) -> None:
     if report.truncated:
         warning = report.truncated.describe(len(examples), args.max_length)
         console.print(f"[yellow]warning: {warning}; raise --max-length to keep them whole[/yellow]", highlight=False)
+    fallbacks = _training_fallbacks(model, examples)
+    print_fallbacks(fallbacks, len(examples), "training queries", f"--epochs {2 * config.epochs}")
     console.print(f"saved {out_path}")
     if args.json:
+        summary |= {"open_set_fallbacks": fallbacks}
         write_json(
             args.json, {"bank": str(out_path), "procedures": model.bank.names, "train": summary, "machine": machine()}
         )
+
+
+def _training_fallbacks(model, examples) -> int:
+    """How many training queries the trained bank leaves to the plain backbone (memory mass below the threshold)."""
+    from tokmem.decode import DecodeConfig, route
+
+    return sum(r.memory_mass < DecodeConfig.threshold for r in route(model, [e.query for e in examples]))
 
 
 def cmd_demo(args) -> None:

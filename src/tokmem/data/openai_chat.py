@@ -8,7 +8,8 @@
 
 A record becomes one example: the query is the last user message before the first tool calls; the steps are the
 calls of the assistant turns after it, in order (until the next user message: later exchanges are counted, not
-used), each with its result from the ``tool`` message of the same ``tool_call_id``.  The catalog comes from the
+used), each with its result from the ``tool`` message of the same ``tool_call_id``; the assistant's text after the
+last result (before the next user message) is the example's final ``answer``.  The catalog comes from the
 record's ``tools``.  ``arguments`` may be JSON text (OpenAI's) or an object.
 """
 
@@ -31,8 +32,8 @@ def import_openai(path) -> Imported:
         record = require_object(raw, where)
         messages = list_field(record, "messages", where)
         schemas = dict(_tool(tool, where, k) for k, tool in enumerate(record.get("tools") or []))
-        query, calls, results = _exchange(messages, where, imported)
-        imported.offer(query, calls, str(record.get("id", index)), schemas, results=results)
+        query, calls, results, answer = _exchange(messages, where, imported)
+        imported.offer(query, calls, str(record.get("id", index)), schemas, results=results, answer=answer)
     imported.require_examples(path)
     return imported
 
@@ -46,7 +47,7 @@ def _tool(tool, where: str, k: int) -> tuple[str, dict]:
 
 
 def _exchange(messages: list, where: str, imported: Imported):
-    """(query, [(name, arguments)], [result]) of the record's first exchange with tool calls."""
+    """(query, [(name, arguments)], [result], final answer or None) of the record's first exchange with tool calls."""
     first = next(
         (
             i
@@ -62,7 +63,7 @@ def _exchange(messages: list, where: str, imported: Imported):
     ]
     query = _content(messages[users[-1]], where, users[-1]) if users else None
     if first is None:
-        return query, [], []
+        return query, [], [], None
     calls, ids = [], []
     end = next((i for i in range(first, len(messages)) if _role(messages[i], where, i) == "user"), len(messages))
     if end < len(messages):
@@ -80,7 +81,15 @@ def _exchange(messages: list, where: str, imported: Imported):
     unknown = sorted(set(results) - set(ids), key=str)
     if unknown:
         raise bad(where, "messages", f"a 'tool' message answers tool_call_id {unknown[0]!r}, which no call has")
-    return query, calls, [results.get(call_id) for call_id in ids]
+    results = [results.get(call_id) for call_id in ids]
+    return query, calls, results, _final_answer(messages[first:end]) if results and results[-1] is not None else None
+
+
+def _final_answer(messages: list) -> str | None:
+    """The text of the exchange's last assistant message when it is an answer in words (no calls) after the calls."""
+    last = messages[-1]
+    text = last.get("content") if last.get("role") == "assistant" and not last.get("tool_calls") else None
+    return text if isinstance(text, str) and text.strip() else None
 
 
 def _role(message, where: str, i: int) -> str:

@@ -3,9 +3,10 @@
     {"query": "...", "steps": [{"procedure": "name", "response": "..."}, ...], "id": optional}
 
 One step is atomic recall; several steps are a chain.  A step may carry ``"result"``: the text its tool returned
-(placed after the call in the training sequence, as a tool message, and never trained on).  A catalog file gives
-``{"name": ..., "description": ..., "parameters": {JSON schema}}`` per line (``parameters`` optional: a tool's
-arguments schema in OpenAI's function format).
+(placed after the call in the training sequence, as a tool message, and never trained on).  After steps whose last
+carries a result, ``"answer"`` (optional) is the assistant's closing answer in words, trained as a response is.  A catalog file gives
+``{"name": ..., "description": ..., "parameters": {JSON schema}}`` per line, or a JSON list of them (``parameters``
+optional: a tool's arguments schema in OpenAI's function format).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tokmem.errors import DataError
-from tokmem.io import read_jsonl, write_text_atomic
+from tokmem.io import read_jsonl, read_text, write_text_atomic
 from tokmem.schemas import decoding_schema
 
 
@@ -87,6 +88,12 @@ class Example:
     query: str
     steps: tuple[Step, ...]
     id: str | None = field(default=None)
+    answer: str | None = None  # the closing answer in words after the last step's result, when the data has one
+
+    @property
+    def ends_with_result(self) -> bool:
+        """Whether the last step carries its tool's result: the assistant speaks again after it (an answer or not)."""
+        return self.steps[-1].result is not None
 
     @property
     def procedures(self) -> list[str]:
@@ -102,6 +109,8 @@ class Example:
             "query": self.query,
             "steps": [{k: v for k, v in asdict(s).items() if v is not None} for s in self.steps],
         }
+        if self.answer is not None:
+            out["answer"] = self.answer
         if self.id is not None:
             out["id"] = self.id
         return out
@@ -140,8 +149,14 @@ def parse_example(obj, path="<data>", line: int = 1) -> Example:
                 f"{_where(path, line, where + '.result')}: must be a string (the tool's output as text, e.g. JSON)"
             )
         parsed.append(Step(name.strip(), _text(step, "response", path, line, f"{where}."), result))
+    answer = None if obj.get("answer") is None else _text(obj, "answer", path, line)
+    if answer is not None and parsed[-1].result is None:
+        raise DataError(
+            f"{_where(path, line, 'answer')}: a final answer follows the last step's result, but "
+            f"steps[{len(parsed) - 1}] has no 'result'"
+        )
     ex_id = obj.get("id")
-    return Example(query=query, steps=tuple(parsed), id=None if ex_id is None else str(ex_id))
+    return Example(query=query, steps=tuple(parsed), id=None if ex_id is None else str(ex_id), answer=answer)
 
 
 def load_examples(path, known_procedures=None) -> list[Example]:
@@ -194,10 +209,22 @@ def load_schemas(path) -> dict[str, dict]:
     }
 
 
+def _catalog_records(path: Path):
+    """(number, parsed entry) of a catalog: JSON lines (number: the line), or one JSON list (number: the entry, from 1)."""
+    text = read_text(path)
+    if not text.lstrip().startswith("["):
+        return read_jsonl(path)
+    try:
+        entries = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}: invalid JSON ({err.msg} at line {err.lineno}, column {err.colno})") from None
+    return enumerate(entries, start=1)
+
+
 def _catalog_entries(path) -> dict[str, dict]:
     path = Path(path)
     catalog = {}
-    for number, obj in read_jsonl(path):
+    for number, obj in _catalog_records(path):
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{number}: expected a JSON object")
         name, description = obj.get("name"), obj.get("description", "")

@@ -39,10 +39,11 @@ class Imported:
         schemas: dict[str, dict],
         unit: str = "records",
         results: list[str | None] | None = None,
+        answer: str | None = None,
     ) -> None:
         """Keep the example these calls make, or count (as ``unit``) why there is none: no query, no calls, or a
         call to a tool ``schemas`` (name → catalog entry) does not define.  ``results``: each call's result text
-        (None where unknown)."""
+        (None where unknown); ``answer``: the final answer in words after the last result."""
         if query is None:
             self.skipped[f"{unit} with no user message"] += 1
         elif not calls:
@@ -50,7 +51,7 @@ class Imported:
         elif any(name not in schemas for name, _ in calls):
             self.skipped[f"{unit} calling a tool with no schema"] += 1
         else:
-            self.examples.append(calls_example(query, calls, id, results))
+            self.examples.append(calls_example(query, calls, id, results, answer))
             differing = [name for name, _ in calls if self.catalog.setdefault(name, schemas[name]) != schemas[name]]
             if differing:
                 self.skipped[SCHEMA_CONFLICT] += 1
@@ -71,13 +72,17 @@ def catalog_entry(name: str, description, parameters) -> dict:
     return {"name": name, "description": description or "", "parameters": parameters}
 
 
-def calls_example(query: str, calls, id: str, results: list[str | None] | None = None) -> Example:
-    """One step per ``(tool name, arguments)`` call, in order, each with its result text where ``results`` has one."""
+def calls_example(
+    query: str, calls, id: str, results: list[str | None] | None = None, answer: str | None = None
+) -> Example:
+    """One step per ``(tool name, arguments)`` call, in order, each with its result text where ``results`` has one;
+    ``answer``: the final answer after the last result."""
     results = results or [None] * len(calls)
     return Example(
         query,
         tuple(Step(name, call_json(name, arguments), result) for (name, arguments), result in zip(calls, results)),
         id=id,
+        answer=answer,
     )
 
 

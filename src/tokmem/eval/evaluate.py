@@ -9,6 +9,7 @@ from tokmem.eval import metrics
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig, Generation, generate
 from tokmem.model import TokMemModel
+from tokmem.sequences import RESULT_TOKENS
 
 
 def evaluate(model: TokMemModel, examples: list[Example], config: DecodeConfig | None = None) -> dict:
@@ -16,13 +17,26 @@ def evaluate(model: TokMemModel, examples: list[Example], config: DecodeConfig |
 
     routing_accuracy: the first memory token chosen is the first gold procedure (all examples).
     chain_accuracy:   the whole chosen sequence equals the gold sequence (examples with ≥ 2 steps).
-    exact_match / rougeL: the generated answer against the gold answer (segments one per line).
+    exact_match / rougeL: the generated answer against the gold answer (segments one per line); for tool calls,
+                      exact match compares the parsed calls (JSON as objects: key order and spacing do not matter).
     per_procedure:    the same scores for the single-step examples of each procedure.
     calls:            when every gold step is a tool call (``{"name", "arguments"}`` JSON), tool / argument /
-                      call F1 by number of calls (``metrics.call_scores``); else None.
+                      call F1 by number of calls (``metrics.call_scores``); else None.  Examples whose steps carry
+                      results run the tool loop end to end (``tool_loop``: each call answered with its recorded
+                      result), the others are generated whole.
+    calls_per_step:   for the examples whose steps carry results, the same F1 per step (the gold earlier calls and
+                      their results in context, as the tool-loop study scores); else None.
     """
+    config = config or DecodeConfig()
     generations = generate(model, [e.query for e in examples], config)
-    rows = [_score(e, g) for e, g in zip(examples, generations)]
+    tools = are_tool_calls(examples)
+    looped = [i for i, e in enumerate(examples) if tools and all(s.result is not None for s in e.steps)]
+    loop = _tool_loop(model, [examples[i] for i in looped], config) if looped else None
+    calls = [[s.text for s in g.trace] for g in generations] if tools else [None] * len(examples)
+    for i, sample in zip(looped, loop["samples"] if loop else []):
+        calls[i] = sample["end_to_end"]
+    routes = _routes(generations, looped, loop)
+    rows = [_score(e, g, c, r) for e, g, c, r in zip(examples, generations, calls, routes)]
     chains = [r for r in rows if len(r["gold"]) > 1]
     return {
         "examples": len(rows),
@@ -33,41 +47,58 @@ def evaluate(model: TokMemModel, examples: list[Example], config: DecodeConfig |
         "chain_accuracy": metrics.mean([r["chain_right"] for r in chains]) if chains else None,
         "open_set_fallbacks": sum(not r["routed"] for r in rows),
         "per_procedure": _per_procedure([r for r in rows if len(r["gold"]) == 1]),
-        "calls": tool_call_scores(examples, generations) if are_tool_calls(examples) else None,
+        "calls": score_calls(examples, calls, routes) if tools else None,
+        "calls_per_step": loop["step"] if loop else None,
         "predictions": rows,
     }
 
 
-def _score(example: Example, generation) -> dict:
-    predicted, gold = generation.procedures, example.procedures
+def _tool_loop(model: TokMemModel, examples: list[Example], config: DecodeConfig) -> dict:
+    """The tool-loop study's scores of examples whose steps carry results (``tool_loop.loop_scores``): per step and
+    end to end, each record's calls answered with its recorded results, for one more call than the longest record."""
+    from tokmem.methods.tokmem import TokMem
+    from tokmem.studies.harness import PhaseBars
+    from tokmem.studies.tool_loop import loop_scores
+
+    method = TokMem.trained(model, config)
+    return loop_scores(method, examples, max(len(e.steps) for e in examples) + 1, RESULT_TOKENS, PhaseBars(False))
+
+
+def _routes(generations: list[Generation], looped: list[int], loop: dict | None) -> list[list[str]]:
+    """Each example's chosen procedures: its generation's memory tokens, or where it ran the tool loop the tools its
+    end-to-end calls name (each call there starts with its tool's memory token)."""
+    routes = [[s.procedure for s in g.trace if s.procedure is not None] for g in generations]
+    for i, sample in zip(looped, loop["samples"] if loop else []):
+        routes[i] = [metrics.read_call(call)[0] for call in sample["end_to_end"]]
+    return routes
+
+
+def _score(example: Example, generation, calls: list[str] | None, predicted: list[str]) -> dict:
+    """One example's row; ``calls``: for tool data, the calls it made (its answer's segments, or its tool loop's);
+    ``predicted``: the procedures it chose (``_routes``)."""
+    gold = example.procedures
+    answer = generation.text if calls is None else "\n".join(calls)
     return {
         "id": example.id,
         "query": example.query,
         "gold": gold,
         "predicted": predicted,
         "routed": generation.routed,
-        "answer": generation.text,
+        "answer": answer,
         "trace": [[segment.procedure, segment.text] for segment in generation.trace],
         "reference": example.response,
-        "routed_right": float(bool(predicted) and predicted[0] == gold[0]),
+        "routed_right": float(bool(generation.procedures) and generation.procedures[0] == gold[0]),
         "chain_right": float(predicted == gold),
-        "exact_match": metrics.exact_match(generation.text, example.response),
-        "rougeL": metrics.rouge_l(generation.text, example.response),
+        "exact_match": metrics.exact_match(answer, example.response)
+        if calls is None
+        else metrics.calls_exact_match(calls, [s.response for s in example.steps]),
+        "rougeL": metrics.rouge_l(answer, example.response),
     }
 
 
 def are_tool_calls(examples: list[Example]) -> bool:
     """Whether every gold step of ``examples`` is a tool call, so that call F1 means something."""
     return bool(examples) and all(metrics.parse_call(step.response) for e in examples for step in e.steps)
-
-
-def tool_call_scores(examples: list[Example], generations: list[Generation]) -> dict:
-    """``score_calls`` of TokMem's generations: each memory-token segment is one call, its memory token a route."""
-    return score_calls(
-        examples,
-        [[s.text for s in g.trace] for g in generations],
-        [[s.procedure for s in g.trace if s.procedure is not None] for g in generations],
-    )
 
 
 def predicted_calls(answer) -> list[str]:

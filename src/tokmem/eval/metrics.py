@@ -152,6 +152,12 @@ def read_call(text: str) -> tuple:
     return call if call else (None, None)
 
 
+def calls_exact_match(predicted: Sequence[str], gold: Sequence[str]) -> float:
+    """1.0 when the predicted call texts are the gold calls, in order, compared as parsed calls (``read_call``: JSON
+    as objects, so key order and spacing do not matter), else 0.0."""
+    return float([read_call(text) for text in predicted] == gold_calls(gold))
+
+
 def split_calls(text: str) -> list[str]:
     """The calls in a free-text answer: JSON objects one after another, whether on separate lines or run
     together on one; any other non-blank text up to the end of its line is kept as one call (that then

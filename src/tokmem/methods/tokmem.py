@@ -74,6 +74,14 @@ class TokMem(Method):
         )
         self.schemas = schemas
 
+    @classmethod
+    def trained(cls, model: TokMemModel, decode_config: DecodeConfig) -> TokMem:
+        """A trained model behind the method interface, answering with ``decode_config``: ``tokmem eval`` scores a
+        bank's tool loop with the study's own scorer (``tokmem.studies.tool_loop``)."""
+        method = cls(model.backbone, decoupled=model.bank.decoupled)
+        method.model, method.decode_config = model, decode_config
+        return method
+
     def trainable_params(self) -> int:
         """Every memory row (each trained in its own round, then frozen)."""
         return self.model.bank.parameter_count()

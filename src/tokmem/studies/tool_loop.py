@@ -19,8 +19,9 @@ tools, ``NativeTools.contexts``) through ``Method.continue_contexts``, and its f
 
 Per step, TokMem must call a tool (``tool_choice="required"``: a call is due).  End to end its first turn must too
 (every test query needs a tool, as TokMem's study answers always route), and after a result it may stop (``"auto"``,
-the open-set rule at ``DecodeConfig``'s default threshold): the EOS it was trained to write after the last result.
-The final answer in words that ComplexFuncBench also scores is not predicted: the imported records have none.
+the open-set rule at ``DecodeConfig``'s default threshold): after the last result it was trained to answer in words
+(``tokmem.sequences.ANSWER``), not to call again.  That answer, which ComplexFuncBench also scores, is not predicted:
+the loop ends at the first turn without a call.
 """
 
 from __future__ import annotations
