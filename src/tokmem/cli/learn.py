@@ -110,6 +110,7 @@ def _learn_and_save(model, args, out_path) -> None:
         picked = "" if args.epochs else f" (picked for {new_rows} new procedures; --epochs sets it)"
         console.print(f"training {config.epochs} epochs{picked} at lr {config.lr:g}, {config.schedule} schedule")
     report = learn(model, examples, config, descriptions=descriptions, schemas=schemas)
+    fallbacks = _training_fallbacks(model, examples)  # on every rank: a sharded backbone's passes need them all
     if not distributed.is_main():  # under torchrun / accelerate every rank holds the same bank: one writes it
         return
     model.bank.save(out_path)
@@ -121,7 +122,6 @@ def _learn_and_save(model, args, out_path) -> None:
     if report.truncated:
         warning = report.truncated.describe(len(examples), args.max_length)
         console.print(f"[yellow]warning: {warning}; raise --max-length to keep them whole[/yellow]", highlight=False)
-    fallbacks = _training_fallbacks(model, examples)
     print_fallbacks(fallbacks, len(examples), "training queries", f"--epochs {2 * config.epochs}")
     console.print(f"saved {out_path}")
     if args.json:
