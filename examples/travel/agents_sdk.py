@@ -8,12 +8,11 @@ The three tools are given with their strict schemas (those the bank learned); th
 
 from __future__ import annotations
 
-import argparse
 import json
 
 from agents import Agent, FunctionTool, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
 from openai import AsyncOpenAI
-from travel_tools import TOOLS, run_tool
+from travel_tools import TOOLS, client_arguments, run_tool
 
 
 def function_tool(tool: dict) -> FunctionTool:
@@ -41,12 +40,7 @@ def agent(base_url: str, model: str, api_key: str = "unused", tools: list[dict] 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    parser.add_argument("--model", default="travel", help="the bank (or banks joined by '+')")
-    parser.add_argument("--api-key", default="unused", help="the server's --api-key, if it has one")
-    parser.add_argument("--question", default="What is the weather in Lisbon in celsius?")
-    args = parser.parse_args(argv)
+    args = client_arguments(__doc__.splitlines()[0], argv)
     set_tracing_disabled(True)  # the traces would go to OpenAI's platform
     result = Runner.run_sync(agent(args.base_url, args.model, args.api_key), args.question, max_turns=6)
     print(result.final_output)

@@ -8,11 +8,10 @@ The model is bound to the three tools (``bind_tools``); the loop runs each call 
 
 from __future__ import annotations
 
-import argparse
 
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
-from travel_tools import TOOLS, run_tool
+from travel_tools import TOOLS, client_arguments, run_tool
 
 
 def ask(llm: ChatOpenAI, question: str, max_turns: int = 6) -> str:
@@ -31,12 +30,7 @@ def ask(llm: ChatOpenAI, question: str, max_turns: int = 6) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    parser.add_argument("--model", default="travel", help="the bank (or banks joined by '+')")
-    parser.add_argument("--api-key", default="unused", help="the server's --api-key, if it has one")
-    parser.add_argument("--question", default="What is the weather in Lisbon in celsius?")
-    args = parser.parse_args(argv)
+    args = client_arguments(__doc__.splitlines()[0], argv)
     llm = ChatOpenAI(model=args.model, base_url=args.base_url, api_key=args.api_key)
     print(ask(llm, args.question))
 

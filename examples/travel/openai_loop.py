@@ -8,11 +8,10 @@ Each turn the model answers with tool calls (run here by the local fake tools) o
 
 from __future__ import annotations
 
-import argparse
 import json
 
 from openai import OpenAI
-from travel_tools import TOOLS, run_tool
+from travel_tools import TOOLS, client_arguments, run_tool
 
 
 def ask(client: OpenAI, model: str, question: str, max_turns: int = 6) -> str:
@@ -31,12 +30,7 @@ def ask(client: OpenAI, model: str, question: str, max_turns: int = 6) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    parser.add_argument("--model", default="travel", help="the bank (or banks joined by '+')")
-    parser.add_argument("--api-key", default="unused", help="the server's --api-key, if it has one")
-    parser.add_argument("--question", default="What is the weather in Lisbon in celsius?")
-    args = parser.parse_args(argv)
+    args = client_arguments(__doc__.splitlines()[0], argv)
     client = OpenAI(base_url=args.base_url, api_key=args.api_key)
     print(ask(client, args.model, args.question))
 

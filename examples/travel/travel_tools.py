@@ -1,53 +1,38 @@
 """The three travel tools the example clients give the agent: their OpenAI schemas and local fake implementations.
 
-The schemas are the ones the ``travel`` bank learned (its training catalog): parameter names and their order
-must match it, or ``tokmem serve`` refuses the request naming the parameter the bank never learned.  Every
+The schemas are the ``travel`` bank's training catalog (``catalog.json``): parameter names and their order must
+match it, or ``tokmem serve`` refuses the request naming the parameter the bank never learned.  Every
 parameter is required and no other is allowed, so the schemas are also valid ``strict`` schemas.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+from pathlib import Path
 
 
-def _function(name: str, description: str, properties: dict) -> dict:
-    parameters = {
-        "type": "object",
-        "properties": properties,
-        "required": list(properties),
-        "additionalProperties": False,
-    }
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
+CATALOG = Path(__file__).with_name("catalog.json")  # what the bank was trained with: one definition of the tools
 
 
-TOOLS = [
-    _function(
-        "get_weather",
-        "Current weather in a city.",
-        {
-            "city": {"type": "string", "description": "City name, e.g. Lisbon"},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        },
-    ),
-    _function(
-        "convert_currency",
-        "Convert an amount of money from one currency to another.",
-        {
-            "amount": {"type": "number"},
-            "from": {"type": "string", "description": "ISO 4217 code, e.g. EUR"},
-            "to": {"type": "string", "description": "ISO 4217 code, e.g. USD"},
-        },
-    ),
-    _function(
-        "search_flights",
-        "Search flights between two cities on a date.",
-        {
-            "origin": {"type": "string"},
-            "destination": {"type": "string"},
-            "date": {"type": "string", "description": "YYYY-MM-DD"},
-        },
-    ),
-]
+def _strict(entry: dict) -> dict:
+    """A catalog entry as an OpenAI tool whose schema is also a valid ``strict`` one (every key required, no other)."""
+    parameters = {**entry["parameters"], "additionalProperties": False}
+    parameters["required"] = list(parameters["properties"])
+    return {"type": "function", "function": {**entry, "parameters": parameters}}
+
+
+TOOLS = [_strict(entry) for entry in json.loads(CATALOG.read_text())]
+
+
+def client_arguments(description: str, argv: list[str] | None = None) -> argparse.Namespace:
+    """The options every example client takes: where the server is, which bank, and the question."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+    parser.add_argument("--model", default="travel", help="the bank (or banks joined by '+')")
+    parser.add_argument("--api-key", default="unused", help="the server's --api-key, if it has one")
+    parser.add_argument("--question", default="What is the weather in Lisbon in celsius?")
+    return parser.parse_args(argv)
 
 
 def get_weather(city: str, unit: str = "celsius") -> dict:
