@@ -1,7 +1,7 @@
 """The shipped travel example (examples/travel/) on the real smollm2-135m: ``tokmem train`` with no tuning flags
 routes the held-out queries, and after a tool's result the model answers in words that use it.
 
-Training picks its own budget here (135 updates: 74 min on this project's loaded 2-core CPU), so these are ``slow``.
+Training picks its own budget here (135 updates: 3.6 min alone on this project's 2-core CPU), so these are ``slow``.
 """
 
 import json
@@ -30,7 +30,8 @@ def travel(tmp_path_factory):
 
 
 @pytest.mark.xfail(
-    reason="issue 38's goal, not met yet: measured routing 75% (15 of 20, 2 fallbacks) at the picked 135 updates",
+    reason="issue 38's goal, not met yet: measured routing 80% (16 of 20, 2 fallbacks) at the picked 135 updates "
+    "(results/travel-eval.json; 80% again at 270)",
     strict=False,
 )
 def test_the_travel_tools_trained_with_no_tuning_flags_route_nine_in_ten_held_out_queries(travel):
