@@ -31,7 +31,7 @@ def client_arguments(description: str, argv: list[str] | None = None) -> argpars
     parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
     parser.add_argument("--model", default="travel", help="the bank (or banks joined by '+')")
     parser.add_argument("--api-key", default="unused", help="the server's --api-key, if it has one")
-    parser.add_argument("--question", default="What is the weather in Lisbon in celsius?")
+    parser.add_argument("--question", default="Tell me the current temperature in Lisbon (celsius).")
     return parser.parse_args(argv)
 
 
