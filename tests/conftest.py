@@ -67,3 +67,12 @@ def examples():
         "Reverse water, then capitalise it.", (Step("reverse", "retaw"), Step("upper", "RETAW")), id="chain"
     )
     return reverse + upper + [chain]
+
+
+@pytest.fixture
+def offline(lively_backbone, tmp_path):
+    """The three served text banks written to ``tmp_path/banks``, as offline models (a server test's reference)."""
+    from helpers import write_served_banks
+
+    (tmp_path / "banks").mkdir()
+    return write_served_banks(lively_backbone, tmp_path / "banks")

@@ -164,3 +164,12 @@ COMPLETION_SCOPE = {
     "scheme": "http",
     "server": ("t", 80),
 }
+
+
+def fuzz_settings(examples: int):
+    """Hypothesis settings of the server fuzzers: bounded, derandomised (the same requests every run), no database."""
+    from hypothesis import HealthCheck, settings
+
+    return settings(
+        max_examples=examples, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+    )

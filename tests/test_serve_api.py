@@ -14,7 +14,6 @@ from helpers import (
     files,
     serve,
     write_bank,
-    write_served_banks,
 )
 
 import tokmem
@@ -25,13 +24,6 @@ from tokmem.sequences import chat_prefix
 from tokmem.serve.stream import Deltas
 
 QUERIES = ["Reverse apple.", "hi", "What is the weather like today?"]
-
-
-@pytest.fixture
-def offline(lively_backbone, tmp_path):
-    directory = tmp_path / "banks"
-    directory.mkdir()
-    return write_served_banks(lively_backbone, directory)
 
 
 @pytest.fixture

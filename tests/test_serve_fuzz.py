@@ -13,8 +13,17 @@ from urllib.parse import quote
 
 import httpx2
 import pytest
-from helpers import bank_files, expected, loopback, serve, write_bank, write_served_banks, write_tool_bank
-from hypothesis import HealthCheck, given, settings
+from helpers import (
+    bank_files,
+    expected,
+    fuzz_settings,
+    loopback,
+    serve,
+    write_bank,
+    write_served_banks,
+    write_tool_bank,
+)
+from hypothesis import given
 from hypothesis import strategies as st
 
 EXAMPLES = 400
@@ -162,13 +171,7 @@ def clean_loop(base: str, stop: threading.Event, answers: list) -> None:
 def fuzz(base: str, strategy, statuses: list) -> None:
     with httpx2.Client(base_url=base, timeout=30) as client:
 
-        @settings(
-            max_examples=EXAMPLES,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-        )
+        @fuzz_settings(EXAMPLES)
         @given(strategy)
         def one(job):
             method, path, options = job

@@ -8,17 +8,11 @@ import socket
 
 import openai
 import pytest
-from helpers import COMPLETION_SCOPE, bank_files, call, expected, files, loopback, serve, write_bank, write_served_banks
+from helpers import COMPLETION_SCOPE, bank_files, call, expected, files, loopback, serve, write_bank
 
 from tokmem.serve.config import ServeConfig, exposure_warning
 
 CLEAN = [("alpha", "Reverse apple."), ("beta", "hi"), ("gamma", "What is the weather like today?")]
-
-
-@pytest.fixture
-def offline(lively_backbone, tmp_path):
-    (tmp_path / "banks").mkdir()
-    return write_served_banks(lively_backbone, tmp_path / "banks")
 
 
 @pytest.fixture

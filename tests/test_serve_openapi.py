@@ -6,8 +6,8 @@ bank, is not a schema's to say, so Schemathesis's positive-data check is left ou
 
 import pytest
 import schemathesis
-from helpers import call, serve, write_served_banks, write_tool_bank
-from hypothesis import HealthCheck, given, settings
+from helpers import call, fuzz_settings, serve, write_served_banks, write_tool_bank
+from hypothesis import given
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
@@ -25,13 +25,7 @@ def api(lively_backbone, tmp_path_factory):
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 def test_generated_requests_get_no_5xx_and_answers_that_conform_to_the_openapi_document(api, mode):
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
+    @fuzz_settings(EXAMPLES)
     @given(api.as_strategy(mode))
     def one(case):
         case.call_and_validate(excluded_checks=[positive_data_acceptance])

@@ -5,7 +5,7 @@ the six get 200 and exactly their offline answers, and a refused upload leaves t
 import asyncio
 
 import pytest
-from helpers import bank_files, call, expected, files, random_rows, serve, write_served_banks
+from helpers import bank_files, call, expected, files, random_rows, serve
 from pydantic import BaseModel
 
 import tokmem
@@ -24,12 +24,6 @@ class Unit(BaseModel):
 class Measure(BaseModel):
     value: float
     unit: Unit
-
-
-@pytest.fixture
-def offline(lively_backbone, tmp_path):
-    (tmp_path / "banks").mkdir()
-    return write_served_banks(lively_backbone, tmp_path / "banks")
 
 
 @pytest.fixture
