@@ -135,6 +135,20 @@ def test_a_compile_over_the_time_budget_is_refused_and_stays_refused(backbone):
             grammars.arguments(costly)
 
 
+def test_offline_decoding_waits_for_a_costly_compile_that_the_server_refuses(backbone):
+    """A bank's own schemas must compile however long they take offline (chat, eval, studies); only the server,
+    where one client's schema would hold the others up, sets a limit."""
+    from tokmem.serve.config import ServeConfig
+
+    costly = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^([a-z]{128}){128}$"}}}
+    server = Grammars(backbone.tokenizer, backbone.vocab_size, ServeConfig(banks="b", schema_seconds=0.001).schema_budget)
+    with pytest.raises(SchemaError, match="took longer than the limit of 0.001 s"):
+        server.arguments(costly)
+    offline = Grammars(backbone.tokenizer, backbone.vocab_size)
+    assert offline.budget.seconds is None and ServeConfig(banks="b").schema_seconds == 5.0
+    assert offline.arguments(costly) is not None
+
+
 def test_a_catalog_schema_that_cannot_decode_names_the_line_tool_and_field(tmp_path):
     path = tmp_path / "catalog.jsonl"
     good = {"name": "ok", "parameters": Measure.model_json_schema()}

@@ -49,7 +49,7 @@ class Grammars:
 
     Every schema is checked (``schemas.check_schema``) and compiled within ``budget`` in a thread of its own, so a
     costly schema delays only whoever sent it (xgrammar releases the GIL while it compiles); a compile past
-    ``budget.seconds`` is refused and left to finish in the background.  Results are cached by the schema's hash,
+    ``budget.seconds`` (where it sets one) is refused and left to finish in the background.  Results are cached by the schema's hash,
     failures too (the most recent ``CACHED``), so a schema that failed once fails at once after.
     """
 
@@ -61,7 +61,7 @@ class Grammars:
             tokenizer, vocab_size=vocab_size, stop_token_ids=[tokenizer.eos_token_id]
         )
         self.compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)  # the cache is ours
-        self.compiled: OrderedDict[str, tuple[Future, float]] = OrderedDict()  # hash -> (compile, its deadline)
+        self.compiled: OrderedDict[str, tuple[Future, float | None]] = OrderedDict()  # hash -> (compile, deadline)
         self._lock = threading.Lock()
 
     def compile(self, schema, where: str = "schema") -> xgrammar.CompiledGrammar:
@@ -72,13 +72,14 @@ class Grammars:
         key = hashlib.sha256(json.dumps(checked, sort_keys=True).encode()).hexdigest()
         with self._lock:
             if key not in self.compiled:
-                self.compiled[key] = self._start(checked), time.monotonic() + self.budget.seconds
+                seconds = self.budget.seconds
+                self.compiled[key] = self._start(checked), None if seconds is None else time.monotonic() + seconds
                 while len(self.compiled) > self.CACHED:
                     self.compiled.popitem(last=False)
             self.compiled.move_to_end(key)
             future, deadline = self.compiled[key]
         try:
-            return future.result(timeout=max(0.0, deadline - time.monotonic()))
+            return future.result(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             error = SchemaError(
                 f"{where}: compiling the schema took longer than the limit of {self.budget.seconds:g} s"

@@ -79,7 +79,10 @@ class SchemaError(DataError):
 class Budget:
     """What one schema may cost: its compile time, size and nesting, and its patterns' repetition counts."""
 
-    seconds: float = 5.0  # compiling it (off the decoding thread); a slower compile is refused
+    # compiling it (off the decoding thread); a slower compile is refused.  None: no limit, as offline, where the
+    # schemas are a bank's own and must compile however long the tokenizer makes it take (Qwen's 151k tokens take
+    # seconds on a loaded CPU); the server sets one (serve.config), so one client's schema cannot hold the others up
+    seconds: float | None = None
     max_chars: int = 65_536  # its compact JSON text
     max_depth: int = 32  # schemas nested in schemas
     max_repeat: int = 128  # the largest {n,m} in a pattern (xgrammar 0.2.8 fails to compile larger ones)
