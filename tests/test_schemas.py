@@ -141,7 +141,9 @@ def test_offline_decoding_waits_for_a_costly_compile_that_the_server_refuses(bac
     from tokmem.serve.config import ServeConfig
 
     costly = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^([a-z]{128}){128}$"}}}
-    server = Grammars(backbone.tokenizer, backbone.vocab_size, ServeConfig(banks="b", schema_seconds=0.001).schema_budget)
+    server = Grammars(
+        backbone.tokenizer, backbone.vocab_size, ServeConfig(banks="b", schema_seconds=0.001).schema_budget
+    )
     with pytest.raises(SchemaError, match="took longer than the limit of 0.001 s"):
         server.arguments(costly)
     offline = Grammars(backbone.tokenizer, backbone.vocab_size)
