@@ -49,8 +49,8 @@ fi
 
 # studies: the backbone first (assembled from the parts and checked against the pinned SHA-256 by tokmem itself)
 if [ ! -f /tmp/big.ok ]; then
-  [ "$(cat .dev/b0* | sha256sum | cut -d' ' -f1)" = "$big_sha" ] || { echo "payload pieces incomplete or corrupt"; ls -la .dev; exit 1; }
-  cat .dev/b0* | tar xzf - -C /tmp/payload && cp -r /tmp/payload/site/* "$site"/ && touch /tmp/big.ok
+  [ "$(cat /tmp/pieces/b0* | sha256sum | cut -d' ' -f1)" = "$big_sha" ] || { echo "payload pieces incomplete or corrupt"; ls -la /tmp/pieces; exit 1; }
+  cat /tmp/pieces/b0* | tar xzf - -C /tmp/payload && cp -r /tmp/payload/site/* "$site"/ && touch /tmp/big.ok
 fi
 $py -c "import time, tokmem; t = time.time(); b = tokmem.load_backbone('qwen2.5-coder-0.5b', device='$device'); \
 print('loaded', b.name, b.fingerprint(), next(b.model.parameters()).dtype, round(time.time() - t, 1), 's')" 2>&1 | grep -v Warning

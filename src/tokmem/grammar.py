@@ -190,22 +190,35 @@ class ArgumentGrammar:
                 self.matchers[i] = None
 
     def constrain(self, logits: torch.Tensor) -> torch.Tensor:
-        """``logits`` over vocab ∪ bank with each constrained row's disallowed tokens at -inf (in place)."""
+        """``logits`` over vocab ∪ bank with each constrained row's disallowed tokens at -inf (in place).
+
+        The packed bitmask (32 tokens a word) goes to the logits' device and xgrammar's kernel applies it there:
+        unpacking a 151,936-token vocabulary into booleans on the host took 100 ms a step for 64 rows (Qwen's)."""
         active = [i for i, m in enumerate(self.matchers) if m is not None]
         if not active:
             return logits
-        bitmask = xgrammar.allocate_token_bitmask(len(active), self.vocab)
-        self.batch.batch_fill_next_token_bitmask([self.matchers[i] for i in active], bitmask)
-        allowed = allowed_tokens(bitmask, self.vocab)
-        stuck = ~allowed.any(-1)  # a grammar with no way on (a schema that admits no value): the row goes free
+        bitmask = xgrammar.allocate_token_bitmask(len(self.matchers), self.vocab)
+        self.batch.batch_fill_next_token_bitmask([self.matchers[i] for i in active], bitmask, indices=active)
+        words = bitmask[active]
+        stuck = ~_any_token(words, self.vocab)  # a grammar with no way on (a schema that admits no value): goes free
         if stuck.any():
             for k in stuck.nonzero().flatten().tolist():
                 self.matchers[active[k]] = None
             return self.constrain(logits)
-        allowed = allowed.to(logits.device)
+        xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=self.vocab, indices=active)
         # the JSON is complete (the next call's memory token may follow), or the row has no token yet (routing decides)
-        memory = allowed[:, self.eos] | ~torch.tensor([self.started[i] for i in active], device=logits.device)
+        complete = (words[:, self.eos // 32] >> (self.eos % 32)) & 1
+        memory = complete.bool() | ~torch.tensor([self.started[i] for i in active])
         rows = torch.tensor(active, device=logits.device)
-        logits[rows, : self.vocab] = logits[rows, : self.vocab].masked_fill(~allowed, float("-inf"))
-        logits[rows, self.vocab :] = logits[rows, self.vocab :].masked_fill(~memory.unsqueeze(-1), float("-inf"))
+        closed = ~memory.to(logits.device).unsqueeze(-1)
+        logits[rows, self.vocab :] = logits[rows, self.vocab :].masked_fill(closed, float("-inf"))
         return logits
+
+
+def _any_token(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Per row of a packed bitmask, whether it allows any of the first ``vocab_size`` tokens."""
+    words = words[:, : (vocab_size + 31) // 32].clone()
+    spare = 32 * words.shape[1] - vocab_size  # bits past the vocabulary in the last word
+    if spare:
+        words[:, -1] &= (1 << (32 - spare)) - 1
+    return (words != 0).any(-1)
