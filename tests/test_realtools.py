@@ -228,14 +228,34 @@ def test_the_real_data_main_study_runs_end_to_end_on_the_tiny_model(backbone):
     assert "Left out:" in compositional_report.markdown(result)
 
 
+def convert_units_records(count: int) -> list[dict]:
+    """NESTFUL records over a tool ComplexFuncBench does not have."""
+    tool = {"name": "convert_units", "description": "d", "parameters": {"type": "object", "properties": {}}}
+    return [
+        {
+            "input": f"Convert {n} miles to km.",
+            "output": [{"name": "convert_units", "arguments": {"value": n}, "label": "var1", "response": {"km": n}}],
+            "tools": [tool],
+        }
+        for n in range(count)
+    ]
+
+
 @needs_shared
-def test_a_test_file_whose_tools_no_training_record_calls_is_refused_saying_what_was_left_out(tmp_path):
-    record = {
-        "input": "Convert 3 miles to km.",
-        "output": [{"name": "convert_units", "arguments": {"value": 3}, "label": "var1", "response": {"km": 4.8}}],
-        "tools": [{"name": "convert_units", "description": "d", "parameters": {"type": "object", "properties": {}}}],
-    }
+def test_any_nestful_file_runs_its_unknown_tools_trained_on_part_of_it(tmp_path):
     data = tmp_path / "other.json"
-    data.write_text(json.dumps([record]))
-    with pytest.raises(DataError, match=r"other\.json: .* 0 test .*1 test records calling a tool no training record"):
+    data.write_text(json.dumps(convert_units_records(40)))
+    real = complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(data))
+    mine = [e for e in real.data.train if e.procedures == ["convert_units"]]
+    assert real.data.test and all(e.procedures == ["convert_units"] for e in real.data.test)
+    assert mine and len(mine) + len(real.data.test) == 40  # split by query hash: every record on one side
+    assert not {e.query for e in mine} & {e.query for e in real.data.test}
+    assert len(real.data.train) == 63 + len(mine)  # ComplexFuncBench's 2-call records train as well
+
+
+@needs_shared
+def test_a_test_file_too_small_to_train_its_unknown_tools_is_refused_saying_what_was_left_out(tmp_path):
+    data = tmp_path / "other.json"
+    data.write_text(json.dumps(convert_units_records(1)))
+    with pytest.raises(DataError, match=r"other\.json: \d+ training and 0 test records"):
         complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(data))

@@ -10,8 +10,9 @@ its README), found in ``--data-dir`` or the shared data folder (`tokmem.data.sha
 
 Records are split into train and test by a stable hash of the query (md5), so a record's side never
 depends on the seed, the order of the file or the other records.  ``test_data`` replaces the test side
-with a file of the same format (a user's own split, its spec given by ``test_spec`` or found beside it); then every
-record of the data file trains.  With ``results`` (the default), each step carries its call's recorded response and
+with a file of the same format (its spec given by ``test_spec`` or found beside it): a user's own split of
+ComplexFuncBench, whose records all test while every record of the data file trains, or any NESTFUL file, whose
+records over tools ComplexFuncBench lacks are split by query hash in turn, their training side training too.  With ``results`` (the default), each step carries its call's recorded response and
 references to earlier results are resolved to their values (``tokmem.data.nestful.resolve_references``), and a
 test record must call only tools that training records call (TokMem lays out a test record's gold earlier calls by
 their tools' memory tokens); the others are left out and counted.
@@ -124,10 +125,12 @@ def complexfuncbench_data(
     left_out: Counter = Counter()
     imported = import_nestful(folder / CFB_DATA, results=results)
     records = _apart(_at_most(imported.examples, max_calls, left_out, "ComplexFuncBench"), held, left_out)
+    own_train: list[Example] = []  # records of test_data that train (their tools are ComplexFuncBench's strangers)
     if test_data:
         test_import = import_nestful(test_data, test_spec, results=results)
-        test = _apart(_at_most(test_import.examples, max_calls, left_out, str(test_data)), held, left_out)
+        mine = _apart(_at_most(test_import.examples, max_calls, left_out, str(test_data)), held, left_out)
         train, catalog = records, {**test_import.catalog, **imported.catalog}
+        test, own_train = _own_split(mine, {p for e in records for p in e.procedures}, test_fraction)
     else:
         train, test = hash_split(records, test_fraction)
         catalog = imported.catalog
@@ -135,6 +138,7 @@ def complexfuncbench_data(
     if train_size is not None and train_size < len(train):
         left_out[f"training records beyond {train_size}"] += len(train) - train_size
         train = rng.sample(train, train_size)
+    train = train + own_train
     if results:  # the loop lays out the gold earlier calls of a test record by their tools' memory tokens
         trained = {p for e in train for p in e.procedures}
         unknown = [e for e in test if not trained.issuperset(e.procedures)]
@@ -162,6 +166,15 @@ def complexfuncbench_data(
         left_out,
         {source: len(examples) for source, examples in adaptation.items()},
     )
+
+
+def _own_split(records: list[Example], known: set[str], test_fraction: float) -> tuple[list, list]:
+    """(test, train) of a user's test file: every record over tools ComplexFuncBench's training records call is a
+    test record; the others (a file of other tools: any NESTFUL file) are split by query hash as ComplexFuncBench is,
+    their training side joining the training records so that their tools get memory tokens."""
+    covered = [e for e in records if known.issuperset(e.procedures)]
+    to_train, to_test = hash_split([e for e in records if not known.issuperset(e.procedures)], test_fraction)
+    return covered + to_test, to_train
 
 
 def _apart(examples: list[Example], held: frozenset[str], left_out: Counter) -> list[Example]:
