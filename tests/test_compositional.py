@@ -13,7 +13,9 @@ from tokmem import Example, Step
 from tokmem.eval.evaluate import memory_routes, predicted_calls
 from tokmem.eval.evaluate import score_calls as score
 from tokmem.methods.method import Answer
-from tokmem.decode import Segment
+from tokmem.decode import DecodeConfig, Segment
+from tokmem.lora import LoRASettings
+from tokmem.train import TrainConfig
 from tokmem.methods.tokmem import UnfrozenTokMem
 from tokmem.methods.method import first_block
 from tokmem.methods.tools import ICL, ToolRAG, compact_schema, tool_prompt
@@ -393,7 +395,9 @@ def test_no_study_changes_the_shared_backbone(main_study, generalization, forget
 @pytest.fixture(scope="module")
 def unfrozen(backbone):
     """An UnfrozenTokMem after one round, and its adapter weights before it."""
-    method = UnfrozenTokMem(backbone, lora_lr=1e-2, max_length=64, max_new_tokens=2)
+    method = UnfrozenTokMem(
+        backbone, LoRASettings(lr=1e-2), train=TrainConfig(max_length=64), decode=DecodeConfig(max_new_tokens=2)
+    )
     before = {k: v.clone() for k, v in method.adapter.weights.items()}
     method.learn([example(call("f", x=1)), example(call("g", y=2))])
     return method, before
@@ -408,7 +412,7 @@ def test_unfrozen_tokmem_trains_lora_weights_jointly_with_its_rows(unfrozen):
 def test_unfrozen_tokmem_saves_and_restores_its_rows_and_its_adapter(unfrozen, backbone, tmp_path):
     method, _ = unfrozen
     assert method.save(tmp_path)
-    restored = UnfrozenTokMem(backbone, seed=1)
+    restored = UnfrozenTokMem(backbone, train=TrainConfig(seed=1))
     assert restored.load(tmp_path)
     assert restored.model.bank.names == ["f", "g"] and torch.equal(restored.model.bank.index, method.model.bank.index)
     assert all(torch.equal(restored.adapter.weights[k], v) for k, v in method.adapter.weights.items())

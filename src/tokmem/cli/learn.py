@@ -15,6 +15,7 @@ from tokmem.report import console, machine, print_fallbacks, write_json
 from tokmem.train import PICKED_LR, PICKED_SCHEDULE, SCHEDULES, UPDATES_PER_ROW, TrainConfig, picked_config
 
 PICKED = ("lr", "epochs", "schedule")  # train's and add's options whose default is picked (tokmem.train.picked_config)
+ADAPT_ROWS = ("epochs", "batch_size", "max_length")  # adapt's options of the temporary rows, beside --rows-lr, --seed
 
 
 def add_commands(commands) -> None:
@@ -63,7 +64,7 @@ def _add_adapt(commands) -> None:
     )
     add_options(adapt, AdaptConfig)
     add_options(adapt, TrainConfig, names=("lr",), prefix="rows_")
-    add_options(adapt, TrainConfig, names=("epochs", "batch_size", "max_length"))
+    add_options(adapt, TrainConfig, names=ADAPT_ROWS)
     add_common(adapt)
     adapt.set_defaults(handler=cmd_adapt)
 
@@ -177,11 +178,8 @@ def cmd_adapt(args) -> None:
         raise TokMemError(f"{args.out} already exists: give --out a new directory")
     examples = load_examples(args.data) if args.data else adaptation_examples(args.samples, seed=args.seed)
     rows = TrainConfig(
-        lr=args.rows_lr,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        max_length=args.max_length,
-        seed=args.seed,
+        **values(args, TrainConfig, prefix="rows_", names=("lr",)),
+        **values(args, TrainConfig, names=(*ADAPT_ROWS, "seed")),
         progress=not args.quiet,
     )
     backbone = load_backbone(args.backbone, device=args.device)

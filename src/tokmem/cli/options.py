@@ -43,10 +43,14 @@ def add_options(parser, config: type, names=None, skip=(), prefix: str = "", uns
         )
 
 
-def values(args: argparse.Namespace, config: type, prefix: str = "") -> dict:
-    """The options ``add_options`` added for ``config``, by field name, leaving out those that are None (not given:
-    the dataclass's or the preset's default applies)."""
-    found = {f.name: getattr(args, prefix + f.name, None) for f in fields(config) if "help" in f.metadata}
+def values(args: argparse.Namespace, config: type, prefix: str = "", names=None) -> dict:
+    """The options ``add_options`` added for ``config`` (those in ``names``; default: all), by field name, leaving out
+    those that are None (not given: the dataclass's or the preset's default applies)."""
+    found = {
+        f.name: getattr(args, prefix + f.name, None)
+        for f in fields(config)
+        if "help" in f.metadata and (names is None or f.name in names)
+    }
     return {name: value for name, value in found.items() if value is not None}
 
 

@@ -61,15 +61,13 @@ class RAG(Method):
         self,
         backbone: Backbone,
         k: int = 2,
-        max_new_tokens: int = DecodeConfig.max_new_tokens,
-        eval_batch_size: int = DecodeConfig.batch_size,
+        decode: DecodeConfig | None = None,
         encoder=None,
     ):
         self.model = tokmem.create(backbone)  # an empty bank: the plain backbone
         self.encoder = encoder or load_encoder()
         self.k = k
-        self.max_new_tokens = max_new_tokens
-        self.eval_batch_size = eval_batch_size
+        self.decode_config = decode or DecodeConfig()
         self.pool: list[Example] = []
         self.vectors = torch.empty(0, self.encoder.get_embedding_dimension())
 
@@ -89,5 +87,5 @@ class RAG(Method):
     def answer(self, queries: list[str]) -> list[Answer]:
         retrieved = self.retrieve(queries)
         prompts = [demonstration_prompt(shots, q) for shots, q in zip(retrieved, queries)]
-        texts = prompted_answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size)
+        texts = prompted_answers(self.model, prompts, self.decode_config)
         return [Answer(text, shots[0].procedures[0] if shots else None) for text, shots in zip(texts, retrieved)]

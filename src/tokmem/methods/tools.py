@@ -31,6 +31,7 @@ says so in its label.  RAG shows the ``k`` tools whose descriptions are most sim
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from tokmem.decode import DecodeConfig
 from tokmem.backbones import Backbone
@@ -72,16 +73,15 @@ class ICL(Method):
         backbone: Backbone,
         tools: dict[str, dict],
         shots: int = 2,
-        max_new_tokens: int = DecodeConfig.max_new_tokens,
-        eval_batch_size: int = DecodeConfig.batch_size,
+        decode: DecodeConfig | None = None,
     ):
         self.model = create(backbone)  # an empty bank: the plain backbone
         self.schemas = list(tools.values())
-        if not fits(backbone, tool_prompt(self.schemas, [], ""), max_new_tokens):
+        self.decode_config = decode or DecodeConfig()
+        if not fits(backbone, tool_prompt(self.schemas, [], ""), self.decode_config.max_new_tokens):
             self.schemas = [compact_schema(schema) for schema in self.schemas]
             self.label = "ICL (compact schemas)"
         self.shots = shots
-        self.max_new_tokens, self.eval_batch_size = max_new_tokens, eval_batch_size
         self.demonstrations: list[Example] = []
 
     def learn(self, examples: list[Example]) -> None:
@@ -93,7 +93,7 @@ class ICL(Method):
 
     def answer(self, queries: list[str]) -> list[Answer]:
         prompts = self.prompts(queries)
-        texts = prompted_answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size, share_prefix=True)
+        texts = prompted_answers(self.model, prompts, replace(self.decode_config, share_prefix=True))
         return [Answer(text) for text in texts]
 
 
@@ -125,10 +125,7 @@ class ToolRAG(RAG):
         return [tool_prompt(t, d, q) for t, d, q in zip(self.retrieve_tools(queries), self.retrieve(queries), queries)]
 
     def answer(self, queries: list[str]) -> list[Answer]:
-        return [
-            Answer(text)
-            for text in prompted_answers(self.model, self.prompts(queries), self.max_new_tokens, self.eval_batch_size)
-        ]
+        return [Answer(text) for text in prompted_answers(self.model, self.prompts(queries), self.decode_config)]
 
 
 def fits(backbone: Backbone, prompt: str, max_new_tokens: int, room: float = 0.75) -> bool:

@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 from tokmem.eval import metrics
 from tokmem.methods.base import Base
 from tokmem.methods.method import Answer, Method
-from tokmem.methods.lora import LoRA, Replay
+from tokmem.methods.lora import LoRA, Replay, ReplaySettings
 from tokmem.methods.tokmem import TokMem
 from tokmem.methods.rag import RAG
 from tokmem.backbones import DEFAULT_BACKBONE
@@ -104,9 +104,8 @@ class AtomicConfig(MethodSettings):
     )
     lora_rank: int | None = option(None, "LoRA rank (default 8; 1 with --sample-efficiency, as the paper)")
     rag_k: int = option(2, "demonstrations RAG retrieves")
-    replay_ratio: float = option(0.2, "share of replayed examples in a batch")
-    replay_buffer: int = option(500, "examples the replay buffer keeps")
-    replay_every: int = option(10, "procedures between refreshes of the replay buffer")
+    replay_buffer: int = option(ReplaySettings.buffer_size, "examples the replay buffer keeps")
+    replay_every: int = option(ReplaySettings.refresh_every, "procedures between refreshes of the replay buffer")
     sample_efficiency: bool = option(
         False, "10 tasks learned as one mixture with 10/20/50/100/200/500 training examples per task"
     )
@@ -198,15 +197,15 @@ def make_config(preset: str | None = "cpu", **options) -> AtomicConfig:
 
 
 def build_methods(config: AtomicConfig, backbone) -> list[Method]:
-    decode, memory, lora = config.decode_options(), config.tokmem_options(), config.lora_options()
-    replay = dict(ratio=config.replay_ratio, buffer_size=config.replay_buffer, refresh_every=config.replay_every)
+    train, decode, lora = config.train(), config.decode(), config.lora()
+    replay = ReplaySettings(config.replay_ratio, config.replay_buffer, config.replay_every)
     factories = {
-        "base": lambda: Base(backbone, **decode),
-        "rag": lambda: RAG(backbone, k=config.rag_k, **decode),
-        "lora": lambda: LoRA(backbone, **lora),
-        "replay": lambda: Replay(backbone, **replay, **lora),
-        "tokmem": lambda: TokMem(backbone, **memory),
-        "tokmem-dc": lambda: TokMem(backbone, decoupled=True, **memory),
+        "base": lambda: Base(backbone, decode),
+        "rag": lambda: RAG(backbone, config.rag_k, decode),
+        "lora": lambda: LoRA(backbone, train, lora, decode),
+        "replay": lambda: Replay(backbone, replay, train=train, lora=lora, decode=decode),
+        "tokmem": lambda: TokMem(backbone, train, decode),
+        "tokmem-dc": lambda: TokMem(backbone, train, decode, decoupled=True),
     }
     return [factories[name]() for name in config.methods]
 

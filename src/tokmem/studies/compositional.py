@@ -51,6 +51,7 @@ from tokmem.adapt import AdaptConfig
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone
 from tokmem.config import option
 from tokmem.data.procedures import Example
+from tokmem.decode import DecodeConfig
 from tokmem.data.tool_catalog import split_tools
 from tokmem.studies.realtools import ADAPT_DATA, ADAPT_SOURCE_NAMES, check_adapt_data
 from tokmem.studies.tool_datasets import StudySizes, ToolData
@@ -179,7 +180,6 @@ class CompositionalConfig(MethodSettings):
     adapt_cache: str | None = option(None, "directory of cached adapted backbones (default <tokmem cache>/adapted)")
     rag_k: int = option(4, "tools RAG and native-retrieved retrieve")
     shots: int = option(2, "demonstrations ICL and RAG show")
-    replay_ratio: float = option(0.2, "share of replayed examples in a batch")
     replay_buffer: int = option(1000, "examples the replay buffer keeps")
 
     def resolved(self) -> "CompositionalConfig":
@@ -201,6 +201,10 @@ class CompositionalConfig(MethodSettings):
             )
         config = replace(self, methods=tuple(self.methods or defaults))
         return config._checked_real() if self.dataset != "builtin" else config._with_tool_counts()
+
+    def decode(self) -> DecodeConfig:
+        """TokMem chains up to ``max_calls`` memory tokens: one call each."""
+        return replace(super().decode(), max_steps=self.max_calls)
 
     def tool_loop(self) -> bool:
         """Whether the study measures the tool loop (results in context; ``tokmem.studies.tool_loop``)."""

@@ -13,9 +13,10 @@ from tokmem.config import option
 from tokmem.decode import DecodeConfig
 from tokmem.errors import TokMemError
 from tokmem.lora import LoRASettings
+from tokmem.methods.lora import ReplaySettings
 from tokmem.train import Init, Schedule, ToolSegments, TrainConfig
 
-T, D, L = TrainConfig, DecodeConfig, LoRASettings  # every default below is theirs
+T, D, L, R = TrainConfig, DecodeConfig, LoRASettings, ReplaySettings  # every default below is theirs
 
 
 def overridden(preset: dict, options: dict) -> dict:
@@ -69,6 +70,7 @@ class MethodSettings:
     lora_lr: float = option(L.lr, "learning rate of fine-tuning and replay")
     lora_weight_decay: float = option(L.weight_decay, "weight decay of fine-tuning and replay")
     lora_rank: int | None = option(L.rank, "LoRA rank of fine-tuning and replay")
+    replay_ratio: float = option(R.ratio, "share of replayed examples in a batch")
     seed: int = option(T.seed, "seed of the data and training")
     device: str | None = option(None, "cpu, cuda, … (default: cuda when available)")
     preset: str | None = None
@@ -81,31 +83,25 @@ class MethodSettings:
         """Whether the study runs more than once: several seeds or budgets (`tokmem.studies.harness.run_repeats`)."""
         return self.seeds is not None or self.epoch_budgets is not None
 
-    def decode_options(self) -> dict:
-        """Keyword arguments of every method: how it answers."""
-        return dict(max_new_tokens=self.max_new_tokens, eval_batch_size=self.eval_batch_size)
+    def decode(self) -> DecodeConfig:
+        """How every method answers (TokMem: one memory-token segment an answer, atomic recall)."""
+        return DecodeConfig(max_new_tokens=self.max_new_tokens, batch_size=self.eval_batch_size, max_steps=1)
 
-    def train_options(self) -> dict:
-        """Keyword arguments of every trained method."""
-        return dict(
+    def train(self) -> TrainConfig:
+        """How every trained method trains; its lr is TokMem's rows' (fine-tuning's is in ``lora``)."""
+        return TrainConfig(
+            lr=self.tokmem_lr,
             epochs=self.epochs,
             batch_size=self.batch_size,
             max_length=self.max_length,
             seed=self.seed,
+            init=self.init,
             schedule=self.schedule,
             warmup=self.warmup,
-            **self.decode_options(),
-        )
-
-    def tokmem_options(self) -> dict:
-        """Keyword arguments of TokMem's variants."""
-        return self.train_options() | dict(
-            lr=self.tokmem_lr,
-            init=self.init,
             renorm_every_step=self.renorm_every_step,
             tool_segments=self.tool_segments,
         )
 
-    def lora_options(self) -> dict:
-        """Keyword arguments of fine-tuning and replay."""
-        return self.train_options() | dict(rank=self.lora_rank, lr=self.lora_lr, weight_decay=self.lora_weight_decay)
+    def lora(self) -> LoRASettings:
+        """The adapters of fine-tuning, replay and TokMem with an unfrozen backbone."""
+        return LoRASettings(rank=self.lora_rank, lr=self.lora_lr, weight_decay=self.lora_weight_decay)
