@@ -443,6 +443,28 @@ def test_the_cpu_presets_compare_methods_at_the_papers_one_epoch_and_at_a_longer
     assert (loop.epoch_budgets, loop.epochs, loop.repeated()) == (None, 2, False)
 
 
+def test_a_backbone_picks_the_presets_settings_sized_for_it():
+    qwen = make_config(preset="cpu", backbone="qwen2.5-coder-0.5b", dataset="complexfuncbench")
+    smollm2 = make_config(preset="cpu", backbone="smollm2-135m", dataset="complexfuncbench")
+    assert (qwen.max_new_tokens, smollm2.max_new_tokens) == (256, 160)
+    assert (qwen.train_multi, qwen.epochs, qwen.max_length, qwen.tokmem_lr) == (120, 2, 1536, 2e-2)
+    assert make_config(preset="cpu", backbone="qwen2.5-coder-0.5b").max_new_tokens == 176  # the layer is the dataset's
+    assert (
+        make_config(
+            preset="cpu", backbone="qwen2.5-coder-0.5b", dataset="complexfuncbench", max_new_tokens=64
+        ).max_new_tokens
+        == 64
+    )
+    assert atomic.make_config("cpu", backbone="qwen2.5-coder-0.5b") == replace(
+        atomic.make_config("cpu"), backbone="qwen2.5-coder-0.5b"
+    )
+
+
+def test_an_unknown_preset_is_refused_naming_the_presets():
+    with pytest.raises(TokMemError, match="unknown preset 'gpu': choose from cpu, paper"):
+        make_config("gpu", "main")
+
+
 def test_epochs_given_alone_replace_the_presets_budgets_and_given_with_budgets_are_refused():
     one = make_config("cpu", "main", epochs=2)  # else every run's epochs would come from the budgets: 2 unused
     assert (one.epochs, one.epoch_budgets, one.repeated()) == (2, None, False)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from tokmem import distributed
 from tokmem.adapt import AdaptConfig
-from tokmem.backbones import DEFAULT_BACKBONE, default_device, default_dtype
-from tokmem.cli.options import add_common, add_options, values
+from tokmem.backbones import default_device, default_dtype
+from tokmem.cli.options import add_backbone, add_common, add_options, values
 from tokmem.studies.tool_datasets import ADAPTATION_SAMPLES
 from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
@@ -28,7 +28,7 @@ def add_commands(commands) -> None:
     train = commands.add_parser("train", help="learn a new bank from a procedures JSONL file")
     train.add_argument("--data", required=True, help="procedures JSONL (query, steps[procedure, response])")
     train.add_argument("--out", required=True, help="bank file to write (.safetensors, plus .json beside it)")
-    train.add_argument("--backbone", default=DEFAULT_BACKBONE)
+    add_backbone(train)
     train.add_argument("--decoupled", action="store_true", help="separate index and steer matrices (TokMem+DC)")
     _training_options(train)
     train.set_defaults(handler=cmd_train)
@@ -49,7 +49,7 @@ def _add_adapt(commands) -> None:
         description="LoRA trains with temporary memory rows on held-out procedures, is merged into the backbone and the "
         "rows are dropped. Default data: the built-in adaptation tools.",
     )
-    adapt.add_argument("--backbone", default=DEFAULT_BACKBONE)
+    add_backbone(adapt)
     adapt.add_argument(
         "--out", required=True, help="new directory for the adapted backbone (use it as --backbone later)"
     )

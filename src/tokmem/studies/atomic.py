@@ -42,7 +42,6 @@ from tokmem.methods.method import Answer, Method
 from tokmem.methods.lora import LoRA, Replay, ReplaySettings
 from tokmem.methods.tokmem import TokMem
 from tokmem.methods.rag import RAG
-from tokmem.backbones import DEFAULT_BACKBONE
 from tokmem.config import option
 from tokmem.data.procedures import Example
 from tokmem.data.shared import shared_data
@@ -51,7 +50,7 @@ from tokmem.errors import TokMemError
 from tokmem.io import write_json_atomic, write_text_atomic
 from tokmem.studies.harness import answer_all, config_settings, learn_round, progress_bar, resumed_run, run_repeats
 from tokmem.studies.outputs import Panel, budget_markdown, budget_panels, line_plot, lines, pivot_table, scaled
-from tokmem.studies.settings import MethodSettings, overridden
+from tokmem.studies.settings import Layer, MethodSettings, preset_settings
 from tokmem.report import machine
 from tokmem.train import INITS, SCHEDULES as LR_SCHEDULES, Schedule
 
@@ -94,7 +93,6 @@ class AtomicConfig(MethodSettings):
     test_per_task: int = option(50, "test examples per task")
     checkpoints: tuple[int, ...] = option((10, 50, 200, 500, 1000), "numbers of tasks to evaluate after, e.g. 5,10,14")
     methods: tuple[str, ...] | None = option(None, f"comma-separated subset of {','.join(METHODS)}")
-    backbone: str = option(DEFAULT_BACKBONE, "backbone spec")
     tokmem_lr: float | None = option(None, "learning rate of the memory rows (default 1e-3 joint, 5e-3 sequential)")
     schedule: Schedule | None = option(
         None,
@@ -154,46 +152,52 @@ class AtomicConfig(MethodSettings):
 
 PRESETS = {
     # the paper's protocol (definition queries, joint schedule) on the 14 SNI files of the shared data and smollm2-135m,
-    # for a CPU (run time: docs/studies.md): 10 test and up to 100 training instances a task (the files hold 30–120;
-    # a task with fewer than 20 left would be skipped), one joint run on all 14 tasks (1,052 examples: 263 updates an
-    # epoch), Base/RAG/LoRA/TokMem (TokMem+DC and replay as separate commands), every trained method at two budgets:
-    # the paper's one epoch and two.  Both learning rates are raised for 263 steps instead of the paper's ~125k:
-    # LoRA's to 1e-3 (the paper's 5e-5; as the compositional cpu preset), TokMem's to the paper's 5e-3 (the reference
-    # code's 1e-3 routed 51% and 64% of the test queries after 263 updates, seeds 0-1; 5e-3 routed 100% in both:
-    # docs/studies.md, "Atomic recall, joint, at equal budgets").
-    "cpu": dict(
-        tasks_dir=str(shared_data("sni", "tasks")),
-        backbone=DEFAULT_BACKBONE,
-        train_per_task=100,
-        min_train_per_task=20,
-        test_per_task=10,
-        checkpoints=(14,),
-        methods=("base", "rag", "lora", "tokmem"),
-        epochs=1,
-        epoch_budgets=(1, 2),
-        lora_lr=1e-3,
-        tokmem_lr=5e-3,
-        max_new_tokens=48,
-        replay_buffer=100,
-        replay_every=5,
-        budgets=(5, 10, 20),
+    # for a CPU: 10 test and up to 100 training instances a task (the files hold 30-120; a task with fewer than 20 left
+    # is skipped), one joint run on all 14 tasks, Base/RAG/LoRA/TokMem (TokMem+DC and replay as separate commands),
+    # every trained method at two budgets: the paper's one epoch and two.  Both learning rates are raised for a few
+    # hundred steps instead of the paper's ~125k: LoRA's to 1e-3 (as the compositional cpu preset), TokMem's to the
+    # paper's 5e-3 (docs/studies.md, "Atomic recall, joint, at equal budgets", says why).
+    "cpu": (
+        Layer(
+            dict(
+                tasks_dir=str(shared_data("sni", "tasks")),
+                train_per_task=100,
+                min_train_per_task=20,
+                test_per_task=10,
+                checkpoints=(14,),
+                methods=("base", "rag", "lora", "tokmem"),
+                epochs=1,
+                epoch_budgets=(1, 2),
+                lora_lr=1e-3,
+                tokmem_lr=5e-3,
+                max_new_tokens=48,
+                replay_buffer=100,
+                replay_every=5,
+                budgets=(5, 10, 20),
+            )
+        ),
+        # Qwen2.5-Coder-0.5B: the sizes above until a run on it sizes its own
+        Layer({}, when=dict(backbone="qwen2.5-coder-0.5b")),
     ),
     # the paper's sizes (1,000 English tasks, 500 train / 50 test each); needs a GPU and the full natural-instructions
-    "paper": dict(
-        backbone="Qwen/Qwen2.5-0.5B-Instruct",
-        train_per_task=500,
-        test_per_task=50,
-        checkpoints=(10, 50, 200, 500, 1000),
-        max_new_tokens=128,
+    "paper": (
+        Layer(
+            dict(
+                backbone="Qwen/Qwen2.5-0.5B-Instruct",
+                train_per_task=500,
+                test_per_task=50,
+                checkpoints=(10, 50, 200, 500, 1000),
+                max_new_tokens=128,
+            )
+        ),
     ),
 }
 
 
 def make_config(preset: str | None = "cpu", **options) -> AtomicConfig:
-    """A preset's settings, overridden by every option that is not None (`settings.overridden`)."""
-    if preset is not None and preset not in PRESETS:
-        raise TokMemError(f"unknown preset '{preset}': choose from {', '.join(PRESETS)}")
-    return AtomicConfig(preset=preset, **overridden(PRESETS.get(preset, {}), options))
+    """A preset's settings for the options' choices, overridden by every option that is not None
+    (`settings.preset_settings`)."""
+    return AtomicConfig(preset=preset, **preset_settings(PRESETS, preset, AtomicConfig, options))
 
 
 def build_methods(config: AtomicConfig, backbone) -> list[Method]:

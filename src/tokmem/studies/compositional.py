@@ -48,7 +48,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, replace
 
 from tokmem.adapt import AdaptConfig
-from tokmem.backbones import DEFAULT_BACKBONE, Backbone
+from tokmem.backbones import Backbone
 from tokmem.config import option
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig
@@ -63,7 +63,7 @@ from tokmem.methods.method import Method
 from tokmem.report import machine
 from tokmem.studies.harness import answer_all, answering_cost, learn_round, progress_bar, resumed_run, run_repeats
 from tokmem.sequences import RESULT_TOKENS
-from tokmem.studies.settings import MethodSettings, overridden
+from tokmem.studies.settings import Layer, MethodSettings, preset_settings
 from tokmem.studies.tool_loop import loop_scores
 from tokmem.methods.tokmem import TokMem
 from tokmem.studies.tool_setup import (
@@ -119,7 +119,6 @@ class CompositionalConfig(MethodSettings):
         "forgetting: replay,tokmem,tokmem-roundnorm,tokmem-norenorm,tokmem-unfrozen, also lora,tokmem-noadapt,"
         "tokmem-better)",
     )
-    backbone: str = option(DEFAULT_BACKBONE, "backbone spec")
     xlam: str | None = option(None, "an xLAM / APIGen JSON file (default: the built-in 25 + 25 tool catalog)")
     dataset: str = option(
         "builtin",
@@ -241,85 +240,86 @@ class CompositionalConfig(MethodSettings):
         return config
 
 
+QWEN_05B = "qwen2.5-coder-0.5b"
 PRESETS = {
     # smollm2-135m on 2 CPU cores, the reference code's recipe (batch 2, orthogonal rows, warm-up + linear decay,
     # per-step renormalisation, arguments-only segments) at a tenth of its data: 10 evaluation tools, ~220 training
-    # queries.  Every trained method trains the same epochs: two budgets, the paper's one epoch (~110 updates) and a
-    # longer one (a budget curve; docs/studies.md has the run times).  LoRA's lrs are 20× the paper's for the small data.
-    # The adaptation phase (1,000 queries over the 25 built-in adaptation tools, 1 epoch) is cached on disk; its LoRA
-    # has no dropout here: on a CPU, dropout makes a step several times slower (docs/studies.md).
-    "cpu": {
-        "common": dict(
-            backbone=DEFAULT_BACKBONE,
-            tools=10,
-            per_tool=12,
-            train_multi=120,
-            test_multi=40,
-            adapt_per_tool=20,
-            adapt_multi=500,
-            max_new_tokens=176,
-            epochs=1,
-            epoch_budgets=(1, 4),
-            batch_size=2,
-            lora_lr=1e-3,
-            adapt_lr=1e-3,
-            replay_buffer=100,
-            init="orthogonal",
-            schedule="linear",
-            renorm_every_step=True,
-            adapt_dropout=0.0,
+    # queries.  Every trained method trains the same epochs: two budgets, the paper's one epoch and a longer one (a
+    # budget curve).  LoRA's lrs are 20x the paper's for the small data.  The adaptation phase (1,000 queries over the
+    # 25 built-in adaptation tools, 1 epoch) is cached on disk; its LoRA has no dropout (dropout is slow on a CPU).
+    "cpu": (
+        Layer(
+            dict(
+                tools=10,
+                per_tool=12,
+                train_multi=120,
+                test_multi=40,
+                adapt_per_tool=20,
+                adapt_multi=500,
+                max_new_tokens=176,
+                epochs=1,
+                epoch_budgets=(1, 4),
+                batch_size=2,
+                lora_lr=1e-3,
+                adapt_lr=1e-3,
+                replay_buffer=100,
+                init="orthogonal",
+                schedule="linear",
+                renorm_every_step=True,
+                adapt_dropout=0.0,
+            )
         ),
-        # four training caps, each trained afresh: a long budget of 3 epochs, so that a run stays within the hour
-        "generalization": dict(test_multi=32, epoch_budgets=(1, 3)),
+        # four training caps, each trained afresh: a long budget of 3 epochs
+        Layer(dict(test_multi=32, epoch_budgets=(1, 3)), when=dict(study="generalization")),
         # 5 rounds of 2 tools, 42 training queries a round
-        "forgetting": dict(per_tool=14, train_multi=20, test_multi=8),
-        # four TokMem runs (as configured, then init, schedule and segments switched alone), all at one budget of 4 epochs
-        "recipe": dict(epochs=4, epoch_budgets=None),
-        # ComplexFuncBench's records with 2–4 calls (as the paper's queries): 120 to train, 24 to test; 300 BFCL
-        # multi-turn turns to adapt.  With each call's result in context (256 tokens at most) the sequences reach
-        # ~1,330 tokens (p95; ~350 without): max_length 1536 keeps them whole.  One budget of 2 epochs (120 updates),
-        # sized to about 50 minutes alone on 2 cores (docs/studies.md, "Tool loop on ComplexFuncBench").  Rows
-        # mean-initialised (the recipe ablation: argument F1 77.1 against 49.4 for orthogonal rows), and every trained
-        # method on a decaying schedule: with a constant rate TokMem's routing never settles, and at these 120 updates
-        # a linear schedule at 2e-2 routes first calls far better than constant 5e-3 (68.5 against 54.8;
-        # benchmarks/routing_budget.py, "Why TokMem's routing collapses").  A call is one answer: 160 new tokens.
-        "complexfuncbench": dict(
-            train_multi=120,
-            test_multi=24,
-            adapt_multi=300,
-            epochs=2,
-            epoch_budgets=None,
-            max_length=1536,
-            max_new_tokens=160,
-            init="mean",
-            schedule="linear",
-            tokmem_lr=2e-2,
+        Layer(dict(per_tool=14, train_multi=20, test_multi=8), when=dict(study="forgetting")),
+        # four TokMem runs (as configured, then init, schedule and segments switched alone), all at one budget
+        Layer(dict(epochs=4, epoch_budgets=None), when=dict(study="recipe")),
+        # ComplexFuncBench's records with 2-4 calls (as the paper's queries): 120 to train, 24 to test; 300 BFCL
+        # multi-turn turns to adapt.  With each call's result in context the sequences grow: max_length 1536 keeps them
+        # whole.  One budget of 2 epochs.  Rows mean-initialised and a decaying schedule at 2e-2 (the recipe study and
+        # benchmarks/routing_budget.py say why).  A call is one answer: 160 new tokens.
+        Layer(
+            dict(
+                train_multi=120,
+                test_multi=24,
+                adapt_multi=300,
+                epochs=2,
+                epoch_budgets=None,
+                max_length=1536,
+                max_new_tokens=160,
+                init="mean",
+                schedule="linear",
+                tokmem_lr=2e-2,
+            ),
+            when=dict(dataset="complexfuncbench"),
         ),
-    },
+        # the same on Qwen2.5-Coder-0.5B, whose calls take more tokens
+        Layer(dict(max_new_tokens=256), when=dict(dataset="complexfuncbench", backbone=QWEN_05B)),
+    ),
     # the paper's sizes and the reference code's recipe; a GPU (and, for 50 + 50 tools, the xLAM file: --xlam)
-    "paper": {
-        "common": dict(
-            backbone="meta-llama/Llama-3.2-1B-Instruct",
-            epochs=1,
-            epoch_budgets=(1, 3),
-            batch_size=2,
-            init="orthogonal",
-            schedule="linear",
-            renorm_every_step=True,
+    "paper": (
+        Layer(
+            dict(
+                backbone="meta-llama/Llama-3.2-1B-Instruct",
+                epochs=1,
+                epoch_budgets=(1, 3),
+                batch_size=2,
+                init="orthogonal",
+                schedule="linear",
+                renorm_every_step=True,
+            )
         ),
-        "forgetting": dict(train_multi=1000, test_multi=100),
-    },
+        Layer(dict(train_multi=1000, test_multi=100), when=dict(study="forgetting")),
+    ),
 }
 
 
 def make_config(preset: str | None = "cpu", study: str = "main", **options) -> CompositionalConfig:
-    """A preset's settings for the study, overridden by every option that is not None (`settings.overridden`)."""
-    if preset is not None and preset not in PRESETS:
-        raise TokMemError(f"unknown preset '{preset}': choose from {', '.join(PRESETS)}")
-    sizes = PRESETS.get(preset, {})
-    dataset = sizes.get(options.get("dataset") or "builtin", {})
-    settings = overridden({**sizes.get("common", {}), **sizes.get(study, {}), **dataset}, options)
-    return CompositionalConfig(study=study, preset=preset, **settings)
+    """A preset's settings for the study and the options' choices, overridden by every option that is not None
+    (`settings.preset_settings`)."""
+    settings = preset_settings(PRESETS, preset, CompositionalConfig, {"study": study, **options})
+    return CompositionalConfig(preset=preset, **settings)
 
 
 # ---- scoring ------------------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ from tqdm.auto import tqdm
 
 import tokmem
 from tokmem.eval import metrics
-from tokmem.backbones import DEFAULT_BACKBONE, Backbone, load_backbone
+from tokmem.backbones import Backbone, backbone_option, device_option, load_backbone
 from tokmem.methods import prefix
 from tokmem.config import option
 from tokmem.data.gsm8k import Problem, gsm8k_compliant, gsm8k_strictly_compliant, load_gsm8k
@@ -140,7 +140,7 @@ def steps_at_90(steps: list[int], perplexities: list[float], fraction: float = 0
 class MemorizationConfig:
     """Defaults are the paper's setup (its batches of 8–32 sequences are the whole text at each step)."""
 
-    backbone: str = option(DEFAULT_BACKBONE, "backbone spec")
+    backbone: str = backbone_option()
     text: str = option(str(shared_data().parent / "paper" / "tokmem.tex"), "memorization: the text file to memorise")
     text_tokens: tuple[int, ...] = option((1024, 2048, 4096), "memorization: tokens of the text memorised, per setting")
     memory_tokens: tuple[int, ...] = option((1, 2, 5), "memorization: trainable rows, per setting")
@@ -150,7 +150,7 @@ class MemorizationConfig:
     seeds: int = option(5, "memorization: runs to average over")
     lr: float = option(TrainConfig.lr, "learning rate of the rows")
     batch_size: int = option(8, "sequences per forward pass (memorization: one optimiser step covers the whole text)")
-    device: str | None = option(None, "cpu, cuda, … (default: cuda when available)")
+    device: str | None = device_option()
     progress: bool = True
 
 
@@ -298,7 +298,7 @@ class GSM8KConfig:
     epochs at lr 5e-3 in batches of 4, the rows of the epoch with the best validation exact match; the whole
     training set (less the validation split; 20% and 100% of it) and the whole test set."""
 
-    backbone: str = option(DEFAULT_BACKBONE, "backbone spec")
+    backbone: str = backbone_option()
     data: str = option(str(shared_data("gsm8k")), "gsm8k: the folder with train.jsonl and test.jsonl")
     layout: Layout = option(
         "reference",
@@ -317,7 +317,7 @@ class GSM8KConfig:
     max_new_tokens: int = option(512, "tokens an answer may generate")
     decode_batch_size: int = option(DecodeConfig.batch_size, "problems answered together")
     seed: int = option(TrainConfig.seed, "seed of the data order and the rows")
-    device: str | None = option(None, "cpu, cuda, … (default: cuda when available)")
+    device: str | None = device_option()
     progress: bool = True
 
 

@@ -1,14 +1,21 @@
-"""The settings the atomic and compositional studies share: how their methods train and answer.
+"""The settings the atomic and compositional studies share: how their methods train and answer; and the one shape of
+every study's presets.
 
 Each study's config inherits them and adds its data, its methods and the defaults of its own; the defaults
-here are those of `TrainConfig`, `DecodeConfig` and `LoRASettings`.  Every trained method of a run trains the
-same number of epochs (``epochs``): methods are compared at equal budgets by construction.
+here are those of `TrainConfig`, `DecodeConfig` and `LoRASettings`, and the settings build those objects
+(``train``, ``decode``, ``lora``) for the methods.  Every trained method of a run trains the same number of epochs
+(``epochs``): methods are compared at equal budgets by construction.
+
+A preset is data: a tuple of `Layer`s, each some settings and the choices it applies under (the study, the dataset,
+the backbone: ``--preset cpu --backbone qwen2.5-coder-0.5b`` picks the layers sized for that backbone); the layers that
+apply are merged in order, then every option given overrides them (``preset_settings``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
 
+from tokmem.backbones import backbone_option, device_option
 from tokmem.config import option
 from tokmem.decode import DecodeConfig
 from tokmem.errors import TokMemError
@@ -17,6 +24,37 @@ from tokmem.methods.lora import ReplaySettings
 from tokmem.train import Init, Schedule, ToolSegments, TrainConfig
 
 T, D, L, R = TrainConfig, DecodeConfig, LoRASettings, ReplaySettings  # every default below is theirs
+
+
+@dataclass(frozen=True)
+class Layer:
+    """Settings of a preset, and the choices they apply under (``{}``: always; ``{"study": "main"}``,
+    ``{"dataset": "complexfuncbench", "backbone": "qwen2.5-coder-0.5b"}``: when every one of them is chosen)."""
+
+    settings: dict
+    when: dict = field(default_factory=dict)
+
+
+Preset = tuple[Layer, ...]
+
+
+def preset_settings(presets: dict[str, Preset], name: str | None, config: type, options: dict) -> dict:
+    """The settings of preset ``name`` (None: none) for the choices made: each layer applies when its ``when`` matches
+    the options given, else the settings so far, else ``config``'s defaults; then every option given overrides them
+    (``overridden``)."""
+    if name is not None and name not in presets:
+        raise TokMemError(f"unknown preset '{name}': choose from {', '.join(presets)}")
+    given = {key: value for key, value in options.items() if value is not None}
+    settings = {}
+    for layer in presets.get(name, ()):
+        chosen = _defaults(config) | settings | given
+        if all(chosen.get(key) == value for key, value in layer.when.items()):
+            settings |= layer.settings
+    return overridden(settings, options)
+
+
+def _defaults(config: type) -> dict:
+    return {f.name: f.default for f in fields(config) if f.default is not MISSING}
 
 
 def overridden(preset: dict, options: dict) -> dict:
@@ -72,7 +110,8 @@ class MethodSettings:
     lora_rank: int | None = option(L.rank, "LoRA rank of fine-tuning and replay")
     replay_ratio: float = option(R.ratio, "share of replayed examples in a batch")
     seed: int = option(T.seed, "seed of the data and training")
-    device: str | None = option(None, "cpu, cuda, … (default: cuda when available)")
+    backbone: str = backbone_option()
+    device: str | None = device_option()
     preset: str | None = None
 
     def epochs_of(self, method: str) -> int:
