@@ -6,14 +6,14 @@ one not given leaves it (or the config's default) alone.
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import fields
 
 from rich.markdown import Markdown
 
 from tokmem.cli.options import add_options, values
 from tokmem.errors import TokMemError
 from tokmem.report import console
-from tokmem.studies import atomic, compositional, compositional_report, placement
+from tokmem.studies import atomic, compositional, compositional_report, gsm8k_placement, memorization
 
 
 def add_commands(commands) -> None:
@@ -116,12 +116,13 @@ def cmd_compositional(args) -> None:
 
 
 # ---- placement ---------------------------------------------------------------------------------------------
-PLACEMENT_CONFIGS = (placement.MemorizationConfig, placement.GSM8KConfig)
+PLACEMENT = {"memorization": memorization, "gsm8k": gsm8k_placement}  # the two placement studies
+PLACEMENT_CONFIGS = {"memorization": memorization.MemorizationConfig, "gsm8k": gsm8k_placement.GSM8KConfig}
 
 
 def add_placement(studies) -> None:
     parser = studies.add_parser("placement", help="memory placement: TokMem's infix memory vs prefix tuning")
-    parser.add_argument("--study", choices=tuple(placement.PRESETS), default="memorization")
+    parser.add_argument("--study", choices=tuple(PLACEMENT), default="memorization")
     parser.add_argument(
         "--preset",
         choices=("cpu", "paper"),
@@ -129,7 +130,7 @@ def add_placement(studies) -> None:
         help="cpu: smaller sizes for a CPU; paper: the paper's sizes",
     )
     seen = set()
-    for config in PLACEMENT_CONFIGS:  # the options of both studies; each names the study it applies to
+    for config in PLACEMENT_CONFIGS.values():  # the options of both studies; each names the study it applies to
         add_options(parser, config, skip=seen, unset=True)
         seen |= {f.name for f in fields(config)}
     parser.add_argument(
@@ -141,19 +142,25 @@ def add_placement(studies) -> None:
 
 def placement_config(args):
     """The preset's config with the options given on the command line; an option of the other study is an error."""
-    config = placement.PRESETS[args.study][args.preset]
-    given = {name: value for config_type in PLACEMENT_CONFIGS for name, value in values(args, config_type).items()}
+    config = PLACEMENT_CONFIGS[args.study]
+    given = {
+        name: value for config_type in PLACEMENT_CONFIGS.values() for name, value in values(args, config_type).items()
+    }
     foreign = sorted(set(given) - {f.name for f in fields(config)})
     if foreign:
         raise TokMemError(
             f"--{', --'.join(k.replace('_', '-') for k in foreign)} does not apply to --study {args.study}"
         )
-    return replace(config, **given, progress=not args.quiet)
+    return PLACEMENT[args.study].make_config(args.preset, **given, progress=not args.quiet)
 
 
 def cmd_placement(args) -> None:
     if args.resume and args.study != "gsm8k":
         raise TokMemError(f"--resume does not apply to --study {args.study}")
-    result = placement.run_study(args.study, placement_config(args), args.json, args.resume)
-    console.print(placement.markdown(args.study, result), markup=False, highlight=False, soft_wrap=True)
-    _written(placement.outputs(args.study, args.json))
+    config, study = placement_config(args), PLACEMENT[args.study]
+    if study is gsm8k_placement:
+        result = gsm8k_placement.run_study(config, args.json, args.resume)
+    else:
+        result = memorization.run_study(config, args.json)
+    console.print(study.markdown(result), markup=False, highlight=False, soft_wrap=True)
+    _written(study.outputs(args.json))
