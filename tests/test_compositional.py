@@ -25,7 +25,8 @@ from tokmem.data.tool_catalog import catalog, split_tools
 from tokmem.errors import TokMemError
 from tokmem.cli import bench
 from tokmem.studies import atomic, compositional, compositional_report, tool_setup
-from tokmem.studies.compositional import METRICS, STUDIES, make_config, run_all
+from tokmem.studies.compositional import METRICS, run_all
+from tokmem.studies.compositional_config import STUDIES, make_config
 from tokmem.studies.compositional_report import forgetting_panels
 from tokmem.studies.tool_setup import TOKMEM_LABELS
 

@@ -19,7 +19,7 @@ from tokmem.eval.evaluate import score_calls
 from tokmem.methods.native import NativeTools, read_tool_calls
 from tokmem.methods.tokmem import TokMem
 from tokmem.studies import compositional, compositional_report
-from tokmem.studies.compositional import make_config
+from tokmem.studies.compositional_config import make_config
 from tokmem.studies.harness import progress_bar
 from tokmem.studies.tool_loop import conversation, loop_scores
 

@@ -14,6 +14,7 @@ from tokmem.cli.options import add_options, values
 from tokmem.errors import TokMemError
 from tokmem.report import console
 from tokmem.studies import atomic, compositional, compositional_report, gsm8k_placement, memorization
+from tokmem.studies import compositional_config as composition
 
 
 def add_commands(commands) -> None:
@@ -77,16 +78,16 @@ def add_compositional(studies) -> None:
         "compositional",
         help="compositional tool calling: TokMem vs ICL, RAG, fine-tuning (Table 3, generalisation, forgetting)",
     )
-    parser.add_argument("--study", choices=tuple(compositional.STUDIES), default="main")
+    parser.add_argument("--study", choices=tuple(composition.STUDIES), default="main")
     parser.add_argument(
         "--preset",
-        choices=tuple(compositional.PRESETS),
+        choices=tuple(composition.PRESETS),
         default="cpu",
         help="cpu: 10 tools, 220 training and 40 test queries on smollm2-135m (complexfuncbench: 150 and "
         "24 records); paper: the paper's sizes (Llama-3.2-1B-Instruct, 5000/500 queries; 50 + 50 tools "
         "with --xlam), for a GPU",
     )
-    add_options(parser, compositional.CompositionalConfig, unset=True)
+    add_options(parser, composition.CompositionalConfig, unset=True)
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -97,9 +98,9 @@ def add_compositional(studies) -> None:
     parser.set_defaults(handler=cmd_compositional)
 
 
-def compositional_config(args) -> compositional.CompositionalConfig:
+def compositional_config(args) -> composition.CompositionalConfig:
     """The study's config: the preset's settings, overridden by every option given on the command line."""
-    return compositional.make_config(args.preset, args.study, **values(args, compositional.CompositionalConfig))
+    return composition.make_config(args.preset, args.study, **values(args, composition.CompositionalConfig))
 
 
 def cmd_compositional(args) -> None:

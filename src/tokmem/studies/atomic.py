@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 from pathlib import Path
 
@@ -48,7 +48,15 @@ from tokmem.data.shared import shared_data
 from tokmem.data.sni import QUERIES, Task, load_tasks
 from tokmem.errors import TokMemError
 from tokmem.io import write_json_atomic, write_text_atomic
-from tokmem.studies.harness import answer_all, config_settings, learn_round, progress_bar, resumed_run, run_repeats
+from tokmem.studies.harness import (
+    MethodResult,
+    answer_all,
+    config_settings,
+    learn_round,
+    progress_bar,
+    resumed_run,
+    run_repeats,
+)
 from tokmem.studies.outputs import Panel, budget_markdown, budget_panels, line_plot, lines, pivot_table, scaled
 from tokmem.studies.settings import Layer, MethodSettings, preset_settings
 from tokmem.report import machine
@@ -467,16 +475,10 @@ def evaluate(
         scores[task.name] = _task_scores(method, task, answers[first : first + len(task.test)])
         first += len(task.test)
     per_task = {t.name: reuse[t.name] if t.name in reuse else scores[t.name] for t in tasks}
-    out = {"label": method.label, "rougeL": metrics.mean(s["rougeL"] for s in per_task.values())}
+    out = asdict(MethodResult.of(method, start)) | {"rougeL": metrics.mean(s["rougeL"] for s in per_task.values())}
     if method.choice_metric:
         out[method.choice_metric] = metrics.mean(s[method.choice_metric] for s in per_task.values())
-    return out | {
-        "updates": method.updates,
-        "trainable_params": method.trainable_params(),
-        "train_seconds": round(train_seconds, 2),
-        "eval_seconds": round(time.perf_counter() - start, 2),
-        "per_task": per_task,
-    }
+    return out | {"train_seconds": round(train_seconds, 2), "per_task": per_task}
 
 
 def _task_scores(method: Method, task: Task, answers: list[Answer]) -> dict:

@@ -7,7 +7,6 @@ import functools
 import statistics
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from tokmem.adapt import AdaptConfig, cached_adapt
 from tokmem.backbones import Backbone, load_backbone
@@ -21,9 +20,7 @@ from tokmem.methods.method import Method
 from tokmem.methods.native import NativeTools
 from tokmem.methods.tokmem import TokMem, UnfrozenTokMem
 from tokmem.methods.tools import ICL, ToolRAG
-
-if TYPE_CHECKING:
-    from tokmem.studies.compositional import CompositionalConfig
+from tokmem.studies.compositional_config import CompositionalConfig
 
 TOKMEM_LABELS = {
     "tokmem-noadapt": "TokMem (w/o adapt)",
