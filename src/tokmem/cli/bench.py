@@ -13,7 +13,7 @@ from rich.markdown import Markdown
 from tokmem.cli.options import add_options, values
 from tokmem.errors import TokMemError
 from tokmem.report import console
-from tokmem.studies import atomic, compositional, compositional_report, gsm8k_placement, memorization
+from tokmem.studies import atomic, atomic_report, compositional, compositional_report, gsm8k_placement, memorization
 from tokmem.studies import compositional_config as composition
 
 
@@ -66,8 +66,8 @@ def add_atomic(studies) -> None:
 def cmd_atomic(args) -> None:
     config = atomic.make_config(args.preset, **values(args, atomic.AtomicConfig))
     result = atomic.run(config, json_path=args.json, out_dir=args.out_dir, resume=args.resume, progress=not args.quiet)
-    study = atomic.EFFICIENCY if config.sample_efficiency else atomic.ATOMIC
-    console.print(Markdown(atomic.markdown(result, study)))
+    study = atomic_report.EFFICIENCY if config.sample_efficiency else atomic_report.ATOMIC
+    console.print(Markdown(atomic_report.markdown(result, study)))
     files = atomic.Files(args.json, args.out_dir)
     _written([files.json, files.markdown, files.plot])
 
