@@ -42,7 +42,8 @@ from tokmem.methods.method import Answer, Method
 from tokmem.methods.lora import LoRA, Replay, ReplaySettings
 from tokmem.methods.tokmem import TokMem
 from tokmem.methods.rag import RAG
-from tokmem.config import option
+from tokmem.config import nested, option
+from tokmem.lora import LoRASettings
 from tokmem.data.procedures import Example
 from tokmem.data.shared import shared_data
 from tokmem.data.sni import QUERIES, Task, load_tasks
@@ -60,7 +61,7 @@ from tokmem.studies.harness import (
 from tokmem.studies.atomic_report import ATOMIC, EFFICIENCY, Study, markdown, plot, summary_line
 from tokmem.studies.settings import Layer, MethodSettings, preset_settings
 from tokmem.report import machine
-from tokmem.train import INITS, SCHEDULES as LR_SCHEDULES, Schedule
+from tokmem.train import INITS, SCHEDULES as LR_SCHEDULES, Schedule, TrainConfig
 
 METHODS = ("base", "rag", "lora", "replay", "tokmem", "tokmem-dc")
 JOINT_METHODS = tuple(m for m in METHODS if m != "replay")  # replay is fine-tuning when every task trains in one round
@@ -99,14 +100,20 @@ class AtomicConfig(MethodSettings):
     test_per_task: int = option(50, "test examples per task")
     checkpoints: tuple[int, ...] = option((10, 50, 200, 500, 1000), "numbers of tasks to evaluate after, e.g. 5,10,14")
     methods: tuple[str, ...] | None = option(None, f"comma-separated subset of {','.join(METHODS)}")
-    tokmem_lr: float | None = option(None, "learning rate of the memory rows (default 1e-3 joint, 5e-3 sequential)")
-    schedule: Schedule | None = option(
-        None,
+    tokmem_lr: float | None = nested(
+        TrainConfig, "lr", "learning rate of the memory rows (default 1e-3 joint, 5e-3 sequential)", default=None
+    )
+    schedule: Schedule | None = nested(
+        TrainConfig,
+        "schedule",
         "learning rate of every trained method: constant, or linear (10% warm-up, "
         "then decay); default: the task schedule's",
+        default=None,
         flag="--lr-schedule",
     )
-    lora_rank: int | None = option(None, "LoRA rank (default 8; 1 with --sample-efficiency, as the paper)")
+    lora_rank: int | None = nested(
+        LoRASettings, "rank", "LoRA rank (default 8; 1 with --sample-efficiency, as the paper)", default=None
+    )
     rag_k: int = option(2, "demonstrations RAG retrieves")
     replay_buffer: int = option(ReplaySettings.buffer_size, "examples the replay buffer keeps")
     replay_every: int = option(ReplaySettings.refresh_every, "procedures between refreshes of the replay buffer")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tokmem.adapt import AdaptConfig
-from tokmem.config import option
+from tokmem.config import nested, option
 from tokmem.data.tool_catalog import split_tools
 from tokmem.decode import DecodeConfig
 from tokmem.errors import TokMemError
@@ -106,7 +106,9 @@ class CompositionalConfig(MethodSettings):
     train_max_calls: tuple[int, ...] = option((1, 2, 3, 4), "generalization: caps on the calls of a training query")
     rounds: int = option(5, "forgetting: rounds (groups of tools)")
     adapt_epochs: int = option(1, "epochs of the adaptation phase")
-    max_new_tokens: int = option(512, "tokens an answer may generate (four calls with long arguments)")
+    max_new_tokens: int = nested(
+        DecodeConfig, "max_new_tokens", "tokens an answer may generate (four calls with long arguments)", default=512
+    )
     adapt_lr: float = option(
         AdaptConfig.lr, "learning rate of the adaptation phase's LoRA (rank --lora-rank, alpha 32, as the reference's)"
     )

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 import tokmem
 from tokmem.backbones import backbone_option, device_option, load_backbone
-from tokmem.config import option
+from tokmem.config import built, nested, option
 from tokmem.data.gsm8k import Problem, gsm8k_compliant, gsm8k_strictly_compliant, load_gsm8k
 from tokmem.data.shared import shared_data
 from tokmem.decode import DecodeConfig, complete
@@ -76,24 +76,22 @@ class GSM8KConfig:
     validation_examples: int = option(500, "gsm8k: problems held out (the last of train.jsonl) to pick the best epoch")
     test_examples: int | None = option(None, "gsm8k: the first N test problems (default: all)")
     fractions: tuple[float, ...] = (0.2, 1.0)
-    epochs: int = option(3, "gsm8k: training epochs (validation after each)")
-    lr: float = option(TrainConfig.lr, "learning rate of the rows")
-    batch_size: int = option(TrainConfig.batch_size, "training examples per step")
-    max_new_tokens: int = option(512, "tokens an answer may generate")
-    decode_batch_size: int = option(DecodeConfig.batch_size, "problems answered together")
-    seed: int = option(TrainConfig.seed, "seed of the data order and the rows")
+    epochs: int = nested(TrainConfig, "epochs", "gsm8k: training epochs (validation after each)", default=3)
+    lr: float = nested(TrainConfig, "lr", "learning rate of the rows")
+    batch_size: int = nested(TrainConfig, "batch_size", "training examples per step")
+    max_new_tokens: int = nested(DecodeConfig, "max_new_tokens", "tokens an answer may generate", default=512)
+    decode_batch_size: int = nested(DecodeConfig, "batch_size", "problems answered together")
+    seed: int = nested(TrainConfig, "seed", "seed of the data order and the rows")
     device: str | None = device_option()
     progress: bool = True
 
     def train(self) -> TrainConfig:
         """How the rows train."""
-        return TrainConfig(
-            lr=self.lr, epochs=self.epochs, batch_size=self.batch_size, seed=self.seed, progress=self.progress
-        )
+        return built(self, TrainConfig, progress=self.progress)
 
     def decode(self) -> DecodeConfig:
         """How the answers decode (greedy)."""
-        return DecodeConfig(max_new_tokens=self.max_new_tokens, batch_size=self.decode_batch_size, seed=self.seed)
+        return built(self, DecodeConfig, seed=self.seed)
 
 
 PRESETS = {

@@ -1,9 +1,10 @@
 """The settings the atomic and compositional studies share: how their methods train and answer; and the one shape of
 every study's presets.
 
-Each study's config inherits them and adds its data, its methods and the defaults of its own; the defaults
-here are those of `TrainConfig`, `DecodeConfig` and `LoRASettings`, and the settings build those objects
-(``train``, ``decode``, ``lora``) for the methods.  Every trained method of a run trains the same number of epochs
+Each study's config inherits them and adds its data, its methods and the defaults of its own.  Each setting is a
+field of `TrainConfig`, `DecodeConfig` or `LoRASettings` under the study's option name (``tokmem_lr`` is a
+TrainConfig's ``lr``: `tokmem.config.nested`), with that config's default, and the methods get those objects
+(``train``, ``decode``, ``lora``).  Every trained method of a run trains the same number of epochs
 (``epochs``): methods are compared at equal budgets by construction.
 
 A preset is data: a tuple of `Layer`s, each some settings and the choices it applies under (the study, the dataset,
@@ -16,14 +17,14 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 
 from tokmem.backbones import backbone_option, device_option
-from tokmem.config import option
+from tokmem.config import built, nested, option
 from tokmem.decode import DecodeConfig
 from tokmem.errors import TokMemError
 from tokmem.lora import LoRASettings
 from tokmem.methods.lora import ReplaySettings
 from tokmem.train import Init, Schedule, ToolSegments, TrainConfig
 
-T, D, L, R = TrainConfig, DecodeConfig, LoRASettings, ReplaySettings  # every default below is theirs
+T, D, L, R = TrainConfig, DecodeConfig, LoRASettings, ReplaySettings
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,9 @@ def overridden(preset: dict, options: dict) -> dict:
 
 @dataclass(frozen=True)
 class MethodSettings:
-    epochs: int = option(
-        T.epochs,
+    epochs: int = nested(
+        T,
+        "epochs",
         "epochs of every trained method alike (the same number of updates): the run's budget, in place of the "
         "preset's --epoch-budgets",
     )
@@ -84,32 +86,36 @@ class MethodSettings:
     seeds: tuple[int, ...] | None = option(
         None, "several seeds, e.g. 0,1,2: one run per seed, one after the other (resumable); tables show mean ± sd"
     )
-    init: Init = option(
-        T.init, "TokMem's new rows: mean embedding (the paper's text) or orthogonal (the reference code)"
+    init: Init = nested(
+        T, "init", "TokMem's new rows: mean embedding (the paper's text) or orthogonal (the reference code)"
     )
-    schedule: Schedule = option(
-        T.schedule,
+    schedule: Schedule = nested(
+        T,
+        "schedule",
         "learning rate of every trained method: constant, or linear (10% warm-up, then decay; the reference code)",
         flag="--lr-schedule",
     )
-    warmup: float = option(T.warmup, "warm-up fraction of the linear schedule")
-    renorm_every_step: bool = option(
-        T.renorm_every_step,
+    warmup: float = nested(T, "warmup", "warm-up fraction of the linear schedule")
+    renorm_every_step: bool = nested(
+        T,
+        "renorm_every_step",
         "renormalise TokMem's new rows after every step too (the reference code), not only after the round",
     )
-    tool_segments: ToolSegments = option(
-        T.tool_segments, "after a tool's memory token: its arguments only (the reference code) or the whole call"
+    tool_segments: ToolSegments = nested(
+        T, "tool_segments", "after a tool's memory token: its arguments only (the reference code) or the whole call"
     )
-    batch_size: int = option(T.batch_size, "training examples per step")
-    max_length: int = option(T.max_length, "longest training sequence in tokens (longer queries are cut from the left)")
-    max_new_tokens: int = option(D.max_new_tokens, "tokens an answer may generate")
-    eval_batch_size: int = option(D.batch_size, "queries answered together")
-    tokmem_lr: float = option(T.lr, "learning rate of the memory rows")
-    lora_lr: float = option(L.lr, "learning rate of fine-tuning and replay")
-    lora_weight_decay: float = option(L.weight_decay, "weight decay of fine-tuning and replay")
-    lora_rank: int | None = option(L.rank, "LoRA rank of fine-tuning and replay")
+    batch_size: int = nested(T, "batch_size", "training examples per step")
+    max_length: int = nested(
+        T, "max_length", "longest training sequence in tokens (longer queries are cut from the left)"
+    )
+    max_new_tokens: int = nested(D, "max_new_tokens", "tokens an answer may generate")
+    eval_batch_size: int = nested(D, "batch_size", "queries answered together")
+    tokmem_lr: float = nested(T, "lr", "learning rate of the memory rows")
+    lora_lr: float = nested(L, "lr", "learning rate of fine-tuning and replay")
+    lora_weight_decay: float = nested(L, "weight_decay", "weight decay of fine-tuning and replay")
+    lora_rank: int | None = nested(L, "rank", "LoRA rank of fine-tuning and replay")
     replay_ratio: float = option(R.ratio, "share of replayed examples in a batch")
-    seed: int = option(T.seed, "seed of the data and training")
+    seed: int = nested(T, "seed", "seed of the data and training")
     backbone: str = backbone_option()
     device: str | None = device_option()
     preset: str | None = None
@@ -124,23 +130,12 @@ class MethodSettings:
 
     def decode(self) -> DecodeConfig:
         """How every method answers (TokMem: one memory-token segment an answer, atomic recall)."""
-        return DecodeConfig(max_new_tokens=self.max_new_tokens, batch_size=self.eval_batch_size, max_steps=1)
+        return built(self, DecodeConfig, max_steps=1)
 
     def train(self) -> TrainConfig:
         """How every trained method trains; its lr is TokMem's rows' (fine-tuning's is in ``lora``)."""
-        return TrainConfig(
-            lr=self.tokmem_lr,
-            epochs=self.epochs,
-            batch_size=self.batch_size,
-            max_length=self.max_length,
-            seed=self.seed,
-            init=self.init,
-            schedule=self.schedule,
-            warmup=self.warmup,
-            renorm_every_step=self.renorm_every_step,
-            tool_segments=self.tool_segments,
-        )
+        return built(self, TrainConfig)
 
     def lora(self) -> LoRASettings:
         """The adapters of fine-tuning, replay and TokMem with an unfrozen backbone."""
-        return LoRASettings(rank=self.lora_rank, lr=self.lora_lr, weight_decay=self.lora_weight_decay)
+        return built(self, LoRASettings)
