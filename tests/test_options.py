@@ -6,6 +6,7 @@ from typing import Literal
 
 import pytest
 
+from tokmem.adapt import AdaptConfig
 from tokmem.cli.options import add_options, values
 from tokmem.config import option
 from tokmem.decode import DecodeConfig
@@ -67,6 +68,7 @@ def test_a_study_setting_sets_the_config_field_it_names_and_defaults_to_it():
     train, decode, lora = config.train(), config.decode(), config.lora()
     assert (train.lr, train.schedule, lora.lr, lora.rank) == (0.125, "linear", 0.25, 2)
     assert (decode.batch_size, decode.max_new_tokens, decode.max_steps) == (3, 7, config.max_calls)
+    assert config.adaptation() == AdaptConfig(rank=2)  # the adaptation's LoRA takes fine-tuning's rank
     settings = MethodSettings()
     assert settings.train() == TrainConfig() and settings.lora() == LoRASettings()
     assert settings.decode() == DecodeConfig(max_steps=1)

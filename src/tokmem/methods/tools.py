@@ -40,6 +40,8 @@ from tokmem.methods.rag import RAG, embed, load_encoder
 from tokmem.data.procedures import Example
 from tokmem.model import create
 
+SHOTS = 2  # demonstrations ICL and RAG show
+TOOLS_RETRIEVED = 4  # tools RAG shows
 INSTRUCTION = "Answer with the tool calls the request needs, one JSON object per line, in the order they are asked for."
 
 
@@ -72,7 +74,7 @@ class ICL(Method):
         self,
         backbone: Backbone,
         tools: dict[str, dict],
-        shots: int = 2,
+        shots: int = SHOTS,
         decode: DecodeConfig | None = None,
     ):
         self.model = create(backbone)  # an empty bank: the plain backbone
@@ -117,7 +119,9 @@ class ToolRAG(RAG):
     label = "RAG"
     choice_metric = None
 
-    def __init__(self, backbone: Backbone, tools: dict[str, dict], k: int = 4, shots: int = 2, **options):
+    def __init__(
+        self, backbone: Backbone, tools: dict[str, dict], k: int = TOOLS_RETRIEVED, shots: int = SHOTS, **options
+    ):
         super().__init__(backbone, k=shots, **options)
         self.retrieve_tools = ToolRetriever(tools, k, self.encoder)
 

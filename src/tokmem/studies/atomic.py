@@ -41,7 +41,7 @@ from tokmem.methods.base import Base
 from tokmem.methods.method import Answer, Method
 from tokmem.methods.lora import LoRA, Replay, ReplaySettings
 from tokmem.methods.tokmem import TokMem
-from tokmem.methods.rag import RAG
+from tokmem.methods.rag import DEMONSTRATIONS, RAG
 from tokmem.config import nested, option
 from tokmem.lora import LoRASettings
 from tokmem.data.procedures import Example
@@ -114,7 +114,7 @@ class AtomicConfig(MethodSettings):
     lora_rank: int | None = nested(
         LoRASettings, "rank", "LoRA rank (default 8; 1 with --sample-efficiency, as the paper)", default=None
     )
-    rag_k: int = option(2, "demonstrations RAG retrieves")
+    rag_k: int = option(DEMONSTRATIONS, "demonstrations RAG retrieves")
     replay_buffer: int = option(ReplaySettings.buffer_size, "examples the replay buffer keeps")
     replay_every: int = option(ReplaySettings.refresh_every, "procedures between refreshes of the replay buffer")
     sample_efficiency: bool = option(

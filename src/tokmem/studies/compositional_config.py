@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tokmem.adapt import AdaptConfig
-from tokmem.config import nested, option
+from tokmem.config import built, nested, option
 from tokmem.data.tool_catalog import split_tools
 from tokmem.decode import DecodeConfig
 from tokmem.errors import TokMemError
+from tokmem.methods.tools import SHOTS, TOOLS_RETRIEVED
 from tokmem.studies.realtools import ADAPT_DATA, check_adapt_data
 from tokmem.studies.settings import Layer, MethodSettings, preset_settings
 from tokmem.studies.tool_datasets import StudySizes
@@ -109,15 +110,17 @@ class CompositionalConfig(MethodSettings):
     max_new_tokens: int = nested(
         DecodeConfig, "max_new_tokens", "tokens an answer may generate (four calls with long arguments)", default=512
     )
-    adapt_lr: float = option(
-        AdaptConfig.lr, "learning rate of the adaptation phase's LoRA (rank --lora-rank, alpha 32, as the reference's)"
+    adapt_lr: float = nested(
+        AdaptConfig,
+        "lr",
+        "learning rate of the adaptation phase's LoRA (rank --lora-rank, alpha 32, as the reference's)",
     )
-    adapt_dropout: float = option(
-        AdaptConfig.dropout, "dropout of the adaptation phase's LoRA (0 is several times faster on CPU)"
+    adapt_dropout: float = nested(
+        AdaptConfig, "dropout", "dropout of the adaptation phase's LoRA (0 is several times faster on CPU)"
     )
     adapt_cache: str | None = option(None, "directory of cached adapted backbones (default <tokmem cache>/adapted)")
-    rag_k: int = option(4, "tools RAG and native-retrieved retrieve")
-    shots: int = option(2, "demonstrations ICL and RAG show")
+    rag_k: int = option(TOOLS_RETRIEVED, "tools RAG and native-retrieved retrieve")
+    shots: int = option(SHOTS, "demonstrations ICL and RAG show")
     replay_buffer: int = option(1000, "examples the replay buffer keeps")
 
     def resolved(self) -> "CompositionalConfig":
@@ -143,6 +146,10 @@ class CompositionalConfig(MethodSettings):
     def decode(self) -> DecodeConfig:
         """TokMem chains up to ``max_calls`` memory tokens: one call each."""
         return replace(super().decode(), max_steps=self.max_calls)
+
+    def adaptation(self) -> AdaptConfig:
+        """The adaptation phase's LoRA: fine-tuning's rank and weight decay, its own lr and dropout."""
+        return built(self, AdaptConfig, rank=self.lora_rank, weight_decay=self.lora_weight_decay)
 
     def tool_loop(self) -> bool:
         """Whether the study measures the tool loop (results in context; ``tokmem.studies.tool_loop``)."""

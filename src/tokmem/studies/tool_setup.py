@@ -8,7 +8,7 @@ import statistics
 import time
 from dataclasses import replace
 
-from tokmem.adapt import AdaptConfig, cached_adapt
+from tokmem.adapt import cached_adapt
 from tokmem.backbones import Backbone, load_backbone
 from tokmem.data.procedures import Example
 from tokmem.data.tool_catalog import split_tools
@@ -110,13 +110,10 @@ def prepare_backbones(
     if not ADAPTED & set(config.methods):
         return {"base": base}, None
     examples = adaptation_examples(config)
-    lora = AdaptConfig(
-        rank=config.lora_rank, dropout=config.adapt_dropout, lr=config.adapt_lr, weight_decay=config.lora_weight_decay
-    )
     # the temporary rows are dropped after the phase, never renormalised (so adaptations cached before keep their key)
     rows = replace(config.train(), epochs=config.adapt_epochs, renorm_every_step=False, progress=progress)
     start = time.perf_counter()
-    adapted, directory, cached = cached_adapt(base, examples, lora, rows, config.adapt_cache)
+    adapted, directory, cached = cached_adapt(base, examples, config.adaptation(), rows, config.adapt_cache)
     info = {
         "tools": list(dict.fromkeys(p for e in examples for p in e.procedures)),
         "examples": len(examples),
