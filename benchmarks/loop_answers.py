@@ -26,7 +26,7 @@ from tokmem.backbones import load_backbone
 from tokmem.data.procedures import Example
 from tokmem.eval.metrics import read_call
 from tokmem.sequences import RESULT_TOKENS
-from tokmem.studies.compositional import CompositionalConfig
+from tokmem.studies.compositional_config import CompositionalConfig
 from tokmem.studies.tool_setup import real_data
 
 Call = tuple  # (name, canonical arguments), as the scorer reads a call (`metrics.read_call`)

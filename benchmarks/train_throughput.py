@@ -97,7 +97,7 @@ def tokmem_epochs(backbone, work: Workload, batch_size: int, epochs: int) -> dic
 
 def lora_epoch(backbone, work: Workload, batch_size: int) -> float:
     """Seconds of LoRA's second epoch (the first warms it up) at ``batch_size``."""
-    method = LoRA(backbone, batch_size=batch_size, epochs=2, max_length=work.max_length)
+    method = LoRA(backbone, TrainConfig(batch_size=batch_size, epochs=2, max_length=work.max_length))
     stamps = []
     method.on_step = lambda _: stamps.append(time.perf_counter())
     method.learn(work.examples)
@@ -127,7 +127,7 @@ def counted_flops(backbone, work: Workload, batch_size: int) -> dict:
         )
     tokens = report.tokens / 2
     with counter:
-        LoRA(backbone, batch_size=batch_size, epochs=1, max_length=work.max_length).learn(first.examples)
+        LoRA(backbone, TrainConfig(batch_size=batch_size, epochs=1, max_length=work.max_length)).learn(first.examples)
     return {
         "tokmem_epoch1": marks[0] / tokens,
         "tokmem_epoch2": (marks[1] - marks[0]) / tokens,

@@ -14,9 +14,11 @@ from safetensors.torch import load_file
 
 from tokmem import Example, Step
 from tokmem.backbones import Backbone
+from tokmem.decode import DecodeConfig
+from tokmem.lora import LoRASettings
 from tokmem.methods.base import Base
 from tokmem.methods.method import Answer, Method, first_block, plain_answers
-from tokmem.methods.lora import LoRA, Replay
+from tokmem.methods.lora import LoRA, Replay, ReplaySettings
 from tokmem.methods.tokmem import TokMem
 from tokmem.methods.rag import RAG, demonstration_prompt
 from tokmem.methods.tools import ToolRAG, tool_prompt
@@ -36,6 +38,7 @@ from tokmem.studies.atomic import (
 from tokmem.io import read_json
 from tokmem.studies.harness import learn_round
 from tokmem.sequences import collate, encode
+from tokmem.train import TrainConfig
 
 TASKS = {
     "task001_upper": [(w, w.upper()) for w in ("apple", "house", "table", "chair", "green", "water")],
@@ -192,7 +195,7 @@ def test_lora_trains_its_adapters_but_leaves_the_shared_backbone_bit_identical(l
     before = {k: v.clone() for k, v in model.state_dict().items()}
     modules = [(name, type(m)) for name, m in model.named_modules()]
     examples = words("echo", 8)
-    method = LoRA(lively_backbone, lr=0.05, epochs=4)
+    method = LoRA(lively_backbone, TrainConfig(epochs=4), LoRASettings(lr=0.05))
     initial = {k: v.clone() for k, v in method.adapter.weights.items()}
     method.learn(examples)
     method.answer(["echo 3"])
@@ -212,7 +215,7 @@ def test_lora_trains_its_adapters_but_leaves_the_shared_backbone_bit_identical(l
 
 
 def test_replay_adds_one_buffered_example_to_every_batch_of_four_new_ones(backbone):
-    replay = Replay(backbone, ratio=0.2, buffer_size=6, refresh_every=1)
+    replay = Replay(backbone, ReplaySettings(ratio=0.2, buffer_size=6, refresh_every=1))
     first, second = words("first", 8), words("second", 8)
     assert [len(b) for b in replay.batches(first)] == [4, 4]  # nothing buffered yet: plain fine-tuning
     replay.remember(first)
@@ -225,7 +228,7 @@ def test_replay_adds_one_buffered_example_to_every_batch_of_four_new_ones(backbo
 
 
 def test_the_replay_buffer_is_refreshed_every_k_procedures_from_all_examples_seen(backbone):
-    replay = Replay(backbone, buffer_size=5, refresh_every=2)
+    replay = Replay(backbone, ReplaySettings(buffer_size=5, refresh_every=2))
     a, b, c = words("a", 4), words("b", 4), words("c", 4)
     replay.remember(a)
     assert replay.buffer == []
@@ -258,7 +261,7 @@ def test_retrieval_accuracy_is_the_share_of_queries_whose_nearest_training_examp
         train=[Instance("m1", "What is 12 plus 30?", ("42",)), Instance("m2", "What is 7 times 6?", ("42",))],
         test=[Instance("m3", "What is 5 plus 9?", ("14",)), Instance("m4", "Is it sunny in Rome today?", ("4",))],
     )  # worded as a weather example: retrieval misses it
-    rag = RAG(backbone, k=1, max_new_tokens=2)
+    rag = RAG(backbone, k=1, decode=DecodeConfig(max_new_tokens=2))
     for task in (weather, math):
         rag.learn(task.examples(query="input"))
     assert [[e.id for e in shots] for shots in rag.retrieve(["Is it sunny in Rome today?", "What is 5 plus 9?"])] == [
@@ -286,13 +289,14 @@ def test_every_rag_baseline_ends_its_answer_at_the_first_blank_line(blank_line_b
     """One stop rule for the prompted baselines: the answer is the unstopped decoding's text up to its first blank line."""
     queries = [f"Input: {word} {i}" for i in range(6) for word in ("rain", "sums")]
     if kind == "atomic":
-        rag = RAG(blank_line_backbone, k=1, max_new_tokens=32)
+        rag = RAG(blank_line_backbone, k=1, decode=DecodeConfig(max_new_tokens=32))
         rag.learn([Example("Is it sunny in Rome today?", (Step("weather", "no"),))])
         prompts = [demonstration_prompt(shots, q) for shots, q in zip(rag.retrieve(queries), queries)]
     else:
-        rag = ToolRAG(blank_line_backbone, catalog(split_tools()[1][:2]), k=1, shots=0, max_new_tokens=32)
+        tools = catalog(split_tools()[1][:2])
+        rag = ToolRAG(blank_line_backbone, tools, k=1, shots=0, decode=DecodeConfig(max_new_tokens=32))
         prompts = [tool_prompt(tools, [], q) for tools, q in zip(rag.retrieve_tools(queries), queries)]
-    whole = plain_answers(rag.model, prompts, 32, 16)
+    whole = plain_answers(rag.model, prompts, DecodeConfig(max_new_tokens=32, batch_size=16))
     assert any("\n\n" in text.strip() for text in whole)  # the rule has something to cut
     assert [a.text for a in rag.answer(queries)] == [first_block(text) for text in whole]
 
@@ -383,7 +387,7 @@ def test_each_schedule_defaults_to_its_own_recipe_and_options_override_it(tmp_pa
         "constant",
         METHODS,
     )  # the paper's text
-    assert joint.tokmem_options()["lr"] == 1e-3 and joint.lora_options()["schedule"] == "linear"
+    assert joint.train().lr == 1e-3 and joint.train().schedule == "linear"  # fine-tuning's schedule too
     mine = make_config(None, tasks_dir=str(tmp_path), tokmem_lr=0.02, schedule="constant").resolved()
     assert (mine.tokmem_lr, mine.schedule) == (0.02, "constant")
 
@@ -529,8 +533,8 @@ class RecordingBar:
 @pytest.mark.parametrize(
     "make",
     [
-        lambda backbone: LoRA(backbone, epochs=2, batch_size=2, max_length=32),
-        lambda backbone: TokMem(backbone, epochs=2, batch_size=2, max_length=32),
+        lambda backbone: LoRA(backbone, TrainConfig(epochs=2, batch_size=2, max_length=32)),
+        lambda backbone: TokMem(backbone, TrainConfig(epochs=2, batch_size=2, max_length=32)),
     ],
     ids=["lora", "tokmem"],
 )

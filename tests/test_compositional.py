@@ -13,7 +13,9 @@ from tokmem import Example, Step
 from tokmem.eval.evaluate import memory_routes, predicted_calls
 from tokmem.eval.evaluate import score_calls as score
 from tokmem.methods.method import Answer
-from tokmem.decode import Segment
+from tokmem.decode import DecodeConfig, Segment
+from tokmem.lora import LoRASettings
+from tokmem.train import TrainConfig
 from tokmem.methods.tokmem import UnfrozenTokMem
 from tokmem.methods.method import first_block
 from tokmem.methods.tools import ICL, ToolRAG, compact_schema, tool_prompt
@@ -23,7 +25,8 @@ from tokmem.data.tool_catalog import catalog, split_tools
 from tokmem.errors import TokMemError
 from tokmem.cli import bench
 from tokmem.studies import atomic, compositional, compositional_report, tool_setup
-from tokmem.studies.compositional import METRICS, STUDIES, make_config, run_all
+from tokmem.studies.compositional import METRICS, run_all
+from tokmem.studies.compositional_config import STUDIES, make_config
 from tokmem.studies.compositional_report import forgetting_panels
 from tokmem.studies.tool_setup import TOKMEM_LABELS
 
@@ -393,7 +396,9 @@ def test_no_study_changes_the_shared_backbone(main_study, generalization, forget
 @pytest.fixture(scope="module")
 def unfrozen(backbone):
     """An UnfrozenTokMem after one round, and its adapter weights before it."""
-    method = UnfrozenTokMem(backbone, lora_lr=1e-2, max_length=64, max_new_tokens=2)
+    method = UnfrozenTokMem(
+        backbone, LoRASettings(lr=1e-2), train=TrainConfig(max_length=64), decode=DecodeConfig(max_new_tokens=2)
+    )
     before = {k: v.clone() for k, v in method.adapter.weights.items()}
     method.learn([example(call("f", x=1)), example(call("g", y=2))])
     return method, before
@@ -408,7 +413,7 @@ def test_unfrozen_tokmem_trains_lora_weights_jointly_with_its_rows(unfrozen):
 def test_unfrozen_tokmem_saves_and_restores_its_rows_and_its_adapter(unfrozen, backbone, tmp_path):
     method, _ = unfrozen
     assert method.save(tmp_path)
-    restored = UnfrozenTokMem(backbone, seed=1)
+    restored = UnfrozenTokMem(backbone, train=TrainConfig(seed=1))
     assert restored.load(tmp_path)
     assert restored.model.bank.names == ["f", "g"] and torch.equal(restored.model.bank.index, method.model.bank.index)
     assert all(torch.equal(restored.adapter.weights[k], v) for k, v in method.adapter.weights.items())
@@ -437,6 +442,28 @@ def test_the_cpu_presets_compare_methods_at_the_papers_one_epoch_and_at_a_longer
         assert config.epoch_budgets[0] == 1 < config.epoch_budgets[1] and config.repeated(), study
     loop = make_config("cpu", "main", dataset="complexfuncbench")  # the tool loop: one budget, sized to the hour
     assert (loop.epoch_budgets, loop.epochs, loop.repeated()) == (None, 2, False)
+
+
+def test_a_backbone_picks_the_presets_settings_sized_for_it():
+    qwen = make_config(preset="cpu", backbone="qwen2.5-coder-0.5b", dataset="complexfuncbench")
+    smollm2 = make_config(preset="cpu", backbone="smollm2-135m", dataset="complexfuncbench")
+    assert (qwen.max_new_tokens, smollm2.max_new_tokens) == (256, 160)
+    assert (qwen.train_multi, qwen.epochs, qwen.max_length, qwen.tokmem_lr) == (120, 2, 1536, 2e-2)
+    assert make_config(preset="cpu", backbone="qwen2.5-coder-0.5b").max_new_tokens == 176  # the layer is the dataset's
+    assert (
+        make_config(
+            preset="cpu", backbone="qwen2.5-coder-0.5b", dataset="complexfuncbench", max_new_tokens=64
+        ).max_new_tokens
+        == 64
+    )
+    assert atomic.make_config("cpu", backbone="qwen2.5-coder-0.5b") == replace(
+        atomic.make_config("cpu"), backbone="qwen2.5-coder-0.5b"
+    )
+
+
+def test_an_unknown_preset_is_refused_naming_the_presets():
+    with pytest.raises(TokMemError, match="unknown preset 'gpu': choose from cpu, paper"):
+        make_config("gpu", "main")
 
 
 def test_epochs_given_alone_replace_the_presets_budgets_and_given_with_budgets_are_refused():

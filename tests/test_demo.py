@@ -7,6 +7,7 @@ import tokmem
 from tokmem import Example, Step
 from tokmem.backbones import load_backbone
 from tokmem.bank import MemoryBank
+from tokmem.decode import DecodeConfig
 from tokmem.methods.method import plain_answers
 from tokmem.cli import main
 from tokmem.data.builtin import demo_dataset, instructed_prompt
@@ -37,8 +38,9 @@ def test_the_instructed_prompt_costs_more_tokens_than_the_query_alone(backbone):
 
 def test_instructed_scores_grade_the_answers_to_the_instructed_prompts(lively_backbone):
     plain = tokmem.create(lively_backbone)
-    instructed = plain_answers(plain, [instructed_prompt(["first_word"], QUERY)], DECODE.max_new_tokens, 1)[0]
-    bare = plain_answers(plain, [QUERY], DECODE.max_new_tokens, 1)[0]
+    one_at_a_time = DecodeConfig(max_new_tokens=DECODE.max_new_tokens, batch_size=1)
+    instructed = plain_answers(plain, [instructed_prompt(["first_word"], QUERY)], one_at_a_time)[0]
+    bare = plain_answers(plain, [QUERY], one_at_a_time)[0]
     assert instructed != bare  # else this test could not tell the two prompts apart
     examples = [
         Example(QUERY, (Step("first_word", instructed),)),  # graded right only if the instruction was in the prompt

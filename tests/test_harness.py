@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tokmem.errors import TokMemError
-from tokmem.studies.compositional import make_config
+from tokmem.studies.compositional_config import make_config
 from tokmem.studies.harness import aggregate_seeds, resumed, run_repeats
 from tokmem.studies.outputs import budget_markdown, budget_panels, line_plot, spread
 

@@ -12,13 +12,14 @@ import pytest
 from tokmem.backbones import Backbone
 from tokmem.data.procedures import Example, Step, call_json
 from tokmem.data.tool_catalog import catalog, split_tools
+from tokmem.decode import DecodeConfig
 from tokmem.errors import TokMemError
 from tokmem.eval import metrics
 from tokmem.eval.evaluate import score_calls
 from tokmem.methods.native import NativeTools, read_tool_calls
 from tokmem.methods.tokmem import TokMem
 from tokmem.studies import compositional, compositional_report
-from tokmem.studies.compositional import make_config
+from tokmem.studies.compositional_config import make_config
 from tokmem.studies.harness import progress_bar
 from tokmem.studies.tool_loop import conversation, loop_scores
 
@@ -136,8 +137,8 @@ def test_a_template_without_tool_support_is_refused_naming_the_backbone(backbone
 
 def test_in_the_tool_loop_native_reads_every_schema_per_call_and_tokmem_one_memory_token(qwen_style):
     examples = [chain(), chain("Rent a car at the Hilton.")]
-    native = NativeTools(qwen_style, TOOLS, max_new_tokens=6)
-    tokmem = TokMem(qwen_style, max_steps=2, max_new_tokens=6)
+    native = NativeTools(qwen_style, TOOLS, decode=DecodeConfig(max_new_tokens=6))
+    tokmem = TokMem(qwen_style, decode=DecodeConfig(max_steps=2, max_new_tokens=6))
     tokmem.learn(examples)
     scores = {m.name: loop_scores(m, examples, 2, 256, progress_bar(False)) for m in (native, tokmem)}
     for result in scores.values():

@@ -6,9 +6,13 @@ from typing import Literal
 
 import pytest
 
+from tokmem.adapt import AdaptConfig
 from tokmem.cli.options import add_options, values
 from tokmem.config import option
 from tokmem.decode import DecodeConfig
+from tokmem.lora import LoRASettings
+from tokmem.studies.compositional_config import make_config
+from tokmem.studies.settings import MethodSettings
 from tokmem.train import TrainConfig
 
 
@@ -56,3 +60,15 @@ def test_train_and_decode_options_default_to_their_configs(config):
     parser = argparse.ArgumentParser()
     add_options(parser, config)
     assert config(**values(parser.parse_args([]), config)) == config()
+
+
+def test_a_study_setting_sets_the_config_field_it_names_and_defaults_to_it():
+    options = dict(tokmem_lr=0.125, lora_lr=0.25, lora_rank=2, eval_batch_size=3, max_new_tokens=7, schedule="linear")
+    config = make_config(None, "main", **options)
+    train, decode, lora = config.train(), config.decode(), config.lora()
+    assert (train.lr, train.schedule, lora.lr, lora.rank) == (0.125, "linear", 0.25, 2)
+    assert (decode.batch_size, decode.max_new_tokens, decode.max_steps) == (3, 7, config.max_calls)
+    assert config.adaptation() == AdaptConfig(rank=2)  # the adaptation's LoRA takes fine-tuning's rank
+    settings = MethodSettings()
+    assert settings.train() == TrainConfig() and settings.lora() == LoRASettings()
+    assert settings.decode() == DecodeConfig(max_steps=1)

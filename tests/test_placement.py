@@ -11,8 +11,9 @@ import torch
 from tokmem.data.gsm8k import Problem, gsm8k_strictly_compliant, load_gsm8k
 from tokmem.errors import DataError, TokMemError
 from tokmem.cli import bench
-from tokmem.studies import placement
-from tokmem.studies.placement import GSM8KConfig, MemorizationConfig, steps_at_90
+from tokmem.studies import gsm8k_placement, memorization, placement
+from tokmem.studies.gsm8k_placement import GSM8KConfig
+from tokmem.studies.memorization import MemorizationConfig, steps_at_90
 from tokmem.sequences import IGNORE, chat_prefix
 from tokmem.train import TrainConfig, fit
 
@@ -56,7 +57,7 @@ def test_memorising_lowers_the_perplexity_of_the_text(lively_backbone, method):
     text = lively_backbone.tokenizer(TEXT[:64])["input_ids"]
     corpus = [("qwe rty", text[:32]), ("uio pas", text[32:])]
     config = MemorizationConfig(steps=5, eval_every=2, lr=5e-2, progress=False)
-    run = placement.memorize(lively_backbone, method, 2, corpus, config)
+    run = memorization.memorize(lively_backbone, method, 2, corpus, config)
     assert run["steps"] == [0, 2, 4, 5]
     assert run["ppl"][-1] < 0.9 * run["ppl"][0]
 
@@ -72,10 +73,10 @@ def test_memorization_study_writes_json_markdown_and_png(tmp_path):
         sequence_length=16,
         steps=4,
         eval_every=2,
-        seeds=2,
+        seeds=(0, 1),
         progress=False,
     )
-    placement.run_study("memorization", config, tmp_path / "out" / "memo.json")
+    memorization.run_study(config, tmp_path / "out" / "memo.json")
     result = json.loads((tmp_path / "out" / "memo.json").read_text())
     assert list(result["memorization"]) == ["32", "64"]
     for methods in result["memorization"].values():
@@ -85,7 +86,7 @@ def test_memorization_study_writes_json_markdown_and_png(tmp_path):
             assert entry["curve"]["steps"] == [0, 2, 4] and len(entry["runs"]) == 2
             assert entry["ppl"] == pytest.approx(entry["curve"]["ppl"][-1])
     assert result["ppl_before"] > 1
-    assert result["config"]["seeds"] == 2 and result["machine"]["tokmem"] == result["tokmem"]
+    assert result["config"]["seeds"] == [0, 1] and result["machine"]["tokmem"] == result["tokmem"]
     markdown = (tmp_path / "out" / "memo.md").read_text()
     assert "| TokMem-2 |" in markdown and "32 tokens: Steps@90%Best" in markdown
     assert (tmp_path / "out" / "memo.png").read_bytes()[:4] == b"\x89PNG"
@@ -93,7 +94,7 @@ def test_memorization_study_writes_json_markdown_and_png(tmp_path):
 
 def test_memorization_refuses_text_sizes_that_do_not_fill_whole_sequences(tmp_path):
     with pytest.raises(TokMemError, match="multiples of the sequence length"):
-        placement.run_memorization(MemorizationConfig(backbone="tiny-random", text_tokens=(40,), sequence_length=16))
+        memorization.run_memorization(MemorizationConfig(backbone="tiny-random", text_tokens=(40,), sequence_length=16))
 
 
 def test_memorization_refuses_a_text_shorter_than_asked(tmp_path):
@@ -101,7 +102,7 @@ def test_memorization_refuses_a_text_shorter_than_asked(tmp_path):
     text.write_text("too short", encoding="utf-8")
     config = MemorizationConfig(backbone="tiny-random", text=str(text), text_tokens=(32,), sequence_length=16)
     with pytest.raises(DataError, match="fewer than the 32 text tokens"):
-        placement.run_memorization(config)
+        memorization.run_memorization(config)
 
 
 def _cli(*argv):
@@ -111,8 +112,8 @@ def _cli(*argv):
 
 
 def test_command_line_options_override_the_preset():
-    config = bench.placement_config(_cli("--backbone", "tiny-random", "--seeds", "3", "--quiet", "--json", "x.json"))
-    assert config == replace(placement.PRESETS["memorization"]["cpu"], backbone="tiny-random", seeds=3, progress=False)
+    config = bench.placement_config(_cli("--backbone", "tiny-random", "--seeds", "3,4", "--quiet", "--json", "x.json"))
+    assert config == replace(memorization.make_config("cpu"), backbone="tiny-random", seeds=(3, 4), progress=False)
     assert bench.placement_config(_cli("--study", "gsm8k", "--preset", "paper", "--json", "x.json")) == GSM8KConfig()
 
 
@@ -178,7 +179,7 @@ def _chat(tokenizer, query: str, header: bool) -> str:
 def test_reference_layout_places_the_memory_token_between_the_user_turn_and_the_assistant_header(backbone):
     tokenizer = backbone.tokenizer
     model = placement.build("tokmem", 1, backbone, name="gsm8k")
-    encoded = placement.gsm8k_encode(model, "tokmem", "reference", PROBLEM)
+    encoded = gsm8k_placement.gsm8k_encode(model, "tokmem", "reference", PROBLEM)
     turn_text = _chat(tokenizer, "question: How many?", header=False)
     turn, header = (
         _tokens(tokenizer, turn_text),
@@ -191,14 +192,14 @@ def test_reference_layout_places_the_memory_token_between_the_user_turn_and_the_
     )
     assert encoded.input_ids == turn + [backbone.vocab_size] + header + target
     assert encoded.labels == [IGNORE] * (len(turn) + 1 + len(header)) + target  # neither the query nor the memory token
-    context = placement.gsm8k_context(model, "tokmem", "reference", PROBLEM.question)
+    context = gsm8k_placement.gsm8k_context(model, "tokmem", "reference", PROBLEM.question)
     assert context == encoded.input_ids[: len(context)] and len(context) == len(encoded.input_ids) - len(target)
 
 
 def test_prefix_tuning_keeps_its_rows_before_the_same_framed_query_in_the_reference_layout(backbone):
     tokenizer = backbone.tokenizer
     model = placement.build("prefix", 1, backbone, name="gsm8k")
-    encoded = placement.gsm8k_encode(model, "prefix", "reference", PROBLEM)
+    encoded = gsm8k_placement.gsm8k_encode(model, "prefix", "reference", PROBLEM)
     query = chat_prefix(tokenizer, "question: How many?")
     target = _tokens(tokenizer, "answer: 2 + 2 = 4\n#### 4") + [tokenizer.eos_token_id]
     assert encoded.input_ids == [backbone.vocab_size] + query + target
@@ -208,7 +209,7 @@ def test_prefix_tuning_keeps_its_rows_before_the_same_framed_query_in_the_refere
 def test_assistant_layout_places_the_memory_token_after_the_assistant_header_with_the_bare_texts(backbone):
     tokenizer = backbone.tokenizer
     model = placement.build("tokmem", 1, backbone, name="gsm8k")
-    encoded = placement.gsm8k_encode(model, "tokmem", "assistant", PROBLEM)
+    encoded = gsm8k_placement.gsm8k_encode(model, "tokmem", "assistant", PROBLEM)
     query = chat_prefix(tokenizer, "How many?")
     target = _tokens(tokenizer, PROBLEM.answer) + [tokenizer.eos_token_id]
     assert encoded.input_ids == query + [backbone.vocab_size] + target
@@ -218,7 +219,7 @@ def test_assistant_layout_places_the_memory_token_after_the_assistant_header_wit
 def test_gsm8k_scores_report_both_compliance_rules_and_exact_match():
     problems = [Problem("q", "#### 4"), Problem("q", "#### 7"), Problem("q", "#### 1"), Problem("q", "#### 2")]
     answers = ["so 4\n#### 4", "#### 7 apples", "####1", "no marker"]
-    scores = placement.gsm8k_scores(answers, problems)
+    scores = gsm8k_placement.gsm8k_scores(answers, problems)
     assert scores == {"compliance": 0.5, "strict_compliance": 0.5, "em": 0.75}
 
 
@@ -227,7 +228,7 @@ def test_gsm8k_scores_report_both_compliance_rules_and_exact_match():
     [(8, 4, 3, {2: 1, 4: 2, 6: 3}), (10, 4, 2, {3: 1, 5: 2}), (2, 4, 3, {1: 2, 2: 3})],
 )
 def test_an_epoch_ends_at_the_step_that_holds_its_last_example(examples, batch_size, epochs, ends):
-    assert placement.epoch_ends(examples, batch_size, epochs) == ends
+    assert gsm8k_placement.epoch_ends(examples, batch_size, epochs) == ends
 
 
 @pytest.mark.parametrize(
@@ -240,8 +241,10 @@ def test_an_epoch_ends_at_the_step_that_holds_its_last_example(examples, batch_s
 )
 def test_best_by_validation_keeps_the_rows_of_the_best_epoch(backbone, scores, kept):
     model = placement.build("tokmem", 1, backbone, name="gsm8k")
-    encoded = [placement.gsm8k_encode(model, "tokmem", "reference", Problem(f"{i}?", f"#### {i}")) for i in range(4)]
-    best, rows = placement.BestByValidation(), {}
+    encoded = [
+        gsm8k_placement.gsm8k_encode(model, "tokmem", "reference", Problem(f"{i}?", f"#### {i}")) for i in range(4)
+    ]
+    best, rows = gsm8k_placement.BestByValidation(), {}
 
     def validate(step: int, total: int) -> None:
         rows[step] = model.memory_matrices()[0].detach().clone()
@@ -258,12 +261,12 @@ def test_best_by_validation_keeps_the_rows_of_the_best_epoch(backbone, scores, k
 
 def test_the_validation_split_is_the_end_of_the_training_file_and_the_subset_comes_before_it():
     problems = [Problem(f"{i}?", f"#### {i}") for i in range(10)]
-    train, validation = placement.split_gsm8k(problems, GSM8KConfig(train_examples=4, validation_examples=3))
+    train, validation = gsm8k_placement.split_gsm8k(problems, GSM8KConfig(train_examples=4, validation_examples=3))
     assert [p.question for p in train] == ["0?", "1?", "2?", "3?"]
     assert [p.question for p in validation] == ["7?", "8?", "9?"]
-    assert len(placement.split_gsm8k(problems, GSM8KConfig(validation_examples=3))[0]) == 7
+    assert len(gsm8k_placement.split_gsm8k(problems, GSM8KConfig(validation_examples=3))[0]) == 7
     with pytest.raises(DataError, match="10 problems, too few to hold out 10 for validation"):
-        placement.split_gsm8k(problems, GSM8KConfig(validation_examples=10))
+        gsm8k_placement.split_gsm8k(problems, GSM8KConfig(validation_examples=10))
 
 
 @pytest.mark.parametrize("layout", ["reference", "assistant"])
@@ -281,7 +284,7 @@ def test_gsm8k_study_trains_both_methods_per_fraction_keeps_the_best_epoch_and_s
         max_new_tokens=4,
         progress=False,
     )
-    result = placement.run_study("gsm8k", config, tmp_path / "gsm8k.json")
+    result = gsm8k_placement.run_study(config, tmp_path / "gsm8k.json")
     assert json.loads((tmp_path / "gsm8k.json").read_text())["gsm8k"] == result["gsm8k"]
     assert result["config"]["layout"] == layout and result["config"]["epochs"] == 2
     assert (result["train_examples"], result["validation_examples"], result["test_examples"]) == (10, 2, 3)
@@ -315,9 +318,9 @@ def test_gsm8k_options_reach_the_config_and_the_layout_is_checked():
     )
     config = bench.placement_config(args)
     assert (config.layout, config.epochs, config.validation_examples) == ("assistant", 2, 9)
-    assert placement.PRESETS["gsm8k"]["paper"].layout == placement.PRESETS["gsm8k"]["cpu"].layout == "reference"
+    assert gsm8k_placement.make_config("paper").layout == gsm8k_placement.make_config("cpu").layout == "reference"
     with pytest.raises(TokMemError, match="unknown GSM8K layout 'suffix'"):
-        placement.run_gsm8k(GSM8KConfig(layout="suffix"))
+        gsm8k_placement.run_gsm8k(GSM8KConfig(layout="suffix"))
 
 
 def test_a_resumed_gsm8k_study_skips_the_runs_its_json_holds_and_refuses_other_settings(tmp_path):
@@ -332,12 +335,12 @@ def test_a_resumed_gsm8k_study_skips_the_runs_its_json_holds_and_refuses_other_s
         progress=False,
     )
     path = tmp_path / "gsm8k.json"
-    first = placement.run_study("gsm8k", config, path)
+    first = gsm8k_placement.run_study(config, path)
     saved = json.loads(path.read_text())
     saved["gsm8k"]["50"]["tokmem"]["train_seconds"] = -1.0  # a mark: a skipped run keeps it
     del saved["gsm8k"]["100"]["prefix"]  # as if the run had stopped before this one
     path.write_text(json.dumps(saved))
-    resumed = placement.run_study("gsm8k", replace(config, device="cpu"), path, resume=True)
+    resumed = gsm8k_placement.run_study(replace(config, device="cpu"), path, resume=True)
     assert resumed["gsm8k"]["50"]["tokmem"]["train_seconds"] == -1.0
     assert resumed["gsm8k"]["100"]["prefix"]["steps"] == first["gsm8k"]["100"]["prefix"]["steps"] == 2
     assert (
@@ -345,7 +348,7 @@ def test_a_resumed_gsm8k_study_skips_the_runs_its_json_holds_and_refuses_other_s
         and json.loads(path.read_text())["gsm8k"] == resumed["gsm8k"]
     )
     with pytest.raises(TokMemError, match="other settings \\(epochs\\)"):
-        placement.run_study("gsm8k", replace(config, epochs=2), path, resume=True)
+        gsm8k_placement.run_study(replace(config, epochs=2), path, resume=True)
 
 
 def test_resume_applies_to_the_gsm8k_study_only():

@@ -16,7 +16,7 @@ from tokmem.studies.realtools import (
 )
 from tokmem.errors import DataError, TokMemError
 from tokmem.studies import compositional, compositional_report
-from tokmem.studies.compositional import make_config
+from tokmem.studies.compositional_config import make_config
 from tokmem.studies.outputs import spread
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "function-calling"

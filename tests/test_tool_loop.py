@@ -7,6 +7,7 @@ import pytest
 
 from tokmem.data.nestful import import_nestful, resolve_references
 from tokmem.data.procedures import Example, Step, call_json
+from tokmem.decode import DecodeConfig
 from tokmem.methods.lora import LoRA
 from tokmem.methods.tokmem import TokMem
 from tokmem.sequences import encode
@@ -97,7 +98,7 @@ def test_the_replay_executor_answers_each_gold_call_once_with_its_recorded_respo
 
 def test_fine_tuning_answers_each_step_with_one_call_at_most(backbone):
     examples = [chain(), Example("One call.", chain().steps[:1])]
-    lora = LoRA(backbone, max_new_tokens=6)
+    lora = LoRA(backbone, decode=DecodeConfig(max_new_tokens=6))
     lora.learn(examples)
     predicted, routes, _ = step_predictions(lora, examples, 256, progress_bar(False))
     assert [len(p) for p in predicted] == [2, 1]  # one answer per gold call, aligned with it
@@ -107,7 +108,7 @@ def test_fine_tuning_answers_each_step_with_one_call_at_most(backbone):
 
 def test_the_loop_scores_have_per_step_and_end_to_end_f1_by_number_of_calls_and_every_records_answers(backbone):
     examples = [chain(), *(chain(f"Rent car number {k}.") for k in range(2, 5))]
-    method = TokMem(backbone, max_steps=2, max_new_tokens=6)
+    method = TokMem(backbone, decode=DecodeConfig(max_steps=2, max_new_tokens=6))
     method.learn(examples)
     scores = loop_scores(method, examples, max_calls=2, result_tokens=256, bar=progress_bar(False))
     assert set(scores["step"]) == {"tool_f1", "arg_f1", "call_f1", "routing_f1"}  # the memory tokens' choices too
@@ -119,7 +120,7 @@ def test_the_loop_scores_have_per_step_and_end_to_end_f1_by_number_of_calls_and_
 
 def test_tokmem_per_step_calls_a_tool_of_its_bank_at_every_step(backbone):
     examples = [chain(), Example("One call.", chain().steps[:1])]
-    method = TokMem(backbone, max_steps=2, max_new_tokens=6)
+    method = TokMem(backbone, decode=DecodeConfig(max_steps=2, max_new_tokens=6))
     method.learn(examples)
     predicted, routes, _ = step_predictions(method, examples, 256, progress_bar(False))
     assert [len(p) for p in predicted] == [2, 1]  # a call is due at every step: it is required

@@ -28,9 +28,23 @@ from pathlib import Path
 
 import torch
 
+from tokmem.config import option
 from tokmem.errors import BackboneError
 
 DEFAULT_BACKBONE = "smollm2-135m"
+DEVICE_HELP = "cpu, cuda, … (default: cuda when available)"
+
+
+def backbone_option(help: str = "backbone spec"):
+    """A config's backbone field: the default backbone unless set."""
+    return option(DEFAULT_BACKBONE, help)
+
+
+def device_option():
+    """A config's device field: None picks cuda when available (``default_device``)."""
+    return option(None, DEVICE_HELP)
+
+
 ADAPTATION_KEY = "tokmem_adaptation"  # the config field where tokmem.adapt records an adaptation
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHATML_TEMPLATE = (

@@ -1,10 +1,30 @@
-"""Config fields that carry their command-line help: `tokmem.cli.options` turns each field into an option."""
+"""Config fields that carry their command-line help: `tokmem.cli.options` turns each field into an option.
+
+A study's settings name the fields of the library's configs they set (``nested``: its ``tokmem_lr`` is a
+`TrainConfig`'s ``lr``), so that each default is defined once, in the library's config, and the study builds
+those configs from its settings in one way (``built``).
+"""
 
 from __future__ import annotations
 
-from dataclasses import field
+from dataclasses import MISSING, field, fields
 
 
 def option(default, text: str, **metadata):
     """A dataclass field with default ``default`` and help ``text``; ``metadata`` may rename its ``flag``."""
     return field(default=default, metadata={"help": text, **metadata})
+
+
+def nested(config: type, name: str, text: str, default=MISSING, **metadata):
+    """An option that is field ``name`` of the dataclass ``config``, under the name the settings give it: its default
+    is ``config``'s (unless ``default`` is given: a study's own), its help ``text``."""
+    own = next(f for f in fields(config) if f.name == name).default if default is MISSING else default
+    return option(own, text, of=config, field=name, **metadata)
+
+
+def built(settings, config: type, **changes):
+    """The ``config`` object that the ``nested`` fields of ``settings`` set, with ``changes``."""
+    values = {
+        f.metadata["field"]: getattr(settings, f.name) for f in fields(settings) if f.metadata.get("of") is config
+    }
+    return config(**values | changes)

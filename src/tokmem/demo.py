@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, replace
 
 from rich.table import Table
 
-from tokmem.backbones import DEFAULT_BACKBONE
+from tokmem.backbones import backbone_option
 from tokmem.config import option
 from tokmem.eval import metrics
 from tokmem.data import builtin
@@ -39,7 +39,7 @@ class DemoConfig:
     docs/studies.md).
     """
 
-    backbone: str = option(DEFAULT_BACKBONE, "backbone spec")
+    backbone: str = backbone_option()
     epochs: int = option(3, "passes over the training queries")
     batch_size: int = option(32, "training queries per step")
     lr: float = option(TrainConfig.lr, "learning rate of the memory rows")

@@ -6,14 +6,15 @@ one not given leaves it (or the config's default) alone.
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import fields
 
 from rich.markdown import Markdown
 
 from tokmem.cli.options import add_options, values
 from tokmem.errors import TokMemError
 from tokmem.report import console
-from tokmem.studies import atomic, compositional, compositional_report, placement
+from tokmem.studies import atomic, atomic_report, compositional, compositional_report, gsm8k_placement, memorization
+from tokmem.studies import compositional_config as composition
 
 
 def add_commands(commands) -> None:
@@ -65,8 +66,8 @@ def add_atomic(studies) -> None:
 def cmd_atomic(args) -> None:
     config = atomic.make_config(args.preset, **values(args, atomic.AtomicConfig))
     result = atomic.run(config, json_path=args.json, out_dir=args.out_dir, resume=args.resume, progress=not args.quiet)
-    study = atomic.EFFICIENCY if config.sample_efficiency else atomic.ATOMIC
-    console.print(Markdown(atomic.markdown(result, study)))
+    study = atomic_report.EFFICIENCY if config.sample_efficiency else atomic_report.ATOMIC
+    console.print(Markdown(atomic_report.markdown(result, study)))
     files = atomic.Files(args.json, args.out_dir)
     _written([files.json, files.markdown, files.plot])
 
@@ -77,16 +78,16 @@ def add_compositional(studies) -> None:
         "compositional",
         help="compositional tool calling: TokMem vs ICL, RAG, fine-tuning (Table 3, generalisation, forgetting)",
     )
-    parser.add_argument("--study", choices=tuple(compositional.STUDIES), default="main")
+    parser.add_argument("--study", choices=tuple(composition.STUDIES), default="main")
     parser.add_argument(
         "--preset",
-        choices=tuple(compositional.PRESETS),
+        choices=tuple(composition.PRESETS),
         default="cpu",
         help="cpu: 10 tools, 220 training and 40 test queries on smollm2-135m (complexfuncbench: 150 and "
         "24 records); paper: the paper's sizes (Llama-3.2-1B-Instruct, 5000/500 queries; 50 + 50 tools "
         "with --xlam), for a GPU",
     )
-    add_options(parser, compositional.CompositionalConfig, unset=True)
+    add_options(parser, composition.CompositionalConfig, unset=True)
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -97,9 +98,9 @@ def add_compositional(studies) -> None:
     parser.set_defaults(handler=cmd_compositional)
 
 
-def compositional_config(args) -> compositional.CompositionalConfig:
+def compositional_config(args) -> composition.CompositionalConfig:
     """The study's config: the preset's settings, overridden by every option given on the command line."""
-    return compositional.make_config(args.preset, args.study, **values(args, compositional.CompositionalConfig))
+    return composition.make_config(args.preset, args.study, **values(args, composition.CompositionalConfig))
 
 
 def cmd_compositional(args) -> None:
@@ -116,12 +117,13 @@ def cmd_compositional(args) -> None:
 
 
 # ---- placement ---------------------------------------------------------------------------------------------
-PLACEMENT_CONFIGS = (placement.MemorizationConfig, placement.GSM8KConfig)
+PLACEMENT = {"memorization": memorization, "gsm8k": gsm8k_placement}  # the two placement studies
+PLACEMENT_CONFIGS = {"memorization": memorization.MemorizationConfig, "gsm8k": gsm8k_placement.GSM8KConfig}
 
 
 def add_placement(studies) -> None:
     parser = studies.add_parser("placement", help="memory placement: TokMem's infix memory vs prefix tuning")
-    parser.add_argument("--study", choices=tuple(placement.PRESETS), default="memorization")
+    parser.add_argument("--study", choices=tuple(PLACEMENT), default="memorization")
     parser.add_argument(
         "--preset",
         choices=("cpu", "paper"),
@@ -129,7 +131,7 @@ def add_placement(studies) -> None:
         help="cpu: smaller sizes for a CPU; paper: the paper's sizes",
     )
     seen = set()
-    for config in PLACEMENT_CONFIGS:  # the options of both studies; each names the study it applies to
+    for config in PLACEMENT_CONFIGS.values():  # the options of both studies; each names the study it applies to
         add_options(parser, config, skip=seen, unset=True)
         seen |= {f.name for f in fields(config)}
     parser.add_argument(
@@ -141,19 +143,25 @@ def add_placement(studies) -> None:
 
 def placement_config(args):
     """The preset's config with the options given on the command line; an option of the other study is an error."""
-    config = placement.PRESETS[args.study][args.preset]
-    given = {name: value for config_type in PLACEMENT_CONFIGS for name, value in values(args, config_type).items()}
+    config = PLACEMENT_CONFIGS[args.study]
+    given = {
+        name: value for config_type in PLACEMENT_CONFIGS.values() for name, value in values(args, config_type).items()
+    }
     foreign = sorted(set(given) - {f.name for f in fields(config)})
     if foreign:
         raise TokMemError(
             f"--{', --'.join(k.replace('_', '-') for k in foreign)} does not apply to --study {args.study}"
         )
-    return replace(config, **given, progress=not args.quiet)
+    return PLACEMENT[args.study].make_config(args.preset, **given, progress=not args.quiet)
 
 
 def cmd_placement(args) -> None:
     if args.resume and args.study != "gsm8k":
         raise TokMemError(f"--resume does not apply to --study {args.study}")
-    result = placement.run_study(args.study, placement_config(args), args.json, args.resume)
-    console.print(placement.markdown(args.study, result), markup=False, highlight=False, soft_wrap=True)
-    _written(placement.outputs(args.study, args.json))
+    config, study = placement_config(args), PLACEMENT[args.study]
+    if study is gsm8k_placement:
+        result = gsm8k_placement.run_study(config, args.json, args.resume)
+    else:
+        result = memorization.run_study(config, args.json)
+    console.print(study.markdown(result), markup=False, highlight=False, soft_wrap=True)
+    _written(study.outputs(args.json))

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from tokmem import distributed
 from tokmem.adapt import AdaptConfig
-from tokmem.backbones import DEFAULT_BACKBONE, default_device, default_dtype
-from tokmem.cli.options import add_common, add_options, values
+from tokmem.backbones import default_device, default_dtype
+from tokmem.cli.options import add_backbone, add_common, add_options, values
 from tokmem.studies.tool_datasets import ADAPTATION_SAMPLES
 from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
@@ -15,6 +15,7 @@ from tokmem.report import console, machine, print_fallbacks, write_json
 from tokmem.train import PICKED_LR, PICKED_SCHEDULE, SCHEDULES, UPDATES_PER_ROW, TrainConfig, picked_config
 
 PICKED = ("lr", "epochs", "schedule")  # train's and add's options whose default is picked (tokmem.train.picked_config)
+ADAPT_ROWS = ("epochs", "batch_size", "max_length")  # adapt's options of the temporary rows, beside --rows-lr, --seed
 
 
 def add_commands(commands) -> None:
@@ -27,7 +28,7 @@ def add_commands(commands) -> None:
     train = commands.add_parser("train", help="learn a new bank from a procedures JSONL file")
     train.add_argument("--data", required=True, help="procedures JSONL (query, steps[procedure, response])")
     train.add_argument("--out", required=True, help="bank file to write (.safetensors, plus .json beside it)")
-    train.add_argument("--backbone", default=DEFAULT_BACKBONE)
+    add_backbone(train)
     train.add_argument("--decoupled", action="store_true", help="separate index and steer matrices (TokMem+DC)")
     _training_options(train)
     train.set_defaults(handler=cmd_train)
@@ -48,7 +49,7 @@ def _add_adapt(commands) -> None:
         description="LoRA trains with temporary memory rows on held-out procedures, is merged into the backbone and the "
         "rows are dropped. Default data: the built-in adaptation tools.",
     )
-    adapt.add_argument("--backbone", default=DEFAULT_BACKBONE)
+    add_backbone(adapt)
     adapt.add_argument(
         "--out", required=True, help="new directory for the adapted backbone (use it as --backbone later)"
     )
@@ -63,7 +64,7 @@ def _add_adapt(commands) -> None:
     )
     add_options(adapt, AdaptConfig)
     add_options(adapt, TrainConfig, names=("lr",), prefix="rows_")
-    add_options(adapt, TrainConfig, names=("epochs", "batch_size", "max_length"))
+    add_options(adapt, TrainConfig, names=ADAPT_ROWS)
     add_common(adapt)
     adapt.set_defaults(handler=cmd_adapt)
 
@@ -177,11 +178,8 @@ def cmd_adapt(args) -> None:
         raise TokMemError(f"{args.out} already exists: give --out a new directory")
     examples = load_examples(args.data) if args.data else adaptation_examples(args.samples, seed=args.seed)
     rows = TrainConfig(
-        lr=args.rows_lr,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        max_length=args.max_length,
-        seed=args.seed,
+        **values(args, TrainConfig, prefix="rows_", names=("lr",)),
+        **values(args, TrainConfig, names=(*ADAPT_ROWS, "seed")),
         progress=not args.quiet,
     )
     backbone = load_backbone(args.backbone, device=args.device)

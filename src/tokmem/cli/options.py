@@ -13,6 +13,7 @@ import types
 import typing
 from dataclasses import MISSING, Field, fields
 
+from tokmem.backbones import DEFAULT_BACKBONE, DEVICE_HELP
 from tokmem.train import TrainConfig
 
 
@@ -43,10 +44,14 @@ def add_options(parser, config: type, names=None, skip=(), prefix: str = "", uns
         )
 
 
-def values(args: argparse.Namespace, config: type, prefix: str = "") -> dict:
-    """The options ``add_options`` added for ``config``, by field name, leaving out those that are None (not given:
-    the dataclass's or the preset's default applies)."""
-    found = {f.name: getattr(args, prefix + f.name, None) for f in fields(config) if "help" in f.metadata}
+def values(args: argparse.Namespace, config: type, prefix: str = "", names=None) -> dict:
+    """The options ``add_options`` added for ``config`` (those in ``names``; default: all), by field name, leaving out
+    those that are None (not given: the dataclass's or the preset's default applies)."""
+    found = {
+        f.name: getattr(args, prefix + f.name, None)
+        for f in fields(config)
+        if "help" in f.metadata and (names is None or f.name in names)
+    }
     return {name: value for name, value in found.items() if value is not None}
 
 
@@ -80,10 +85,15 @@ def _kind(annotation) -> dict:
     return {"type": annotation}
 
 
+def add_backbone(parser) -> None:
+    """``--backbone``, of the commands that build on one without a config of their own."""
+    parser.add_argument("--backbone", default=DEFAULT_BACKBONE, help=f"backbone spec (default {DEFAULT_BACKBONE})")
+
+
 def add_common(parser) -> None:
     """The options of every command that computes: where its numbers go, the device, the seed, the progress bars."""
     parser.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
-    parser.add_argument("--device", help="cpu, cuda, … (default: cuda when available)")
+    parser.add_argument("--device", help=DEVICE_HELP)
     parser.add_argument(
         "--seed", type=int, default=TrainConfig.seed, help="seed of the data order, the new rows and sampling"
     )

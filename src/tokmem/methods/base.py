@@ -13,15 +13,9 @@ class Base(Method):
     label = "Base"
     learns = False
 
-    def __init__(
-        self,
-        backbone: Backbone,
-        max_new_tokens: int = DecodeConfig.max_new_tokens,
-        eval_batch_size: int = DecodeConfig.batch_size,
-    ):
+    def __init__(self, backbone: Backbone, decode: DecodeConfig | None = None):
         self.model = tokmem.create(backbone)  # an empty bank: the plain backbone
-        self.max_new_tokens = max_new_tokens
-        self.eval_batch_size = eval_batch_size
+        self.decode_config = decode or DecodeConfig()
 
     def answer(self, queries: list[str]) -> list[Answer]:
-        return [Answer(text) for text in plain_answers(self.model, queries, self.max_new_tokens, self.eval_batch_size)]
+        return [Answer(text) for text in plain_answers(self.model, queries, self.decode_config)]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass, replace
 from itertools import accumulate
 from pathlib import Path
 
@@ -44,35 +45,18 @@ class LoRA(Method):
     def __init__(
         self,
         backbone: Backbone,
-        rank: int = LoRASettings.rank,
-        lr: float = LoRASettings.lr,
-        weight_decay: float = LoRASettings.weight_decay,
-        epochs: int = TrainConfig.epochs,
-        batch_size: int = TrainConfig.batch_size,
-        max_length: int = TrainConfig.max_length,
-        max_new_tokens: int = DecodeConfig.max_new_tokens,
-        eval_batch_size: int = DecodeConfig.batch_size,
-        seed: int = TrainConfig.seed,
-        target_modules: tuple[str, ...] = LoRASettings.target_modules,
-        schedule: str = TrainConfig.schedule,
-        warmup: float = TrainConfig.warmup,
+        train: TrainConfig | None = None,
+        lora: LoRASettings | None = None,
+        decode: DecodeConfig | None = None,
     ):
+        """``train``: the epochs, batches and schedule (its lr is the memory rows': LoRA's is ``lora.lr``)."""
         self.backbone = backbone
         self.model = tokmem.create(backbone)  # an empty bank: TokMem's loss and decoder over the plain backbone
-        self.train_config = TrainConfig(
-            lr=lr,
-            weight_decay=weight_decay,
-            epochs=epochs,
-            batch_size=batch_size,
-            max_length=max_length,
-            seed=seed,
-            schedule=schedule,
-            warmup=warmup,
-            progress=False,
-        )
-        self.adapter = Adapter(backbone.model, LoRASettings(rank=rank, target_modules=target_modules), seed)
-        self.epochs, self.batch_size, self.seed = epochs, batch_size, seed
-        self.max_new_tokens, self.eval_batch_size = max_new_tokens, eval_batch_size
+        self.train_config = replace(train or TrainConfig(), progress=False)
+        self.lora = lora or LoRASettings()
+        self.decode_config = decode or DecodeConfig()
+        self.adapter = Adapter(backbone.model, self.lora, self.train_config.seed)
+        self.epochs = self.train_config.epochs
         self.rounds = 0
 
     def attached(self):
@@ -84,11 +68,9 @@ class LoRA(Method):
 
     def batches(self, examples: list[Example]) -> list[list[Example]]:
         """This round's batches: ``epochs`` shuffled passes over the examples, seeded by the round."""
-        order = epoch_order(len(examples), self.epochs, f"{self.seed}:{self.rounds}")
-        return [
-            [examples[i] for i in order[first : first + self.batch_size]]
-            for first in range(0, len(order), self.batch_size)
-        ]
+        size = self.train_config.batch_size
+        order = epoch_order(len(examples), self.epochs, f"{self.train_config.seed}:{self.rounds}")
+        return [[examples[i] for i in order[first : first + size]] for first in range(0, len(order), size)]
 
     def learn(self, examples: list[Example]) -> None:
         batches = self.batches(examples)
@@ -102,14 +84,14 @@ class LoRA(Method):
                 encoded,
                 self.train_config,
                 on_step=self.report_step,
-                param_groups=[{"params": params}],
+                param_groups=[self.lora.param_group(params)],
                 steps=steps,
             )
         self.rounds += 1
 
     def answer(self, queries: list[str]) -> list[Answer]:
         with self.attached():
-            texts = plain_answers(self.model, queries, self.max_new_tokens, self.eval_batch_size)
+            texts = plain_answers(self.model, queries, self.decode_config)
         return [Answer(text) for text in texts]
 
     def continue_contexts(self, contexts: list[list[int]]) -> list[str]:
@@ -134,22 +116,29 @@ class LoRA(Method):
         self.rounds, self.updates = state["rounds"], state.get("updates", 0)
 
 
+@dataclass(frozen=True)
+class ReplaySettings:
+    ratio: float = 0.2  # share of replayed examples in a batch
+    buffer_size: int = 500  # examples the buffer keeps
+    refresh_every: int = 10  # procedures between refreshes of the buffer
+
+
 class Replay(LoRA):
     name = "replay"
     label = "Replay Memory"
 
-    def __init__(
-        self, backbone: Backbone, ratio: float = 0.2, buffer_size: int = 500, refresh_every: int = 10, **lora_options
-    ):
+    def __init__(self, backbone: Backbone, replay: ReplaySettings | None = None, **lora_options):
+        """``replay``: the buffer's share of a batch, size and refreshes; ``lora_options``: fine-tuning's."""
         super().__init__(backbone, **lora_options)
-        self.ratio, self.buffer_size, self.refresh_every = ratio, buffer_size, refresh_every
+        replay = replay or ReplaySettings()
+        self.ratio, self.buffer_size, self.refresh_every = replay.ratio, replay.buffer_size, replay.refresh_every
         self.buffer: list[Example] = []  # what batches replay from
         self.reservoir: list[Example] = []  # a uniform sample of every training example seen so far
         self.seen = 0  # training examples seen
         self.procedures = 0  # procedures learned
 
     def batches(self, examples: list[Example]) -> list[list[Example]]:
-        rng = random.Random(f"replay:{self.seed}:{self.rounds}")
+        rng = random.Random(f"replay:{self.train_config.seed}:{self.rounds}")
         out = []
         for batch in super().batches(examples):
             extra = min(round(len(batch) * self.ratio / (1 - self.ratio)), len(self.buffer))
@@ -162,7 +151,7 @@ class Replay(LoRA):
 
     def remember(self, examples: list[Example]) -> None:
         """Add the round's examples to the reservoir; refresh the buffer when a multiple of ``refresh_every`` is passed."""
-        rng = random.Random(f"reservoir:{self.seed}:{self.rounds}")
+        rng = random.Random(f"reservoir:{self.train_config.seed}:{self.rounds}")
         for example in examples:
             if len(self.reservoir) < self.buffer_size:
                 self.reservoir.append(example)

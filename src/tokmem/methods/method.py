@@ -12,7 +12,7 @@ prompted ones (RAG, ICL) also stop at their answer's end, the first blank line (
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tokmem.data.procedures import Example
@@ -39,6 +39,7 @@ class Method:
     epochs = 0  # passes over a round's examples (0: learning trains nothing), for a study's progress bar
     updates = 0  # optimiser steps taken so far, over every round: the budget a study compares methods at
     on_step: Callable[[float], None] | None = None  # set by a study to follow a round: gets the fraction done
+    decode_config = DecodeConfig()  # how it answers (its new tokens, its batch): each method sets its study's
 
     def report_step(self, done: int, total: int) -> None:
         """Called by ``learn`` after each optimiser step: counts the updates, and a long round shows progress."""
@@ -72,8 +73,7 @@ class Method:
     def continue_contexts(self, contexts: list[list[int]]) -> list[str]:
         """The text the method's plain backbone writes after each context (token ids, up to EOS): a method without
         memory tokens answering a conversation laid out as ``tokmem.studies.tool_loop.plain_context`` does."""
-        config = DecodeConfig(max_new_tokens=self.max_new_tokens, batch_size=self.eval_batch_size)
-        return complete(self.model, contexts, config)
+        return complete(self.model, contexts, self.decode_config)
 
     def save(self, directory: Path) -> bool:
         """Write the learned state under ``directory``; False when the method keeps none (rebuilt by learning again)."""
@@ -87,22 +87,11 @@ class Method:
 def plain_answers(
     model: TokMemModel,
     prompts: list[str | list[dict] | list[int]],
-    max_new_tokens: int,
-    batch_size: int,
-    share_prefix: bool = False,
-    stop_at_blank_line: bool = False,
+    config: DecodeConfig,
     held: HeldPrefix | None = None,
 ) -> list[str]:
     """Greedy answers of ``model``'s backbone (its bank must be empty) to prompts (queries, chat conversations or
-    token ids laid out by the caller).
-
-    ``share_prefix``, ``stop_at_blank_line``: see ``DecodeConfig``; ``held``: see ``HeldPrefix``."""
-    config = DecodeConfig(
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        share_prefix=share_prefix,
-        stop_at_blank_line=stop_at_blank_line,
-    )
+    token ids laid out by the caller), decoded as ``config`` says; ``held``: see ``HeldPrefix``."""
     return [g.text for g in generate(model, prompts, config, held=held)]
 
 
@@ -112,10 +101,8 @@ def first_block(text: str) -> str:
     return text.strip().split("\n\n", 1)[0].rstrip()
 
 
-def prompted_answers(
-    model: TokMemModel, prompts: list[str], max_new_tokens: int, batch_size: int, share_prefix: bool = False
-) -> list[str]:
+def prompted_answers(model: TokMemModel, prompts: list[str], config: DecodeConfig) -> list[str]:
     """The stop rule of every prompted baseline (RAG, ICL) in every study: their demonstrations end each answer
     with a blank line, so an answer ends at its first blank line (decoding stops there; the text is cut there)."""
-    texts = plain_answers(model, prompts, max_new_tokens, batch_size, share_prefix, stop_at_blank_line=True)
+    texts = plain_answers(model, prompts, replace(config, stop_at_blank_line=True))
     return [first_block(text) for text in texts]

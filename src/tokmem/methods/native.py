@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 from tokmem.backbones import Backbone
 from tokmem.data.procedures import call_json
@@ -48,8 +49,7 @@ class NativeTools(Method):
         backbone: Backbone,
         tools: dict[str, dict],
         k: int | None = None,
-        max_new_tokens: int = DecodeConfig.max_new_tokens,
-        eval_batch_size: int = DecodeConfig.batch_size,
+        decode: DecodeConfig | None = None,
         encoder=None,
     ):
         """``k``: show only the ``k`` retrieved tools (``native-retrieved``); None shows every tool."""
@@ -59,7 +59,7 @@ class NativeTools(Method):
         self.retrieve_tools = None if k is None else ToolRetriever(tools, k, encoder)
         if k is not None:
             self.name, self.label = "native-retrieved", f"Native tool calling (top {k} retrieved)"
-        self.max_new_tokens, self.eval_batch_size = max_new_tokens, eval_batch_size
+        self.decode_config = replace(decode or DecodeConfig(), share_prefix=True)  # the tools' turn, encoded once
         self.held = HeldPrefix()  # the tools' system turn, encoded once for all the calls (the backbone is frozen)
 
     def shown_tools(self, queries: list[str]) -> list[list[dict]]:
@@ -81,9 +81,7 @@ class NativeTools(Method):
         return self.contexts([[{"role": "user", "content": q}] for q in queries])
 
     def continue_contexts(self, contexts: list[list[int]]) -> list[str]:
-        return plain_answers(
-            self.model, contexts, self.max_new_tokens, self.eval_batch_size, share_prefix=True, held=self.held
-        )
+        return plain_answers(self.model, contexts, self.decode_config, held=self.held)
 
     def read_calls(self, text: str) -> list[str]:
         return read_tool_calls(text)

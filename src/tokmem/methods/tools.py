@@ -31,6 +31,7 @@ says so in its label.  RAG shows the ``k`` tools whose descriptions are most sim
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from tokmem.decode import DecodeConfig
 from tokmem.backbones import Backbone
@@ -39,6 +40,8 @@ from tokmem.methods.rag import RAG, embed, load_encoder
 from tokmem.data.procedures import Example
 from tokmem.model import create
 
+SHOTS = 2  # demonstrations ICL and RAG show
+TOOLS_RETRIEVED = 4  # tools RAG shows
 INSTRUCTION = "Answer with the tool calls the request needs, one JSON object per line, in the order they are asked for."
 
 
@@ -71,17 +74,16 @@ class ICL(Method):
         self,
         backbone: Backbone,
         tools: dict[str, dict],
-        shots: int = 2,
-        max_new_tokens: int = DecodeConfig.max_new_tokens,
-        eval_batch_size: int = DecodeConfig.batch_size,
+        shots: int = SHOTS,
+        decode: DecodeConfig | None = None,
     ):
         self.model = create(backbone)  # an empty bank: the plain backbone
         self.schemas = list(tools.values())
-        if not fits(backbone, tool_prompt(self.schemas, [], ""), max_new_tokens):
+        self.decode_config = decode or DecodeConfig()
+        if not fits(backbone, tool_prompt(self.schemas, [], ""), self.decode_config.max_new_tokens):
             self.schemas = [compact_schema(schema) for schema in self.schemas]
             self.label = "ICL (compact schemas)"
         self.shots = shots
-        self.max_new_tokens, self.eval_batch_size = max_new_tokens, eval_batch_size
         self.demonstrations: list[Example] = []
 
     def learn(self, examples: list[Example]) -> None:
@@ -93,7 +95,7 @@ class ICL(Method):
 
     def answer(self, queries: list[str]) -> list[Answer]:
         prompts = self.prompts(queries)
-        texts = prompted_answers(self.model, prompts, self.max_new_tokens, self.eval_batch_size, share_prefix=True)
+        texts = prompted_answers(self.model, prompts, replace(self.decode_config, share_prefix=True))
         return [Answer(text) for text in texts]
 
 
@@ -117,7 +119,9 @@ class ToolRAG(RAG):
     label = "RAG"
     choice_metric = None
 
-    def __init__(self, backbone: Backbone, tools: dict[str, dict], k: int = 4, shots: int = 2, **options):
+    def __init__(
+        self, backbone: Backbone, tools: dict[str, dict], k: int = TOOLS_RETRIEVED, shots: int = SHOTS, **options
+    ):
         super().__init__(backbone, k=shots, **options)
         self.retrieve_tools = ToolRetriever(tools, k, self.encoder)
 
@@ -125,10 +129,7 @@ class ToolRAG(RAG):
         return [tool_prompt(t, d, q) for t, d, q in zip(self.retrieve_tools(queries), self.retrieve(queries), queries)]
 
     def answer(self, queries: list[str]) -> list[Answer]:
-        return [
-            Answer(text)
-            for text in prompted_answers(self.model, self.prompts(queries), self.max_new_tokens, self.eval_batch_size)
-        ]
+        return [Answer(text) for text in prompted_answers(self.model, self.prompts(queries), self.decode_config)]
 
 
 def fits(backbone: Backbone, prompt: str, max_new_tokens: int, room: float = 0.75) -> bool:

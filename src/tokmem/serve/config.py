@@ -11,7 +11,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tokmem.backbones import DEFAULT_BACKBONE
+from tokmem.backbones import backbone_option, device_option
 from tokmem.config import option
 from tokmem.decode import DecodeConfig
 from tokmem.schemas import Budget
@@ -20,14 +20,14 @@ from tokmem.schemas import Budget
 @dataclass
 class ServeConfig:
     banks: str = field(metadata={"help": "folder of banks: NAME.safetensors + NAME.safetensors.json"})
-    backbone: str = option(DEFAULT_BACKBONE, "the frozen backbone the banks were trained for")
+    backbone: str = backbone_option("the frozen backbone the banks were trained for")
     host: str = option("127.0.0.1", "address to listen on (default: loopback only)")
     port: int = option(8000, "port to listen on")
     api_key: str | None = option(None, "bearer token that protected routes need (see --protect)")
     protect: Literal["manage", "all"] = option(
         "manage", "with --api-key: 'manage' = PUT/DELETE /v1/banks need the key; 'all' = every /v1 route does"
     )
-    device: str | None = option(None, "cpu, cuda, … (default: cuda when available)")
+    device: str | None = device_option()
     seed: int = option(0, "seed of the sampler (requests with temperature > 0)")
     # the engine and the bank registry
     max_batch: int = option(32, "rows decoded together")

@@ -20,7 +20,7 @@ The sample-efficiency variant trains fresh methods on a mixture of the first 10 
 with 10, 20, 50, … training examples per task, and scores them on the same test sets.
 
 Files: the JSON result (rewritten atomically after every checkpoint), a markdown table and a PNG
-plot beside it, and ``<name>-state/<k>/<method>/``: the state each method saved after checkpoint k
+plot beside it (`tokmem.studies.atomic_report`), and ``<name>-state/<k>/<method>/``: the state each method saved after checkpoint k
 (TokMem's bank, LoRA's adapter and replay buffer).  ``resume`` skips the finished checkpoints; in the
 sequential schedule it restores the saved states, and rebuilds a method that saves none (Base, RAG) by
 learning the finished tasks again.
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 from pathlib import Path
 
@@ -39,29 +39,35 @@ from tqdm.auto import tqdm
 from tokmem.eval import metrics
 from tokmem.methods.base import Base
 from tokmem.methods.method import Answer, Method
-from tokmem.methods.lora import LoRA, Replay
+from tokmem.methods.lora import LoRA, Replay, ReplaySettings
 from tokmem.methods.tokmem import TokMem
-from tokmem.methods.rag import RAG
-from tokmem.backbones import DEFAULT_BACKBONE
-from tokmem.config import option
+from tokmem.methods.rag import DEMONSTRATIONS, RAG
+from tokmem.config import nested, option
+from tokmem.lora import LoRASettings
 from tokmem.data.procedures import Example
 from tokmem.data.shared import shared_data
 from tokmem.data.sni import QUERIES, Task, load_tasks
 from tokmem.errors import TokMemError
 from tokmem.io import write_json_atomic, write_text_atomic
-from tokmem.studies.harness import answer_all, config_settings, learn_round, progress_bar, resumed_run, run_repeats
-from tokmem.studies.outputs import Panel, budget_markdown, budget_panels, line_plot, lines, pivot_table, scaled
-from tokmem.studies.settings import MethodSettings, overridden
+from tokmem.studies.harness import (
+    MethodResult,
+    answer_all,
+    config_settings,
+    learn_round,
+    progress_bar,
+    resumed_run,
+    run_repeats,
+)
+from tokmem.studies.atomic_report import ATOMIC, EFFICIENCY, Study, markdown, plot, summary_line
+from tokmem.studies.settings import Layer, MethodSettings, preset_settings
 from tokmem.report import machine
-from tokmem.train import INITS, SCHEDULES as LR_SCHEDULES, Schedule
+from tokmem.train import INITS, SCHEDULES as LR_SCHEDULES, Schedule, TrainConfig
 
 METHODS = ("base", "rag", "lora", "replay", "tokmem", "tokmem-dc")
 JOINT_METHODS = tuple(m for m in METHODS if m != "replay")  # replay is fine-tuning when every task trains in one round
 EFFICIENCY_METHODS = ("rag", "lora", "tokmem", "tokmem-dc")
-CLASSES = {"base": Base, "rag": RAG, "lora": LoRA, "replay": Replay, "tokmem": TokMem, "tokmem-dc": TokMem}
 EFFICIENCY_TASKS = 10
 SCORE_KEYS = ("checkpoints", "budgets")  # where a result's scores are (averaged over seeds)
-ACCURACIES = {"retrieval_accuracy": "retrieval", "routing_accuracy": "routing"}
 Query = Literal[QUERIES]
 TaskSchedule = Literal["joint", "sequential"]
 RECIPES = {  # TokMem's learning rate and every trained method's lr schedule, by task schedule
@@ -94,19 +100,23 @@ class AtomicConfig(MethodSettings):
     test_per_task: int = option(50, "test examples per task")
     checkpoints: tuple[int, ...] = option((10, 50, 200, 500, 1000), "numbers of tasks to evaluate after, e.g. 5,10,14")
     methods: tuple[str, ...] | None = option(None, f"comma-separated subset of {','.join(METHODS)}")
-    backbone: str = option(DEFAULT_BACKBONE, "backbone spec")
-    tokmem_lr: float | None = option(None, "learning rate of the memory rows (default 1e-3 joint, 5e-3 sequential)")
-    schedule: Schedule | None = option(
-        None,
+    tokmem_lr: float | None = nested(
+        TrainConfig, "lr", "learning rate of the memory rows (default 1e-3 joint, 5e-3 sequential)", default=None
+    )
+    schedule: Schedule | None = nested(
+        TrainConfig,
+        "schedule",
         "learning rate of every trained method: constant, or linear (10% warm-up, "
         "then decay); default: the task schedule's",
+        default=None,
         flag="--lr-schedule",
     )
-    lora_rank: int | None = option(None, "LoRA rank (default 8; 1 with --sample-efficiency, as the paper)")
-    rag_k: int = option(2, "demonstrations RAG retrieves")
-    replay_ratio: float = option(0.2, "share of replayed examples in a batch")
-    replay_buffer: int = option(500, "examples the replay buffer keeps")
-    replay_every: int = option(10, "procedures between refreshes of the replay buffer")
+    lora_rank: int | None = nested(
+        LoRASettings, "rank", "LoRA rank (default 8; 1 with --sample-efficiency, as the paper)", default=None
+    )
+    rag_k: int = option(DEMONSTRATIONS, "demonstrations RAG retrieves")
+    replay_buffer: int = option(ReplaySettings.buffer_size, "examples the replay buffer keeps")
+    replay_every: int = option(ReplaySettings.refresh_every, "procedures between refreshes of the replay buffer")
     sample_efficiency: bool = option(
         False, "10 tasks learned as one mixture with 10/20/50/100/200/500 training examples per task"
     )
@@ -155,74 +165,66 @@ class AtomicConfig(MethodSettings):
 
 PRESETS = {
     # the paper's protocol (definition queries, joint schedule) on the 14 SNI files of the shared data and smollm2-135m,
-    # for a CPU (run time: docs/studies.md): 10 test and up to 100 training instances a task (the files hold 30–120;
-    # a task with fewer than 20 left would be skipped), one joint run on all 14 tasks (1,052 examples: 263 updates an
-    # epoch), Base/RAG/LoRA/TokMem (TokMem+DC and replay as separate commands), every trained method at two budgets:
-    # the paper's one epoch and two.  Both learning rates are raised for 263 steps instead of the paper's ~125k:
-    # LoRA's to 1e-3 (the paper's 5e-5; as the compositional cpu preset), TokMem's to the paper's 5e-3 (the reference
-    # code's 1e-3 routed 51% and 64% of the test queries after 263 updates, seeds 0-1; 5e-3 routed 100% in both:
-    # docs/studies.md, "Atomic recall, joint, at equal budgets").
-    "cpu": dict(
-        tasks_dir=str(shared_data("sni", "tasks")),
-        backbone=DEFAULT_BACKBONE,
-        train_per_task=100,
-        min_train_per_task=20,
-        test_per_task=10,
-        checkpoints=(14,),
-        methods=("base", "rag", "lora", "tokmem"),
-        epochs=1,
-        epoch_budgets=(1, 2),
-        lora_lr=1e-3,
-        tokmem_lr=5e-3,
-        max_new_tokens=48,
-        replay_buffer=100,
-        replay_every=5,
-        budgets=(5, 10, 20),
+    # for a CPU: 10 test and up to 100 training instances a task (the files hold 30-120; a task with fewer than 20 left
+    # is skipped), one joint run on all 14 tasks, Base/RAG/LoRA/TokMem (TokMem+DC and replay as separate commands),
+    # every trained method at two budgets: the paper's one epoch and two.  Both learning rates are raised for a few
+    # hundred steps instead of the paper's ~125k: LoRA's to 1e-3 (as the compositional cpu preset), TokMem's to the
+    # paper's 5e-3 (docs/studies.md, "Atomic recall, joint, at equal budgets", says why).
+    "cpu": (
+        Layer(
+            dict(
+                tasks_dir=str(shared_data("sni", "tasks")),
+                train_per_task=100,
+                min_train_per_task=20,
+                test_per_task=10,
+                checkpoints=(14,),
+                methods=("base", "rag", "lora", "tokmem"),
+                epochs=1,
+                epoch_budgets=(1, 2),
+                lora_lr=1e-3,
+                tokmem_lr=5e-3,
+                max_new_tokens=48,
+                replay_buffer=100,
+                replay_every=5,
+                budgets=(5, 10, 20),
+            )
+        ),
+        # Qwen2.5-Coder-0.5B: the sizes above until a run on it sizes its own
+        Layer({}, when=dict(backbone="qwen2.5-coder-0.5b")),
     ),
     # the paper's sizes (1,000 English tasks, 500 train / 50 test each); needs a GPU and the full natural-instructions
-    "paper": dict(
-        backbone="Qwen/Qwen2.5-0.5B-Instruct",
-        train_per_task=500,
-        test_per_task=50,
-        checkpoints=(10, 50, 200, 500, 1000),
-        max_new_tokens=128,
+    "paper": (
+        Layer(
+            dict(
+                backbone="Qwen/Qwen2.5-0.5B-Instruct",
+                train_per_task=500,
+                test_per_task=50,
+                checkpoints=(10, 50, 200, 500, 1000),
+                max_new_tokens=128,
+            )
+        ),
     ),
 }
 
 
 def make_config(preset: str | None = "cpu", **options) -> AtomicConfig:
-    """A preset's settings, overridden by every option that is not None (`settings.overridden`)."""
-    if preset is not None and preset not in PRESETS:
-        raise TokMemError(f"unknown preset '{preset}': choose from {', '.join(PRESETS)}")
-    return AtomicConfig(preset=preset, **overridden(PRESETS.get(preset, {}), options))
+    """A preset's settings for the options' choices, overridden by every option that is not None
+    (`settings.preset_settings`)."""
+    return AtomicConfig(preset=preset, **preset_settings(PRESETS, preset, AtomicConfig, options))
 
 
 def build_methods(config: AtomicConfig, backbone) -> list[Method]:
-    decode, memory, lora = config.decode_options(), config.tokmem_options(), config.lora_options()
-    replay = dict(ratio=config.replay_ratio, buffer_size=config.replay_buffer, refresh_every=config.replay_every)
+    train, decode, lora = config.train(), config.decode(), config.lora()
+    replay = ReplaySettings(config.replay_ratio, config.replay_buffer, config.replay_every)
     factories = {
-        "base": lambda: Base(backbone, **decode),
-        "rag": lambda: RAG(backbone, k=config.rag_k, **decode),
-        "lora": lambda: LoRA(backbone, **lora),
-        "replay": lambda: Replay(backbone, **replay, **lora),
-        "tokmem": lambda: TokMem(backbone, **memory),
-        "tokmem-dc": lambda: TokMem(backbone, decoupled=True, **memory),
+        "base": lambda: Base(backbone, decode),
+        "rag": lambda: RAG(backbone, config.rag_k, decode),
+        "lora": lambda: LoRA(backbone, train, lora, decode),
+        "replay": lambda: Replay(backbone, replay, train=train, lora=lora, decode=decode),
+        "tokmem": lambda: TokMem(backbone, train, decode),
+        "tokmem-dc": lambda: TokMem(backbone, train, decode, decoupled=True),
     }
     return [factories[name]() for name in config.methods]
-
-
-@dataclass
-class Study:
-    """What distinguishes the two studies in their result and outputs."""
-
-    key: str  # the result's list of points
-    x: str  # a point's setting
-    xlabel: str
-    title: str
-
-
-ATOMIC = Study("checkpoints", "num_tasks", "Number of tasks", "Atomic recall on SNI")
-EFFICIENCY = Study("budgets", "train_per_task", "Training examples per task", "Sample efficiency on SNI")
 
 
 def run(
@@ -464,16 +466,10 @@ def evaluate(
         scores[task.name] = _task_scores(method, task, answers[first : first + len(task.test)])
         first += len(task.test)
     per_task = {t.name: reuse[t.name] if t.name in reuse else scores[t.name] for t in tasks}
-    out = {"label": method.label, "rougeL": metrics.mean(s["rougeL"] for s in per_task.values())}
+    out = asdict(MethodResult.of(method, start)) | {"rougeL": metrics.mean(s["rougeL"] for s in per_task.values())}
     if method.choice_metric:
         out[method.choice_metric] = metrics.mean(s[method.choice_metric] for s in per_task.values())
-    return out | {
-        "updates": method.updates,
-        "trainable_params": method.trainable_params(),
-        "train_seconds": round(train_seconds, 2),
-        "eval_seconds": round(time.perf_counter() - start, 2),
-        "per_task": per_task,
-    }
+    return out | {"train_seconds": round(train_seconds, 2), "per_task": per_task}
 
 
 def _task_scores(method: Method, task: Task, answers: list[Answer]) -> dict:
@@ -493,122 +489,3 @@ def _finish_point(result: dict, study: Study, point: dict, files: Files, bar) ->
         write_json_atomic(files.json, result)
         write_text_atomic(files.markdown, markdown(result, study))
         plot(result, study, files.plot)
-
-
-def summary_line(study: Study, point: dict) -> str:
-    parts = []
-    for name, scores in point["methods"].items():
-        accuracy = "".join(f" ({kind} {100 * scores[k]:.0f}%)" for k, kind in ACCURACIES.items() if k in scores)
-        parts.append(f"{name} {scores['rougeL']:.1f}{accuracy}")
-    return f"{study.xlabel.lower()} {point[study.x]}: ROUGE-L " + " | ".join(parts)
-
-
-def _series(result: dict, study: Study, metric: str, scale: float = 1.0) -> tuple[dict[str, dict], list[int]]:
-    """label → {setting: value} for the methods that report ``metric``, and the settings in order."""
-    points = result[study.key]
-    series: dict[str, dict] = {}
-    for point in points:
-        for scores in point["methods"].values():
-            if metric in scores:
-                series.setdefault(scores["label"], {})[point[study.x]] = scaled(scores[metric], scale)
-    return series, [point[study.x] for point in points]
-
-
-def _accuracy_series(result: dict, study: Study) -> dict[str, dict]:
-    """ "<method> (routing)" / "<method> (retrieval)" → {setting: accuracy in %}."""
-    return {
-        f"{label} ({kind})": values
-        for metric, kind in ACCURACIES.items()
-        for label, values in _series(result, study, metric, 100.0)[0].items()
-    }
-
-
-QUERY_TEXT = {
-    "definition": "the task definition, a blank line, the instance input (the paper's protocol)",
-    "input": "the instance input alone (the memory token carries the instruction)",
-}
-SCHEDULE_TEXT = {
-    "joint": "joint: one run per checkpoint on its tasks' examples shuffled together (the reference code)",
-    "sequential": "sequential: one round per task in task-id order (the paper's text)",
-}
-
-
-def protocol(result: dict, study: Study) -> str:
-    """The protocol line of a table: query, schedule, split, scoring, the training recipes and the data."""
-    config, tasks = result["config"], result["tasks"]
-    short = [f"{t['name']} {t['train']}" for t in tasks if t["train"] < config["train_per_task"]]
-    train = f"up to {config['train_per_task']} training" + (
-        f" (fewer where the file has fewer: {', '.join(short)})" if short else ""
-    )
-    sizes = (
-        f"{config['test_per_task']} test and {train} examples per task"
-        if study is ATOMIC
-        else f"{config['test_per_task']} test examples per task"
-    )
-    unknown = [t["name"] for t in tasks if t.get("unknown_languages")]
-    return (
-        f"Protocol: query = {QUERY_TEXT[config['query']]}; schedule = {SCHEDULE_TEXT[config['task_schedule']]}; "
-        "split = MD5 order of id‖input‖output[0], test first; ROUGE-L against output[0], Porter-stemmed.\n\n"
-        f"Training: every trained method {config['epochs']} epoch(s) over its data (the same updates); TokMem lr "
-        f"{config['tokmem_lr']:g}, {config['init']} init; fine-tuning LoRA r={config['lora_rank']}, lr {config['lora_lr']:g}; "
-        f"{config['schedule']} lr schedule; batch {config['batch_size']}; {_seeds(result)}.\n\n"
-        f"Data: backbone `{config['backbone']}`; {len(tasks)} tasks from `{config['tasks_dir']}`; {sizes}"
-        + (f"; {len(result['skipped_tasks'])} task file(s) skipped" if result["skipped_tasks"] else "")
-        + (f"; kept without language fields (taken as English): {', '.join(unknown)}" if unknown else "")
-        + ".\n\n"
-    )
-
-
-def _seeds(result: dict) -> str:
-    seeds = result.get("seeds")
-    return f"seed {result['config']['seed']}" if seeds is None else f"seeds {', '.join(map(str, seeds))} (mean ± sd)"
-
-
-def headline(result: dict, study: Study) -> dict[str, dict]:
-    """label → {"updates", "rougeL"} of each method at the study's last point (the budget curve's points)."""
-    last = result[study.key][-1]["methods"] if result[study.key] else {}
-    return {s["label"]: {"updates": s.get("updates", 0), "rougeL": s["rougeL"]} for s in last.values()}
-
-
-def markdown(result: dict, study: Study) -> str:
-    """The paper's tables: ROUGE-L (methods × settings, with the average and the trainable parameters),
-    then the routing / retrieval accuracy; the protocol above them.  Several seeds or budgets: the budget curve,
-    then these tables at each budget."""
-    if result["study"] == "repeats":
-        return budget_markdown(
-            result, lambda r: headline(r, study), {"rougeL": "ROUGE-L"}, lambda r: markdown(r, study)
-        )
-    rouge, columns = _series(result, study, "rougeL")
-    last = result[study.key][-1]["methods"] if result[study.key] else {}
-    params = {s["label"]: f"{s['trainable_params']:,}" for s in last.values()}
-    return (
-        f"# {study.title}: ROUGE-L\n\n"
-        f"Columns: {study.xlabel.lower()}. "
-        + protocol(result, study)
-        + pivot_table(rouge, columns, average=True, extra={"Trainable params": params})
-        + "\n## Routing / retrieval accuracy (%)\n\n"
-        + pivot_table(_accuracy_series(result, study), columns)
-    )
-
-
-def plot(result: dict, study: Study, path) -> Path:
-    """ROUGE-L against the setting for every method, and TokMem's routing against RAG's retrieval accuracy (several
-    seeds or budgets: ROUGE-L at the last point against the updates)."""
-    if result["study"] == "repeats":
-        return line_plot(path, budget_panels(result, lambda r: headline(r, study), {"rougeL": "ROUGE-L"}, "ROUGE-L"))
-    rouge, xs = _series(result, study, "rougeL")
-    logx = bool(xs) and max(xs) >= 20 * min(xs)
-    return line_plot(
-        path,
-        [
-            Panel("ROUGE-L", study.xlabel, "ROUGE-L", lines(rouge), logx, (0, 100)),
-            Panel(
-                "Routing vs retrieval accuracy",
-                study.xlabel,
-                "accuracy (%)",
-                lines(_accuracy_series(result, study)),
-                logx,
-                (0, 100),
-            ),
-        ],
-    )

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from tokmem.eval import metrics
 from tokmem.io import write_json_atomic, write_text_atomic
-from tokmem.studies.compositional import METRICS, STUDIES
+from tokmem.studies.compositional import METRICS
+from tokmem.studies.compositional_config import STUDIES
 from tokmem.studies.outputs import (
     Panel,
     budget_markdown,

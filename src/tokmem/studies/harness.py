@@ -10,7 +10,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import MISSING, asdict, fields, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,22 @@ class PhaseBars:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+@dataclass
+class MethodResult:
+    """What every study records of a method beside its scores (its JSON keys: ``asdict``)."""
+
+    label: str  # as tables print it
+    updates: int  # optimiser steps taken so far: the budget methods are compared at
+    trainable_params: int
+    eval_seconds: float  # answering the test queries
+
+    @classmethod
+    def of(cls, method: Method, started: float) -> MethodResult:
+        """``method`` as it stands, having answered since ``started`` (a ``time.perf_counter()``)."""
+        seconds = round(time.perf_counter() - started, 2)
+        return cls(method.label, method.updates, method.trainable_params(), seconds)
 
 
 def progress_bar(progress: bool) -> PhaseBars:

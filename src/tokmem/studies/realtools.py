@@ -102,6 +102,23 @@ class RealData:
         }
 
 
+def _tested(
+    test: list[Example], train: list[Example], size: int | None, results: bool, left_out: Counter
+) -> list[Example]:
+    """The first ``size`` test records; with ``results``, only those whose every tool a training record calls (the
+    loop lays out the gold earlier calls of a test record by their tools' memory tokens)."""
+    if results:
+        trained = {p for e in train for p in e.procedures}
+        unknown = [e for e in test if not trained.issuperset(e.procedures)]
+        if unknown:
+            left_out["test records calling a tool no training record calls"] += len(unknown)
+            test = [e for e in test if trained.issuperset(e.procedures)]
+    if size is not None and size < len(test):
+        left_out[f"test records beyond {size}"] += len(test) - size
+        test = test[:size]
+    return test
+
+
 def complexfuncbench_data(
     folder: Path,
     max_calls: int = 4,
@@ -139,15 +156,7 @@ def complexfuncbench_data(
         left_out[f"training records beyond {train_size}"] += len(train) - train_size
         train = rng.sample(train, train_size)
     train = train + own_train
-    if results:  # the loop lays out the gold earlier calls of a test record by their tools' memory tokens
-        trained = {p for e in train for p in e.procedures}
-        unknown = [e for e in test if not trained.issuperset(e.procedures)]
-        if unknown:
-            left_out["test records calling a tool no training record calls"] += len(unknown)
-            test = [e for e in test if trained.issuperset(e.procedures)]
-    if test_size is not None and test_size < len(test):
-        left_out[f"test records beyond {test_size}"] += len(test) - test_size
-        test = test[:test_size]
+    test = _tested(test, train, test_size, results, left_out)
     if not train or not test:
         why = "; ".join(f"{n} {reason}" for reason, n in left_out.items()) or "none"
         raise DataError(

@@ -1,21 +1,61 @@
-"""The settings the atomic and compositional studies share: how their methods train and answer.
+"""The settings the atomic and compositional studies share: how their methods train and answer; and the one shape of
+every study's presets.
 
-Each study's config inherits them and adds its data, its methods and the defaults of its own; the defaults
-here are those of `TrainConfig`, `DecodeConfig` and `LoRASettings`.  Every trained method of a run trains the
-same number of epochs (``epochs``): methods are compared at equal budgets by construction.
+Each study's config inherits them and adds its data, its methods and the defaults of its own.  Each setting is a
+field of `TrainConfig`, `DecodeConfig` or `LoRASettings` under the study's option name (``tokmem_lr`` is a
+TrainConfig's ``lr``: `tokmem.config.nested`), with that config's default, and the methods get those objects
+(``train``, ``decode``, ``lora``).  Every trained method of a run trains the same number of epochs
+(``epochs``): methods are compared at equal budgets by construction.
+
+A preset is data: a tuple of `Layer`s, each some settings and the choices it applies under (the study, the dataset,
+the backbone: ``--preset cpu --backbone qwen2.5-coder-0.5b`` picks the layers sized for that backbone); the layers that
+apply are merged in order, then every option given overrides them (``preset_settings``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
 
-from tokmem.config import option
+from tokmem.backbones import backbone_option, device_option
+from tokmem.config import built, nested, option
 from tokmem.decode import DecodeConfig
 from tokmem.errors import TokMemError
 from tokmem.lora import LoRASettings
+from tokmem.methods.lora import ReplaySettings
 from tokmem.train import Init, Schedule, ToolSegments, TrainConfig
 
-T, D, L = TrainConfig, DecodeConfig, LoRASettings  # every default below is theirs
+T, D, L, R = TrainConfig, DecodeConfig, LoRASettings, ReplaySettings
+
+
+@dataclass(frozen=True)
+class Layer:
+    """Settings of a preset, and the choices they apply under (``{}``: always; ``{"study": "main"}``,
+    ``{"dataset": "complexfuncbench", "backbone": "qwen2.5-coder-0.5b"}``: when every one of them is chosen)."""
+
+    settings: dict
+    when: dict = field(default_factory=dict)
+
+
+Preset = tuple[Layer, ...]
+
+
+def preset_settings(presets: dict[str, Preset], name: str | None, config: type, options: dict) -> dict:
+    """The settings of preset ``name`` (None: none) for the choices made: each layer applies when its ``when`` matches
+    the options given, else the settings so far, else ``config``'s defaults; then every option given overrides them
+    (``overridden``)."""
+    if name is not None and name not in presets:
+        raise TokMemError(f"unknown preset '{name}': choose from {', '.join(presets)}")
+    given = {key: value for key, value in options.items() if value is not None}
+    settings = {}
+    for layer in presets.get(name, ()):
+        chosen = _defaults(config) | settings | given
+        if all(chosen.get(key) == value for key, value in layer.when.items()):
+            settings |= layer.settings
+    return overridden(settings, options)
+
+
+def _defaults(config: type) -> dict:
+    return {f.name: f.default for f in fields(config) if f.default is not MISSING}
 
 
 def overridden(preset: dict, options: dict) -> dict:
@@ -33,8 +73,9 @@ def overridden(preset: dict, options: dict) -> dict:
 
 @dataclass(frozen=True)
 class MethodSettings:
-    epochs: int = option(
-        T.epochs,
+    epochs: int = nested(
+        T,
+        "epochs",
         "epochs of every trained method alike (the same number of updates): the run's budget, in place of the "
         "preset's --epoch-budgets",
     )
@@ -45,32 +86,38 @@ class MethodSettings:
     seeds: tuple[int, ...] | None = option(
         None, "several seeds, e.g. 0,1,2: one run per seed, one after the other (resumable); tables show mean ± sd"
     )
-    init: Init = option(
-        T.init, "TokMem's new rows: mean embedding (the paper's text) or orthogonal (the reference code)"
+    init: Init = nested(
+        T, "init", "TokMem's new rows: mean embedding (the paper's text) or orthogonal (the reference code)"
     )
-    schedule: Schedule = option(
-        T.schedule,
+    schedule: Schedule = nested(
+        T,
+        "schedule",
         "learning rate of every trained method: constant, or linear (10% warm-up, then decay; the reference code)",
         flag="--lr-schedule",
     )
-    warmup: float = option(T.warmup, "warm-up fraction of the linear schedule")
-    renorm_every_step: bool = option(
-        T.renorm_every_step,
+    warmup: float = nested(T, "warmup", "warm-up fraction of the linear schedule")
+    renorm_every_step: bool = nested(
+        T,
+        "renorm_every_step",
         "renormalise TokMem's new rows after every step too (the reference code), not only after the round",
     )
-    tool_segments: ToolSegments = option(
-        T.tool_segments, "after a tool's memory token: its arguments only (the reference code) or the whole call"
+    tool_segments: ToolSegments = nested(
+        T, "tool_segments", "after a tool's memory token: its arguments only (the reference code) or the whole call"
     )
-    batch_size: int = option(T.batch_size, "training examples per step")
-    max_length: int = option(T.max_length, "longest training sequence in tokens (longer queries are cut from the left)")
-    max_new_tokens: int = option(D.max_new_tokens, "tokens an answer may generate")
-    eval_batch_size: int = option(D.batch_size, "queries answered together")
-    tokmem_lr: float = option(T.lr, "learning rate of the memory rows")
-    lora_lr: float = option(L.lr, "learning rate of fine-tuning and replay")
-    lora_weight_decay: float = option(L.weight_decay, "weight decay of fine-tuning and replay")
-    lora_rank: int | None = option(L.rank, "LoRA rank of fine-tuning and replay")
-    seed: int = option(T.seed, "seed of the data and training")
-    device: str | None = option(None, "cpu, cuda, … (default: cuda when available)")
+    batch_size: int = nested(T, "batch_size", "training examples per step")
+    max_length: int = nested(
+        T, "max_length", "longest training sequence in tokens (longer queries are cut from the left)"
+    )
+    max_new_tokens: int = nested(D, "max_new_tokens", "tokens an answer may generate")
+    eval_batch_size: int = nested(D, "batch_size", "queries answered together")
+    tokmem_lr: float = nested(T, "lr", "learning rate of the memory rows")
+    lora_lr: float = nested(L, "lr", "learning rate of fine-tuning and replay")
+    lora_weight_decay: float = nested(L, "weight_decay", "weight decay of fine-tuning and replay")
+    lora_rank: int | None = nested(L, "rank", "LoRA rank of fine-tuning and replay")
+    replay_ratio: float = option(R.ratio, "share of replayed examples in a batch")
+    seed: int = nested(T, "seed", "seed of the data and training")
+    backbone: str = backbone_option()
+    device: str | None = device_option()
     preset: str | None = None
 
     def epochs_of(self, method: str) -> int:
@@ -81,31 +128,14 @@ class MethodSettings:
         """Whether the study runs more than once: several seeds or budgets (`tokmem.studies.harness.run_repeats`)."""
         return self.seeds is not None or self.epoch_budgets is not None
 
-    def decode_options(self) -> dict:
-        """Keyword arguments of every method: how it answers."""
-        return dict(max_new_tokens=self.max_new_tokens, eval_batch_size=self.eval_batch_size)
+    def decode(self) -> DecodeConfig:
+        """How every method answers (TokMem: one memory-token segment an answer, atomic recall)."""
+        return built(self, DecodeConfig, max_steps=1)
 
-    def train_options(self) -> dict:
-        """Keyword arguments of every trained method."""
-        return dict(
-            epochs=self.epochs,
-            batch_size=self.batch_size,
-            max_length=self.max_length,
-            seed=self.seed,
-            schedule=self.schedule,
-            warmup=self.warmup,
-            **self.decode_options(),
-        )
+    def train(self) -> TrainConfig:
+        """How every trained method trains; its lr is TokMem's rows' (fine-tuning's is in ``lora``)."""
+        return built(self, TrainConfig)
 
-    def tokmem_options(self) -> dict:
-        """Keyword arguments of TokMem's variants."""
-        return self.train_options() | dict(
-            lr=self.tokmem_lr,
-            init=self.init,
-            renorm_every_step=self.renorm_every_step,
-            tool_segments=self.tool_segments,
-        )
-
-    def lora_options(self) -> dict:
-        """Keyword arguments of fine-tuning and replay."""
-        return self.train_options() | dict(rank=self.lora_rank, lr=self.lora_lr, weight_decay=self.lora_weight_decay)
+    def lora(self) -> LoRASettings:
+        """The adapters of fine-tuning, replay and TokMem with an unfrozen backbone."""
+        return built(self, LoRASettings)

@@ -6,24 +6,21 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
-from tokmem.adapt import AdaptConfig, cached_adapt
+from tokmem.adapt import cached_adapt
 from tokmem.backbones import Backbone, load_backbone
 from tokmem.data.procedures import Example
 from tokmem.data.tool_catalog import split_tools
 from tokmem.studies.realtools import RealData, complexfuncbench_data, function_calling_dir
 from tokmem.studies.tool_datasets import ToolData, tool_dataset, tool_examples, xlam_dataset
 from tokmem.eval import metrics
-from tokmem.methods.lora import LoRA, Replay
+from tokmem.methods.lora import LoRA, Replay, ReplaySettings
 from tokmem.methods.method import Method
 from tokmem.methods.native import NativeTools
 from tokmem.methods.tokmem import TokMem, UnfrozenTokMem
 from tokmem.methods.tools import ICL, ToolRAG
-from tokmem.train import TrainConfig
-
-if TYPE_CHECKING:
-    from tokmem.studies.compositional import CompositionalConfig
+from tokmem.studies.compositional_config import CompositionalConfig
 
 TOKMEM_LABELS = {
     "tokmem-noadapt": "TokMem (w/o adapt)",
@@ -35,9 +32,8 @@ TOKMEM_LABELS = {
     "tokmem-unfrozen": "TokMem (unfrozen backbone)",
 }
 ADAPTED = {"tokmem", "tokmem-better", "tokmem-noschema", "tokmem-roundnorm", "tokmem-norenorm", "tokmem-unfrozen"}
-BETTER_RECIPE = dict(
-    init="mean", schedule="constant"
-)  # the recipe study's better defaults (--init mean --lr-schedule constant)  # built on the adapted backbone
+# the recipe study's better defaults (--init mean --lr-schedule constant)
+BETTER_RECIPE = dict(init="mean", schedule="constant")
 
 
 def tool_data(config: CompositionalConfig, ranks: tuple[int, int], train_max_calls: int | None = None) -> ToolData:
@@ -114,23 +110,10 @@ def prepare_backbones(
     if not ADAPTED & set(config.methods):
         return {"base": base}, None
     examples = adaptation_examples(config)
-    lora = AdaptConfig(
-        rank=config.lora_rank, dropout=config.adapt_dropout, lr=config.adapt_lr, weight_decay=config.lora_weight_decay
-    )
-    rows = TrainConfig(
-        lr=config.tokmem_lr,
-        epochs=config.adapt_epochs,
-        batch_size=config.batch_size,
-        max_length=config.max_length,
-        seed=config.seed,
-        init=config.init,
-        schedule=config.schedule,
-        warmup=config.warmup,
-        tool_segments=config.tool_segments,
-        progress=progress,
-    )
+    # the temporary rows are dropped after the phase, never renormalised (so adaptations cached before keep their key)
+    rows = replace(config.train(), epochs=config.adapt_epochs, renorm_every_step=False, progress=progress)
     start = time.perf_counter()
-    adapted, directory, cached = cached_adapt(base, examples, lora, rows, config.adapt_cache)
+    adapted, directory, cached = cached_adapt(base, examples, config.adaptation(), rows, config.adapt_cache)
     info = {
         "tools": list(dict.fromkeys(p for e in examples for p in e.procedures)),
         "examples": len(examples),
@@ -146,34 +129,25 @@ def build_method(name: str, config: CompositionalConfig, backbones: dict, tools:
     """A fresh method; ``tools``: the schemas ICL, RAG and native tool calling may show (and, in the tool loop,
     TokMem's rows keep)."""
     base, adapted = backbones["base"], backbones.get("adapted")
-    decode, lora = config.decode_options(), config.lora_options()
-    memory = config.tokmem_options() | dict(
-        max_steps=config.max_calls,
-        name=name,
-        label=TOKMEM_LABELS.get(name),
-        schemas={n: t.get("parameters") for n, t in tools.items()} if config.tool_loop() else None,
-    )
-    replay = dict(
-        ratio=config.replay_ratio,
-        buffer_size=config.replay_buffer,
-        refresh_every=max(1, (config.tools or len(tools)) // config.rounds),
-    )
+    train, decode, lora = config.train(), config.decode(), config.lora()
+    schemas = {n: t.get("parameters") for n, t in tools.items()} if config.tool_loop() else None
+    memory = dict(decode=decode, name=name, label=TOKMEM_LABELS.get(name), schemas=schemas)
+    refresh_every = max(1, (config.tools or len(tools)) // config.rounds)
+    replay = ReplaySettings(config.replay_ratio, config.replay_buffer, refresh_every)
     factories = {
-        "icl": lambda: ICL(base, tools, config.shots, **decode),
-        "rag": lambda: ToolRAG(base, tools, config.rag_k, config.shots, **decode),
-        "native": lambda: NativeTools(base, tools, **decode),
-        "native-retrieved": lambda: NativeTools(base, tools, config.rag_k, **decode),
-        "lora": lambda: LoRA(base, **lora),
-        "replay": lambda: Replay(base, **replay, **lora),
-        "tokmem-noadapt": lambda: TokMem(base, **memory),
-        "tokmem": lambda: TokMem(adapted, **memory),
-        "tokmem-better": lambda: TokMem(adapted, **memory | BETTER_RECIPE),
-        "tokmem-noschema": lambda: TokMem(adapted, **memory | dict(schema=False)),
-        "tokmem-roundnorm": lambda: TokMem(adapted, **memory | dict(renorm_every_step=False)),
-        "tokmem-norenorm": lambda: TokMem(adapted, renormalize=False, **memory),
-        "tokmem-unfrozen": lambda: UnfrozenTokMem(
-            adapted, config.lora_rank, config.lora_lr, config.lora_weight_decay, **memory
-        ),
+        "icl": lambda: ICL(base, tools, config.shots, decode),
+        "rag": lambda: ToolRAG(base, tools, config.rag_k, config.shots, decode=decode),
+        "native": lambda: NativeTools(base, tools, decode=decode),
+        "native-retrieved": lambda: NativeTools(base, tools, config.rag_k, decode=decode),
+        "lora": lambda: LoRA(base, train, lora, decode),
+        "replay": lambda: Replay(base, replay, train=train, lora=lora, decode=decode),
+        "tokmem-noadapt": lambda: TokMem(base, train, **memory),
+        "tokmem": lambda: TokMem(adapted, train, **memory),
+        "tokmem-better": lambda: TokMem(adapted, replace(train, **BETTER_RECIPE), **memory),
+        "tokmem-noschema": lambda: TokMem(adapted, train, **memory | dict(decode=replace(decode, schema=False))),
+        "tokmem-roundnorm": lambda: TokMem(adapted, replace(train, renorm_every_step=False), **memory),
+        "tokmem-norenorm": lambda: TokMem(adapted, replace(train, renormalize=False), **memory),
+        "tokmem-unfrozen": lambda: UnfrozenTokMem(adapted, lora, train=train, **memory),
     }
     return factories[name]()
 
