@@ -4,15 +4,20 @@ when the examples are tool calls."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 from tokmem.eval import metrics
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig, Generation, generate
 from tokmem.model import TokMemModel
-from tokmem.sequences import RESULT_TOKENS
+
+# How examples whose steps carry results are answered: (model, examples, config) -> ``tool_loop.loop_scores``' dict
+Loop = Callable[[TokMemModel, list[Example], DecodeConfig], dict]
 
 
-def evaluate(model: TokMemModel, examples: list[Example], config: DecodeConfig | None = None) -> dict:
+def evaluate(
+    model: TokMemModel, examples: list[Example], config: DecodeConfig | None = None, loop: Loop | None = None
+) -> dict:
     """Generate an answer for every example and score it.
 
     routing_accuracy: the first memory token chosen is the first gold procedure (all examples).
@@ -21,9 +26,10 @@ def evaluate(model: TokMemModel, examples: list[Example], config: DecodeConfig |
                       exact match compares the parsed calls (JSON as objects: key order and spacing do not matter).
     per_procedure:    the same scores for the single-step examples of each procedure.
     calls:            when every gold step is a tool call (``{"name", "arguments"}`` JSON), tool / argument /
-                      call F1 by number of calls (``metrics.call_scores``); else None.  Examples whose steps carry
-                      results run the tool loop end to end (``tool_loop``: each call answered with its recorded
-                      result), the others are generated whole.
+                      call F1 by number of calls (``metrics.call_scores``); else None.  With ``loop``
+                      (``tokmem.studies.tool_loop.model_loop``, as ``tokmem eval`` passes), examples whose steps
+                      carry results run the tool loop end to end, each call answered with its recorded result; the
+                      others, and all without ``loop``, are generated whole.
     calls_per_step:   for the examples whose steps carry results, the same F1 per step (the gold earlier calls and
                       their results in context, as the tool-loop study scores); else None.
     """
@@ -31,7 +37,8 @@ def evaluate(model: TokMemModel, examples: list[Example], config: DecodeConfig |
     generations = generate(model, [e.query for e in examples], config)
     tools = are_tool_calls(examples)
     looped = [i for i, e in enumerate(examples) if tools and all(s.result is not None for s in e.steps)]
-    loop = _tool_loop(model, [examples[i] for i in looped], config) if looped else None
+    loop = loop(model, [examples[i] for i in looped], config) if loop and looped else None
+    looped = looped if loop else []
     calls = [[s.text for s in g.trace] for g in generations] if tools else [None] * len(examples)
     for i, sample in zip(looped, loop["samples"] if loop else []):
         calls[i] = sample["end_to_end"]
@@ -51,17 +58,6 @@ def evaluate(model: TokMemModel, examples: list[Example], config: DecodeConfig |
         "calls_per_step": loop["step"] if loop else None,
         "predictions": rows,
     }
-
-
-def _tool_loop(model: TokMemModel, examples: list[Example], config: DecodeConfig) -> dict:
-    """The tool-loop study's scores of examples whose steps carry results (``tool_loop.loop_scores``): per step and
-    end to end, each record's calls answered with its recorded results, for one more call than the longest record."""
-    from tokmem.methods.tokmem import TokMem
-    from tokmem.studies.harness import PhaseBars
-    from tokmem.studies.tool_loop import loop_scores
-
-    method = TokMem.trained(model, config)
-    return loop_scores(method, examples, max(len(e.steps) for e in examples) + 1, RESULT_TOKENS, PhaseBars(False))
 
 
 def _routes(generations: list[Generation], looped: list[int], loop: dict | None) -> list[list[str]]:

@@ -38,8 +38,9 @@ from tokmem.eval.evaluate import score_calls
 from tokmem.methods.method import Method
 from tokmem.methods.native import NativeTools
 from tokmem.methods.tokmem import TokMem
-from tokmem.sequences import chat_prefix, result_ids
-from tokmem.studies.harness import answering_cost
+from tokmem.model import TokMemModel
+from tokmem.sequences import RESULT_TOKENS, chat_prefix, result_ids
+from tokmem.studies.harness import PhaseBars, answering_cost
 
 NO_RECORDED_RESPONSE = '{"error":"no recorded response for this call: its tool or arguments differ from the gold call"}'
 History = list[tuple[str, str]]  # (call JSON text, its result) of the calls so far
@@ -212,3 +213,10 @@ def loop_scores(method: Method, examples: list[Example], max_calls: int, result_
             for e, p, q in zip(examples, steps, loops)
         ],
     }
+
+
+def model_loop(model: TokMemModel, examples: list[Example], config: DecodeConfig) -> dict:
+    """``loop_scores`` of a trained bank (``evaluate``'s ``loop``, what ``tokmem eval`` runs): per step and end to
+    end, each record's calls answered with its recorded results, for one more call than the longest record."""
+    method = TokMem.trained(model, config)
+    return loop_scores(method, examples, max(len(e.steps) for e in examples) + 1, RESULT_TOKENS, PhaseBars(False))
