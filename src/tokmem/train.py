@@ -257,16 +257,12 @@ def fit(
     total = len(steps)
     prefixes = prefix_store(model, config, steps)
     rows = model.unfreeze_rows() if model.bank.trainable.any() else []
-    groups = [{"params": rows}] if rows else []
-    optimizer = torch.optim.AdamW([*groups, *param_groups], lr=config.lr, weight_decay=config.weight_decay)
-    scheduler = lr_scheduler(optimizer, total, config.schedule, config.warmup)
-    bar = tqdm(
-        total=total,
-        desc="training memory",
-        unit="step",
-        disable=not (config.progress and distributed.is_main()),
-        dynamic_ncols=True,
+    optimizer = torch.optim.AdamW(
+        [*([{"params": rows}] if rows else []), *param_groups], lr=config.lr, weight_decay=config.weight_decay
     )
+    scheduler = lr_scheduler(optimizer, total, config.schedule, config.warmup)
+    quiet = not (config.progress and distributed.is_main())
+    bar = tqdm(total=total, desc="training memory", unit="step", disable=quiet, dynamic_ncols=True)
     start = time.perf_counter()
     try:
         for step in steps:
@@ -280,16 +276,21 @@ def fit(
             bar.update()
             if on_step is not None:
                 on_step(report.steps, total)
-            if config.checkpoint and config.checkpoint_every and report.steps % config.checkpoint_every == 0:
-                model.write_rows()
-                if distributed.is_main():
-                    model.bank.save(config.checkpoint)
+            _checkpoint(model, config, report.steps)
     finally:
         bar.close()
         report.prefix_cache_bytes = prefixes.used if prefixes else 0
         if rows:
             model.commit_rows()
     return report
+
+
+def _checkpoint(model: TokMemModel, config: TrainConfig, steps: int) -> None:
+    """The bank saved to ``config.checkpoint`` every ``checkpoint_every`` steps (by the main process)."""
+    if config.checkpoint and config.checkpoint_every and steps % config.checkpoint_every == 0:
+        model.write_rows()
+        if distributed.is_main():
+            model.bank.save(config.checkpoint)
 
 
 def prefix_store(model: TokMemModel, config: TrainConfig, steps: list[list[int]]) -> PrefixStore | None:
