@@ -23,7 +23,7 @@ from tokmem.decode import DecodeConfig, generate
 from tokmem.eval.evaluate import evaluate
 from tokmem.sequences import chat_prefix
 from tokmem.model import TokMemModel, create
-from tokmem.report import console, machine, percent, trace_table
+from tokmem.report import console, machine, numbers_table, percent, trace_table
 from tokmem.train import TrainConfig, learn
 
 DECODE = DecodeConfig(max_new_tokens=32, max_steps=3)
@@ -161,9 +161,8 @@ def learn_builtin(config: DemoConfig, train_set: list[Example], device: str | No
 
 def procedure_table(result: dict, instructed: dict, catalog: dict) -> Table:
     """Per procedure: TokMem's routing and exact match beside the instructed backbone's exact match."""
-    table = Table(title="held-out queries: exact match")
-    for column in ("procedure", "n", "TokMem routing", "TokMem", "+ its instruction", "+ all instructions"):
-        table.add_column(column, justify="left" if column == "procedure" else "right")
+    columns = ("procedure", "n", "TokMem routing", "TokMem", "+ its instruction", "+ all instructions")
+    table = numbers_table("held-out queries: exact match", columns)
     for name, row in result["per_procedure"].items():
         table.add_row(
             name,
@@ -190,9 +189,7 @@ def method_table(
 ) -> Table:
     """TokMem against the same backbone reading written instructions instead of memory tokens."""
     title = f"TokMem against the instructed backbone ({result['examples']} held-out queries, {result['chain_examples']} chains)"
-    table = Table(title=title)
-    for column in ("method", "routing", "exact match", "chains: exact match", "prompt tokens / query"):
-        table.add_column(column, justify="left" if column == "method" else "right")
+    table = numbers_table(title, ("method", "routing", "exact match", "chains: exact match", "prompt tokens / query"))
     table.add_row(
         "TokMem (memory tokens)",
         percent(result["routing_accuracy"]),

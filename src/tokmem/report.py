@@ -51,11 +51,17 @@ def print_fallbacks(fallbacks: int, total: int, what: str, more_training: str) -
         )
 
 
+def numbers_table(title: str, columns: tuple[str, ...]) -> Table:
+    """A table whose first column names its rows (left) and whose others hold numbers (right)."""
+    table = Table(title=title)
+    for k, column in enumerate(columns):
+        table.add_column(column, justify="right" if k else "left")
+    return table
+
+
 def scores_table(title: str, result: dict) -> Table:
     """Per-procedure routing / exact match / ROUGE-L, then the overall row."""
-    table = Table(title=title)
-    for column in ("procedure", "n", "routing", "exact match", "ROUGE-L"):
-        table.add_column(column, justify="left" if column == "procedure" else "right")
+    table = numbers_table(title, ("procedure", "n", "routing", "exact match", "ROUGE-L"))
     for name, row in result["per_procedure"].items():
         table.add_row(
             name,
