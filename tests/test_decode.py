@@ -13,7 +13,8 @@ from helpers import QUERIES, random_rows
 import tokmem
 from tokmem import DecodeConfig
 from tokmem.methods.method import first_block
-from tokmem.decode import BlankLineStop, HeldPrefix, complete
+from tokmem.decode import HeldPrefix, complete
+from tokmem.stops import BlankLineStop
 from tokmem.sequences import chat_prefix, chat_turns, positions
 
 

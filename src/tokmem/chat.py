@@ -28,7 +28,8 @@ import torch
 from transformers import DynamicCache
 
 from tokmem.data.procedures import arguments_json, schema_order
-from tokmem.decode import DecodeConfig, decode_rows, left_pad, left_pad_columns, to_generation
+from tokmem.batch import join_caches, left_pad
+from tokmem.decode import DecodeConfig, decode_rows, to_generation
 from tokmem.errors import DataError, cut, listed
 from tokmem.sequences import RESULT_TOKENS, chat_prefix, result_ids, user_turn_ids
 from tokmem.model import TokMemModel
@@ -154,34 +155,14 @@ def _answer(model, ids, turns, caches, tools, tool_choice, config) -> list[Reply
 
 def _batch_cache(model, caches, ids) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
     """(the tokens still to encode, left-padded; the attention mask over the cache and them; one KV cache): each
-    conversation's reusable part (``_reuse``) left-padded to the widest.  Sets each cache's ``prefilled``."""
+    conversation's reusable part (``_reuse``) joined (``batch.join_caches``).  Sets each cache's ``prefilled``."""
     reused = [_reuse(model, cache, row) for cache, row in zip(caches, ids)]
     for cache, (new, _) in zip(caches, reused):
         cache.prefilled = len(new)
     new, new_mask = left_pad([new for new, _ in reused], model.backbone.tokenizer.pad_token_id, model.device)
-    held = [kv.get_seq_length() for _, kv in reused]
-    width = max(held)
-    starts = width - torch.tensor(held, device=model.device).unsqueeze(-1)
-    mask = (torch.arange(width, device=model.device) >= starts).long()
-    batch = DynamicCache(config=model.lm.config)
-    if width:
-        filled = next(kv for (_, kv), n in zip(reused, held) if n)
-        for layer, like in enumerate(filled.layers):
-            keys, values = zip(*(_layer_states(kv, layer, like) for _, kv in reused))
-            batch.update(
-                torch.cat([left_pad_columns(k, width) for k in keys]),
-                torch.cat([left_pad_columns(v, width) for v in values]),
-                layer,
-            )
+    held = [(kv, new_mask.new_ones(1, kv.get_seq_length())) for _, kv in reused]
+    batch, mask = join_caches(held, into=DynamicCache(config=model.lm.config))
     return new, torch.cat([mask, new_mask], dim=-1), batch
-
-
-def _layer_states(kv: DynamicCache, layer: int, like) -> tuple[torch.Tensor, torch.Tensor]:
-    """A cache's keys and values at ``layer``; a cache that holds nothing gives none (zero columns, shaped as the
-    layer ``like`` of another cache)."""
-    if kv.get_seq_length():
-        return kv.layers[layer].keys, kv.layers[layer].values
-    return like.keys[:, :, :0], like.values[:, :, :0]
 
 
 def _row_cache(model: TokMemModel, kv: DynamicCache, mask: torch.Tensor, row: int) -> DynamicCache:
