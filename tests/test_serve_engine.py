@@ -118,7 +118,8 @@ def test_rows_leave_when_done_cancelled_or_timed_out_and_unused_cache_columns_ar
     long_prompt.cancel()
     engine.step()
     assert long_prompt.finish_reason == "cancelled" and engine.running == 1
-    assert engine.batch.rows.mask.shape[1] < width - 20 and engine.batch.rows.mask.all()  # the long prompt's columns are gone
+    mask = engine.batch.rows.mask
+    assert mask.shape[1] < width - 20 and mask.all()  # the long prompt's columns are gone
     run(engine, short)
     assert short.finish_reason == "length" and len(short.tokens) == 40 and engine.batch is None
 
