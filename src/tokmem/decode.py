@@ -6,7 +6,10 @@ After the query the model predicts over vocab ∪ bank.  If the memory tokens' t
 token (chaining, up to ``max_steps`` segments) or EOS.  Below the threshold the query does not match
 any procedure and the model answers as the plain backbone (open set).
 
-Queries are decoded in batches (left-padded) with one KV cache: every step feeds one new token.
+Queries are decoded in batches (left-padded) with one KV cache (``tokmem.batch.DecodeBatch``): ``prefill`` encodes
+the rows and picks their first tokens, ``step`` feeds one new token a row and picks the next.  They are the one
+decoding loop's two halves: ``generate`` and ``tokmem.chat`` (through ``decode_rows``) and the server's engine run
+them, each with its own stopping rules (``tokmem.stops`` here; a served request's in ``serve.engine.Handle``).
 
 After a tool row's memory token, where the bank keeps the tool's JSON schema, the arguments decode under it
 (``tokmem.grammar``; ``DecodeConfig(schema=False)`` switches that off): each row its own grammar, the masks
