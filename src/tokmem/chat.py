@@ -1,12 +1,12 @@
 """The tool-calling loop: ``chat`` answers one assistant turn of an OpenAI-style conversation, with text or with tool
 calls; ``run_tools`` runs the whole loop (call → the user's executor → result → next call or answer).
 
-A conversation is laid out by the layout training lays out a chain with results by (``tokmem.sequences.turn_ids``):
-the messages up to the first tool calls through the chat template, then its turns: per assistant turn with
-``tool_calls`` each call's memory token and its arguments and EOS, then the ``role: "tool"`` results and the next
-assistant header (``Calls``).  So a bank trained on steps with results meets, at run time, exactly the tokens it was
-trained on.  An answer in words after the results (its text, EOS: ``Answer``) may be followed by the user's next
-turn (``UserTurns``) and more calls.
+A conversation is laid out as training lays out a chain with results, by the same function
+(``tokmem.sequences.turn_ids``): the messages up to the first tool calls through the chat template, then per
+assistant turn with ``tool_calls`` each call's memory token and its arguments and EOS, then the ``role: "tool"``
+results and the next assistant header (``Calls``).  So a bank trained on steps with results meets, at run time,
+exactly the tokens it was trained on.  An answer in words after the results (its text, EOS: ``Answer``) may be
+followed by the user's next turn (``UserTurns``) and more calls.
 
 The model answers with tool calls when its turn starts with a tool row's memory token (the name comes from the
 row, the arguments are what follows, under the tool's schema where the bank has one); several calls chain in one
