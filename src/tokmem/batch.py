@@ -32,7 +32,7 @@ def left_pad(prefixes: list[list[int]], pad_id: int, device) -> tuple[torch.Tens
 
 def left_pad_columns(states: torch.Tensor, width: int) -> torch.Tensor:
     """Left-pad cached keys or values (batch, heads, columns, head dim) to ``width`` columns."""
-    return torch.nn.functional.pad(states, (0, 0, width - states.shape[2], 0))
+    return pad(states, (0, 0, width - states.shape[2], 0))
 
 
 def join_caches(
