@@ -37,7 +37,7 @@ from tokmem.backbones import Backbone, load_backbone
 from tokmem.bank_format import metadata_path
 from tokmem.methods.rag import demonstration_prompt
 from tokmem.data.builtin import catalog, make_example
-from tokmem.decode import left_pad
+from tokmem.batch import left_pad
 from tokmem.sequences import chat_prefix, positions
 from tokmem.report import console, machine, write_json
 from tokmem.serve.banks import BankRegistry

@@ -45,16 +45,28 @@ CONVERSATION = [
 ]
 
 
+CHAIN = Example(  # CONVERSATION as training data
+    "Weather in Rome, then count.",
+    (
+        Step("city", '{"name":"city","arguments":{"city":"Rome"}}', result="sunny"),
+        Step("count", '{"name":"count","arguments":{"n":3}}', result="3 apples"),
+    ),
+)
+
+
 def test_a_conversation_is_laid_out_exactly_as_training_lays_out_the_chain_with_results(model):
-    example = Example(
-        "Weather in Rome, then count.",
-        (
-            Step("city", '{"name":"city","arguments":{"city":"Rome"}}', result="sunny"),
-            Step("count", '{"name":"count","arguments":{"n":3}}', result="3 apples"),
-        ),
-    )
-    trained = encode(example, model.backbone.tokenizer, model.memory_id, 1024, tools=model.bank.tool_schemas())
+    trained = encode(CHAIN, model.backbone.tokenizer, model.memory_id, 1024, tools=model.bank.tool_schemas())
     assert conversation_ids(model, CONVERSATION) == trained.input_ids[:-1]  # all but the final answer's EOS
+
+
+@pytest.mark.slow
+def test_a_conversation_on_qwen_is_laid_out_as_training_lays_it_out_with_results_in_tool_response_tags(qwen):
+    model = tokmem.create(qwen)
+    model.bank.add(["city", "count"], qwen.mean_embedding(), kinds=["tool", "tool"], schemas=[CITY, COUNT])
+    trained = encode(CHAIN, qwen.tokenizer, model.memory_id, 1024, tools=model.bank.tool_schemas())
+    ids = conversation_ids(model, CONVERSATION)
+    assert ids == trained.input_ids[:-1]
+    assert qwen.tokenizer.decode(ids).count("<tool_response>") == 2
 
 
 def test_the_second_turn_encodes_only_the_new_tokens_and_answers_as_from_scratch(model):

@@ -9,11 +9,14 @@ from dataclasses import replace
 import pytest
 import torch
 from helpers import QUERIES, random_rows
+from transformers import DynamicCache
 
 import tokmem
 from tokmem import DecodeConfig
 from tokmem.methods.method import first_block
-from tokmem.decode import BlankLineStop, HeldPrefix, complete
+from tokmem.batch import left_pad
+from tokmem.decode import HeldPrefix, complete, decode_rows
+from tokmem.stops import BlankLineStop
 from tokmem.sequences import chat_prefix, chat_turns, positions
 
 
@@ -300,3 +303,31 @@ def test_stopping_at_a_blank_line_keeps_the_text_up_to_it(lively_backbone):
     stopped = [g.text for g in tokmem.generate(model, queries, replace(config, stop_at_blank_line=True))]
     assert [first_block(t) for t in stopped] == [first_block(t) for t in whole]
     assert all(whole_text.startswith(text) for text, whole_text in zip(stopped, whole))
+
+
+class EndAt:
+    """A stopping rule (``tokmem.stops``' shape) that ends row ``row`` at its ``count``-th token."""
+
+    def __init__(self, row: int, count: int):
+        self.row, self.count, self.seen = row, count, 0
+
+    def update(self, token: torch.Tensor) -> torch.Tensor:
+        self.seen += 1
+        done = torch.zeros_like(token, dtype=torch.bool)
+        done[self.row] = self.seen == self.count
+        return done
+
+
+def test_a_stopping_rule_ends_its_row_and_the_other_rows_decode_as_without_it(model):
+    tokenizer, eos = model.backbone.tokenizer, model.backbone.eos_token_id
+    ids, mask = left_pad([chat_prefix(tokenizer, q) for q in QUERIES[:3]], tokenizer.pad_token_id, model.device)
+    config = DecodeConfig(max_new_tokens=16, threshold=0.0)
+
+    def run(stops) -> list[list[int]]:
+        cache, forced = DynamicCache(config=model.lm.config), torch.full((3,), -1)
+        return decode_rows(model, ids, mask, cache, config, forced, torch.Generator(), stops=stops)[0]
+
+    free, stopped = run(()), run([EndAt(row=1, count=3)])
+    assert eos not in free[1][:4]  # the rule, not EOS, ends the row
+    assert stopped[1][:3] == free[1][:3] and set(stopped[1][3:]) <= {eos}
+    assert all(stopped[i] == free[i][: len(stopped[i])] for i in (0, 2))

@@ -114,11 +114,12 @@ def test_rows_leave_when_done_cancelled_or_timed_out_and_unused_cache_columns_ar
     timed = engine.submit(request(registry, "beta", "hi", max_tokens=40, ignore_eos=True, timeout=0.0))
     engine.step()
     assert timed.finish_reason == "timeout" and engine.running == 2
-    width = engine.batch.mask.shape[1]
+    width = engine.batch.rows.mask.shape[1]
     long_prompt.cancel()
     engine.step()
     assert long_prompt.finish_reason == "cancelled" and engine.running == 1
-    assert engine.batch.mask.shape[1] < width - 20 and engine.batch.mask.all()  # the long prompt's columns are gone
+    mask = engine.batch.rows.mask
+    assert mask.shape[1] < width - 20 and mask.all()  # the long prompt's columns are gone
     run(engine, short)
     assert short.finish_reason == "length" and len(short.tokens) == 40 and engine.batch is None
 

@@ -1,11 +1,12 @@
 """The tool-calling loop: ``chat`` answers one assistant turn of an OpenAI-style conversation, with text or with tool
 calls; ``run_tools`` runs the whole loop (call → the user's executor → result → next call or answer).
 
-A conversation is laid out as training lays out a chain with results (``tokmem.sequences``): the messages up to the
-first tool calls through the chat template, then per assistant turn with ``tool_calls`` each call's memory token and
-its arguments and EOS, then the ``role: "tool"`` results (``result_ids``) and the next assistant header.  So a bank
-trained on steps with results meets, at run time, exactly the tokens it was trained on.  An answer in words after
-the results (its text, EOS) may be followed by the user's next turn (``user_turn_ids``) and more calls.
+A conversation is laid out as training lays out a chain with results, by the same function
+(``tokmem.sequences.turn_ids``): the messages up to the first tool calls through the chat template, then per
+assistant turn with ``tool_calls`` each call's memory token and its arguments and EOS, then the ``role: "tool"``
+results and the next assistant header (``Calls``).  So a bank trained on steps with results meets, at run time,
+exactly the tokens it was trained on.  An answer in words after the results (its text, EOS: ``Answer``) may be
+followed by the user's next turn (``UserTurns``) and more calls.
 
 The model answers with tool calls when its turn starts with a tool row's memory token (the name comes from the
 row, the arguments are what follows, under the tool's schema where the bank has one); several calls chain in one
@@ -27,10 +28,10 @@ from dataclasses import dataclass, field, replace
 import torch
 from transformers import DynamicCache
 
-from tokmem.data.procedures import arguments_json, schema_order
-from tokmem.decode import DecodeConfig, decode_rows, left_pad, left_pad_columns, to_generation
+from tokmem.batch import join_caches, left_pad
+from tokmem.decode import DecodeConfig, decode_rows, to_generation
 from tokmem.errors import DataError, cut, listed
-from tokmem.sequences import RESULT_TOKENS, chat_prefix, result_ids, user_turn_ids
+from tokmem.sequences import RESULT_TOKENS, Answer, Calls, UserTurns, chat_prefix, tool_call_ids, turn_ids
 from tokmem.model import TokMemModel
 
 
@@ -154,34 +155,14 @@ def _answer(model, ids, turns, caches, tools, tool_choice, config) -> list[Reply
 
 def _batch_cache(model, caches, ids) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
     """(the tokens still to encode, left-padded; the attention mask over the cache and them; one KV cache): each
-    conversation's reusable part (``_reuse``) left-padded to the widest.  Sets each cache's ``prefilled``."""
+    conversation's reusable part (``_reuse``) joined (``batch.join_caches``).  Sets each cache's ``prefilled``."""
     reused = [_reuse(model, cache, row) for cache, row in zip(caches, ids)]
     for cache, (new, _) in zip(caches, reused):
         cache.prefilled = len(new)
     new, new_mask = left_pad([new for new, _ in reused], model.backbone.tokenizer.pad_token_id, model.device)
-    held = [kv.get_seq_length() for _, kv in reused]
-    width = max(held)
-    starts = width - torch.tensor(held, device=model.device).unsqueeze(-1)
-    mask = (torch.arange(width, device=model.device) >= starts).long()
-    batch = DynamicCache(config=model.lm.config)
-    if width:
-        filled = next(kv for (_, kv), n in zip(reused, held) if n)
-        for layer, like in enumerate(filled.layers):
-            keys, values = zip(*(_layer_states(kv, layer, like) for _, kv in reused))
-            batch.update(
-                torch.cat([left_pad_columns(k, width) for k in keys]),
-                torch.cat([left_pad_columns(v, width) for v in values]),
-                layer,
-            )
+    held = [(kv, new_mask.new_ones(1, kv.get_seq_length())) for _, kv in reused]
+    batch, mask = join_caches(held, into=DynamicCache(config=model.lm.config))
     return new, torch.cat([mask, new_mask], dim=-1), batch
-
-
-def _layer_states(kv: DynamicCache, layer: int, like) -> tuple[torch.Tensor, torch.Tensor]:
-    """A cache's keys and values at ``layer``; a cache that holds nothing gives none (zero columns, shaped as the
-    layer ``like`` of another cache)."""
-    if kv.get_seq_length():
-        return kv.layers[layer].keys, kv.layers[layer].values
-    return like.keys[:, :, :0], like.values[:, :, :0]
 
 
 def _row_cache(model: TokMemModel, kv: DynamicCache, mask: torch.Tensor, row: int) -> DynamicCache:
@@ -219,47 +200,46 @@ def conversation_ids(model: TokMemModel, messages: list[dict], result_tokens: in
     """The conversation's tokens up to where the assistant answers next (see the module's docstring).
 
     After the first tool calls the conversation may go on: more calls and their results, the assistant's answer
-    in words (its text, then EOS, as decoding ends it), and the user's next messages (``user_turn_ids``)."""
+    in words (its text, then EOS, as decoding ends it), and the user's next messages (``UserTurns``)."""
     tokenizer = model.backbone.tokenizer
     first_call = next((i for i, m in enumerate(messages) if _calls(m)), len(messages))
     if first_call == 0:
         raise DataError(
             "messages[0]: the conversation must start with the messages the tool calls answer (a user turn)"
         )
-    ids = chat_prefix(tokenizer, [_text_message(m, i) for i, m in enumerate(messages[:first_call])])
-    i, answered = first_call, False  # answered: the assistant's turn has ended in words, a user turn is next
+    prefix = chat_prefix(tokenizer, [_text_message(m, i) for i, m in enumerate(messages[:first_call])])
+    return prefix + turn_ids(tokenizer, _turns(model, messages, first_call), result_tokens)[0]
+
+
+def _turns(model: TokMemModel, messages: list[dict], i: int) -> list:
+    """The turns (``tokmem.sequences``: ``Calls``, ``Answer``, ``UserTurns``) of ``messages`` from ``i``, the first
+    tool calls, on; a message out of place is a ``DataError`` naming it."""
+    turns: list = []
     while i < len(messages):
         message, calls = messages[i], _calls(messages[i])
-        if answered:
+        if turns and isinstance(turns[-1], Answer):  # the assistant's turn has ended in words: a user turn is next
             users = list(itertools.takewhile(lambda m: isinstance(m, dict) and m.get("role") == "user", messages[i:]))
             if not users:
                 raise DataError(f"messages[{i}]: after the assistant's answer, a user turn must come next")
-            ids += user_turn_ids(tokenizer, [_text_message(m, i + k)["content"] for k, m in enumerate(users)])
-            i, answered = i + len(users), False
+            turns.append(UserTurns([_text_message(m, i + k)["content"] for k, m in enumerate(users)]))
+            i += len(users)
         elif calls:
-            ids += [
-                token
-                for k, call in enumerate(calls)
-                for token in _call_ids(model, call, f"messages[{i}].tool_calls[{k}]")
-            ]
-            ids.append(tokenizer.eos_token_id)
-            results = _results(messages, i + 1, [call.get("id") for call in calls])
-            ids += result_ids(tokenizer, results, result_tokens)
-            i += 1 + len(results)
+            laid_out = [_call_ids(model, call, f"messages[{i}].tool_calls[{k}]") for k, call in enumerate(calls)]
+            turns.append(Calls(laid_out, _results(messages, i + 1, [call.get("id") for call in calls])))
+            i += 1 + len(calls)
         elif isinstance(message, dict) and message.get("role") == "assistant":
-            content = message.get("content") or ""
-            if not isinstance(content, str):
+            if not isinstance(message.get("content") or "", str):
                 raise DataError(f"messages[{i}].content: must be a string")
-            ids += tokenizer(content, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            i, answered = i + 1, True
+            turns.append(Answer(message.get("content") or ""))
+            i += 1
         else:
             raise DataError(
                 f"messages[{i}]: after tool results, the assistant answers (tool calls or words) before the next "
                 "user turn; system messages and unanswered tool results cannot come here"
             )
-    if answered:
+    if turns and isinstance(turns[-1], Answer):
         raise DataError(f"messages[{len(messages) - 1}]: the conversation ends with the assistant's answer")
-    return ids
+    return turns
 
 
 def _calls(message) -> list:
@@ -301,8 +281,7 @@ def _laid_out_call(model: TokMemModel, call, where: str) -> list[int]:
     if not isinstance(arguments, dict):
         raise DataError(f"{where}.function.arguments: must be a JSON object as text")
     schema = model.bank.schemas[model.bank.row(name)]
-    text = arguments_json(arguments if schema is None else schema_order(arguments, schema))
-    return [model.memory_id(name), *model.backbone.tokenizer(text, add_special_tokens=False)["input_ids"]]
+    return tool_call_ids(model.backbone.tokenizer, model.memory_id(name), arguments, schema)
 
 
 def _results(messages: list[dict], start: int, call_ids: list) -> list[str]:

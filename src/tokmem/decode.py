@@ -6,7 +6,10 @@ After the query the model predicts over vocab ∪ bank.  If the memory tokens' t
 token (chaining, up to ``max_steps`` segments) or EOS.  Below the threshold the query does not match
 any procedure and the model answers as the plain backbone (open set).
 
-Queries are decoded in batches (left-padded) with one KV cache: every step feeds one new token.
+Queries are decoded in batches (left-padded) with one KV cache (``tokmem.batch.DecodeBatch``): ``prefill`` encodes
+the rows and picks their first tokens, ``step`` feeds one new token a row and picks the next.  They are the one
+decoding loop's two halves: ``generate`` and ``tokmem.chat`` (through ``decode_rows``) and the server's engine run
+them, each with its own stopping rules (``tokmem.stops`` here; a served request's in ``serve.engine.Handle``).
 
 After a tool row's memory token, where the bank keeps the tool's JSON schema, the arguments decode under it
 (``tokmem.grammar``; ``DecodeConfig(schema=False)`` switches that off): each row its own grammar, the masks
@@ -19,17 +22,18 @@ assistant header) with vocabulary tokens only: the studies that place the rows d
 from __future__ import annotations
 
 import copy
-import functools
 import os
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
+from tokmem.batch import DecodeBatch, left_pad
 from tokmem.config import option
 from tokmem.data.procedures import assemble_call
 from tokmem.sequences import chat_prefix, positions
 from tokmem.model import TokMemModel
+from tokmem.stops import BlankLineStop, EndOfSequence, stopped
 
 
 @dataclass
@@ -133,22 +137,6 @@ def pad_queries(model: TokMemModel, queries: list[str]):
     return left_pad([chat_prefix(tokenizer, q) for q in queries], tokenizer.pad_token_id, model.device)
 
 
-def left_pad(prefixes: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, attention mask) of token lists padded on the left to one width."""
-    width = max(map(len, prefixes))
-    ids = torch.full((len(prefixes), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prefixes):
-        ids[i, width - len(p) :] = torch.tensor(p)
-        mask[i, width - len(p) :] = 1
-    return ids.to(device), mask.to(device)
-
-
-def left_pad_columns(states: torch.Tensor, width: int) -> torch.Tensor:
-    """Left-pad cached keys or values (batch, heads, columns, head dim) to ``width`` columns."""
-    return torch.nn.functional.pad(states, (0, 0, width - states.shape[2], 0))
-
-
 @torch.no_grad()
 def route(model: TokMemModel, queries: list[str], k: int = 3, batch_size: int = 16) -> list[Route]:
     """The top-k procedures for each query, with probabilities renormalised over the memory tokens."""
@@ -247,12 +235,6 @@ def first_token_logits(logits, vocab, threshold, has_rows, forced):
     return logits.masked_fill(~allowed, float("-inf")), plain, mass
 
 
-def first_tokens(logits, vocab, threshold, has_rows, forced, temperature, generator):
-    """The first answer token of each row at the routing position: (token, plain, memory mass); see ``first_token_logits``."""
-    allowed, plain, mass = first_token_logits(logits, vocab, threshold, has_rows, forced)
-    return pick(allowed, temperature, generator), plain, mass
-
-
 def next_token_logits(logits, vocab, blocked):
     """``logits`` with the memory columns of ``blocked`` rows (open set, or at their segment limit) at -inf."""
     memory = torch.arange(logits.shape[-1], device=logits.device) >= vocab
@@ -265,41 +247,6 @@ def next_tokens(logits, vocab, blocked, temperature, generator, top_p=None, gene
     return pick(next_token_logits(logits, vocab, blocked), temperature, generator, top_p, generators)
 
 
-class BlankLineStop:
-    """Finds the rows whose text has reached a blank line (``"\n\n"``) after its first non-blank character.
-
-    Prompted baselines separate requests with a blank line and keep an answer's text up to it (``first_block``),
-    so decoding a row further is wasted work.  A blank line lies within one token or across two (one ending,
-    the next starting with a newline); the tables say which tokens do what, over the vocabulary's texts.
-    """
-
-    def __init__(self, tokenizer, vocab: int, device):
-        self.vocab = vocab
-        self.tables = [table.to(device) for table in _newline_tables(tokenizer, vocab)]
-        self.started = self.after_newline = None  # per row: some text seen; the text so far ends with a newline
-
-    def update(self, token: torch.Tensor) -> torch.Tensor:
-        """Feed each row's new token; True for the rows whose text now has a blank line after some text."""
-        is_text = token < self.vocab  # memory tokens are no text
-        t = token.clamp(max=self.vocab - 1)
-        blank, blank_after_text, has_text, ends, starts = (table[t] & is_text for table in self.tables)
-        if self.started is None:
-            self.started, self.after_newline = torch.zeros_like(is_text), torch.zeros_like(is_text)
-        stop = torch.where(self.started, blank | (self.after_newline & starts), blank_after_text)
-        self.started = self.started | has_text
-        self.after_newline = torch.where(is_text, ends, self.after_newline)
-        return stop
-
-
-@functools.lru_cache(maxsize=4)
-def _newline_tables(tokenizer, vocab: int) -> tuple[torch.Tensor, ...]:
-    """Per token: has a blank line; has one after its first non-blank character; has a non-blank character;
-    ends with a newline; starts with one."""
-    texts = [tokenizer.decode([i]) for i in range(vocab)]
-    rows = [("\n\n" in t, "\n\n" in t.lstrip(), bool(t.strip()), t.endswith("\n"), t.startswith("\n")) for t in texts]
-    return tuple(torch.tensor(column, dtype=torch.bool) for column in zip(*rows))
-
-
 def _generate_batch(model, queries, prompts, config, forced, generator, shared) -> list[Generation]:
     """Decode one batch: ``prompts`` are the queries' token ids, ``shared`` the KV cache of a prefix they all start with."""
     skip = 0 if shared is None else shared.get_seq_length()
@@ -310,61 +257,114 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
         cache.batch_repeat_interleave(len(prompts))
         mask = torch.cat([mask.new_ones(len(prompts), skip), mask], dim=-1)
     forced = torch.full((len(queries),), -1 if forced is None else forced, device=ids.device)
-    rows, mass, plain, _, _ = decode_rows(model, ids, mask, cache, config, forced, generator)
+    stops = [BlankLineStop(model.backbone.tokenizer, model.vocab_size, ids.device)] if config.stop_at_blank_line else []
+    rows, mass, plain, _, _ = decode_rows(model, ids, mask, cache, config, forced, generator, stops=stops)
     return [
         to_generation(model, q, row, float(m), not p)
         for q, row, m, p in zip(queries, rows, mass.tolist(), plain.tolist())
     ]
 
 
-def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None, schemas=None):
+def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None, schemas=None, stops=()):
     """Encode ``ids`` (the new tokens of each row, after what ``cache`` holds; ``mask`` covers both) and decode each row
-    up to EOS or ``config.max_new_tokens``: the rows' token lists (EOS included; a row done before the others is
-    filled with EOS), their memory mass, which rows answer as the plain backbone, the cache (it holds every token
-    fed, i.e. all but each row's last) and its attention mask (0 where a column is padding or fed after a row was done).
+    until a stopping rule ends it (EOS, and ``stops``: objects of ``tokmem.stops``) or ``config.max_new_tokens``: the
+    rows' token lists (EOS included; a row done before the others is filled with EOS), their memory mass, which rows
+    answer as the plain backbone, the cache (it holds every token fed, i.e. all but each row's last) and its attention
+    mask (0 where a column is padding or fed after a row was done).
 
     ``forced``: per row a memory id to start with, or -1 (route).  ``allowed``: (rows, bank rows) bool, the memory
     tokens each row may use at all (default: every one); a row with none answers as the plain backbone.  ``schemas``:
     per bank row, the tool schema to decode under instead of the bank's (``argument_grammar``).
     """
-    vocab, eos = model.vocab_size, model.backbone.eos_token_id
-    index, steer = model.memory_matrices()
-    position_ids = positions(mask)[:, mask.shape[1] - ids.shape[1] :]
-    hidden, cache = model.hidden(ids, mask, position_ids, cache, steer)
-    logits = _only(model.logits(hidden[:, -1], index).float(), allowed, vocab)
-    rows = len(ids)
-    has_rows = torch.full((rows,), len(model.bank) > 0, device=ids.device) if allowed is None else allowed.any(-1)
-    token, plain, mass = first_tokens(logits, vocab, config.threshold, has_rows, forced, config.temperature, generator)
-
-    steps = model.is_memory(token).long()
-    grammar = argument_grammar(model, rows, config, schemas)
-    stop = BlankLineStop(model.backbone.tokenizer, vocab, ids.device) if config.stop_at_blank_line else None
-    done = (token == eos) | (stop.update(token) if stop else False)
-    generated = [token]
+    banks = Banks(*model.memory_matrices(), allowed)
+    full = lambda value: torch.full((len(ids),), value, device=ids.device)  # noqa: E731
+    rules = Rules(full(config.threshold), forced, full(config.max_steps), full(config.temperature), full(1.0))
+    grammar = argument_grammar(model, len(ids), config, schemas)
+    batch, mass = prefill(model, ids, mask, cache, banks, rules, generator, grammar)
+    stops = [EndOfSequence(model.backbone.eos_token_id), *stops]
+    done = stopped(stops, batch.last)
+    generated = [batch.last]
     for _ in range(config.max_new_tokens - 1):
         if done.all():
             break
-        feed = token.masked_fill(done, model.backbone.tokenizer.pad_token_id)
-        mask = torch.cat([mask, (~done).long().unsqueeze(-1)], dim=-1)
-        position_ids = position_ids[:, -1:] + 1
-        hidden, cache = model.hidden(feed.unsqueeze(-1), mask, position_ids, cache, steer)
-        logits = _only(model.logits(hidden[:, -1], index).float(), allowed, vocab)
-        if grammar is not None:
-            grammar.advance(token)
-            grammar.constrain(logits)
-        blocked = plain | (steps >= config.max_steps)
-        token = next_tokens(logits, vocab, blocked, config.temperature, generator).masked_fill(done, eos)
-        steps += model.is_memory(token).long()
-        generated.append(token)
-        done |= (token == eos) | (stop.update(token) if stop else False)
-    return torch.stack(generated, dim=1).tolist(), mass, plain, cache, mask
+        generated.append(step(model, batch, banks, generator, done=done))
+        done |= stopped(stops, generated[-1])
+    return torch.stack(generated, dim=1).tolist(), mass, batch.plain, batch.cache, batch.mask
 
 
-def _only(logits: torch.Tensor, allowed: torch.Tensor | None, vocab: int) -> torch.Tensor:
-    """``logits`` with the memory tokens a row may not use at -inf (in place)."""
-    if allowed is not None:
-        logits[:, vocab:] = logits[:, vocab:].masked_fill(~allowed, float("-inf"))
-    return logits
+@dataclass
+class Banks:
+    """The memory rows a batch decodes with: ``index`` and ``steer`` (bank rows, d), shared by every row, or (rows,
+    widest bank, d), each row its own bank (the server); ``valid`` (rows, bank rows): the memory rows each row may use
+    (None: every one; required with per-row banks, where it also marks their padding)."""
+
+    index: torch.Tensor
+    steer: torch.Tensor
+    valid: torch.Tensor | None = None
+
+    def logits(self, model: TokMemModel, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits over vocab ∪ bank at each row's last position (float), the memory rows a row may not use at -inf."""
+        return model.logits(hidden[:, -1], self.index, self.valid).float()
+
+    def any_usable(self, rows: int) -> torch.Tensor:
+        """Per row, whether it has a memory row to use (a row with none answers as the plain backbone)."""
+        if self.valid is not None:
+            return self.valid.any(-1)
+        return torch.full((rows,), self.index.shape[-2] > 0, device=self.index.device)
+
+
+@dataclass
+class Rules:
+    """Per row (tensors, one value a row): the open-set rule's ``threshold``, a memory id ``forced`` first (-1:
+    route), the most segments, and the sampling rules (``pick``)."""
+
+    threshold: torch.Tensor
+    forced: torch.Tensor
+    max_steps: torch.Tensor
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+
+
+def prefill(model, ids, mask, cache, banks: Banks, rules: Rules, generator, grammar=None, generators=None, check=None):
+    """Encode ``ids`` (each row's new tokens after what ``cache`` holds; ``mask`` covers both) and pick each row's
+    first answer token by the routing rule (``first_token_logits``; a whole-response ``grammar`` binds a text
+    answer's first token): (the ``DecodeBatch`` whose ``last`` is that token, each row's memory mass).
+    ``generators``: see ``pick``; ``check``: a hook that sees (and may change) the logits first (the server's
+    guard against NaN)."""
+    position_ids = positions(mask)[:, mask.shape[1] - ids.shape[1] :]
+    hidden, cache = model.hidden(ids, mask, position_ids, cache, banks.steer)
+    logits = banks.logits(model, hidden)
+    logits = logits if check is None else check(logits)
+    usable = banks.any_usable(len(ids))
+    logits, plain, mass = first_token_logits(logits, model.vocab_size, rules.threshold, usable, rules.forced)
+    if grammar is not None:
+        grammar.constrain(logits)
+    token = pick(logits, rules.temperature, generator, rules.top_p, generators)
+    state = [token, model.is_memory(token).long(), plain, rules.max_steps, rules.temperature, rules.top_p]
+    return DecodeBatch(cache, mask, position_ids[:, -1] + 1, *state, grammar), mass
+
+
+def step(model, batch: DecodeBatch, banks: Banks, generator, generators=None, done=None, check=None) -> torch.Tensor:
+    """Feed each row's last token and pick its next one (the chaining rule: ``next_tokens``; the grammar's masks);
+    ``batch`` moves on by one column.  ``done``: rows that have finished but stay in the batch (fed padding, masked,
+    given EOS); ``generators``, ``check``: see ``prefill``."""
+    fed, column = batch.last, torch.ones_like(batch.last)
+    if done is not None:
+        fed, column = fed.masked_fill(done, model.backbone.tokenizer.pad_token_id), (~done).long()
+    mask = torch.cat([batch.mask, column.unsqueeze(-1)], dim=-1)
+    hidden, batch.cache = model.hidden(fed.unsqueeze(-1), mask, batch.position.unsqueeze(-1), batch.cache, banks.steer)
+    logits = banks.logits(model, hidden)
+    logits = logits if check is None else check(logits)
+    if batch.grammar is not None:
+        batch.grammar.advance(batch.last)
+        batch.grammar.constrain(logits)
+    blocked = batch.plain | (batch.steps >= batch.max_steps)
+    token = next_tokens(logits, model.vocab_size, blocked, batch.temperature, generator, batch.top_p, generators)
+    if done is not None:
+        token = token.masked_fill(done, model.backbone.eos_token_id)
+    batch.mask, batch.last, batch.position = mask, token, batch.position + 1
+    batch.steps = batch.steps + model.is_memory(token).long()
+    return token
 
 
 def argument_grammar(model: TokMemModel, rows: int, config: DecodeConfig, schemas: list | None = None):

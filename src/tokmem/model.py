@@ -97,10 +97,13 @@ class TokMemModel(nn.Module):
     @staticmethod
     def memory_logits(hidden: torch.Tensor, index: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """``h · indexᵀ``: ``index`` is the bank's (rows, d) output side, or (batch, rows, d) for ``hidden``
-        (batch, d), with ``valid`` (batch, rows) marking each batch row's own bank: its padding columns get -inf."""
+        (batch, d), each batch row its own bank; ``valid`` (batch, rows): the columns a batch row may use (required
+        with per-row banks: their padding), the others get -inf."""
         if index.dim() == 2:
-            return hidden @ index.to(hidden.dtype).T
-        return torch.einsum("bd,brd->br", hidden, index.to(hidden.dtype)).masked_fill(~valid, float("-inf"))
+            logits = hidden @ index.to(hidden.dtype).T
+        else:
+            logits = torch.einsum("bd,brd->br", hidden, index.to(hidden.dtype))
+        return logits if valid is None else logits.masked_fill(~valid, float("-inf"))
 
     def hidden(self, ids, attention_mask, position_ids=None, past_key_values=None, steer=None):
         """Final hidden states (after the backbone's last norm) and the updated KV cache."""

@@ -18,8 +18,11 @@ assistant answers in words: the example's ``answer`` and EOS where it has one (t
 which words, so that decoding leaves it to the backbone's own reply with the bank masked (the open-set path) instead
 of learning to stop in silence.  A template that does not render a tool role gets the result as a user message
 ``Tool result:\n…``; a backbone without a template gets ``Tool result: …`` on a line.  A result longer than
-``result_tokens`` tokens is cut there and says so (``… [result cut: N of M tokens shown]``).  ``result_ids`` is the
-one place these tokens are made: decoding (``tokmem.chat``) lays out a conversation's tool turns with it too.
+``result_tokens`` tokens is cut there and says so (``… [result cut: N of M tokens shown]``).
+
+``turn_ids`` is the one layout of what follows the query (turns of calls and results, answers, a user's next
+messages): ``encode`` lays out an example's steps through it, and decoding (``tokmem.chat``) a conversation's turns,
+so a bank meets at run time exactly the tokens it was trained on.
 
 Truncation policy (when the sequence exceeds ``max_length``): the targets are kept whole and the
 query is cut from the left (its oldest tokens go first, at least one token stays); if the targets
@@ -166,6 +169,63 @@ def result_content_ids(tokenizer, text: str, budget: int | None = RESULT_TOKENS)
     return content
 
 
+@dataclass(frozen=True)
+class Calls:
+    """An assistant turn of calls: each call's tokens (``tool_call_ids``, or another layout's segment); where the
+    tools answered (``results``, one per call), EOS ends the turn and the results follow as tool turns, then the next
+    assistant header (``result_ids``); without results the turn runs on (a chain written without results)."""
+
+    calls: list[list[int]]
+    results: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The assistant's answer in words, ended by EOS."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class UserTurns:
+    """The user's next messages after an answer (``user_turn_ids``), up to the next assistant header."""
+
+    contents: list[str]
+
+
+def turn_ids(tokenizer, turns: list, result_tokens: int = RESULT_TOKENS) -> tuple[list[int], list[int]]:
+    """The tokens after the query (``chat_prefix``) of ``turns`` (``Calls``, ``Answer``, ``UserTurns``) and their
+    labels: what the assistant writes (calls, the EOS that ends a turn, an answer) is labelled, the results and the
+    user's turns around it are context (``IGNORE``).  The one layout of a conversation: training (``encode``) and
+    decoding (``tokmem.chat``) both lay out through it."""
+    ids, labels = [], []
+    for turn in turns:
+        written, context = _written_and_context(tokenizer, turn, result_tokens)
+        ids += written + context
+        labels += written + [IGNORE] * len(context)
+    return ids, labels
+
+
+def _written_and_context(tokenizer, turn, result_tokens: int) -> tuple[list[int], list[int]]:
+    """(what the assistant writes, the context after it) of one turn."""
+    eos = tokenizer.eos_token_id
+    if isinstance(turn, UserTurns):
+        return [], user_turn_ids(tokenizer, turn.contents)
+    if isinstance(turn, Answer):
+        return tokenizer(turn.text, add_special_tokens=False)["input_ids"] + [eos], []
+    written = [token for call in turn.calls for token in call]
+    if turn.results is None:
+        return written, []
+    return written + [eos], result_ids(tokenizer, turn.results, result_tokens)
+
+
+def tool_call_ids(tokenizer, memory_id: int, arguments: dict, schema: dict | None) -> list[int]:
+    """A tool call as a tool's segment: its memory token, then its arguments as compact JSON, in the schema's key
+    order where the schema is known (the order schema-bound decoding writes them in)."""
+    text = arguments_json(arguments if schema is None else schema_order(arguments, schema))
+    return [memory_id, *tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
 @dataclass
 class Encoded:
     input_ids: list[int]
@@ -210,22 +270,17 @@ def encode(
     TokMem and fine-tuning train on the same sequences but for the memory tokens.
     """
     prefix = chat_prefix(tokenizer, example.query)
-    eos = tokenizer.eos_token_id
     if memory_id is None and all(step.result is None for step in example.steps):
-        target = tokenizer(example.response, add_special_tokens=False)["input_ids"] + [eos]
+        target = tokenizer(example.response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         labels = list(target)
     else:
-        target, labels = [], []
-        for step in example.steps:
-            segment = step_ids(example, step, tokenizer, memory_id, tools)
-            if step.result is not None:
-                segment.append(eos)
-            context = [] if step.result is None else result_ids(tokenizer, [step.result], result_tokens)
-            target += segment + context
-            labels += segment + [IGNORE] * len(context)
-        ending, ending_labels = _ending(example, tokenizer, memory=memory_id is not None)
-        target += ending
-        labels += ending_labels
+        steps = [
+            Calls([step_ids(example, s, tokenizer, memory_id, tools)], None if s.result is None else [s.result])
+            for s in example.steps
+        ]
+        target, labels = turn_ids(tokenizer, [*steps, Answer(example.answer or "")], result_tokens)
+        if example.answer is None and memory_id is not None and example.ends_with_result:
+            labels[-1] = ANSWER  # after a last result with no answer: learn to answer in words, not which words
 
     cut_query = len(prefix) + len(target) > max_length
     cut_response = len(target) > max_length - 1
@@ -240,40 +295,21 @@ def encode(
     return Encoded(prefix + target, [IGNORE] * len(prefix) + labels)
 
 
-def _ending(example: Example, tokenizer, memory: bool) -> tuple[list[int], list[int]]:
-    """The tokens after the last step and their labels: EOS; the answer and EOS where the example has one; after a
-    last result with no answer, EOS as input under the ``ANSWER`` label (with memory tokens: without them there is
-    no other choice to learn against, and the fine-tuning layout keeps its EOS)."""
-    eos = tokenizer.eos_token_id
-    if example.answer is not None:
-        ids = tokenizer(example.answer, add_special_tokens=False)["input_ids"] + [eos]
-        return ids, list(ids)
-    return [eos], [ANSWER if memory and example.ends_with_result else eos]
-
-
 def step_ids(example: Example, step, tokenizer, memory_id=None, tools: Collection[str] = ()) -> list[int]:
-    """One step's tokens: its memory token and its segment (a tool's arguments only), or, without memory tokens
-    (``memory_id=None``: the fine-tuning and prompted layouts), the step's whole response (the call's JSON)."""
+    """One step's tokens: its memory token and its segment (a tool's call: ``tool_call_ids``), or, without memory
+    tokens (``memory_id=None``: the fine-tuning and prompted layouts), the step's whole response (the call's JSON)."""
+    words = tokenizer(step.response, add_special_tokens=False)["input_ids"]
     if memory_id is None:
-        return tokenizer(step.response, add_special_tokens=False)["input_ids"]
-    return [
-        memory_id(step.procedure),
-        *tokenizer(_segment(example, step, tools), add_special_tokens=False)["input_ids"],
-    ]
-
-
-def _segment(example: Example, step, tools: Collection[str]) -> str:
+        return words
     if step.procedure not in tools:
-        return step.response
+        return [memory_id(step.procedure), *words]
     if step.call_arguments is None:
         raise DataError(
             f"example {example.id or repr(example.query[:40])}: '{step.procedure}' is a tool in the bank, "
             f'but its step is not a call of it ({{"name": "{step.procedure}", "arguments": {{…}}}})'
         )
     schema = tools.get(step.procedure) if isinstance(tools, Mapping) else None
-    return (
-        step.call_arguments if schema is None else arguments_json(schema_order(json.loads(step.call_arguments), schema))
-    )
+    return tool_call_ids(tokenizer, memory_id(step.procedure), json.loads(step.call_arguments), schema)
 
 
 def positions(mask: torch.Tensor) -> torch.Tensor:

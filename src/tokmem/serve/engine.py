@@ -1,16 +1,17 @@
 """One decoding loop for every request: continuous batching over rows of different banks.
 
-The running batch is left-padded and shares one KV cache.  New requests are prefilled together
-(left-padded among themselves) and joined to the running batch along the batch dimension, the
-shorter cache padded on the left with masked columns; finished, cancelled or timed-out rows leave
-at once, and columns no row attends to any more are cut from the left.  Each row keeps its own
-position ids, so padding never shifts a row's positions.
+The running batch (``tokmem.batch.DecodeBatch``) is left-padded and shares one KV cache.  New requests are
+prefilled together (left-padded among themselves) and joined to the running batch along the batch dimension, the
+shorter cache padded on the left with masked columns; finished, cancelled or timed-out rows leave at once, and
+columns no row attends to any more are cut from the left.  Prefill and step are ``tokmem.decode``'s (``prefill``,
+``step``: the loop ``generate`` and ``chat`` run too); the engine adds the queue, the requests' own stopping rules
+(``Handle``) and the guard against NaN logits.
 
 Rows may belong to different banks.  Each batch row gets its bank's rows in a padded table
 (batch, widest bank, d), gathered once whenever the batch changes; per step the bank costs one
 gather (memory ids' input embeddings) and one batched matmul with masked padding (the extra
-logits) — the same two places as offline, never a loop over banks.  The routing, open-set and
-chaining rules are ``tokmem.decode``'s, so greedy answers are token-identical to ``generate``.
+logits) — the same two places as offline, never a loop over banks; so greedy answers are token-identical to
+``generate``.
 
 A request may limit the memory rows it routes to (``Request.allowed``: OpenAI's ``tools`` / ``tool_choice``,
 mapped by ``tokmem.chat.tool_routing``); the limit is folded into the row's ``valid`` columns, so it costs
@@ -34,6 +35,7 @@ request (with an error), and ``stop`` ends whatever is left, so nobody waits for
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -41,26 +43,16 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import torch
-from torch.nn.functional import pad
 from torch.nn.utils.rnn import pad_sequence
 from transformers import DynamicCache
 
 from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
-from tokmem.decode import (
-    DecodeConfig,
-    Generation,
-    first_token_logits,
-    left_pad,
-    left_pad_columns,
-    next_tokens,
-    pick,
-    to_generation,
-)
+from tokmem.batch import DecodeBatch, left_pad
+from tokmem.decode import Banks, DecodeConfig, Generation, Rules, prefill, step, to_generation
 from tokmem.errors import BackboneError, TokMemError
 from tokmem.chat import starts_calls
 from tokmem.grammar import ArgumentGrammar
-from tokmem.sequences import positions
 from tokmem.model import TokMemModel
 from tokmem.serve.banks import BankVersion
 from tokmem.serve.stream import IncrementalText, StopSequences
@@ -180,64 +172,33 @@ class Handle:
 
 @dataclass
 class _Batch:
-    """The running rows: their KV cache and attention mask, and per-row decoding state."""
+    """The running rows (``batch.DecodeBatch``), their requests' handles and their banks' tables."""
 
     handles: list[Handle]
-    cache: DynamicCache
-    mask: torch.Tensor  # (rows, columns)
-    position: torch.Tensor  # the position id of each row's next input
-    last: torch.Tensor  # each row's last token (the next input)
-    steps: torch.Tensor  # memory tokens so far
-    plain: torch.Tensor  # open set: no memory tokens for this row
-    max_steps: torch.Tensor
-    temperature: torch.Tensor
-    top_p: torch.Tensor
-    grammar: ArgumentGrammar | None = None  # the rows' schema-bound arguments; None: no row needs one
-    index: torch.Tensor = field(init=False)  # (rows, widest bank, d): each row's own bank, padded
-    steer: torch.Tensor = field(init=False)
-    valid: torch.Tensor = field(init=False)  # (rows, widest bank): which columns are real memory rows
+    rows: DecodeBatch
+    banks: Banks = field(init=False)  # (rows, widest bank, d): each row its own bank, padded
 
     def __post_init__(self):
-        self.index, self.steer, self.valid = request_tables([h.request for h in self.handles], self.mask.device)
+        self.banks = Banks(*request_tables([h.request for h in self.handles], self.rows.mask.device))
 
     def __len__(self) -> int:
         return len(self.handles)
 
     def join(self, other: "_Batch") -> "_Batch":
-        width = max(self.mask.shape[1], other.mask.shape[1])
-        for mine, theirs in zip(self.cache.layers, other.cache.layers):
-            mine.keys = torch.cat([left_pad_columns(mine.keys, width), left_pad_columns(theirs.keys, width)])
-            mine.values = torch.cat([left_pad_columns(mine.values, width), left_pad_columns(theirs.values, width)])
-        mask = torch.cat(
-            [pad(self.mask, (width - self.mask.shape[1], 0)), pad(other.mask, (width - other.mask.shape[1], 0))]
-        )
-        return _Batch(self.handles + other.handles, self.cache, mask, *self._cat(other), self._join_grammars(other))
+        return _Batch(self.handles + other.handles, self.rows.join(other.rows, self._join_grammars(other)))
 
     def select(self, keep: list[int]) -> "_Batch":
         """The rows ``keep``, without the leading columns none of them attends to."""
-        rows = torch.tensor(keep, device=self.mask.device)
-        mask = self.mask[rows]
-        start = int(mask.any(0).int().argmax())
-        for layer in self.cache.layers:
-            layer.keys, layer.values = layer.keys[rows, :, start:], layer.values[rows, :, start:]
-        state = [t[rows] for t in self._state()]
-        grammar = None if self.grammar is None else self.grammar.select(keep)
-        return _Batch([self.handles[i] for i in keep], self.cache, mask[:, start:], *state, grammar)
+        return _Batch([self.handles[i] for i in keep], self.rows.select(keep))
 
     def _join_grammars(self, other: "_Batch") -> ArgumentGrammar | None:
         """The joined rows' grammar: None if neither side has one, else each side's (a side without one gets a blank:
         its rows have no schema in use)."""
-        if self.grammar is None and other.grammar is None:
+        if self.rows.grammar is None and other.rows.grammar is None:
             return None
-        mine = self.grammar or argument_grammar([h.request for h in self.handles], always=True)
-        theirs = other.grammar or argument_grammar([h.request for h in other.handles], always=True)
+        mine = self.rows.grammar or argument_grammar([h.request for h in self.handles], always=True)
+        theirs = other.rows.grammar or argument_grammar([h.request for h in other.handles], always=True)
         return mine.join(theirs)
-
-    def _state(self) -> list[torch.Tensor]:
-        return [self.position, self.last, self.steps, self.plain, self.max_steps, self.temperature, self.top_p]
-
-    def _cat(self, other: "_Batch") -> list[torch.Tensor]:
-        return [torch.cat([mine, theirs]) for mine, theirs in zip(self._state(), other._state())]
 
 
 def bank_tables(banks: list[BankVersion], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -411,55 +372,37 @@ class Engine:
         return joined
 
     def _prefill(self, handles: list[Handle]) -> _Batch:
-        model, vocab, device = self.model, self.model.vocab_size, self.model.device
+        model, device = self.model, self.model.device
         requests = [h.request for h in handles]
         ids, mask = left_pad([r.prompt for r in requests], model.backbone.tokenizer.pad_token_id, device)
-        position_ids = positions(mask)
-        state = {
-            name: torch.tensor([getattr(r, name) for r in requests], device=device)
-            for name in ("max_steps", "temperature", "top_p", "threshold", "forced")
-        }
-        index, steer, valid = request_tables(requests, device)
-        hidden, cache = model.hidden(ids, mask, position_ids, DynamicCache(config=model.lm.config), steer)
-        logits = _fail_broken_rows(handles, model.logits(hidden[:, -1], index, valid).float())
-        logits, plain, mass = first_token_logits(logits, vocab, state["threshold"], valid.any(-1), state["forced"])
-        grammar = argument_grammar(requests)
-        if grammar is not None:  # a whole-response schema binds the first token of a text answer
-            grammar.constrain(logits)
-        token = pick(logits, state["temperature"], self.generator, state["top_p"], own_generators(handles))
-        for handle, p, m in zip(handles, plain.tolist(), mass.tolist()):
-            handle.plain, handle.memory_mass = p, m
-        self._record(handles, token)
-        return _Batch(
-            handles,
-            cache,
-            mask,
-            position_ids[:, -1] + 1,
-            token,
-            model.is_memory(token).long(),
-            plain,
-            state["max_steps"],
-            state["temperature"],
-            state["top_p"],
-            grammar,
+        rules = Rules(
+            *(
+                torch.tensor([getattr(r, name) for r in requests], device=device)
+                for name in ("threshold", "forced", "max_steps", "temperature", "top_p")
+            )
         )
+        banks = Banks(*request_tables(requests, device))
+        rows, mass = prefill(
+            model,
+            ids,
+            mask,
+            DynamicCache(config=model.lm.config),
+            banks,
+            rules,
+            self.generator,
+            argument_grammar(requests),
+            own_generators(handles),
+            functools.partial(_fail_broken_rows, handles),
+        )
+        for handle, p, m in zip(handles, rows.plain.tolist(), mass.tolist()):
+            handle.plain, handle.memory_mass = p, m
+        self._record(handles, rows.last)
+        return _Batch(handles, rows)
 
     def _decode(self) -> None:
-        batch, vocab = self.batch, self.model.vocab_size
-        mask = pad(batch.mask, (0, 1), value=1)
-        hidden, _ = self.model.hidden(
-            batch.last.unsqueeze(-1), mask, batch.position.unsqueeze(-1), batch.cache, batch.steer
-        )
-        logits = _fail_broken_rows(batch.handles, self.model.logits(hidden[:, -1], batch.index, batch.valid).float())
-        if batch.grammar is not None:
-            batch.grammar.advance(batch.last)
-            batch.grammar.constrain(logits)
-        blocked = batch.plain | (batch.steps >= batch.max_steps)
-        token = next_tokens(
-            logits, vocab, blocked, batch.temperature, self.generator, batch.top_p, own_generators(batch.handles)
-        )
-        batch.mask, batch.last, batch.position = mask, token, batch.position + 1
-        batch.steps = batch.steps + self.model.is_memory(token).long()
+        batch = self.batch
+        generators, check = own_generators(batch.handles), functools.partial(_fail_broken_rows, batch.handles)
+        token = step(self.model, batch.rows, batch.banks, self.generator, generators, check=check)
         self._record(batch.handles, token)
 
     def _record(self, handles: list[Handle], tokens: torch.Tensor) -> None:
