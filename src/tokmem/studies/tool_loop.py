@@ -39,7 +39,7 @@ from tokmem.methods.method import Method
 from tokmem.methods.native import NativeTools
 from tokmem.methods.tokmem import TokMem
 from tokmem.model import TokMemModel
-from tokmem.sequences import RESULT_TOKENS, chat_prefix, result_ids
+from tokmem.sequences import RESULT_TOKENS, Calls, chat_prefix, turn_ids
 from tokmem.studies.harness import PhaseBars, answering_cost
 
 NO_RECORDED_RESPONSE = '{"error":"no recorded response for this call: its tool or arguments differ from the gold call"}'
@@ -48,12 +48,10 @@ History = list[tuple[str, str]]  # (call JSON text, its result) of the calls so 
 
 def plain_context(tokenizer, prompt: str, history: History, result_tokens: int) -> list[int]:
     """The layout without memory tokens (the one fine-tuning trains on) of a conversation so far: the user turn,
-    then each call's JSON, EOS and its result's tool turn (``result_ids``), ending where the next call starts."""
-    ids = chat_prefix(tokenizer, prompt)
-    for call, result in history:
-        call_ids = tokenizer(call, add_special_tokens=False)["input_ids"]
-        ids += call_ids + [tokenizer.eos_token_id] + result_ids(tokenizer, [result], result_tokens)
-    return ids
+    then each call's JSON, EOS and its result's tool turn, ending where the next call starts (``sequences.turn_ids``,
+    the layout training and chat share)."""
+    turns = [Calls([tokenizer(call, add_special_tokens=False)["input_ids"]], [result]) for call, result in history]
+    return chat_prefix(tokenizer, prompt) + turn_ids(tokenizer, turns, result_tokens)[0]
 
 
 def conversation(example: Example, history: History) -> list[dict]:
