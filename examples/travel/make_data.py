@@ -72,6 +72,20 @@ WEATHER = [
     "I'm packing for {city}: what's it like there today?",
     "Do I need a jacket in {city} today?",
     "Give me the forecast for {city} in {unit}, please.",
+    "{city} weather today",
+    "temperature {city} {unit}",
+    "What clothes do I pack for {city}? Check the weather there.",
+    "Is it T-shirt weather in {city}?",
+    "I fly to {city} tonight; how warm is it there?",
+    "Will I be cold in {city}? Give me the temperature in {unit}.",
+    "Current conditions for {city}, please.",
+    "Sun or clouds in {city} today?",
+    "I'm visiting {city} next week; what weather should I expect?",
+    "Packing list for {city}: do I need warm clothes?",
+    "weather check {city}",
+    "Outside temperature in {city}?",
+    "Planning a walk around {city} - what's the sky like?",
+    "How many degrees is it in {city} ({unit})?",
 ]
 CURRENCY = [
     "Convert {amount} {from_name} to {to_name}.",
@@ -82,6 +96,19 @@ CURRENCY = [
     "Change {amount} {from} into {to} for me.",
     "exchange {amount} {from_name} -> {to_name}",
     "If I swap {amount} {from} for {to}, what do I get?",
+    "convert {amount} {from} {to}",
+    "{from}->{to} {amount}",
+    "What's the price of {amount} {from} in {to_name}?",
+    "This costs {amount} {from_name}. How much is that in {to_name}?",
+    "Rate me {amount} {from} against {to}.",
+    "My budget is {amount} {from_name}; what is it in {to_name}?",
+    "Paying {amount} {from} in {to}: how much?",
+    "Is {amount} {from} expensive in {to_name} terms?",
+    "{amount} {from} = ? {to}",
+    "Going abroad with {amount} {from_name}: how much {to_name} is it?",
+    "How much money is {amount} {from} in {to_name}?",
+    "I'll spend {amount} {from_name} - what's that in {to}?",
+    "Work out {amount} {from} in {to} for me.",
 ]
 FLIGHTS = [
     "Find flights from {origin} to {destination} on {date}.",
@@ -92,14 +119,29 @@ FLIGHTS = [
     "What flights go to {destination} from {origin} on {date}?",
     "Search {origin} -> {destination} for {date}.",
     "Can I get from {origin} to {destination} by plane on {date}?",
+    "{origin} to {destination} {date} flights",
+    "plane {origin} {destination} {date}",
+    "{origin} {destination} {date} flight?",
+    "I'd like to fly out of {origin} to {destination} on {date}.",
+    "Flights to {destination} on {date}? I'm in {origin}.",
+    "Ticket options {origin} to {destination}, {date}.",
+    "Going from {origin} to {destination} on {date}: what can I fly?",
+    "air travel {origin} {destination} {date}",
 ]
 PRICED = [
     "Find a flight from {origin} to {destination} on {date} and tell me the price in {to}.",
     "How much in {to_name} is the cheapest flight {origin} to {destination} on {date}?",
+    "Cheapest way to fly {origin} to {destination} on {date}, in {to_name}?",
+    "{origin} to {destination} on {date}: flight price in {to}?",
+    "Price a flight {origin}-{destination} for {date} in {to}.",
+    "Flying {origin} to {destination} on {date}; how many {to_name} is the ticket?",
+    "Book {origin} to {destination} on {date} and quote me the total in {to_name}.",
+    "Flights {origin} {destination} {date}, costs in {to}",
 ]
 
-# The held-out queries, written by hand apart from the templates above, as a user would ask them: a fair test of
-# phrasings the bank never trained on.  Each with the values its call should carry.
+# The held-out queries, written by hand apart from the templates above (before the second half of each list, none
+# copied into it), as a user would ask them: a fair test of phrasings the bank never trained on.  Each with the
+# values its call should carry.
 HELDOUT_WEATHER = [
     ("Should I bring an umbrella to Dublin tomorrow?", "Dublin", "celsius"),
     ("what's the temperature like in Tokyo at the moment", "Tokyo", "celsius"),
@@ -285,11 +327,11 @@ def priced_flight_example(
 
 
 def examples(rng: random.Random, count: int, prefix: str) -> list[dict]:
-    """``count`` examples, the three tools in turn (every tenth a priced flight); a third keep their answer."""
+    """``count`` examples, the three tools in turn (every fifth a priced flight); a third keep their answer."""
     makers = [weather, currency, flights]
     out = []
     for k in range(count):
-        example = priced_flight(rng) if k % 10 == 9 else makers[k % 3](rng)
+        example = priced_flight(rng) if k % 5 == 4 else makers[k % 3](rng)
         if rng.random() >= 1 / 3:
             del example["answer"]
         out.append({"id": f"{prefix}-{k}", **example})
@@ -317,7 +359,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train", type=int, default=108)
+    parser.add_argument("--train", type=int, default=160)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
