@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+TRAVEL = Path(__file__).parents[1] / "examples" / "travel"
 
 
 def load_script(name: str):
@@ -15,6 +16,16 @@ def load_script(name: str):
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def travel_script(name: str):
+    """A script of examples/travel/ as a module (its folder on the path, as when it runs)."""
+    if str(TRAVEL) not in sys.path:
+        sys.path.insert(0, str(TRAVEL))
+    spec = importlib.util.spec_from_file_location(f"travel_{name}", TRAVEL / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 

@@ -5,37 +5,23 @@ structured output through `response_format` parses (the grammar makes the JSON v
 a client's strict schema is obeyed; and the three example clients in examples/travel/ run to their end."""
 
 import asyncio
-import importlib.util
 import json
 import re
-import sys
-from pathlib import Path
 
 import openai
 import pytest
 from agents import Agent, ModelSettings, Runner, set_tracing_disabled
-from helpers import loopback, random_rows, serve
+from helpers import loopback, random_rows, serve, travel_script
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
 import tokmem
 
-EXAMPLES = Path(__file__).parents[1] / "examples" / "travel"
 QUESTION = "What is the weather in Lisbon in celsius?"
 
 
-def example(name: str):
-    """A script of examples/travel/ as a module (its folder on the path, as when it runs)."""
-    if str(EXAMPLES) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES))
-    spec = importlib.util.spec_from_file_location(f"travel_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-TOOLS = example("travel_tools").TOOLS
+TOOLS = travel_script("travel_tools").TOOLS
 TOOL_NAMES = [tool["function"]["name"] for tool in TOOLS]
 FINAL = {"threshold": 1.0}  # after the tool turn: the plain backbone's answer (tiny-random rows would route anywhere)
 WORD = "^[A-Za-z0-9 -]{1,12}$"
@@ -86,7 +72,7 @@ def base_url(lively_backbone, tmp_path_factory):
 
 
 def travel_agent(base_url, **options) -> Agent:
-    return example("agents_sdk").agent(base_url, "travel", tools=BOUNDED, **options)
+    return travel_script("agents_sdk").agent(base_url, "travel", tools=BOUNDED, **options)
 
 
 def tool_calls(result) -> list[tuple[str, dict]]:
@@ -151,7 +137,7 @@ def test_langchain_calls_a_named_tool_takes_its_result_and_answers(base_url):
     (call,) = ai.tool_calls[:1]
     assert call["name"] == "get_weather"
     assert_travel_call(call["name"], call["args"])
-    result = example("travel_tools").run_tool(call["name"], call["args"])
+    result = travel_script("travel_tools").run_tool(call["name"], call["args"])
     messages = [HumanMessage(QUESTION), ai, *[ToolMessage(result, tool_call_id=c["id"]) for c in ai.tool_calls]]
     final = chat_model(base_url, max_tokens=60, extra_body=FINAL).bind_tools(BOUNDED).invoke(messages)
     assert not final.tool_calls and isinstance(final.text, str)
@@ -208,5 +194,5 @@ def test_a_tool_turn_on_composed_banks_equals_the_bank_alone_through_a_client(ba
 # ---- the example clients ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("script", ["openai_loop", "agents_sdk", "langchain_agent"])
 def test_each_example_client_runs_to_its_end_against_the_server(base_url, script, capsys):
-    example(script).main(["--base-url", base_url, "--model", "travel", "--question", QUESTION])
+    travel_script(script).main(["--base-url", base_url, "--model", "travel", "--question", QUESTION])
     assert capsys.readouterr().out.strip()

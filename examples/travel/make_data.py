@@ -4,8 +4,8 @@ results (train.jsonl, heldout.jsonl), in tokmem's procedure format.  Seeded: run
     python examples/travel/make_data.py
 
 Each example is one call (a few are two: a flight search, then its price converted), with the result a real tool
-would return; about a third close with an answer in words after the result.  The held-out queries use the same
-phrasings with other values (``--heldout`` of them, drawn after the training ones).
+would return; about a third close with an answer in words after the result.  The training queries are drawn from
+templates; the held-out ones are written by hand apart from them (``HELDOUT_*``: phrasings the bank never saw).
 """
 
 from __future__ import annotations
@@ -72,6 +72,20 @@ WEATHER = [
     "I'm packing for {city}: what's it like there today?",
     "Do I need a jacket in {city} today?",
     "Give me the forecast for {city} in {unit}, please.",
+    "{city} weather today",
+    "temperature {city} {unit}",
+    "What clothes do I pack for {city}? Check the weather there.",
+    "Is it T-shirt weather in {city}?",
+    "I fly to {city} tonight; how warm is it there?",
+    "Will I be cold in {city}? Give me the temperature in {unit}.",
+    "Current conditions for {city}, please.",
+    "Sun or clouds in {city} today?",
+    "I'm visiting {city} next week; what weather should I expect?",
+    "Packing list for {city}: do I need warm clothes?",
+    "weather check {city}",
+    "Outside temperature in {city}?",
+    "Planning a walk around {city} - what's the sky like?",
+    "How many degrees is it in {city} ({unit})?",
 ]
 CURRENCY = [
     "Convert {amount} {from_name} to {to_name}.",
@@ -82,6 +96,19 @@ CURRENCY = [
     "Change {amount} {from} into {to} for me.",
     "exchange {amount} {from_name} -> {to_name}",
     "If I swap {amount} {from} for {to}, what do I get?",
+    "convert {amount} {from} {to}",
+    "{from}->{to} {amount}",
+    "What's the price of {amount} {from} in {to_name}?",
+    "This costs {amount} {from_name}. How much is that in {to_name}?",
+    "Rate me {amount} {from} against {to}.",
+    "My budget is {amount} {from_name}; what is it in {to_name}?",
+    "Paying {amount} {from} in {to}: how much?",
+    "Is {amount} {from} expensive in {to_name} terms?",
+    "{amount} {from} = ? {to}",
+    "Going abroad with {amount} {from_name}: how much {to_name} is it?",
+    "How much money is {amount} {from} in {to_name}?",
+    "I'll spend {amount} {from_name} - what's that in {to}?",
+    "Work out {amount} {from} in {to} for me.",
 ]
 FLIGHTS = [
     "Find flights from {origin} to {destination} on {date}.",
@@ -92,10 +119,82 @@ FLIGHTS = [
     "What flights go to {destination} from {origin} on {date}?",
     "Search {origin} -> {destination} for {date}.",
     "Can I get from {origin} to {destination} by plane on {date}?",
+    "{origin} to {destination} {date} flights",
+    "plane {origin} {destination} {date}",
+    "{origin} {destination} {date} flight?",
+    "I'd like to fly out of {origin} to {destination} on {date}.",
+    "Flights to {destination} on {date}? I'm in {origin}.",
+    "Ticket options {origin} to {destination}, {date}.",
+    "Going from {origin} to {destination} on {date}: what can I fly?",
+    "air travel {origin} {destination} {date}",
 ]
 PRICED = [
     "Find a flight from {origin} to {destination} on {date} and tell me the price in {to}.",
     "How much in {to_name} is the cheapest flight {origin} to {destination} on {date}?",
+    "Cheapest way to fly {origin} to {destination} on {date}, in {to_name}?",
+    "{origin} to {destination} on {date}: flight price in {to}?",
+    "Price a flight {origin}-{destination} for {date} in {to}.",
+    "Flying {origin} to {destination} on {date}; how many {to_name} is the ticket?",
+    "Book {origin} to {destination} on {date} and quote me the total in {to_name}.",
+    "Flights {origin} {destination} {date}, costs in {to}",
+]
+
+# The held-out queries, written by hand apart from the templates above (before the second half of each list, none
+# copied into it), as a user would ask them: a fair test of phrasings the bank never trained on.  Each with the
+# values its call should carry.
+HELDOUT_WEATHER = [
+    ("Should I bring an umbrella to Dublin tomorrow?", "Dublin", "celsius"),
+    ("what's the temperature like in Tokyo at the moment", "Tokyo", "celsius"),
+    ("Oslo weather now, fahrenheit", "Oslo", "fahrenheit"),
+    ("Is it hot in Cairo today?", "Cairo", "celsius"),
+    ("Going to Seoul this afternoon - will it be cold?", "Seoul", "celsius"),
+    ("What should I wear in Paris today?", "Paris", "celsius"),
+    ("temp in Madrid in F", "Madrid", "fahrenheit"),
+    ("Could you check the conditions in Nairobi for me?", "Nairobi", "celsius"),
+    ("How's the weather looking in Rome?", "Rome", "celsius"),
+    ("Lima: sunny or not?", "Lima", "celsius"),
+    ("Will I need sunglasses in Berlin this morning?", "Berlin", "celsius"),
+    ("I'm heading to Lisbon later, what's it doing outside there in celsius?", "Lisbon", "celsius"),
+]
+HELDOUT_CURRENCY = [
+    ("What's 60 dollars in euros?", 60, "USD", "EUR"),
+    ("How many yen do I get for 300 pounds?", 300, "GBP", "JPY"),
+    ("Convert 45.5 CHF into EUR please", 45.5, "CHF", "EUR"),
+    ("200 euros in pounds?", 200, "EUR", "GBP"),
+    ("whats the USD value of 1500 JPY", 1500, "JPY", "USD"),
+    ("Turn 80 GBP into Swiss francs.", 80, "GBP", "CHF"),
+    ("I want to exchange 500 dollars for yen, how much would I receive?", 500, "USD", "JPY"),
+    ("How much would 120 euros be in US dollars?", 120, "EUR", "USD"),
+    ("Is 1000 yen a lot? Tell me in euros.", 1000, "JPY", "EUR"),
+    ("eur to usd, 350", 350, "EUR", "USD"),
+    ("My hotel costs 90 pounds a night. What is that in euros?", 90, "GBP", "EUR"),
+    ("Quick conversion: 25 CHF -> USD", 25, "CHF", "USD"),
+]
+HELDOUT_FLIGHTS = [
+    ("Is there a plane from Madrid to Rome on 2026-07-03?", "Madrid", "Rome", "2026-07-03"),
+    ("Show me flights leaving Berlin for Tokyo on 2026-08-15.", "Berlin", "Tokyo", "2026-08-15"),
+    ("Dublin to Paris, 2026-06-20, what flights are there?", "Dublin", "Paris", "2026-06-20"),
+    ("I want to travel by air from Seoul to Lima on 2026-09-09.", "Seoul", "Lima", "2026-09-09"),
+    ("Look up flights Cairo -> Oslo 2026-07-30", "Cairo", "Oslo", "2026-07-30"),
+    ("Any departures from Lisbon heading to Nairobi on 2026-06-12?", "Lisbon", "Nairobi", "2026-06-12"),
+    ("Need a flight, Rome to Madrid, 2026-08-01", "Rome", "Madrid", "2026-08-01"),
+    ("Which airlines fly Oslo to Berlin on 2026-09-18?", "Oslo", "Berlin", "2026-09-18"),
+    ("Get me flight options from Paris to Seoul for 2026-07-07.", "Paris", "Seoul", "2026-07-07"),
+    ("Fly Tokyo-Dublin 2026-06-29", "Tokyo", "Dublin", "2026-06-29"),
+    ("What's available from Nairobi to Lisbon by air on 2026-08-22?", "Nairobi", "Lisbon", "2026-08-22"),
+    ("Check flights between Lima and Cairo on 2026-09-03, departing Lima.", "Lima", "Cairo", "2026-09-03"),
+]
+HELDOUT_PRICED = [
+    (
+        "What would a flight from Berlin to Lisbon on 2026-07-14 cost me in dollars?",
+        "Berlin",
+        "Lisbon",
+        "2026-07-14",
+        "USD",
+    ),
+    ("Search flights Oslo to Rome on 2026-08-08 and convert the fare to pounds.", "Oslo", "Rome", "2026-08-08", "GBP"),
+    ("Flight Madrid to Tokyo 2026-06-16, price in yen please.", "Madrid", "Tokyo", "2026-06-16", "JPY"),
+    ("I'm paid in CHF: how much is a ticket from Paris to Cairo on 2026-09-21?", "Paris", "Cairo", "2026-09-21", "CHF"),
 ]
 
 
@@ -106,11 +205,15 @@ def call(name: str, arguments: dict) -> str:
 def weather(rng: random.Random) -> dict:
     template, city = rng.choice(WEATHER), rng.choice(CITIES)
     unit = rng.choice(["celsius", "fahrenheit"]) if "{unit}" in template else "celsius"  # unsaid: celsius
+    return weather_example(rng, template.format(city=city, unit=unit), city, unit)
+
+
+def weather_example(rng: random.Random, query: str, city: str, unit: str) -> dict:
     degrees = rng.randint(5, 32) if unit == "celsius" else rng.randint(41, 90)
     conditions = rng.choice(CONDITIONS)
     result = {"city": city, "temperature": degrees, "unit": unit, "conditions": conditions}
     return {
-        "query": template.format(city=city, unit=unit),
+        "query": query,
         "steps": [
             {
                 "procedure": "get_weather",
@@ -133,11 +236,16 @@ def converted(amount: float, source: str, target: str) -> float:
 
 def currency(rng: random.Random) -> dict:
     amount, source, target = amount_and_pair(rng)
-    value = converted(amount, source, target)
     names = dict(from_name=CURRENCIES[source], to_name=CURRENCIES[target])
+    query = rng.choice(CURRENCY).format(amount=amount, **{"from": source, "to": target}, **names)
+    return currency_example(query, amount, source, target)
+
+
+def currency_example(query: str, amount: float, source: str, target: str) -> dict:
+    value = converted(amount, source, target)
     arguments = {"amount": amount, "from": source, "to": target}
     return {
-        "query": rng.choice(CURRENCY).format(amount=amount, **{"from": source, "to": target}, **names),
+        "query": query,
         "steps": [
             {
                 "procedure": "convert_currency",
@@ -171,10 +279,15 @@ def trip(rng: random.Random) -> tuple[str, str, str]:
 
 def flights(rng: random.Random) -> dict:
     origin, destination, date = trip(rng)
+    query = rng.choice(FLIGHTS).format(origin=origin, destination=destination, date=date)
+    return flights_example(rng, query, origin, destination, date)
+
+
+def flights_example(rng: random.Random, query: str, origin: str, destination: str, date: str) -> dict:
     result, price = flight_result(rng, origin, destination, date)
     arguments = {"origin": origin, "destination": destination, "date": date}
     return {
-        "query": rng.choice(FLIGHTS).format(origin=origin, destination=destination, date=date),
+        "query": query,
         "steps": [
             {"procedure": "search_flights", "response": call("search_flights", arguments), "result": json.dumps(result)}
         ],
@@ -186,11 +299,17 @@ def priced_flight(rng: random.Random) -> dict:
     """Two calls: the search, then its price converted (the second call's arguments come from the first result)."""
     origin, destination, date = trip(rng)
     target = rng.choice(["USD", "GBP", "JPY", "CHF"])
-    result, price = flight_result(rng, origin, destination, date)
-    value = converted(price, "EUR", target)
     query = rng.choice(PRICED).format(
         origin=origin, destination=destination, date=date, to=target, to_name=CURRENCIES[target]
     )
+    return priced_flight_example(rng, query, origin, destination, date, target)
+
+
+def priced_flight_example(
+    rng: random.Random, query: str, origin: str, destination: str, date: str, target: str
+) -> dict:
+    result, price = flight_result(rng, origin, destination, date)
+    value = converted(price, "EUR", target)
     search = {"origin": origin, "destination": destination, "date": date}
     conversion = {"amount": price, "from": "EUR", "to": target}
     return {
@@ -208,15 +327,30 @@ def priced_flight(rng: random.Random) -> dict:
 
 
 def examples(rng: random.Random, count: int, prefix: str) -> list[dict]:
-    """``count`` examples, the three tools in turn (every tenth a priced flight); a third keep their answer."""
+    """``count`` examples, the three tools in turn (every fifth a priced flight); a third keep their answer."""
     makers = [weather, currency, flights]
     out = []
     for k in range(count):
-        example = priced_flight(rng) if k % 10 == 9 else makers[k % 3](rng)
+        example = priced_flight(rng) if k % 5 == 4 else makers[k % 3](rng)
         if rng.random() >= 1 / 3:
             del example["answer"]
         out.append({"id": f"{prefix}-{k}", **example})
     return out
+
+
+def heldout(rng: random.Random) -> list[dict]:
+    """The hand-written held-out queries (``HELDOUT_*``) as examples, the tools in turn, the two-call ones last."""
+    made = [
+        example
+        for rows in zip(HELDOUT_WEATHER, HELDOUT_CURRENCY, HELDOUT_FLIGHTS)
+        for example in (
+            weather_example(rng, *rows[0]),
+            currency_example(*rows[1]),
+            flights_example(rng, *rows[2]),
+        )
+    ]
+    made += [priced_flight_example(rng, *row) for row in HELDOUT_PRICED]
+    return [{"id": f"heldout-{k}", **example} for k, example in enumerate(made)]
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -225,15 +359,15 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train", type=int, default=108)
-    parser.add_argument("--heldout", type=int, default=20)
+    parser.add_argument("--train", type=int, default=160)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
     (HERE / "catalog.json").write_text(json.dumps(CATALOG, indent=2) + "\n", encoding="utf-8")
     write_jsonl(HERE / "train.jsonl", examples(rng, args.train, "train"))
-    write_jsonl(HERE / "heldout.jsonl", examples(rng, args.heldout, "heldout"))
-    print(f"wrote {HERE / 'catalog.json'}, {args.train} training and {args.heldout} held-out examples")
+    held_out = heldout(random.Random(args.seed + 1))
+    write_jsonl(HERE / "heldout.jsonl", held_out)
+    print(f"wrote {HERE / 'catalog.json'}, {args.train} training and {len(held_out)} held-out examples")
 
 
 if __name__ == "__main__":
