@@ -162,3 +162,22 @@ def test_a_schema_slower_to_compile_than_the_servers_budget_is_refused_beside_cl
     assert "took longer than the limit of 0.001 s" in response.json()["error"]["message"]
     assert_clean(offline, answers)
     assert files(tmp_path / "banks") == before
+
+
+def test_a_bank_of_the_servers_own_directory_decodes_however_long_its_schemas_take_to_compile(
+    lively_backbone, tmp_path, offline
+):
+    """The schema budget guards the server against its clients' schemas; a bank the operator put in the directory
+    is no client's, so a compile past the budget (3-13 s on a busy CPU) must not lock it out."""
+    app, engine = serve(lively_backbone, tmp_path / "banks", schema_seconds=0.001)
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^([a-z]{128}){128}$"}}}
+    tool_bank(lively_backbone, tmp_path / "banks" / "slow.safetensors", schema)
+    body = {"model": "slow", "messages": ASK, "tool_choice": FORCE, "max_tokens": 8}
+    engine.start()
+    try:
+        response, answers = beside_clean(app, lambda http: http.post("/v1/chat/completions", json=body))
+    finally:
+        engine.stop()
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "measure"
+    assert_clean(offline, answers)

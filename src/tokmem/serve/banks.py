@@ -4,7 +4,8 @@ A bank named ``NAME`` is ``DIR/NAME.safetensors`` plus ``DIR/NAME.safetensors.js
 ``MemoryBank.save`` writes).  Each load or upload makes an immutable ``BankVersion``; a request holds
 the version it started with, so replacing or deleting a bank never changes a running answer.
 Uploads are validated from their bytes as ``MemoryBank.load`` validates files (``MemoryBank.from_bytes``) and
-their tools' schemas compiled (``grammar.Grammars``, within the server's budget), then both files are written
+their tools' schemas compiled (``grammar.Grammars``, within the server's budget; the directory's own banks compile
+without a time limit, outside the lock), then both files are written
 together (``write_files``); a rejected upload leaves ``DIR`` as it was.  So every version's argument grammars are
 compiled before any request decodes with it: the engine never compiles.
 
@@ -25,7 +26,7 @@ import re
 import stat as stat_module
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -99,7 +100,10 @@ class BankRegistry:
         self.directory = Path(directory)
         self.max_resident = max_resident
         self._identity = _Identity(backbone)
+        # requests' and uploads' schemas compile within the budget; the banks of the server's own directory are its
+        # operator's: they compile however long they take (a time limit there locked a bank out for good on a busy CPU)
         self.grammars = grammars_for(backbone.tokenizer, backbone.vocab_size, budget)
+        self.own_grammars = grammars_for(backbone.tokenizer, backbone.vocab_size, replace(budget, seconds=None))
         self._resident: OrderedDict[str, BankVersion] = OrderedDict()
         self._lock = threading.Lock()
         if not self.directory.is_dir():
@@ -132,9 +136,12 @@ class BankRegistry:
             if now is None:
                 self._resident.pop(name, None)
                 raise BankNotFound(f"no bank named '{name}'")
-            if version is None or version.stamp != now:
-                version = self._install(name, path)
-            self._resident.move_to_end(name)
+            if version is not None and version.stamp == now:
+                self._resident.move_to_end(name)
+                return version
+        version = self._load(name, path)  # outside the lock: its schemas may take long to compile
+        with self._lock:
+            self._keep(version)
             return version
 
     def _composed(self, name: str) -> BankVersion:
@@ -166,7 +173,7 @@ class BankRegistry:
             bank = MemoryBank.from_bytes(
                 tensors, metadata, backbone=self._identity, where=path.name, require_backbone=True
             )
-            grammars = self._compile(bank)
+            grammars = self._compile(bank, self.grammars)
         except (BankError, SchemaError) as err:
             raise BankError(f"upload of bank '{name}': {err}") from None
         with self._lock:
@@ -185,7 +192,9 @@ class BankRegistry:
                 raise BankWriteError(
                     f"bank '{name}' could not be written ({type(err).__name__}); nothing changed"
                 ) from err
-            return self._install(name, path, bank, revision(tensors, metadata), grammars)
+            version = self._version(name, path, bank, revision(tensors, metadata), grammars)
+            self._keep(version)
+            return version
 
     def delete(self, name: str) -> None:
         path = self.path(name)
@@ -196,34 +205,35 @@ class BankRegistry:
             metadata_path(path).unlink(missing_ok=True)
             self._resident.pop(name, None)
 
-    def _compile(self, bank: MemoryBank) -> dict:
+    @staticmethod
+    def _compile(bank: MemoryBank, grammars) -> dict:
         """Each tool row's argument grammars, with and without references (``BankVersion.grammars``); a schema that
         cannot compile is a ``SchemaError`` naming its row, field and keyword."""
-        return {references: self.grammars.rows(bank.schemas, references) for references in (True, False)}
+        return {references: grammars.rows(bank.schemas, references) for references in (True, False)}
 
-    def _install(self, name, path, bank=None, digest=None, grammars=None) -> BankVersion:
+    def _load(self, name: str, path: Path) -> BankVersion:
+        """The version of a bank in the directory, read, validated and its schemas compiled."""
         when = stamp(path)
-        if bank is None:
-            tensors, metadata = path.read_bytes(), metadata_path(path).read_bytes()
-            try:
-                bank = MemoryBank.from_bytes(tensors, metadata, backbone=self._identity, where=path.name)
-                grammars = self._compile(bank)
-            except (BankError, SchemaError) as err:
-                log.error("bank '%s' in %s does not validate: %s", name, self.directory, err)
-                raise BankUnusable(f"bank '{name}' on this server does not validate (see the server log)") from None
-            digest = revision(tensors, metadata)
+        tensors, metadata = path.read_bytes(), metadata_path(path).read_bytes()
+        try:
+            bank = MemoryBank.from_bytes(tensors, metadata, backbone=self._identity, where=path.name)
+            grammars = self._compile(bank, self.own_grammars)
+        except (BankError, SchemaError) as err:
+            log.error("bank '%s' in %s does not validate: %s", name, self.directory, err)
+            raise BankUnusable(f"bank '{name}' on this server does not validate (see the server log)") from None
+        return self._version(name, path, bank, revision(tensors, metadata), grammars, when)
+
+    def _version(self, name, path, bank: MemoryBank, digest: str, grammars: dict, when=None) -> BankVersion:
         device, dtype = self.backbone.device, self.backbone.model.dtype
-        version = BankVersion(
+        return BankVersion(
             name,
             digest,
             TokMemModel(self.backbone, bank),
             bank.index.to(device, dtype),
             bank.steer_matrix.to(device, dtype),
-            when,
+            stamp(path) if when is None else when,
             grammars,
         )
-        self._keep(version)
-        return version
 
     def _keep(self, version: BankVersion) -> None:
         """Make ``version`` resident, the most recently used (the least recently used leave)."""

@@ -39,8 +39,11 @@ class ServeConfig:
     max_new_tokens: int = option(1024, "the most tokens a request may ask for")
     default_max_tokens: int = option(DecodeConfig.max_new_tokens, "tokens answered when a request does not say")
     timeout: float = option(120.0, "seconds per request, queueing included; then 504")
-    # JSON schemas (bank tools' and requests'): compiled at the door, off the decoding thread, within this budget
-    schema_seconds: float = option(5.0, "seconds a schema may take to compile; a slower one gets 400")
+    # JSON schemas: compiled at the door, off the decoding thread; a client's within this budget
+    schema_seconds: float = option(
+        5.0,
+        "seconds a client's schema (request tools, response_format, an uploaded bank) may take to compile; then 400",
+    )
     max_schema_chars: int = option(Budget.max_chars, "characters of one JSON schema; a larger one gets 400")
     # connections
     max_body_mb: float = option(8.0, "request body limit in MiB; larger bodies get 413")
