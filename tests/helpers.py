@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 TRAVEL = Path(__file__).parents[1] / "examples" / "travel"
@@ -184,3 +185,16 @@ def fuzz_settings(examples: int):
     return settings(
         max_examples=examples, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
     )
+
+
+class Unit(BaseModel):
+    name: str
+    factor: int
+
+
+class Measure(BaseModel):
+    """A pydantic model whose JSON schema has ``$defs`` and ``$ref`` (nested and in a list): what clients send."""
+
+    value: float
+    unit: Unit
+    alternatives: list[Unit] = []

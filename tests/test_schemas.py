@@ -9,6 +9,7 @@ import torch
 import xgrammar
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from helpers import Measure
 from pydantic import BaseModel
 
 from tokmem.chat import conversation_ids
@@ -16,17 +17,6 @@ from tokmem.data.procedures import load_schemas
 from tokmem.errors import DataError
 from tokmem.grammar import ArgumentGrammar, Grammars
 from tokmem.schemas import Budget, SchemaError, check_schema, decoding_schema
-
-
-class Unit(BaseModel):
-    name: str
-    factor: int
-
-
-class Measure(BaseModel):
-    value: float
-    unit: Unit
-    alternatives: list[Unit] = []
 
 
 class Tree(BaseModel):

@@ -5,8 +5,7 @@ the six get 200 and exactly their offline answers, and a refused upload leaves t
 import asyncio
 
 import pytest
-from helpers import bank_files, call, expected, files, random_rows, serve
-from pydantic import BaseModel
+from helpers import Measure, bank_files, call, expected, files, random_rows, serve
 
 import tokmem
 from tokmem import DecodeConfig
@@ -14,16 +13,6 @@ from tokmem import DecodeConfig
 CLEAN = [("alpha", "Reverse apple."), ("beta", "hi"), ("gamma", "What is the weather like today?")] * 2
 FORCE = {"type": "function", "function": {"name": "measure"}}
 ASK = [{"role": "user", "content": "How long is it?"}]
-
-
-class Unit(BaseModel):
-    name: str
-    factor: int
-
-
-class Measure(BaseModel):
-    value: float
-    unit: Unit
 
 
 @pytest.fixture
