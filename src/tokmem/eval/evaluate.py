@@ -36,13 +36,12 @@ def evaluate(
     config = config or DecodeConfig()
     generations = generate(model, [e.query for e in examples], config)
     tools = are_tool_calls(examples)
-    looped = [i for i, e in enumerate(examples) if tools and all(s.result is not None for s in e.steps)]
-    loop = loop(model, [examples[i] for i in looped], config) if loop and looped else None
-    looped = looped if loop else []
+    looped = [i for i, e in enumerate(examples) if loop and tools and all(s.result is not None for s in e.steps)]
+    looped_scores = loop(model, [examples[i] for i in looped], config) if looped else None
     calls = [[s.text for s in g.trace] for g in generations] if tools else [None] * len(examples)
-    for i, sample in zip(looped, loop["samples"] if loop else []):
+    for i, sample in zip(looped, looped_scores["samples"] if looped else []):
         calls[i] = sample["end_to_end"]
-    routes = _routes(generations, looped, loop)
+    routes = _routes(generations, looped, looped_scores)
     rows = [_score(e, g, c, r) for e, g, c, r in zip(examples, generations, calls, routes)]
     chains = [r for r in rows if len(r["gold"]) > 1]
     return {
@@ -55,7 +54,7 @@ def evaluate(
         "open_set_fallbacks": sum(not r["routed"] for r in rows),
         "per_procedure": _per_procedure([r for r in rows if len(r["gold"]) == 1]),
         "calls": score_calls(examples, calls, routes) if tools else None,
-        "calls_per_step": loop["step"] if loop else None,
+        "calls_per_step": looped_scores["step"] if looped else None,
         "predictions": rows,
     }
 

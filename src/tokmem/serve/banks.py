@@ -192,7 +192,7 @@ class BankRegistry:
                 raise BankWriteError(
                     f"bank '{name}' could not be written ({type(err).__name__}); nothing changed"
                 ) from err
-            version = self._version(name, path, bank, revision(tensors, metadata), grammars)
+            version = self._version(name, bank, revision(tensors, metadata), grammars, stamp(path))
             self._keep(version)
             return version
 
@@ -221,9 +221,9 @@ class BankRegistry:
         except (BankError, SchemaError) as err:
             log.error("bank '%s' in %s does not validate: %s", name, self.directory, err)
             raise BankUnusable(f"bank '{name}' on this server does not validate (see the server log)") from None
-        return self._version(name, path, bank, revision(tensors, metadata), grammars, when)
+        return self._version(name, bank, revision(tensors, metadata), grammars, when)
 
-    def _version(self, name, path, bank: MemoryBank, digest: str, grammars: dict, when=None) -> BankVersion:
+    def _version(self, name: str, bank: MemoryBank, digest: str, grammars: dict, when) -> BankVersion:
         device, dtype = self.backbone.device, self.backbone.model.dtype
         return BankVersion(
             name,
@@ -231,7 +231,7 @@ class BankRegistry:
             TokMemModel(self.backbone, bank),
             bank.index.to(device, dtype),
             bank.steer_matrix.to(device, dtype),
-            stamp(path) if when is None else when,
+            when,
             grammars,
         )
 
