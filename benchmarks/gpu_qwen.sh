@@ -38,7 +38,7 @@ if [ "$mode" = pack ]; then
   rm -rf "$work" && ls -la "$out" && exit 0
 fi
 
-mkdir -p /tmp/pieces && cp .dev/* /tmp/pieces/ 2>/dev/null
+mkdir -p /tmp/pieces && cp -r .dev/* /tmp/pieces/ 2>/dev/null
 [ "$mode" = keep ] && { ls /tmp/pieces; exit 0; }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKMEM_CACHE=/tmp/tokmem-cache TOKENIZERS_PARALLELISM=false
 site=/tmp/site
@@ -54,6 +54,7 @@ if [ ! -f /tmp/small.ok ]; then
   $py -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "pip install -e . failed"
   touch /tmp/small.ok
 fi
+[ -d /tmp/pieces/rw ] && $py -m pip install -q --no-index --no-deps --upgrade --target "$site" /tmp/pieces/rw/*.whl
 export PYTHONPATH="$site:$PWD/src" TOKMEM_SHARED_DATA=/tmp/payload/data
 bench() { $py -m tokmem.cli bench "$@" --device $device --quiet; }
 budget() { echo $(( ${1} - ($(date +%s) - start) )); }  # seconds left of a total of $1 since the start
@@ -81,17 +82,32 @@ $py -c "import time, tokmem; t = time.time(); b = tokmem.load_backbone('qwen2.5-
 print('loaded', b.name, b.fingerprint(), next(b.model.parameters()).dtype, round(time.time() - t, 1), 's')" 2>&1 | grep -v Warning
 total=${TOTAL_SECONDS:-540}
 cfb="--study main --dataset complexfuncbench --preset cpu --backbone qwen2.5-coder-0.5b --max-new-tokens 256 --eval-batch-size 64"
-step() {  # name, then the bench arguments: run within what is left of the total, log it, and time it
-  local name=$1; shift; local left; left=$(budget "$total")
+step() {  # name, then the bench arguments: run in the background within what is left of the total, logged
+  local name=$1; shift; local left; left=$(( $(budget "$total") - 15 ))  # 15 s kept to pack what finished
+  [[ $name =~ ${ONLY:-.} ]] || return 0  # ONLY=regex: the steps whose name matches
   [ "$left" -gt 30 ] || { echo "$name: skipped, $left s left"; return; }
-  local t0; t0=$(date +%s)
-  timeout "$left" bash -c "py=$py device=$device; $(declare -f bench); bench $*" >"$runs/$name.log" 2>&1
-  echo "$name: exit $? in $(( $(date +%s) - t0 )) s"; grep -v Warning "$runs/$name.log" | tail -4
-  tar czf "$out/results.tgz" -C "$runs" .
+  ( t0=$(date +%s); OMP_NUM_THREADS=1 timeout "$left" bash -c "py=$py device=$device; $(declare -f bench); bench $*" \
+      >"$runs/$name.log" 2>&1
+    echo "$name: exit $? in $(( $(date +%s) - t0 )) s"; grep -v Warning "$runs/$name.log" | tail -3 ) &
 }
-step loop-cfb-qwen0.5b compositional $cfb --methods tokmem,lora,native,native-retrieved --json "$runs/loop-cfb-qwen0.5b.json"
-step atomic-qwen0.5b atomic --backbone qwen2.5-coder-0.5b --methods tokmem,lora,rag,base --tokmem-lr 5e-3 \
-  --tasks-dir /tmp/payload/data/sni/tasks --epoch-budgets 1 --eval-batch-size 64 --json "$runs/atomic-qwen0.5b.json"
-step loop-cfb-qwen0.5b-seeds compositional $cfb --methods tokmem,lora --seeds 1,2 --json "$runs/loop-cfb-qwen0.5b-seeds.json"
-step loop-cfb-qwen0.5b-others compositional $cfb --methods tokmem-noadapt,rag --json "$runs/loop-cfb-qwen0.5b-others.json"
+# one GPU, many small jobs: a 0.5B's answering is bound by the Python decode loop, so the jobs run side by side
+# (one process each, a result file each; merged here with benchmarks/merge_runs.py)
+step cfb-s0-rag compositional $cfb --seed 0 --methods rag --json "$runs/cfb-s0-rag.json"
+for seed in 0 1 2; do
+  for m in tokmem-noadapt tokmem lora native; do
+    [ $seed = 0 ] && [ $m != tokmem-noadapt ] && continue  # seed 0's TokMem and LoRA: results/loop-cfb-qwen0.5b.json
+    step cfb-s$seed-$m compositional $cfb --seed $seed --methods $m --json "$runs/cfb-s$seed-$m.json"
+  done
+done
+atomic="atomic --backbone qwen2.5-coder-0.5b --tokmem-lr 5e-3 --tasks-dir /tmp/payload/data/sni/tasks --epoch-budgets 1"
+for m in tokmem lora; do  # compositional main on the built-in catalog
+  step catalog-s0-$m compositional --study main --preset cpu --backbone qwen2.5-coder-0.5b --eval-batch-size 64 \
+    --methods $m --json "$runs/catalog-s0-$m.json"
+done
+for seed in 0 1 2; do
+  step atomic-s$seed-trained $atomic --seed $seed --methods tokmem,lora --eval-batch-size 64 --json "$runs/atomic-s$seed-trained.json"
+  step atomic-s$seed-untrained $atomic --seed $seed --methods rag,base --eval-batch-size 64 --json "$runs/atomic-s$seed-untrained.json"
+done
+wait
+tar czf "$out/results.tgz" -C "$runs" .
 echo "done in $(( $(date +%s) - start )) s"

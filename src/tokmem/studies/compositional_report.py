@@ -127,6 +127,13 @@ def _score_cells(scores: dict, calls: list[str], part: str = "step") -> list[str
     return [spread(scores[m][c]) if c in scores[m] else "–" for m in METRICS for c in [*calls, "avg"]]
 
 
+def _params_cell(value) -> str:
+    """A method's trainable parameters; over seeds whose data differ in tools (TokMem: a row a tool), their range."""
+    if isinstance(value, dict):
+        return f"{min(value['per_seed']):,}–{max(value['per_seed']):,}"
+    return f"{value:,}"
+
+
 def _budget_cells(scores: dict, part: str = "step") -> list[str]:
     """The updates a method made and its memory tokens' routing F1 (TokMem; in the tool loop its ``part``
     evaluation's), beside its scores."""
@@ -163,7 +170,7 @@ def main_markdown(result: dict) -> str:
         rows = [
             [
                 s["label"],
-                f"{s['trainable_params']:,}",
+                _params_cell(s["trainable_params"]),
                 *_budget_cells(s, part),
                 *(_cost_cells(s) if cost else []),
                 *_score_cells(s, calls, part),
