@@ -7,7 +7,8 @@ and keys with other values, not a JSON call (cut at the token limit or malformed
 Each gold argument value is also counted by where the model could have read it (`origin`): in the query, in an
 earlier result as the sequence shows it (cut to the study's result budget), only in the part of a result the cut
 hides, or nowhere (rewritten: a date from "December 15th", a sum): and how often the answer has it, a value
-counting as right only when the answer names the right tool.  The test records are rebuilt from the study's own
+counting as right only when the answer names the right tool.  A wrong value of the right tool is also looked up
+among the training records' values of that argument: a value recalled from training, not read from the context.  The test records are rebuilt from the study's own
 config (the data under ``../shared/data/function-calling`` or ``--data-dir``), and the cut is measured with the
 backbone's tokenizer (``--result-tokens`` asks what another budget would show).  Files written before the samples kept no-call steps in place (their ``step`` lists are
 shorter than ``gold``) are read over their aligned records only.
@@ -69,9 +70,17 @@ def value_origins(example: Example, tokenizer, budget: int = RESULT_TOKENS) -> l
     return origins
 
 
-def summary(samples: list[dict], examples: dict[str, Example], tokenizer, budget: int = RESULT_TOKENS) -> dict:
+def trained_values(train: list[Example]) -> set[tuple]:
+    """Every (tool, argument, canonical value) the training records' gold calls hold."""
+    calls = (read_call(step.response) for example in train for step in example.steps)
+    return {(name, key, value) for name, arguments in calls for key, value in arguments}
+
+
+def summary(
+    samples: list[dict], examples: dict[str, Example], trained: set[tuple], tokenizer, budget: int = RESULT_TOKENS
+) -> dict:
     aligned = [s for s in samples if len(s["step"]) == len(s["gold"])]
-    counts, values = Counter(), Counter()
+    counts, values, wrong = Counter(), Counter(), Counter()
     for sample in aligned:
         origins = value_origins(examples[sample["query"]], tokenizer, budget)
         for gold_text, text, where in zip(sample["gold"], sample["step"], origins):
@@ -81,20 +90,25 @@ def summary(samples: list[dict], examples: dict[str, Example], tokenizer, budget
             for key, value in dict(gold[1]).items():
                 values[where[key], "total"] += 1
                 values[where[key], "right"] += key in given and given[key] == value
+                if key in given and given[key] != value:
+                    wrong["total"] += 1
+                    wrong["from training"] += (gold[0], key, given[key]) in trained
     return {
         "records": f"{len(aligned)} of {len(samples)}",
         "steps": sum(counts.values()),
         **counts,
         "values right, by origin": {o: f"{values[o, 'right']} of {values[o, 'total']}" for o in ORIGINS},
+        "wrong values recalled from training": f"{wrong['from training']} of {wrong['total']}",
     }
 
 
-def study_examples(config: dict, data_dir: str | None) -> dict[str, Example]:
-    """The test records of the study a result file's ``config`` describes, by query."""
+def study_data(config: dict, data_dir: str | None) -> tuple[dict[str, Example], set[tuple]]:
+    """The test records of the study a result file's ``config`` describes, by query, and its training values."""
     names = {f.name for f in fields(CompositionalConfig)}
     settings = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k in names}
     rebuilt = replace(CompositionalConfig(), **settings | {"data_dir": data_dir or config.get("data_dir")})
-    return {e.query: e for e in real_data(rebuilt).data.test}
+    data = real_data(rebuilt).data
+    return {e.query: e for e in data.test}, trained_values(data.train)
 
 
 def main() -> None:
@@ -108,10 +122,10 @@ def main() -> None:
     tokenizer = load_backbone("smollm2-135m").tokenizer
     for path in args.files:
         result = json.load(open(path))
-        examples = study_examples(result["config"], args.data_dir)
+        examples, trained = study_data(result["config"], args.data_dir)
         for name, method in result["methods"].items():
             print(
-                f"{path} {method.get('label', name)}: {json.dumps(summary(method['samples'], examples, tokenizer, args.result_tokens))}"
+                f"{path} {method.get('label', name)}: {json.dumps(summary(method['samples'], examples, trained, tokenizer, args.result_tokens))}"
             )
 
 

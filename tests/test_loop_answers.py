@@ -28,9 +28,21 @@ def test_a_value_counts_as_right_only_when_the_answer_names_the_right_tool(backb
     example = Example("Rent car ab12.", (Step("Rent", call_json("Rent", {"id": "ab12"})),))
     gold = call_json("Rent", {"id": "ab12"})
     samples = [{"query": example.query, "gold": [gold], "step": [call_json("Search", {"id": "ab12"})]}]
-    counted = loop_answers.summary(samples, {example.query: example}, backbone.tokenizer)
+    counted = loop_answers.summary(samples, {example.query: example}, set(), backbone.tokenizer)
     assert counted["another tool"] == 1
     assert counted["values right, by origin"]["query"] == "0 of 1"
     samples[0]["step"] = [gold]
-    counted = loop_answers.summary(samples, {example.query: example}, backbone.tokenizer)
+    counted = loop_answers.summary(samples, {example.query: example}, set(), backbone.tokenizer)
     assert (counted["exact"], counted["values right, by origin"]["query"]) == (1, "1 of 1")
+
+
+def test_a_wrong_value_is_counted_as_recalled_when_a_training_call_of_that_tool_and_argument_held_it(backbone):
+    example = Example("Rent car ab12.", (Step("Rent", call_json("Rent", {"id": "ab12"})),))
+    trained = loop_answers.trained_values(
+        [Example("Rent car zz99.", (Step("Rent", call_json("Rent", {"id": "zz99"})),))]
+    )
+    samples = [{"query": example.query, "gold": [call_json("Rent", {"id": "ab12"})], "step": [None]}]
+    for answer, recalled in (("zz99", "1 of 1"), ("qq00", "0 of 1")):
+        samples[0]["step"] = [call_json("Rent", {"id": answer})]
+        counted = loop_answers.summary(samples, {example.query: example}, trained, backbone.tokenizer)
+        assert counted["wrong values recalled from training"] == recalled
