@@ -12,13 +12,17 @@
 #   carry .dev/small.tgz .dev/big.sha256 .dev/b00:  bash benchmarks/gpu_qwen.sh smoke $OUT   (CUDA tests, tiny studies)
 #   carry .dev/b01 … .dev/b08, one a call:          bash benchmarks/gpu_qwen.sh keep $OUT
 #   carry .dev/b09:                                 TOTAL_SECONDS=540 bash benchmarks/gpu_qwen.sh studies $OUT
+# The studies run one process a step, side by side (ONLY=regex: the steps whose name matches; a later call on the
+# warm machine skips the unpacking and loads the cached backbone in seconds). Done so far (results/*qwen0.5b*):
+# cfb-s*, atomic-s*, catalog-s0-*; next: ONLY=cfb8. Wheels packed after small.tgz travel in .dev/rw/ (carry it).
 set -uo pipefail
 mode=${1:?usage: gpu_qwen.sh pack|smoke|keep|studies OUT}
 out=${2:?usage: gpu_qwen.sh pack|smoke|keep|studies OUT}
 mkdir -p "$out"
 py=${PY:-python3}
 WHEELS="xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.3 pydantic_core==2.50.4 annotated-types==0.8.0
-  typing-inspection==0.4.5 typing_extensions==4.16.0 gguf==0.19.0"
+  typing-inspection==0.4.5 typing_extensions==4.16.0 gguf==0.19.0 nltk==3.9.1 absl-py==2.1.0 six==1.17.0 joblib==1.6.0
+  click==8.5.1 regex==2026.11.19"  # and rouge_score (the atomic study's scorer), built below: PyPI has no wheel of it
 
 if [ "$mode" = pack ]; then
   packages=$($py -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
@@ -30,6 +34,7 @@ if [ "$mode" = pack ]; then
   cp -r "$data/function-calling" "$data/sni" "$work/data/"
   $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d "$work/whl" $WHEELS || exit 1
+  $py -m pip wheel -q --no-deps -w "$work/whl" rouge_score==0.1.2 || exit 1
   tar czf "$out/small.tgz" -C "$work" whl data
   tar cf - -C "$work" site | gzip -1 >"$work/big.tgz"
   sha256sum <"$work/big.tgz" | cut -d' ' -f1 >"$out/big.sha256"
@@ -100,6 +105,11 @@ for seed in 0 1 2; do
   done
 done
 atomic="atomic --backbone qwen2.5-coder-0.5b --tokmem-lr 5e-3 --tasks-dir /tmp/payload/data/sni/tasks --epoch-budgets 1"
+for seed in 0 1 2; do  # the same at 8 epochs (480 updates): whether TokMem learns the arguments with more updates
+  for m in tokmem lora; do
+    step cfb8-s$seed-$m compositional $cfb --seed $seed --epochs 8 --methods $m --json "$runs/cfb8-s$seed-$m.json"
+  done
+done
 for m in tokmem lora; do  # compositional main on the built-in catalog
   step catalog-s0-$m compositional --study main --preset cpu --backbone qwen2.5-coder-0.5b --eval-batch-size 64 \
     --methods $m --json "$runs/catalog-s0-$m.json"
