@@ -16,7 +16,7 @@ from tokmem.chat import conversation_ids
 from tokmem.data.procedures import load_schemas
 from tokmem.errors import DataError
 from tokmem.grammar import ArgumentGrammar, Grammars
-from tokmem.schemas import Budget, SchemaError, check_schema, decoding_schema
+from tokmem.schemas import Budget, SchemaError, check_schema, decoding_schema, shared_leaves
 
 
 class Tree(BaseModel):
@@ -225,3 +225,39 @@ def test_any_json_as_a_schema_compiles_or_is_a_schema_error_never_another_except
         grammars.arguments({"type": "object", "properties": {"s": schema}})
     except SchemaError:
         pass
+
+
+def test_repeated_string_and_integer_leaves_are_compiled_once_and_the_calls_accepted_stay_the_same(backbone):
+    parameters = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "description": "where"},
+            "country": {"type": "string"},
+            "code": {"type": "string", "maxLength": 3},
+            "adults": {"type": "integer"},
+            "rooms": {"type": "integer", "title": "rooms"},
+        },
+        "required": ["city", "adults"],
+    }
+    schema = decoding_schema(parameters)
+    shared = shared_leaves(schema)
+    leaves = [d for d in shared["$defs"].values()]
+    assert {d["type"] for d in leaves} == {"string", "integer"} and len(json.dumps(shared)) < len(json.dumps(schema))
+    info = xgrammar.TokenizerInfo.from_huggingface(backbone.tokenizer, vocab_size=backbone.vocab_size)
+    compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)
+    plain, hoisted = (
+        compiler.compile_json_schema(json.dumps(s), any_whitespace=False, separators=(",", ":"), strict_mode=False)
+        for s in (schema, shared)
+    )
+    calls = [
+        '{"city":"Oslo","adults":2}',
+        '{"city":"' + "a" * 128 + '","adults":2}',  # the default string bound
+        '{"city":"' + "a" * 129 + '","adults":2}',  # past it
+        '{"city":"Oslo","code":"NOR","adults":2,"rooms":1}',
+        '{"city":"Oslo","code":"NORW","adults":2}',  # past the schema's own maxLength
+        '{"city":"$var1.name$","adults":"$var2.count$"}',  # references to earlier results
+        '{"city":"Oslo","adults":"two"}',
+        '{"city":"Oslo"}',
+    ]
+    assert [accepts(hoisted, c) for c in calls] == [accepts(plain, c) for c in calls]
+    assert [accepts(hoisted, c) for c in calls] == [True, True, False, True, False, True, False, False]

@@ -39,7 +39,7 @@ from concurrent.futures import Future
 import torch
 import xgrammar
 
-from tokmem.schemas import Budget, SchemaError, check_schema, decoding_schema
+from tokmem.schemas import Budget, SchemaError, check_schema, decoding_schema, shared_leaves
 
 _BITS = torch.arange(32, dtype=torch.int32)
 
@@ -68,6 +68,10 @@ class Grammars:
         """The grammar of JSON text (compact: no spaces) that ``schema`` accepts.  A ``SchemaError`` (under
         ``where``) says why it cannot be: a feature the backend does not enforce, a broken reference, over budget,
         or the backend's own refusal."""
+        return self._result(*self._submitted(schema, where))
+
+    def _submitted(self, schema, where: str) -> tuple[str, str]:
+        """``schema`` checked and its compile started (or found in the cache): (its key, ``where``)."""
         checked = check_schema(schema, where, self.budget)
         key = hashlib.sha256(json.dumps(checked, sort_keys=True).encode()).hexdigest()
         with self._lock:
@@ -77,6 +81,11 @@ class Grammars:
                 while len(self.compiled) > self.CACHED:
                     self.compiled.popitem(last=False)
             self.compiled.move_to_end(key)
+        return key, where
+
+    def _result(self, key: str, where: str) -> xgrammar.CompiledGrammar:
+        """The compiled grammar under ``key``, waited for within its deadline."""
+        with self._lock:
             future, deadline = self.compiled[key]
         try:
             return future.result(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -100,7 +109,10 @@ class Grammars:
             try:
                 future.set_result(
                     self.compiler.compile_json_schema(
-                        json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=False
+                        json.dumps(shared_leaves(schema)),
+                        any_whitespace=False,
+                        separators=(",", ":"),
+                        strict_mode=False,
                     )
                 )
             except Exception as err:  # noqa: BLE001 - handed to whoever waits
@@ -114,11 +126,15 @@ class Grammars:
         return self.compile(decoding_schema(parameters, references, where, self.budget), where)
 
     def rows(self, schemas: list, references: bool = True, where: str = "schemas") -> list:
-        """Per bank row, the compiled grammar of its tool's arguments, or None (no schema)."""
-        return [
-            None if schema is None else self.arguments(schema, references, f"{where}[{row}]")
+        """Per bank row, the compiled grammar of its tool's arguments, or None (no schema): every compile started
+        before the first is waited for, so the rows compile side by side (one thread each)."""
+        pending = [
+            None
+            if schema is None
+            else self._submitted(decoding_schema(schema, references, f"{where}[{row}]", self.budget), f"{where}[{row}]")
             for row, schema in enumerate(schemas)
         ]
+        return [None if waiting is None else self._result(*waiting) for waiting in pending]
 
 
 def _first_line(err: Exception) -> str:

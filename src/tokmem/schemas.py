@@ -301,6 +301,54 @@ def bounded(schema):
     return out
 
 
+def shared_leaves(schema: dict) -> dict:
+    """``schema`` with every string or integer leaf that occurs more than once (the same constraints, annotations
+    aside) replaced by a ``$ref`` to one definition of it: the same language, compiled once.  xgrammar builds the
+    token masks of each rule it meets: a bounded string (``bounded``: a 128-character repetition) written out in six
+    arguments and the reference pattern in each of them cost 11.0 s to compile with smollm2's vocabulary, shared 1.3 s
+    (the unbounded schema's cost)."""
+    counts: dict[str, int] = {}
+    _leaves(schema, lambda key, leaf: counts.__setitem__(key, counts.get(key, 0) + 1))
+    shared = {key: f"{_SHARED}{n}" for n, key in enumerate(k for k, c in counts.items() if c > 1)}
+    if not shared:
+        return schema
+    defs = {name: json.loads(key) for key, name in shared.items()}
+
+    def replace(node):
+        if isinstance(node, list):
+            return [replace(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        key = _leaf_key(node)
+        if key in shared:
+            return {"$ref": f"#/$defs/{shared[key]}"}
+        return {k: v if k in _UNTOUCHED else replace(v) for k, v in node.items()}
+
+    out = replace(schema)
+    return {**out, "$defs": {**out.get("$defs", {}), **defs}}
+
+
+def _leaf_key(node) -> str | None:
+    """A string or integer leaf's constraints as a key (annotations dropped), None for any other node."""
+    if not isinstance(node, dict) or node.get("type") not in ("string", "integer") or not node.keys() <= _LEAF_KEYS:
+        return None
+    return json.dumps({k: v for k, v in node.items() if k not in _ANNOTATIONS}, sort_keys=True)
+
+
+def _leaves(node, visit) -> None:
+    if isinstance(node, list):
+        for item in node:
+            _leaves(item, visit)
+    elif isinstance(node, dict):
+        key = _leaf_key(node)
+        if key is not None:
+            visit(key, node)
+            return
+        for k, v in node.items():
+            if k not in _UNTOUCHED:
+                _leaves(v, visit)
+
+
 def learned_bounds(schema: dict | None, tool: str, examples) -> dict | None:
     """``schema`` (a copy) with a ``maxLength`` on each string argument that sets no bound, learned from the values
     the training ``examples``' calls of ``tool`` gave it: twice the longest, at least ``LEARNED_FLOOR`` characters.
@@ -338,4 +386,7 @@ _SCHEMA_MAPS = {"properties", "$defs", "definitions"}  # name → schema
 # a string of one of these shapes is bounded by it (or not ours to bound)
 _SHAPED = {"pattern", "format", "enum", "const"}
 _REFERENCE = re.compile(REFERENCE["pattern"])
+_ANNOTATIONS = {"description", "title", "examples", "default"}
+_LEAF_KEYS = {"type", "pattern", "minLength", "maxLength", "minimum", "maximum", "format", *_ANNOTATIONS}
+_SHARED = "tokmem_leaf_"  # the definitions shared_leaves adds (a name a schema of ours would not use)
 _INTEGER_BOUNDS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum", "const"}
