@@ -10,7 +10,7 @@ hides, or nowhere (rewritten: a date from "December 15th", a sum): and how often
 counting as right only when the answer names the right tool.  A wrong value of the right tool is also looked up
 among the training records' values of that argument: a value recalled from training, not read from the context.  The test records are rebuilt from the study's own
 config (the data under ``../shared/data/function-calling`` or ``--data-dir``), and the cut is measured with the
-backbone's tokenizer (``--result-tokens`` asks what another budget would show).  Files written before the samples kept no-call steps in place (their ``step`` lists are
+study's backbone's tokenizer (``--result-tokens`` asks what another budget would show).  Files written before the samples kept no-call steps in place (their ``step`` lists are
 shorter than ``gold``) are read over their aligned records only.
 
     python benchmarks/loop_answers.py results/loop-cfb-flights.json [more.json ...]
@@ -119,9 +119,11 @@ def main() -> None:
         "--result-tokens", type=int, default=RESULT_TOKENS, help="the result budget to count values past (the study's)"
     )
     args = parser.parse_args()
-    tokenizer = load_backbone("smollm2-135m").tokenizer
+    tokenizers = {}  # the study's backbone's, which cut its results
     for path in args.files:
         result = json.load(open(path))
+        name = result["config"]["backbone"]
+        tokenizer = tokenizers.setdefault(name, load_backbone(name).tokenizer)
         examples, trained = study_data(result["config"], args.data_dir)
         for name, method in result["methods"].items():
             print(
