@@ -63,6 +63,10 @@ CURRENCIES = {"EUR": "euros", "USD": "dollars", "GBP": "pounds", "JPY": "yen", "
 CONDITIONS = ["sunny", "cloudy", "light rain", "windy", "clear"]
 RATES = {"EUR": 1.0, "USD": 1.08, "GBP": 0.86, "JPY": 162.0, "CHF": 0.95}
 
+# A tool's training phrasings: plain, terse, indirect.  The last ones of each list (weather asked through what to do
+# outdoors, codes in lower case, a priced flight that names its currency first) came after the held-out misses of the
+# first 160-example data were read, written from scratch for the kinds of phrasing it lacked: none rewords a held-out
+# query.
 WEATHER = [
     "What's the weather in {city}?",
     "How warm is it in {city} right now, in {unit}?",
@@ -86,6 +90,15 @@ WEATHER = [
     "Outside temperature in {city}?",
     "Planning a walk around {city} - what's the sky like?",
     "How many degrees is it in {city} ({unit})?",
+    "Any snow falling in {city} right now?",
+    "Is it a beach day in {city}?",
+    "Would a light sweater be enough in {city} today?",
+    "My friend in {city} says it's stormy - can you look?",
+    "Can I go for a run outdoors in {city} now?",
+    "How humid is it in {city} today?",
+    "I land in {city} at noon; is it freezing there?",
+    "Look up the skies over {city} for me, in {unit}.",
+    "Picnic in {city} today: good idea, weather-wise?",
 ]
 CURRENCY = [
     "Convert {amount} {from_name} to {to_name}.",
@@ -109,6 +122,12 @@ CURRENCY = [
     "How much money is {amount} {from} in {to_name}?",
     "I'll spend {amount} {from_name} - what's that in {to}?",
     "Work out {amount} {from} in {to} for me.",
+    "{from_lower} {amount} to {to_lower}",
+    "how much {to_lower} is {amount} {from_lower}",
+    "{amount} {from_lower} -> {to_lower}?",
+    "Need {to_name}: how much for {amount} {from}?",
+    "Dinner came to {amount} {from}; in {to_name} please.",
+    "rate {from_lower}/{to_lower} on {amount}",
 ]
 FLIGHTS = [
     "Find flights from {origin} to {destination} on {date}.",
@@ -127,6 +146,8 @@ FLIGHTS = [
     "Ticket options {origin} to {destination}, {date}.",
     "Going from {origin} to {destination} on {date}: what can I fly?",
     "air travel {origin} {destination} {date}",
+    "Any seats left {origin} to {destination} on {date}?",
+    "Hop from {origin} over to {destination} on {date} - what's flying?",
 ]
 PRICED = [
     "Find a flight from {origin} to {destination} on {date} and tell me the price in {to}.",
@@ -137,6 +158,11 @@ PRICED = [
     "Flying {origin} to {destination} on {date}; how many {to_name} is the ticket?",
     "Book {origin} to {destination} on {date} and quote me the total in {to_name}.",
     "Flights {origin} {destination} {date}, costs in {to}",
+    "In {to_name}, what's the fare from {origin} to {destination} on {date}?",
+    "Convert the fare of a {origin}-{destination} flight on {date} into {to}.",
+    "How much {to} will I pay to fly {origin} to {destination} on {date}?",
+    "Cost in {to_name} of flying {origin} to {destination} on {date}?",
+    "I budget in {to}: look up {origin} to {destination} for {date} and its price.",
 ]
 
 # The held-out queries, written by hand apart from the templates above (before the second half of each list, none
@@ -236,7 +262,9 @@ def converted(amount: float, source: str, target: str) -> float:
 
 def currency(rng: random.Random) -> dict:
     amount, source, target = amount_and_pair(rng)
-    names = dict(from_name=CURRENCIES[source], to_name=CURRENCIES[target])
+    names = dict(
+        from_name=CURRENCIES[source], to_name=CURRENCIES[target], from_lower=source.lower(), to_lower=target.lower()
+    )
     query = rng.choice(CURRENCY).format(amount=amount, **{"from": source, "to": target}, **names)
     return currency_example(query, amount, source, target)
 
@@ -327,11 +355,13 @@ def priced_flight_example(
 
 
 def examples(rng: random.Random, count: int, prefix: str) -> list[dict]:
-    """``count`` examples, the three tools in turn (every fifth a priced flight); a third keep their answer."""
-    makers = [weather, currency, flights]
+    """``count`` examples, each tool first in a third of them (every other flight search priced: a priced flight
+    begins with the search, so a search_flights row trained on every priced flight besides its own queries routes
+    the other tools' queries to itself); a third keep their answer."""
+    makers = [weather, currency, flights, weather, currency, priced_flight]
     out = []
     for k in range(count):
-        example = priced_flight(rng) if k % 5 == 4 else makers[k % 3](rng)
+        example = makers[k % len(makers)](rng)
         if rng.random() >= 1 / 3:
             del example["answer"]
         out.append({"id": f"{prefix}-{k}", **example})
