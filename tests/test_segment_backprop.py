@@ -114,8 +114,9 @@ def test_with_several_segments_the_gradients_are_each_segments_own_loss_with_the
 ):
     backbone = request.getfixturevalue("lively_backbone" if attention == "sdpa" else "eager_backbone")
     model = random_model(backbone, ["Find", "Rent"], ["tool", "tool"], decoupled)
-    batch = batch_of(model, tool_loops())
-    assert all(len(segments(labels)) == 3 for _, labels in records(batch))  # two calls and the answer
+    one_call = Example("Find the Hilton.", (Step("Find", call_json("Find", {"query": "Hilton"})),))
+    batch = batch_of(model, [*tool_loops(), one_call])
+    assert [len(segments(labels)) for _, labels in records(batch)] == [3, 3, 1]  # two calls and the answer; one
     rows = model.unfreeze_rows()
     segmented, count = model.loss(batch, segments=True)
     reference = [loss for ids, labels in records(batch) for _, loss in segment_loss_sums(model, ids, labels)]

@@ -197,15 +197,19 @@ class TokMemModel(nn.Module):
         the detached states before it.  What the loss does not need (tool results, the turns around them) is never
         back-propagated, and a memory row's input side learns from its own segment's loss only; with one segment a
         record this is exact.  All segments of a batch run in one pass: each row's segments packed side by side, kept
-        apart by the attention mask (``_segment_mask``)."""
+        apart by the attention mask (``_segment_packing``).  A batch of one segment a record takes ``_suffix_hidden``:
+        exact there, and cheaper."""
+        runs, inside = _segment_starts(batch["labels"]), _inside_segments(batch["labels"])
+        most, width = torch.stack([runs.sum(-1).max(), inside.sum(-1).max()]).tolist()  # one host sync
+        if self.layers_sharded:  # every rank runs the same passes
+            most, width = (distributed.global_max(count, self.device) for count in (most, width))
+        if most <= 1:
+            return self._suffix_hidden(batch, starts, steer, prefixes)
         with torch.no_grad():
             context, labels, (suffix, cache, mask) = self._suffix_pass(batch, starts, steer.detach(), prefixes)
-        inside = _inside_segments(labels)
-        width = int(inside.sum(-1).max())  # one host sync
-        if self.layers_sharded:  # every rank runs the segments' pass, or none does
-            width = distributed.global_max(width, self.device)
         if width == 0:  # every segment is one label, predicted by the state before it: the context's
             return context, labels
+        inside = _inside_segments(labels)
         columns, allowed = _segment_packing(labels, inside, mask, width)
         position_ids = starts.unsqueeze(-1) + columns
         hidden, _ = self.hidden(suffix.gather(1, columns), self._attention_mask(allowed), position_ids, cache, steer)
@@ -349,6 +353,12 @@ def _inside_segments(labels: torch.Tensor) -> torch.Tensor:
     return labelled & nn.functional.pad(labelled[:, 1:], (0, 1))
 
 
+def _segment_starts(labels: torch.Tensor) -> torch.Tensor:
+    """Where each segment (run of labels) starts."""
+    labelled = labels != IGNORE
+    return labelled & ~nn.functional.pad(labelled[:, :-1], (1, 0))
+
+
 def _segment_packing(labels: torch.Tensor, inside: torch.Tensor, mask: torch.Tensor, width: int):
     """(columns, allowed): the suffix columns ``inside`` their segments packed to the left of each row (right-padded
     to ``width``), and where each may attend, (batch, width, keys): the cache's real columns (``mask``: the prefix's,
@@ -356,9 +366,7 @@ def _segment_packing(labels: torch.Tensor, inside: torch.Tensor, mask: torch.Ten
     column attends to itself only (a query that attends to nothing would give NaN)."""
     suffix_width = labels.shape[1]
     column = torch.arange(suffix_width, device=labels.device)
-    labelled = labels != IGNORE
-    first = labelled & ~nn.functional.pad(labelled[:, :-1], (1, 0))
-    segment_start = torch.where(first, column, 0).cummax(-1).values
+    segment_start = torch.where(_segment_starts(labels), column, 0).cummax(-1).values
     columns = torch.where(inside, column, suffix_width + column).argsort(-1)[:, :width]
     segment = segment_start.gather(1, columns).unsqueeze(-1)  # (batch, width, 1)
     keys = torch.arange(mask.shape[1], device=mask.device) - (mask.shape[1] - suffix_width)  # in suffix columns
