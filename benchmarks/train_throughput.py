@@ -9,6 +9,9 @@ trained on).  Seconds are per epoch over the workload's examples; tokens/s count
 (LoRA's have the call text where TokMem has a memory token).  LoRA trains two epochs at each batch of
 ``--lora-batches``: its second epoch is timed and the fastest batch reported.  The methods run one after another, so
 a change in the machine's load between them shows in their ratio: the JSON records the load average around the run.
+TokMem runs twice: as the library trains by default, and with ``--segment-backprop`` (``tokmem_segments_*``: the tool
+loop's approximation, each call back-propagated alone, the results read without gradients; the same as the default on
+records of one segment).
 
 FLOPs per token are counted once, untimed, by ``torch.utils.flop_counter`` over one batch spread over the workload (TokMem:
 epoch 1 and epoch 2 apart; what the forward and backward passes actually run: a frozen backbone's backward computes
@@ -77,10 +80,17 @@ def epoch_seconds(stamps: list[float], start: float, steps_per_epoch: int) -> li
     return [b - a for a, b in zip(ends, ends[1:])]
 
 
-def tokmem_epochs(backbone, work: Workload, batch_size: int, epochs: int) -> dict:
-    """TokMem's seconds per epoch (``tokmem.learn``, the default prefix store) and its tokens an epoch."""
+def tokmem_epochs(backbone, work: Workload, batch_size: int, epochs: int, segment_backprop: bool = False) -> dict:
+    """TokMem's seconds per epoch (``tokmem.learn``, the default prefix store; ``segment_backprop``: the tool loop's
+    approximation, ``TrainConfig.segment_backprop``), its tokens an epoch and its last step's loss."""
     stamps = []
-    config = TrainConfig(epochs=epochs, batch_size=batch_size, max_length=work.max_length, progress=False)
+    config = TrainConfig(
+        epochs=epochs,
+        batch_size=batch_size,
+        max_length=work.max_length,
+        segment_backprop=segment_backprop,
+        progress=False,
+    )
     model = create(backbone)
     report = learn(
         model, work.examples, config, schemas=work.schemas, on_step=lambda *_: stamps.append(time.perf_counter())
@@ -92,6 +102,7 @@ def tokmem_epochs(backbone, work: Workload, batch_size: int, epochs: int) -> dic
         "tokens": report.tokens / epochs,
         "padding_share": report.padding_share,
         "prefix_cache_bytes": report.prefix_cache_bytes,
+        "final_loss": report.losses[-1],
     }
 
 
@@ -111,28 +122,39 @@ def lora_tokens(backbone, work: Workload) -> int:
 
 
 def counted_flops(backbone, work: Workload, batch_size: int) -> dict:
-    """FLOPs per token over one batch: TokMem's epoch 1 and epoch 2 (one step each), LoRA's one step.  The batch
-    takes evenly spaced examples, as a shuffled one would (the workloads come in task order, and examples of one
-    SNI task share their definition, which a batch's shared-prefix pass encodes once)."""
+    """FLOPs per token over one batch: TokMem's epoch 1 and epoch 2 (one step each), the same with
+    ``segment_backprop``, LoRA's one step.  The batch takes evenly spaced examples, as a shuffled one would (the
+    workloads come in task order, and examples of one SNI task share their definition, which a batch's shared-prefix
+    pass encodes once)."""
     first = Workload(work.examples[:: len(work.examples) // batch_size][:batch_size], work.schemas, work.max_length)
-    counter, marks = FlopCounterMode(display=False), []
-    config = TrainConfig(epochs=2, batch_size=batch_size, max_length=work.max_length, progress=False)
-    with counter:
-        report = learn(
-            create(backbone),
-            first.examples,
-            config,
-            schemas=first.schemas,
-            on_step=lambda *_: marks.append(counter.get_total_flops()),
-        )
-    tokens = report.tokens / 2
+    epoch1, epoch2 = tokmem_flops(backbone, first, batch_size, False)
+    counter = FlopCounterMode(display=False)
     with counter:
         LoRA(backbone, TrainConfig(batch_size=batch_size, epochs=1, max_length=work.max_length)).learn(first.examples)
     return {
-        "tokmem_epoch1": marks[0] / tokens,
-        "tokmem_epoch2": (marks[1] - marks[0]) / tokens,
+        "tokmem_epoch1": epoch1,
+        "tokmem_epoch2": epoch2,
+        "tokmem_segments_epoch2": tokmem_flops(backbone, first, batch_size, True)[1],
         "lora": counter.get_total_flops() / lora_tokens(backbone, first),
     }
+
+
+def tokmem_flops(backbone, batch: Workload, batch_size: int, segment_backprop: bool) -> tuple[float, float]:
+    """TokMem's FLOPs per token in epoch 1 and epoch 2 of two one-step epochs over ``batch``."""
+    counter, marks = FlopCounterMode(display=False), []
+    config = TrainConfig(
+        epochs=2, batch_size=batch_size, max_length=batch.max_length, segment_backprop=segment_backprop, progress=False
+    )
+    with counter:
+        report = learn(
+            create(backbone),
+            batch.examples,
+            config,
+            schemas=batch.schemas,
+            on_step=lambda *_: marks.append(counter.get_total_flops()),
+        )
+    tokens = report.tokens / 2
+    return marks[0] / tokens, (marks[1] - marks[0]) / tokens
 
 
 def synchronize(device: torch.device) -> None:
@@ -167,10 +189,12 @@ def run(args) -> dict:
         raise SystemExit(f"--examples ({n}) must be a multiple of --batch-size and of every --lora-batches")
     flops = counted_flops(backbone, work, args.batch_size)  # also warms both methods up
     tokmem = tokmem_epochs(backbone, work, args.batch_size, args.epochs)
+    segments = tokmem_epochs(backbone, work, args.batch_size, args.epochs, segment_backprop=True)
     lora = {b: lora_epoch(backbone, work, b) for b in args.lora_batches}
     best = min(lora, key=lora.get)
     peak = matmul_peak(device, backbone.model.dtype, args.peak_size)
     epoch1, later = tokmem["seconds"][0], statistics.mean(tokmem["seconds"][1:])
+    segments_later = statistics.mean(segments["seconds"][1:])
     tokens, tokens_lora = tokmem["tokens"], lora_tokens(backbone, work)
     result = {
         "backbone": args.backbone,
@@ -197,6 +221,13 @@ def run(args) -> dict:
         "tokmem_epoch1_mfu": flops["tokmem_epoch1"] * tokens / epoch1 / peak,
         "tokmem_mfu": flops["tokmem_epoch2"] * tokens / later / peak,
         "lora_mfu": flops["lora"] * tokens_lora / lora[best] / peak,
+        "tokmem_segments_epoch_s": segments["seconds"],
+        "tokmem_segments_epoch2_tokens_per_s": tokens / segments_later,
+        "tokmem_segments_over_tokmem_epoch2": later / segments_later,
+        "tokmem_segments_epoch2_over_lora_tokens_per_s": tokens / segments_later / (tokens_lora / lora[best]),
+        "tokmem_segments_mfu": flops["tokmem_segments_epoch2"] * tokens / segments_later / peak,
+        "tokmem_final_loss": tokmem["final_loss"],
+        "tokmem_segments_final_loss": segments["final_loss"],
         "padding_share": tokmem["padding_share"],
         "prefix_cache_bytes": tokmem["prefix_cache_bytes"],
         "load_average_before": load_before,
@@ -241,6 +272,13 @@ def main() -> None:
         f"{result['lora_tokens_per_s']:.0f} tokens/s (MFU {result['lora_mfu']:.1%}); TokMem epochs 2+ / LoRA: "
         f"{result['tokmem_epoch2_over_lora_tokens_per_s']:.2f}× tokens/s, {result['tokmem_epoch2_speedup_per_epoch']:.2f}× "
         f"an epoch; peak {result['peak_flops'] / 1e12:.2f} TFLOP/s ({result['dtype']}); load {result['load_average_before']}"
+    )
+    console.print(
+        f"TokMem with --segment-backprop: epochs {', '.join(f'{s:.1f}' for s in result['tokmem_segments_epoch_s'])} s, "
+        f"{result['tokmem_segments_epoch2_tokens_per_s']:.0f} tokens/s in epochs 2+ "
+        f"({result['tokmem_segments_over_tokmem_epoch2']:.2f}× TokMem's, "
+        f"{result['tokmem_segments_epoch2_over_lora_tokens_per_s']:.2f}× LoRA's; MFU {result['tokmem_segments_mfu']:.1%}); "
+        f"final loss {result['tokmem_segments_final_loss']:.3f} against {result['tokmem_final_loss']:.3f}"
     )
     if args.json:
         write_json(args.json, {**result, "machine": machine()})

@@ -7,7 +7,7 @@ from helpers import load_script
 train_throughput = load_script("train_throughput")
 
 
-def test_the_benchmark_reports_both_methods_and_kept_prefixes_cut_tokmems_later_epochs_flops():
+def test_the_benchmark_reports_both_methods_and_segment_backprop_and_kept_prefixes_cut_tokmems_later_epochs_flops():
     args = argparse.Namespace(
         backbone="tiny-random",
         device="cpu",
@@ -28,3 +28,7 @@ def test_the_benchmark_reports_both_methods_and_kept_prefixes_cut_tokmems_later_
     assert result["prefix_cache_bytes"] > 0 and 0 < result["padding_share"] < 1
     flops = result["flops_per_token"]
     assert flops["tokmem_epoch2"] < flops["tokmem_epoch1"] < flops["lora"]
+    # the demo's records are one segment each: segment_backprop takes the exact path, the same steps
+    assert len(result["tokmem_segments_epoch_s"]) == 2 and result["tokmem_segments_epoch2_tokens_per_s"] > 0
+    assert result["tokmem_segments_final_loss"] == result["tokmem_final_loss"]
+    assert flops["tokmem_segments_epoch2"] == flops["tokmem_epoch2"]

@@ -122,19 +122,23 @@ class TokMemModel(nn.Module):
         mask = torch.ones_like(ids)
         return self.hidden(ids, mask, positions(mask), DynamicCache(config=self.lm.config), steer)[1]
 
-    def loss(self, batch: dict, prefixes: PrefixStore | None = None) -> tuple[torch.Tensor, int]:
+    def loss(
+        self, batch: dict, prefixes: PrefixStore | None = None, segments: bool = False
+    ) -> tuple[torch.Tensor, int]:
         """Mean next-token loss over labelled positions only (memory, response and EOS tokens).
 
         Vocabulary logits are computed only at positions that have a label.  With a frozen backbone the
         query prefix does not depend on the bank (the first memory token comes after it), so it runs
         without gradients (once a run with ``prefixes``) and only the labelled suffix is back-propagated
-        (see ``_suffix_hidden``).
+        (see ``_suffix_hidden``); with ``segments``, only each labelled segment on its own (an approximation, see
+        ``_segment_hidden``).
         """
         index, steer = self.memory_matrices()
         labels = batch["labels"]
         starts = (labels != IGNORE).int().argmax(-1)
         if self._prefix_is_fixed(batch["input_ids"], starts):
-            hidden, labels = self._suffix_hidden(batch, starts, steer, prefixes)
+            suffix_hidden = self._segment_hidden if segments else self._suffix_hidden
+            hidden, labels = suffix_hidden(batch, starts, steer, prefixes)
         else:
             hidden, _ = self.hidden(batch["input_ids"], batch["attention_mask"], steer=steer)
             hidden, labels = hidden[:, :-1], labels[:, 1:]
@@ -165,6 +169,12 @@ class TokMemModel(nn.Module):
         ``prefixes`` from an earlier epoch); the suffixes (from the first labelled token on) run on top of it with
         gradients.  The state predicting the first suffix token is the prefix's last one.
         """
+        hidden, labels, _ = self._suffix_pass(batch, starts, steer, prefixes)
+        return hidden, labels
+
+    def _suffix_pass(self, batch: dict, starts: torch.Tensor, steer: torch.Tensor, prefixes: PrefixStore | None):
+        """``_suffix_hidden``'s states and labels, and what a later pass over the suffix attends to: (the suffix ids,
+        the KV cache of prefix and suffix, its attention mask: the prefix left-padded, the suffix right-padded)."""
         with torch.no_grad():
             if prefixes is None:
                 cache, mask, routing = self._encode_prefixes(batch, starts, steer.detach())
@@ -177,8 +187,42 @@ class TokMemModel(nn.Module):
         suffix, suffix_mask, labels = _split_suffix(batch, starts)
         position_ids = starts.unsqueeze(-1) + positions(suffix_mask)
         mask = torch.cat([mask, suffix_mask], dim=-1)
-        hidden, _ = self.hidden(suffix, mask, position_ids, cache, steer)
-        return torch.cat([routing[:, -1:], hidden[:, :-1]], dim=1), labels
+        hidden, cache = self.hidden(suffix, mask, position_ids, cache, steer)
+        return torch.cat([routing[:, -1:], hidden[:, :-1]], dim=1), labels, (suffix, cache, mask)
+
+    def _segment_hidden(self, batch: dict, starts: torch.Tensor, steer: torch.Tensor, prefixes: PrefixStore | None):
+        """``_suffix_hidden``'s states and labels, back-propagating each labelled segment on its own
+        (``TrainConfig.segment_backprop``): the whole record once without gradients, then every segment (a run of
+        labels: a memory token, its arguments and the EOS ending the turn; an answer) with gradients, attending to
+        the detached states before it.  What the loss does not need (tool results, the turns around them) is never
+        back-propagated, and a memory row's input side learns from its own segment's loss only; with one segment a
+        record this is exact.  All segments of a batch run in one pass: each row's segments packed side by side, kept
+        apart by the attention mask (``_segment_packing``).  A batch of one segment a record takes ``_suffix_hidden``:
+        exact there, and cheaper."""
+        runs, inside = _segment_starts(batch["labels"]), _inside_segments(batch["labels"])
+        most, width = torch.stack([runs.sum(-1).max(), inside.sum(-1).max()]).tolist()  # one host sync
+        if self.layers_sharded:  # every rank runs the same passes
+            most, width = (distributed.global_max(count, self.device) for count in (most, width))
+        if most <= 1:
+            return self._suffix_hidden(batch, starts, steer, prefixes)
+        with torch.no_grad():
+            context, labels, (suffix, cache, mask) = self._suffix_pass(batch, starts, steer.detach(), prefixes)
+        if width == 0:  # every segment is one label, predicted by the state before it: the context's
+            return context, labels
+        inside = _inside_segments(labels)
+        columns, allowed = _segment_packing(labels, inside, mask, width)
+        position_ids = starts.unsqueeze(-1) + columns
+        hidden, _ = self.hidden(suffix.gather(1, columns), self._attention_mask(allowed), position_ids, cache, steer)
+        return _with_segments(context, hidden, inside), labels
+
+    def _attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        """A (batch, 1, queries, keys) mask of where each query may attend, as the backbone's attention takes it:
+        boolean for SDPA, additive (0 or the dtype's minimum) for the eager implementation."""
+        if self.lm.config._attn_implementation == "sdpa":
+            return allowed.unsqueeze(1)
+        dtype = self.lm.dtype
+        additive = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+        return additive.masked_fill(~allowed, torch.finfo(dtype).min).unsqueeze(1)
 
     def _encode_prefixes(self, batch: dict, starts: torch.Tensor, steer: torch.Tensor):
         """(KV cache, attention mask, hidden states) of the rows' query prefixes, left-padded: first the ids every
@@ -300,6 +344,45 @@ def _split_suffix(batch: dict, starts: torch.Tensor):
     suffix = ids.gather(1, suffix_columns) * suffix_mask
     suffix_labels = labels.gather(1, suffix_columns).masked_fill(suffix_mask == 0, IGNORE)
     return suffix, suffix_mask, suffix_labels
+
+
+def _inside_segments(labels: torch.Tensor) -> torch.Tensor:
+    """Which suffix columns' states predict a label of their own segment (a run of labels): the column and the next
+    one both labelled.  A segment's first label is predicted by the state before the segment, the context's."""
+    labelled = labels != IGNORE
+    return labelled & nn.functional.pad(labelled[:, 1:], (0, 1))
+
+
+def _segment_starts(labels: torch.Tensor) -> torch.Tensor:
+    """Where each segment (run of labels) starts."""
+    labelled = labels != IGNORE
+    return labelled & ~nn.functional.pad(labelled[:, :-1], (1, 0))
+
+
+def _segment_packing(labels: torch.Tensor, inside: torch.Tensor, mask: torch.Tensor, width: int):
+    """(columns, allowed): the suffix columns ``inside`` their segments packed to the left of each row (right-padded
+    to ``width``), and where each may attend, (batch, width, keys): the cache's real columns (``mask``: the prefix's,
+    then the suffix's) before its segment starts, then its own segment's packed columns up to itself.  A padding
+    column attends to itself only (a query that attends to nothing would give NaN)."""
+    suffix_width = labels.shape[1]
+    column = torch.arange(suffix_width, device=labels.device)
+    segment_start = torch.where(_segment_starts(labels), column, 0).cummax(-1).values
+    columns = torch.where(inside, column, suffix_width + column).argsort(-1)[:, :width]
+    segment = segment_start.gather(1, columns).unsqueeze(-1)  # (batch, width, 1)
+    keys = torch.arange(mask.shape[1], device=mask.device) - (mask.shape[1] - suffix_width)  # in suffix columns
+    before = mask.bool().unsqueeze(1) & (keys < segment)
+    real = torch.arange(width, device=labels.device) < inside.sum(-1, keepdim=True)
+    own = (segment == segment.transpose(1, 2)) & (columns.unsqueeze(1) <= columns.unsqueeze(-1)) & real.unsqueeze(1)
+    return columns, torch.cat([before, own | torch.eye(width, dtype=torch.bool, device=own.device)], dim=-1)
+
+
+def _with_segments(context: torch.Tensor, hidden: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:
+    """The states predicting each suffix column: the segments' pass's (``hidden``, packed) where the column before
+    is ``inside`` a segment, else the context's."""
+    from_segment = nn.functional.pad(inside[:, :-1], (1, 0))
+    slots = nn.functional.pad(inside.cumsum(-1)[:, :-1] - 1, (1, 0)).clamp(min=0)
+    packed = hidden.gather(1, slots.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    return torch.where(from_segment.unsqueeze(-1), packed.to(context.dtype), context)
 
 
 def _rows(batch: dict, rows: list[int]) -> dict:

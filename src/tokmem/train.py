@@ -63,6 +63,12 @@ class TrainConfig:
         "arguments", "after a tool's memory token: its arguments only (the reference code) or the whole call"
     )
     result_tokens: int = option(RESULT_TOKENS, "a step's tool result in the sequence is cut to this many tokens")
+    segment_backprop: bool = option(
+        False,
+        "tool loops: back-propagate each labelled segment (a memory token and its arguments) on its own, attending "
+        "to the record's states before it computed without gradients: the tool results are read, never "
+        "back-propagated (an approximation; exact with one segment a record)",
+    )
     length_grouped: bool = option(
         False, "batch sequences of similar length together (less padding; each epoch still shuffled)"
     )
@@ -357,7 +363,7 @@ def _step(model, optimizer, chunk, config, report, filler: Encoded, prefixes: Pr
     for batch, weight in zip(batches, weights):
         batch = to_device(batch, model.device)
         with step_context(model.device, config.bf16):
-            loss, count = model.loss(batch, prefixes)
+            loss, count = model.loss(batch, prefixes, config.segment_backprop)
         (loss * (weight * count / targets)).backward()
         total += weight * loss.item() * count / targets
         report.tokens += int(weight * batch["attention_mask"].sum())

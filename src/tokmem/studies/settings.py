@@ -104,6 +104,12 @@ class MethodSettings:
     tool_segments: ToolSegments = nested(
         T, "tool_segments", "after a tool's memory token: its arguments only (the reference code) or the whole call"
     )
+    segment_backprop: bool = nested(
+        T,
+        "segment_backprop",
+        "tool loops: TokMem back-propagates each call (memory token, arguments) on its own, the results read without "
+        "gradients (an approximation)",
+    )
     batch_size: int = nested(T, "batch_size", "training examples per step")
     max_length: int = nested(
         T, "max_length", "longest training sequence in tokens (longer queries are cut from the left)"
