@@ -123,7 +123,9 @@ def main() -> None:
     for path in args.files:
         result = json.load(open(path))
         name = result["config"]["backbone"]
-        tokenizer = tokenizers.setdefault(name, load_backbone(name).tokenizer)
+        if name not in tokenizers:
+            tokenizers[name] = load_backbone(name).tokenizer
+        tokenizer = tokenizers[name]
         examples, trained = study_data(result["config"], args.data_dir)
         for name, method in result["methods"].items():
             print(
