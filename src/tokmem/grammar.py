@@ -125,14 +125,14 @@ class Grammars:
         """The compiled grammar of a tool's arguments (``decoding_schema``)."""
         return self.compile(decoding_schema(parameters, references, where, self.budget), where)
 
-    def rows(self, schemas: list, references: bool = True, where: str = "schemas") -> list:
+    def rows(self, schemas: list, references: bool = True, where: str = "schemas", fields: list | None = None) -> list:
         """Per bank row, the compiled grammar of its tool's arguments, or None (no schema): every compile started
-        before the first is waited for, so the rows compile side by side (one thread each)."""
+        before the first is waited for, so the rows compile side by side (one thread each).  An error names the row
+        as ``{where}[row]``, or as ``fields[row]`` where given."""
+        fields = fields or [f"{where}[{row}]" for row in range(len(schemas))]
         pending = [
-            None
-            if schema is None
-            else self._submitted(decoding_schema(schema, references, f"{where}[{row}]", self.budget), f"{where}[{row}]")
-            for row, schema in enumerate(schemas)
+            None if schema is None else self._submitted(decoding_schema(schema, references, field, self.budget), field)
+            for schema, field in zip(schemas, fields)
         ]
         return [None if waiting is None else self._result(*waiting) for waiting in pending]
 

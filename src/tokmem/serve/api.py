@@ -278,10 +278,7 @@ class Answers:
         text).  A schema that cannot compile is this request's 400 (``SchemaError``, naming the field)."""
         grammars, names = self.registry.grammars, bank.model.bank.names
         schemas = body.tool_schemas(bank.model)
-        tools = schemas and [
-            None if schema is None else grammars.arguments(schema, references, f"tools['{names[row]}'].parameters")
-            for row, schema in enumerate(schemas)
-        ]
+        tools = schemas and grammars.rows(schemas, references, fields=[f"tools['{n}'].parameters" for n in names])
         schema = body.response_schema()
         return tools, None if schema is None else grammars.compile(schema, "response_format.json_schema.schema")
 
