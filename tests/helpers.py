@@ -76,6 +76,27 @@ def write_tool_bank(backbone, path):
     return model
 
 
+PINGED = [  # a call of ``ping_bank``'s tool and its result
+    {"role": "user", "content": "Ping the server."},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "a", "type": "function", "function": {"name": "ping", "arguments": "{}"}}],
+    },
+    {"role": "tool", "tool_call_id": "a", "content": "pong"},
+]
+
+
+def ping_bank(backbone):
+    """A bank of one tool without parameters (``ping``): with the open-set threshold at 0 every turn calls it, always
+    with ``{}``, so a turn after its result (``PINGED``) would call it again with the same arguments."""
+    import tokmem
+
+    model = tokmem.create(backbone)
+    model.bank.add(["ping"], backbone.mean_embedding(), kinds=["tool"], schemas=[{"type": "object", "properties": {}}])
+    return model
+
+
 def write_served_banks(backbone, directory) -> dict:
     """Every bank of SERVED_BANKS in ``directory``; returns name -> model (the offline reference)."""
     return {

@@ -6,11 +6,11 @@ import math
 from dataclasses import replace
 
 import pytest
-from helpers import random_rows
+from helpers import PINGED, ping_bank, random_rows
 
 import tokmem
 from tokmem import ChatCache, DecodeConfig, Example, Step
-from tokmem.chat import conversation_ids
+from tokmem.chat import Reply, ToolCall, answered_calls, conversation_ids, without_repeats
 from tokmem.errors import DataError
 from tokmem.sequences import encode
 
@@ -234,3 +234,46 @@ def test_after_a_tool_result_with_no_memory_token_routed_a_trained_bank_answers_
     follow_up = [*conversation, reply.message, {"role": "user", "content": "And in Oslo?"}]
     next_turn = tokmem.chat(model, follow_up, config=DecodeConfig(max_new_tokens=8))
     assert next_turn.tool_calls or next_turn.content
+
+
+ALWAYS = DecodeConfig(threshold=0.0, max_new_tokens=16)  # every turn routes to a memory row while one is allowed
+
+
+@pytest.fixture
+def pinger(lively_backbone):
+    return ping_bank(lively_backbone)
+
+
+def test_a_turn_that_would_repeat_an_answered_call_is_decoded_again_without_that_tool(pinger):
+    first = tokmem.chat(pinger, PINGED[:1], config=ALWAYS)
+    assert {(c.name, c.arguments) for c in first.tool_calls} == {("ping", "{}")}  # it would call it again
+    after = tokmem.chat(pinger, PINGED, config=ALWAYS)
+    assert not after.tool_calls and after.content is not None
+    assert after.message == tokmem.chat(pinger, PINGED, tool_choice="none", config=ALWAYS).message
+
+
+def test_a_new_user_message_or_a_forced_tool_choice_may_call_the_same_tool_again(pinger):
+    asked_again = [*PINGED, {"role": "assistant", "content": "pong"}, {"role": "user", "content": "Once more."}]
+    assert {c.name for c in tokmem.chat(pinger, asked_again, config=ALWAYS).tool_calls} == {"ping"}
+    assert {c.name for c in tokmem.chat(pinger, PINGED, tool_choice="required", config=ALWAYS).tool_calls} == {"ping"}
+
+
+def test_a_conversation_decoded_again_in_a_batch_gets_the_answer_it_gets_alone(pinger):
+    conversations = [PINGED, PINGED[:1]]
+    together = tokmem.chat_batch(pinger, conversations, config=ALWAYS)
+    assert [r.message for r in together] == [tokmem.chat(pinger, c, config=ALWAYS).message for c in conversations]
+    assert [bool(r.tool_calls) for r in together] == [False, True]
+
+
+def test_of_several_calls_the_repeats_are_dropped_and_the_rest_renumbered_whatever_their_json_spacing():
+    answered = answered_calls(CONVERSATION)  # city {"city": "Rome"} and count {"n": 3}
+    reply = Reply(
+        None, [ToolCall("call_5_0", "city", '{"city":"Rome"}'), ToolCall("call_5_1", "count", '{"n": 4}')], "tool_calls"
+    )
+    kept, repeated = without_repeats(reply, answered, 5)
+    assert repeated == [] and [(c.id, c.name, c.arguments) for c in kept.tool_calls] == [
+        ("call_5_0", "count", '{"n": 4}')
+    ]
+    only_repeats = Reply(None, [ToolCall("call_5_0", "count", '{ "n" : 3 }')], "tool_calls")
+    assert without_repeats(only_repeats, answered, 5) == (only_repeats, ["count"])
+    assert answered_calls(CONVERSATION, "required") == set()

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import openai
 import pytest
-from helpers import CITY, COUNT, call, serve, write_bank, write_tool_bank
+from helpers import CITY, COUNT, PINGED, call, ping_bank, serve, write_bank, write_tool_bank
 
 import tokmem
 from tokmem import DecodeConfig
@@ -45,9 +45,16 @@ def execute(name: str, arguments: dict) -> str:
 
 @pytest.fixture
 def offline(lively_backbone, tmp_path):
-    """The served tool bank (two tools with schemas, one text row) and a bank without tools, as offline models."""
+    """The served tool bank (two tools with schemas, one text row), a bank without tools and ``ping_bank``, as offline
+    models."""
     model = write_tool_bank(lively_backbone, tmp_path / "banks" / "tools.safetensors")
-    return {"tools": model, "alpha": write_bank(lively_backbone, tmp_path / "banks" / "alpha.safetensors", rows=3)}
+    ping = ping_bank(lively_backbone)
+    ping.bank.save(tmp_path / "banks" / "ping.safetensors")
+    return {
+        "tools": model,
+        "alpha": write_bank(lively_backbone, tmp_path / "banks" / "alpha.safetensors", rows=3),
+        "ping": ping,
+    }
 
 
 @pytest.fixture
@@ -207,6 +214,24 @@ def test_streamed_tool_calls_are_deltas_the_sdk_assembles_into_the_whole_answer(
     assert all(d.function.name is None and d.function.arguments for d in deltas if d.id is None)
     assert len(deltas) > len(firsts)  # the arguments arrive in pieces
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_a_turn_of_repeated_calls_is_decoded_again_without_them_whole_or_streamed_as_tokmem_chat_does(app, offline):
+    async def scenario(client, http):
+        options = dict(model="ping", messages=PINGED, max_tokens=16, extra_body={"threshold": 0.0})
+        first = await client.chat.completions.create(**{**options, "messages": PINGED[:1]})
+        whole = await client.chat.completions.create(**options)
+        chunks = [chunk async for chunk in await client.chat.completions.create(**options, stream=True)]
+        return first, whole, chunks
+
+    first, whole, chunks = call(app, scenario)
+    assert {c.function.name for c in first.choices[0].message.tool_calls} == {"ping"}  # it would call it again
+    offline_answer = offline_reply(offline["ping"], PINGED, config=DecodeConfig(threshold=0.0, max_new_tokens=16))
+    assert served(whole) == offline_answer and not offline_answer[1]
+    deltas = [choice.delta for chunk in chunks for choice in chunk.choices]
+    assert not any(delta.tool_calls for delta in deltas)  # the repeat never went out
+    streamed = "".join(delta.content or "" for delta in deltas), [], chunks[-1].choices[0].finish_reason
+    assert streamed == offline_answer
 
 
 @pytest.mark.parametrize(

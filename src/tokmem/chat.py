@@ -15,6 +15,11 @@ answer with text), ``"none"`` masks the tool rows, ``"required"`` forces the bes
 "function": {"name": …}}`` forces that one; ``tools`` (names or OpenAI tool objects) limits routing to those rows,
 and a tool object's ``parameters`` bind its arguments instead of the bank's schema (``tool_schemas``).
 
+A turn does not repeat itself: under ``tool_choice="auto"`` a call the conversation already answered since the
+user's last message (the same tool, the same arguments) is dropped from the turn, and a turn of nothing but such
+calls is decoded again without those tools' rows (``without_repeats``) — so a small model that would loop on its
+favourite tool answers from the result instead.  ``tokmem.chat`` and the server apply the same rule.
+
 ``ChatCache`` keeps the KV cache of the conversation between calls: each call encodes only the tokens after the
 longest prefix it shares with what the cache holds (``prefilled`` says how many).
 """
@@ -82,7 +87,8 @@ def chat(
     """The assistant's next turn: text, or tool calls.  ``cache``: reuse (and update) a conversation's KV cache."""
     ids = conversation_ids(model, messages, result_tokens)
     cache = cache if cache is not None else ChatCache()
-    return _answer(model, [ids], [len(messages)], [cache], tools, tool_choice, config)[0]
+    answered = [answered_calls(messages, tool_choice)]
+    return _answer(model, [ids], [len(messages)], [cache], tools, tool_choice, config, answered)[0]
 
 
 @torch.no_grad()
@@ -114,6 +120,7 @@ def chat_batch(
             tools,
             tool_choice,
             config,
+            [answered_calls(messages, tool_choice) for messages in conversations[first : first + size]],
         )
     ]
 
@@ -125,32 +132,47 @@ def _conversation_ids(model: TokMemModel, messages: list[dict], result_tokens: i
         raise DataError(f"conversations[{k}]: {error}") from None
 
 
-def _answer(model, ids, turns, caches, tools, tool_choice, config) -> list[Reply]:
+def _answer(model, ids, turns, caches, tools, tool_choice, config, answered) -> list[Reply]:
     """Decode the next turn of conversations laid out as ``ids`` (``turns``: their numbers of messages) in one batch,
-    each on what its cache holds; every cache is updated to its conversation and answer."""
+    each on what its cache holds; every cache is updated to its conversation and answer.  ``answered``: per
+    conversation, the calls its turn may not repeat (``without_repeats``; a turn of repeats only is decoded again,
+    those tools' rows masked)."""
     config = config or DecodeConfig()
     allowed, forced, threshold = tool_routing(model, tools, tool_choice, config.threshold)
     config = replace(config, threshold=threshold, references=False)  # results are in context: arguments are values
+    allowed, schemas = allowed.expand(len(ids), -1).clone(), tool_schemas(model, tools)
+    replies: list[Reply | None] = [None] * len(ids)
+    pending = list(range(len(ids)))
+    while pending:
+        decoded = _decode(
+            model, [ids[i] for i in pending], [caches[i] for i in pending], allowed[pending], forced, config, schemas
+        )
+        again = []
+        for i, (tokens, plain) in zip(pending, decoded):
+            reply, repeated = without_repeats(reply_from(model, tokens, plain, turns[i]), answered[i], turns[i])
+            if repeated:
+                allowed[i, [model.bank.row(name) for name in repeated]] = False
+                again.append(i)
+            replies[i] = reply
+        pending = again
+    return replies
+
+
+def _decode(model, ids, caches, allowed, forced, config, schemas) -> list[tuple[list[int], bool]]:
+    """(tokens up to EOS, whether the plain backbone answered) per conversation of ``ids``, decoded in one batch on
+    what each cache holds; every cache is updated to its conversation and answer."""
     new, mask, kv = _batch_cache(model, caches, ids)
     rows = len(ids)
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
     answers, _, plain, kv, mask = decode_rows(
-        model,
-        new,
-        mask,
-        kv,
-        config,
-        torch.full((rows,), forced, device=model.device),
-        generator,
-        allowed.expand(rows, -1),
-        tool_schemas(model, tools),
+        model, new, mask, kv, config, torch.full((rows,), forced, device=model.device), generator, allowed, schemas
     )
-    replies = []
+    decoded = []
     for i, (cache, tokens) in enumerate(zip(caches, answers)):
         tokens = _up_to_eos(tokens, model.backbone.eos_token_id)
         cache.ids, cache.kv = (ids[i] + tokens)[: int(mask[i].sum())], _row_cache(model, kv, mask[i], i)
-        replies.append(reply_from(model, tokens, bool(plain[i]), turns[i]))
-    return replies
+        decoded.append((tokens, bool(plain[i])))
+    return decoded
 
 
 def _batch_cache(model, caches, ids) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
@@ -301,6 +323,43 @@ def _results(messages: list[dict], start: int, call_ids: list) -> list[str]:
             "(each call's result must follow it, with its tool_call_id)"
         )
     return [found[call_id] for call_id in call_ids]
+
+
+def answered_calls(messages: list[dict], tool_choice="auto") -> set[tuple[str, str]]:
+    """The calls the next turn may not repeat, as (name, arguments as canonical JSON): those the conversation made
+    since the user's last message (each has its result: ``conversation_ids`` checks), when the model chooses its
+    tools (``tool_choice="auto"``); none when the client forces a choice (``"required"`` or a named tool may call
+    the same again on purpose)."""
+    if tool_choice != "auto":
+        return set()
+    last_user = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), default=-1)
+    return {
+        _call_key(call["function"].get("name"), call["function"].get("arguments"))
+        for message in messages[last_user + 1 :]
+        for call in _calls(message)
+        if isinstance(call, dict) and isinstance(call.get("function"), dict)
+    }
+
+
+def without_repeats(reply: Reply, answered: set[tuple[str, str]], turn: int) -> tuple[Reply, list[str]]:
+    """``reply`` without the calls that repeat one of ``answered`` (the rest keep their order, ids renumbered), and
+    the tools a turn of nothing but repeats named (else []): that turn is to be decoded again without their rows."""
+    kept = [call for call in reply.tool_calls if _call_key(call.name, call.arguments) not in answered]
+    if reply.tool_calls and not kept:
+        return reply, sorted({call.name for call in reply.tool_calls})
+    if len(kept) == len(reply.tool_calls):
+        return reply, []
+    calls = [ToolCall(call_id(turn, k), call.name, call.arguments) for k, call in enumerate(kept)]
+    return Reply(reply.content, calls, reply.finish_reason), []
+
+
+def _call_key(name, arguments) -> tuple[str, str]:
+    """A call as compared for repeats: its name and its arguments as canonical JSON (key order and spacing aside;
+    text that is not JSON, or nested past Python's JSON, as it is)."""
+    try:
+        return name, json.dumps(json.loads(arguments or "{}"), sort_keys=True)
+    except (TypeError, ValueError, RecursionError):
+        return name, str(arguments)
 
 
 def tool_routing(model: TokMemModel, tools, tool_choice, threshold: float) -> tuple[torch.Tensor, int, float]:

@@ -27,7 +27,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
+import torch
 from fastapi import FastAPI, File, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
@@ -35,7 +37,7 @@ from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from tokmem.chat import Reply, conversation_ids, reply_from, starts_calls
+from tokmem.chat import Reply, conversation_ids, reply_from, starts_calls, without_repeats
 from tokmem.errors import TokMemError, cut
 from tokmem.sequences import chat_prefix
 from tokmem.serve.banks import (
@@ -196,18 +198,22 @@ class Answers:
         max_tokens: int | None,
         chars: int,
     ):
-        """``query``: the prompt (text completions) or the conversation (chat: its length numbers the call ids)."""
-        handle = await self.submit(body, query, text, max_tokens, chars)
+        """``query``: the prompt (text completions) or the conversation (chat: its length numbers the call ids).
+        A chat turn of nothing but calls already answered (``tokmem.chat.without_repeats``) is decoded again
+        without those tools; streamed, such a turn's calls go out once it is whole."""
         turn = len(query) if isinstance(query, list) else 1
+        attempt = Attempt(self, body, query, text, max_tokens, chars, body.answered(query) if shape.chat else set())
+        handle = await attempt.submit()
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(
-                self.stream(shape, body.model, handle, request, include_usage, turn), media_type="text/event-stream"
+                self.stream(shape, body.model, attempt, handle, request, include_usage, turn),
+                media_type="text/event-stream",
             )
         await self.wait(handle, request)
         self.raise_unfinished(handle)
         if shape.chat:
-            reply = _reply(handle, turn)
+            reply, handle = await self.settled(attempt, handle, request, turn)
             choice = shape.choice(reply.content, reply.finish_reason, False, [c.to_openai() for c in reply.tool_calls])
         else:
             choice = shape.choice(_text(handle), handle.finish_reason, stream=False)
@@ -221,9 +227,28 @@ class Answers:
             "tokmem": tokmem_field(handle),
         }
 
+    async def settled(self, attempt: "Attempt", handle: Handle, request: Request, turn: int) -> tuple[Reply, Handle]:
+        """The finished chat answer of ``handle`` without repeated calls, decoding the turn again (and waiting) while
+        it is nothing but repeats; with the handle that answered."""
+        while True:
+            reply, repeated = without_repeats(_reply(handle, turn), attempt.answered, turn)
+            if not repeated:
+                return reply, handle
+            handle = await attempt.submit(repeated)
+            await self.wait(handle, request)
+            self.raise_unfinished(handle)
+
     async def submit(
-        self, body: TokMemOptions, query: str | list[dict], text: str, max_tokens: int | None, chars: int
+        self,
+        body: TokMemOptions,
+        query: str | list[dict],
+        text: str,
+        max_tokens: int | None,
+        chars: int,
+        masked: frozenset[str] = frozenset(),
     ) -> Handle:
+        """The request, checked against the server's limits, in the engine's queue; ``masked``: tools (bank rows) the
+        answer may not use."""
         config = self.config
         max_tokens = max_tokens or min(config.default_max_tokens, config.max_new_tokens)
         if max_tokens > config.max_new_tokens:
@@ -247,6 +272,8 @@ class Answers:
                 code="context_length_exceeded",
             )
         allowed, forced, threshold = body.routing(bank.model)
+        if masked:
+            allowed = allowed & torch.tensor([n not in masked for n in bank.model.bank.names], device=allowed.device)
         references = isinstance(query, str)  # a chat answers as tokmem.chat: arguments are values
         tools, response = await run_in_threadpool(self._grammars, body, bank, references)
         return self.engine.submit(
@@ -294,45 +321,65 @@ class Answers:
             watcher.cancel()
 
     async def stream(
-        self, shape: Shape, model: str, handle: Handle, request: Request, include_usage: bool, turn: int
+        self,
+        shape: Shape,
+        model: str,
+        attempt: "Attempt",
+        handle: Handle,
+        request: Request,
+        include_usage: bool,
+        turn: int,
     ) -> AsyncIterator[str]:
         meta = {"id": _id(shape), "object": shape.chunk_object, "created": int(time.time()), "model": model}
-        bank = handle.request.bank.model
-        deltas, calls, text = Deltas(), CallDeltas(turn), IncrementalText(bank)
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
-        deadline = time.monotonic() + self.config.timeout + GRACE
+        deltas, calls = Deltas(), CallDeltas(turn)
+        hold = bool(attempt.answered)  # a call may repeat an answered one: calls go out once the turn is whole
         try:
             if shape.chat:  # no content yet: the answer may be tool calls (content null, as OpenAI's)
                 yield sse({**meta, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
+            while True:
+                async for chunk in self._pieces(shape, meta, handle, request, deltas, calls, hold):
+                    yield chunk
+                self.raise_unfinished(handle)
+                if not shape.chat:
+                    last = shape.choice(deltas.final(_text(handle)) or None, handle.finish_reason, stream=True)
+                    break
+                reply, repeated = without_repeats(_reply(handle, turn), attempt.answered, turn)
+                if not repeated:
+                    rest = calls.final([(c.name, c.arguments) for c in reply.tool_calls])
+                    last = shape.choice(deltas.final(reply.content or "") or None, reply.finish_reason, True, rest)
+                    break
+                handle = await attempt.submit(repeated)  # nothing of the repeats went out: decode the turn again
+            yield sse({**meta, "choices": [last], "tokmem": tokmem_field(handle)})
+            if include_usage:
+                yield sse({**meta, "choices": [], "usage": usage(handle)})
+            yield sse("[DONE]")
+        except (ApiError, TokMemError) as err:  # a turn decoded again may be refused (a full queue, a bank gone)
+            yield sse((err if isinstance(err, ApiError) else api_error(err)).body())
+        finally:
+            handle.cancel()  # frees the row if the client went away mid-answer
+
+    async def _pieces(
+        self, shape: Shape, meta: dict, handle: Handle, request: Request, deltas: Deltas, calls: CallDeltas, hold: bool
+    ) -> AsyncIterator[str]:
+        """The chunks of ``handle``'s answer as its tokens arrive, until it finishes (or its time is up); ``hold``:
+        a chat's tool calls wait for the whole turn."""
+        bank, text = handle.request.bank.model, IncrementalText(handle.request.bank.model)
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
+        deadline = time.monotonic() + self.config.timeout + GRACE
+        try:
             while not handle.finished and time.monotonic() < deadline:
                 await _updated(handle, deadline - time.monotonic())
                 tokens = handle.tokens
                 if shape.chat and tokens and starts_calls(bank, tokens[0], handle.plain):
-                    piece = calls.update(text.calls(tokens))
+                    piece = [] if hold else calls.update(text.calls(tokens))
                     if piece:
                         yield sse({**meta, "choices": [shape.choice(None, None, True, piece)]})
                 else:
                     piece = deltas.update(handle.request.stop.cut(text.update(tokens), final=False))
                     if piece:
                         yield sse({**meta, "choices": [shape.choice(piece, None, stream=True)]})
-            try:
-                self.raise_unfinished(handle)
-            except ApiError as err:
-                yield sse(err.body())
-                return
-            if shape.chat:
-                reply = _reply(handle, turn)
-                rest = calls.final([(c.name, c.arguments) for c in reply.tool_calls])
-                last = shape.choice(deltas.final(reply.content or "") or None, reply.finish_reason, True, rest)
-            else:
-                last = shape.choice(deltas.final(_text(handle)) or None, handle.finish_reason, stream=True)
-            yield sse({**meta, "choices": [last], "tokmem": tokmem_field(handle)})
-            if include_usage:
-                yield sse({**meta, "choices": [], "usage": usage(handle)})
-            yield sse("[DONE]")
         finally:
             watcher.cancel()
-            handle.cancel()  # frees the row if the client went away mid-answer
 
     def raise_unfinished(self, handle: Handle) -> None:
         if not handle.finished or handle.finish_reason == "timeout":
@@ -341,6 +388,25 @@ class Answers:
             )
         if handle.finish_reason == "error":
             raise ApiError(500, handle.error or "the request failed (see the server log)", "server_error")
+
+
+@dataclass
+class Attempt:
+    """What a request asks, kept to submit its turn again: with tools masked when a chat turn was nothing but calls
+    already ``answered`` (``tokmem.chat.without_repeats``)."""
+
+    answers: Answers
+    body: TokMemOptions
+    query: str | list[dict]
+    text: str
+    max_tokens: int | None
+    chars: int
+    answered: set[tuple[str, str]]
+    masked: frozenset[str] = frozenset()
+
+    async def submit(self, repeated: list[str] = ()) -> Handle:
+        self.masked |= frozenset(repeated)
+        return await self.answers.submit(self.body, self.query, self.text, self.max_tokens, self.chars, self.masked)
 
 
 def _prompt(model, query: str | list[dict]) -> list[int]:
@@ -443,25 +509,31 @@ def _refused(request: Request, err: ApiError):
     return err.response()
 
 
-def _error_handlers(app: FastAPI) -> None:
-    statuses = [
-        (BankNotFound, 404, "model_not_found"),
-        (BankConflict, 409, "bank_conflict"),
-        (Overloaded, 429, "overloaded"),
-        (BankUnusable, 500, "bank_unusable"),
-        (BankWriteError, 500, "bank_not_written"),
-        (TokMemError, 400, None),
-    ]
+STATUSES_OF_ERRORS = [  # (a tokmem error, its status, its code): the first that matches
+    (BankNotFound, 404, "model_not_found"),
+    (BankConflict, 409, "bank_conflict"),
+    (Overloaded, 429, "overloaded"),
+    (BankUnusable, 500, "bank_unusable"),
+    (BankWriteError, 500, "bank_not_written"),
+    (TokMemError, 400, None),
+]
 
+
+def api_error(err: TokMemError) -> ApiError:
+    """The OpenAI error a tokmem error answers with."""
+    status, code = next((s, c) for kind, s, c in STATUSES_OF_ERRORS if isinstance(err, kind))
+    kind = {429: "rate_limit_error", 500: "server_error"}.get(status, "invalid_request_error")
+    return ApiError(status, str(err), kind, code)
+
+
+def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def api_error(request, err: ApiError):
+    async def refused(request, err: ApiError):
         return _refused(request, err)
 
     @app.exception_handler(TokMemError)
     async def tokmem_error(request, err: TokMemError):
-        status, code = next((s, c) for kind, s, c in statuses if isinstance(err, kind))
-        kind = {429: "rate_limit_error", 500: "server_error"}.get(status, "invalid_request_error")
-        return _refused(request, ApiError(status, str(err), kind, code))
+        return _refused(request, api_error(err))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, err: RequestValidationError):

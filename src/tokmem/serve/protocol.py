@@ -33,7 +33,7 @@ from pydantic import (
 )
 from starlette.exceptions import HTTPException
 
-from tokmem.chat import tool_routing, tool_schemas
+from tokmem.chat import answered_calls, tool_routing, tool_schemas
 from tokmem.errors import cut
 from tokmem.decode import DecodeConfig
 
@@ -240,6 +240,10 @@ class TokMemOptions(BaseModel):
     def steps(self) -> int:
         return self.max_steps
 
+    def answered(self, query) -> set[tuple[str, str]]:
+        """The calls the answer may not repeat (``tokmem.chat.answered_calls``): none for a text completion."""
+        return set()
+
 
 class TextPart(BaseModel):
     type: Literal["text"]
@@ -354,6 +358,11 @@ class ChatBody(TokMemOptions):
 
     def steps(self) -> int:
         return 1 if self.parallel_tool_calls is False else self.max_steps
+
+    def answered(self, query: list[dict]) -> set[tuple[str, str]]:
+        """The calls answered since the user's last message, when the model chooses its tools (no ``procedure``
+        forced, ``tool_choice`` "auto")."""
+        return set() if self.procedure is not None else answered_calls(query, self.tool_choice)
 
 
 class CompletionBody(TokMemOptions):
