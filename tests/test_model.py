@@ -204,3 +204,25 @@ def test_the_answer_label_is_the_probability_of_any_vocabulary_token_and_trains_
 def test_an_unknown_random_shape_is_refused_with_the_known_ones():
     with pytest.raises(BackboneError, match="llama-3.2-1b"):
         tokmem.load_backbone("random:no-such-shape", device="cpu")
+
+
+def test_a_batchs_suffixes_run_packed_in_one_row_without_their_padding(filled, backbone):
+    examples = [
+        Example("Reverse the word apple, please, right now.", (Step("a", "elppa"),)),
+        Example("hi", (Step("b", "one two three four five six seven"),)),
+    ]
+    tokenizer = backbone.tokenizer
+    batch = collate([encode(e, tokenizer, filled.memory_id, 1024) for e in examples], tokenizer.pad_token_id)
+    store = PrefixStore(budget=2**30)
+    filled.loss(batch, store)  # the prefixes kept: the next loss runs the suffix pass only
+    shapes = []
+    hook = filled.lm.base_model.register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.append(tuple(kwargs["inputs_embeds"].shape[:2])), with_kwargs=True
+    )
+    try:
+        filled.loss(batch, store)
+    finally:
+        hook.remove()
+    starts = (batch["labels"] != IGNORE).int().argmax(-1)
+    real = int((batch["attention_mask"].sum(-1) - starts).sum())
+    assert shapes == [(1, real)] and real < 2 * int((batch["attention_mask"].sum(-1) - starts).max())

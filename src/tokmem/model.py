@@ -169,21 +169,59 @@ class TokMemModel(nn.Module):
         ``prefixes`` from an earlier epoch); the suffixes (from the first labelled token on) run on top of it with
         gradients.  The state predicting the first suffix token is the prefix's last one.
         """
-        hidden, labels, _ = self._suffix_pass(batch, starts, steer, prefixes)
-        return hidden, labels
+        with torch.no_grad():
+            cache, mask, routing = self._prefix_states(batch, starts, steer, prefixes)
+        suffix, suffix_mask, labels = _split_suffix(batch, starts)
+        real = suffix_mask.bool()
+        if len(suffix) > 1 and not bool(real.all()):  # padding to skip: pack the suffixes into one row
+            hidden = self._packed_suffix(suffix, real, starts, cache, mask, steer)
+        else:
+            position_ids = starts.unsqueeze(-1) + positions(suffix_mask)
+            hidden, _ = self.hidden(suffix, torch.cat([mask, suffix_mask], dim=-1), position_ids, cache, steer)
+        return torch.cat([routing[:, -1:], hidden[:, :-1]], dim=1), labels
+
+    def _packed_suffix(self, suffix, real, starts, cache, mask, steer) -> torch.Tensor:
+        """The suffixes' hidden states (right-padded as ``suffix``), computed in one row without their padding: the
+        real suffix tokens side by side, each attending to its own row's prefix states (``cache``'s real columns,
+        packed the same way) and to its own suffix up to itself (a block mask), at its own positions.  The same
+        states as the padded pass (the padding was masked there), for the positions a batch really has: on SNI
+        sequences half of a padded batch's suffix positions are padding."""
+        rows = torch.arange(len(suffix), device=suffix.device)
+        query_row, key_row = rows.unsqueeze(-1).expand_as(suffix)[real], rows.unsqueeze(-1).expand_as(mask)[mask.bool()]
+        query_column = torch.arange(suffix.shape[1], device=suffix.device).expand_as(suffix)[real]
+        packed = DynamicCache(config=self.lm.config)
+        for layer, states in enumerate(cache.layers):  # (batch, heads, keys, d) -> (1, heads, real keys, d)
+            keys, values = (
+                t.transpose(1, 2)[mask.bool()].transpose(0, 1).unsqueeze(0) for t in (states.keys, states.values)
+            )
+            packed.update(keys, values, layer)
+        same_row = query_row.unsqueeze(-1) == query_row
+        allowed = torch.cat(
+            [query_row.unsqueeze(-1) == key_row, same_row & (query_column <= query_column.unsqueeze(-1))], dim=-1
+        )
+        position_ids = (starts[query_row] + query_column).unsqueeze(0)
+        hidden, _ = self.hidden(
+            suffix[real].unsqueeze(0), self._attention_mask(allowed.unsqueeze(0)), position_ids, packed, steer
+        )
+        return hidden.new_zeros(*suffix.shape, hidden.shape[-1]).masked_scatter(real.unsqueeze(-1), hidden[0])
+
+    def _prefix_states(self, batch: dict, starts: torch.Tensor, steer: torch.Tensor, prefixes: PrefixStore | None):
+        """(KV cache, attention mask, hidden states) of the rows' query prefixes, left-padded: encoded now
+        (``_encode_prefixes``), or kept in ``prefixes`` from an earlier epoch (without gradients: call under
+        ``torch.no_grad``)."""
+        if prefixes is None:
+            return self._encode_prefixes(batch, starts, steer.detach())
+
+        def encode(rows: list[int]):
+            return self._encode_prefixes(_rows(batch, rows), starts[rows], steer.detach())
+
+        return prefixes.states(batch["input_ids"], starts, encode, self.lm.config)
 
     def _suffix_pass(self, batch: dict, starts: torch.Tensor, steer: torch.Tensor, prefixes: PrefixStore | None):
         """``_suffix_hidden``'s states and labels, and what a later pass over the suffix attends to: (the suffix ids,
         the KV cache of prefix and suffix, its attention mask: the prefix left-padded, the suffix right-padded)."""
         with torch.no_grad():
-            if prefixes is None:
-                cache, mask, routing = self._encode_prefixes(batch, starts, steer.detach())
-            else:
-
-                def encode(rows: list[int]):
-                    return self._encode_prefixes(_rows(batch, rows), starts[rows], steer.detach())
-
-                cache, mask, routing = prefixes.states(batch["input_ids"], starts, encode, self.lm.config)
+            cache, mask, routing = self._prefix_states(batch, starts, steer, prefixes)
         suffix, suffix_mask, labels = _split_suffix(batch, starts)
         position_ids = starts.unsqueeze(-1) + positions(suffix_mask)
         mask = torch.cat([mask, suffix_mask], dim=-1)
