@@ -10,7 +10,7 @@ import tokmem
 from tokmem import Example, Step, TrainConfig
 from tokmem.backbones import CPU_BF16, cpu_has_bf16, default_dtype
 from tokmem.errors import BackboneError, BankError
-from tokmem.model import _shared_width, _split_prefix, next_token_loss
+from tokmem.model import _packing_pays, _shared_width, _split_prefix, next_token_loss
 from tokmem.prefix_store import PrefixStore
 from tokmem.sequences import ANSWER, IGNORE, collate, encode
 
@@ -220,9 +220,21 @@ def test_a_batchs_suffixes_run_packed_in_one_row_without_their_padding(filled, b
         lambda module, args, kwargs: shapes.append(tuple(kwargs["inputs_embeds"].shape[:2])), with_kwargs=True
     )
     try:
-        filled.loss(batch, store)
+        packed, _ = filled.loss(batch, store)
     finally:
         hook.remove()
     starts = (batch["labels"] != IGNORE).int().argmax(-1)
     real = int((batch["attention_mask"].sum(-1) - starts).sum())
     assert shapes == [(1, real)] and real < 2 * int((batch["attention_mask"].sum(-1) - starts).max())
+    assert packed.item() == pytest.approx(full_sequence_loss(filled, batch).item(), rel=1e-5)
+
+
+def test_suffixes_pack_when_padding_costs_more_than_the_attention_across_rows_and_not_otherwise():
+    def pays(suffix_lengths, prefix_lengths, width=896):
+        real = torch.arange(max(suffix_lengths)) < torch.tensor(suffix_lengths).unsqueeze(-1)
+        prefix = torch.arange(max(prefix_lengths)) >= (max(prefix_lengths) - torch.tensor(prefix_lengths)).unsqueeze(-1)
+        return _packing_pays(real, prefix.long(), width)
+
+    assert pays([3, 5, 12, 63], [150, 170, 160, 180])  # SNI: short uneven answers after long queries
+    assert not pays([1100, 1080], [200, 210])  # a tool loop's records: long suffixes, little padding
+    assert not pays([7, 7], [20, 20])  # no padding at all

@@ -173,7 +173,7 @@ class TokMemModel(nn.Module):
             cache, mask, routing = self._prefix_states(batch, starts, steer, prefixes)
         suffix, suffix_mask, labels = _split_suffix(batch, starts)
         real = suffix_mask.bool()
-        if len(suffix) > 1 and not bool(real.all()):  # padding to skip: pack the suffixes into one row
+        if len(suffix) > 1 and _packing_pays(real, mask, self.lm.config.hidden_size):
             hidden = self._packed_suffix(suffix, real, starts, cache, mask, steer)
         else:
             position_ids = starts.unsqueeze(-1) + positions(suffix_mask)
@@ -369,6 +369,18 @@ def _split_prefix(batch: dict, starts: torch.Tensor, shared: torch.Tensor):
     prefix_mask = (prefix_columns >= shared_width).long()
     prefix = ids.gather(1, prefix_columns.clamp(min=0)) * prefix_mask
     return ids[:1, :shared_width], prefix, prefix_mask
+
+
+def _packing_pays(real: torch.Tensor, prefix_mask: torch.Tensor, width: int) -> bool:
+    """Whether packing the suffixes (``real``: their tokens, right-padded) into one row costs fewer FLOPs than the
+    padded batch: it saves the padding positions (~12·d² a layer each: projections and MLP) but its one block-masked
+    attention spans every row's keys (~4·d a layer per query-key pair).  Short uneven suffixes on long prefixes (SNI
+    answers) pack; long ones with little padding (tool loops' results) do not.  One host sync."""
+    rows, suffix_width = real.shape
+    tokens, keys = torch.stack([real.sum(), prefix_mask.sum()]).tolist()
+    padded_pairs = rows * suffix_width * (prefix_mask.shape[1] + suffix_width)
+    saved_positions = rows * suffix_width - tokens
+    return saved_positions * 3 * width > tokens * (keys + tokens) - padded_pairs
 
 
 def _split_suffix(batch: dict, starts: torch.Tensor):
