@@ -169,16 +169,8 @@ class TokMemModel(nn.Module):
         ``prefixes`` from an earlier epoch); the suffixes (from the first labelled token on) run on top of it with
         gradients.  The state predicting the first suffix token is the prefix's last one.
         """
-        with torch.no_grad():
-            cache, mask, routing = self._prefix_states(batch, starts, steer, prefixes)
-        suffix, suffix_mask, labels = _split_suffix(batch, starts)
-        real = suffix_mask.bool()
-        if len(suffix) > 1 and _packing_pays(real, mask, self.lm.config.hidden_size):
-            hidden = self._packed_suffix(suffix, real, starts, cache, mask, steer)
-        else:
-            position_ids = starts.unsqueeze(-1) + positions(suffix_mask)
-            hidden, _ = self.hidden(suffix, torch.cat([mask, suffix_mask], dim=-1), position_ids, cache, steer)
-        return torch.cat([routing[:, -1:], hidden[:, :-1]], dim=1), labels
+        hidden, labels, _ = self._suffix_pass(batch, starts, steer, prefixes, packable=True)
+        return hidden, labels
 
     def _packed_suffix(self, suffix, real, starts, cache, mask, steer) -> torch.Tensor:
         """The suffixes' hidden states (right-padded as ``suffix``), computed in one row without their padding: the
@@ -217,16 +209,25 @@ class TokMemModel(nn.Module):
 
         return prefixes.states(batch["input_ids"], starts, encode, self.lm.config)
 
-    def _suffix_pass(self, batch: dict, starts: torch.Tensor, steer: torch.Tensor, prefixes: PrefixStore | None):
+    def _suffix_pass(
+        self, batch: dict, starts: torch.Tensor, steer: torch.Tensor, prefixes: PrefixStore | None, packable=False
+    ):
         """``_suffix_hidden``'s states and labels, and what a later pass over the suffix attends to: (the suffix ids,
-        the KV cache of prefix and suffix, its attention mask: the prefix left-padded, the suffix right-padded)."""
+        the KV cache of prefix and suffix, its attention mask: the prefix left-padded, the suffix right-padded).
+        ``packable``: the suffixes run packed where that pays (``_packing_pays``), and then nothing is attended to
+        later (None)."""
         with torch.no_grad():
             cache, mask, routing = self._prefix_states(batch, starts, steer, prefixes)
         suffix, suffix_mask, labels = _split_suffix(batch, starts)
-        position_ids = starts.unsqueeze(-1) + positions(suffix_mask)
-        mask = torch.cat([mask, suffix_mask], dim=-1)
-        hidden, cache = self.hidden(suffix, mask, position_ids, cache, steer)
-        return torch.cat([routing[:, -1:], hidden[:, :-1]], dim=1), labels, (suffix, cache, mask)
+        real = suffix_mask.bool()
+        if packable and len(suffix) > 1 and _packing_pays(real, mask, self.lm.config.hidden_size):
+            hidden, attended = self._packed_suffix(suffix, real, starts, cache, mask, steer), None
+        else:
+            position_ids = starts.unsqueeze(-1) + positions(suffix_mask)
+            mask = torch.cat([mask, suffix_mask], dim=-1)
+            hidden, cache = self.hidden(suffix, mask, position_ids, cache, steer)
+            attended = suffix, cache, mask
+        return torch.cat([routing[:, -1:], hidden[:, :-1]], dim=1), labels, attended
 
     def _segment_hidden(self, batch: dict, starts: torch.Tensor, steer: torch.Tensor, prefixes: PrefixStore | None):
         """``_suffix_hidden``'s states and labels, back-propagating each labelled segment on its own
