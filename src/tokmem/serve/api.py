@@ -202,7 +202,7 @@ class Answers:
         A chat turn of nothing but calls already answered (``tokmem.chat.without_repeats``) is decoded again
         without those tools; streamed, such a turn's calls go out once it is whole."""
         turn = len(query) if isinstance(query, list) else 1
-        attempt = Attempt(self, body, query, text, max_tokens, chars, body.answered(query) if shape.chat else set())
+        attempt = Attempt(self, body, query, text, max_tokens, chars, body.answered(query))
         handle = await attempt.submit()
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
