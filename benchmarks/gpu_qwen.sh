@@ -19,8 +19,8 @@
 # side, each bounded by what is left of TOTAL_SECONDS so the steps that finished come back. Started detached
 # (`cp benchmarks/gpu_qwen.sh /tmp/g.sh; ONLY=… setsid nohup bash /tmp/g.sh studies /tmp/o >/tmp/detached.log 2>&1 &`)
 # one backbone's steps run while the other's pieces travel; a later `studies` call waits for them and packs all.
-# `smoke` (after small.tgz): the CUDA tests and tiny studies. Done so far (results/*qwen0.5b*): cfb-s*, atomic-s*,
-# catalog-s0-*; next: cfb8 (the 0.5B) and cfb15 (the 1.5B).
+# `smoke` (after small.tgz): the CUDA tests and tiny studies. Done so far (results/*qwen*): cfb-s*, cfb8-s*,
+# cfb15-s0-*, atomic-s*, catalog-s0-*; next: ONLY='cfb15-s[12]' (the 1.5B's seeds 1-2).
 set -uo pipefail
 mode=${1:?usage: gpu_qwen.sh pack|pack-1.5b|smoke|keep|studies OUT}
 out=${2:?usage: gpu_qwen.sh pack|pack-1.5b|smoke|keep|studies OUT}
@@ -77,6 +77,9 @@ if [ ! -f /tmp/small.ok ]; then
 fi
 [ -d /tmp/pieces/rw ] && $py -m pip install -q --no-index --no-deps --upgrade --target "$site" /tmp/pieces/rw/*.whl
 export PYTHONPATH="$site:$src" TOKMEM_SHARED_DATA=/tmp/payload/data
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)  # the copied code's metadata (tokmem.__version__)
+mkdir -p "$site/tokmem-$version.dist-info" && printf 'Metadata-Version: 2.1\nName: tokmem\nVersion: %s\n' "$version" \
+  >"$site/tokmem-$version.dist-info/METADATA"
 bench() { $py -m tokmem.cli bench "$@" --device $device --quiet; }
 budget() { echo $(( ${1} - ($(date +%s) - start) )); }  # seconds left of a total of $1 since the start
 
@@ -108,15 +111,16 @@ load() {  # a backbone loaded once here (assembled, checked, de-quantised, cache
   $py -c "import time, tokmem; t = time.time(); b = tokmem.load_backbone('$1', device='$device'); \
 print('loaded', b.name, b.fingerprint(), next(b.model.parameters()).dtype, round(time.time() - t, 1), 's')" 2>&1 | grep -v Warning
 }
-[ -f /tmp/b.ok ] && load qwen2.5-coder-0.5b
-[ -f /tmp/c.ok ] && load qwen2.5-coder-1.5b
 total=${TOTAL_SECONDS:-540}
+loaded=""  # the backbones loaded here, before the first of their steps
 cfb="--study main --dataset complexfuncbench --preset cpu --backbone qwen2.5-coder-0.5b --max-new-tokens 256 --eval-batch-size 64"
 step() {  # name, then the bench arguments: run in the background within what is left of the total, logged
-  local name=$1; shift; local left; left=$(( $(budget "$total") - 15 ))  # 15 s kept to pack what finished
+  local name=$1; shift
   [[ $name =~ ${ONLY:-.} ]] || return 0  # ONLY=regex: the steps whose name matches
-  [[ "$*" == *qwen2.5-coder-1.5b* ]] && ok=c.ok || ok=b.ok
+  local backbone=qwen2.5-coder-0.5b ok=b.ok; [[ "$*" == *qwen2.5-coder-1.5b* ]] && backbone=qwen2.5-coder-1.5b ok=c.ok
   [ -f /tmp/$ok ] || { echo "$name: skipped, its backbone's pieces did not come"; return; }
+  [[ " $loaded " == *" $backbone "* ]] || { load $backbone; loaded="$loaded $backbone"; }
+  local left=$(( $(budget "$total") - 15 ))  # 15 s kept to pack what finished
   [ "$left" -gt 30 ] || { echo "$name: skipped, $left s left"; return; }
   ( t0=$(date +%s); OMP_NUM_THREADS=1 timeout "$left" bash -c "py=$py device=$device; $(declare -f bench); bench $*" \
       >"$runs/$name.log" 2>&1
@@ -137,9 +141,11 @@ for seed in 0 1 2; do  # the same at 8 epochs (480 updates): whether TokMem lear
     step cfb8-s$seed-$m compositional $cfb --seed $seed --epochs 8 --methods $m --json "$runs/cfb8-s$seed-$m.json"
   done
 done
-for m in tokmem native lora; do  # the tool loop on the 1.5B (issue 35: whether scale closes the gap), seed 0
-  step cfb15-s0-$m compositional ${cfb/qwen2.5-coder-0.5b/qwen2.5-coder-1.5b} --seed 0 --methods $m \
-    --json "$runs/cfb15-s0-$m.json"
+for seed in 0 1 2; do  # the tool loop on the 1.5B (issue 35: whether scale closes the gap)
+  for m in tokmem native lora; do
+    step cfb15-s$seed-$m compositional ${cfb/qwen2.5-coder-0.5b/qwen2.5-coder-1.5b} --seed $seed --methods $m \
+      --json "$runs/cfb15-s$seed-$m.json"
+  done
 done
 for m in tokmem lora; do  # compositional main on the built-in catalog
   step catalog-s0-$m compositional --study main --preset cpu --backbone qwen2.5-coder-0.5b --eval-batch-size 64 \
