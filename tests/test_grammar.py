@@ -212,3 +212,22 @@ def test_training_keeps_in_the_banks_schema_a_bound_learned_from_the_values_its_
     city = {"type": "object", "properties": {"city": kept["city"]}, "required": ["city"]}
     assert accepts(backbone, city, '{"city":"%s"}' % ("x" * 2 * LEARNED_FLOOR))
     assert not accepts(backbone, city, '{"city":"%s"}' % ("x" * (2 * LEARNED_FLOOR + 1)))
+
+
+def test_training_orders_the_banks_schema_as_its_calls_write_the_arguments(backbone):
+    """The grammar writes keys in the schema's order: a bank's schema takes the order its training calls used (keys
+    no call gave last), so a memory token is not forced into an order it never trained on."""
+    rent = {
+        "type": "object",
+        "properties": {name: {"type": "string"} for name in ("drop_off", "note", "pick_up", "city")},
+        "required": ["pick_up", "drop_off"],
+    }
+    calls = [{"city": "Oslo", "pick_up": "08:00", "drop_off": "09:00"}, {"pick_up": "10:00", "drop_off": "11:00"}]
+    examples = [Example(f"Rent {c}", (Step("rent", json.dumps({"name": "rent", "arguments": c})),)) for c in calls]
+    model = tokmem.create(backbone)
+    tokmem.learn(model, examples, TrainConfig(epochs=1, progress=False), schemas={"rent": rent})
+    kept = model.bank.schemas[model.bank.row("rent")]
+    assert list(kept["properties"]) == ["city", "pick_up", "drop_off", "note"]
+    assert kept["required"] == rent["required"] and list(rent["properties"])[0] == "drop_off"  # the caller's untouched
+    assert accepts(backbone, kept, '{"pick_up":"10:00","drop_off":"11:00"}')
+    assert not accepts(backbone, rent, '{"pick_up":"10:00","drop_off":"11:00"}')

@@ -63,11 +63,11 @@ ANY_ITEM = {
 
 # Bounds on a value whose schema sets none, so that a call always closes (a runaway string — an SQL statement, a
 # 150-digit id — would otherwise run to max_new_tokens and leave the JSON open).  Training stores a string bound
-# learned from the training values in the bank's schema (``learned_bounds``); 128 characters, the default, hold the
+# learned from the training values in the bank's schema (``learned_schema``); 128 characters, the default, hold the
 # longest free-text value of ComplexFuncBench's queries (83); a tool that needs longer ones says so with ``maxLength``.
 STRING_BOUND = 128
 INTEGER_BOUND = 10**15  # |an integer argument|: at most 16 digits
-# the least bound learned from training values (``learned_bounds``): a city seen as "Oslo" may be longer
+# the least bound learned from training values (``learned_schema``): a city seen as "Oslo" may be longer
 LEARNED_FLOOR = 32
 
 
@@ -349,15 +349,21 @@ def _leaves(node, visit) -> None:
                 _leaves(v, visit)
 
 
-def learned_bounds(schema: dict | None, tool: str, examples) -> dict | None:
-    """``schema`` (a copy) with a ``maxLength`` on each string argument that sets no bound, learned from the values
-    the training ``examples``' calls of ``tool`` gave it: twice the longest, at least ``LEARNED_FLOOR`` characters.
-    An argument no call gave a value to (only references, or nothing) keeps the default bound (``bounded``)."""
+def learned_schema(schema: dict | None, tool: str, examples) -> dict | None:
+    """``schema`` (a copy) fitted to the values and the key order that the training ``examples``' calls of ``tool``
+    gave: bounds on its strings (``_learned_bounds``) and its properties in the calls' order (``_learned_order``)."""
     if schema is None or not isinstance(schema.get("properties"), dict):
         return schema
     calls = [
         json.loads(s.call_arguments) for e in examples for s in e.steps if s.procedure == tool and s.call_arguments
     ]
+    return _learned_order(_learned_bounds(schema, calls), calls)
+
+
+def _learned_bounds(schema: dict, calls: list[dict]) -> dict:
+    """A ``maxLength`` on each string argument that sets no bound: twice the longest value the calls gave it, at least
+    ``LEARNED_FLOOR`` characters.  An argument no call gave a value to (only references, or nothing) keeps the default
+    bound (``bounded``)."""
     properties = dict(schema["properties"])
     for name, spec in properties.items():
         given = [len(c[name]) for c in calls if isinstance(c.get(name), str) and not _REFERENCE.fullmatch(c[name])]
@@ -369,6 +375,21 @@ def learned_bounds(schema: dict | None, tool: str, examples) -> dict | None:
         ):
             properties[name] = {**spec, "maxLength": max(LEARNED_FLOOR, 2 * max(given), spec.get("minLength", 0))}
     return {**schema, "properties": properties}
+
+
+def _learned_order(schema: dict, calls: list[dict]) -> dict:
+    """The properties in the order the calls write them: by their mean place in the calls that give them (ties and the
+    properties no call gives keep the schema's order, the latter last).  The grammar writes an object's keys in its
+    schema's order, so a schema that lists them otherwise (ComplexFuncBench's ``Search_Car_Rentals`` puts the drop-off
+    time second) would make a memory token write its arguments in an order it never trained on."""
+    places: dict[str, list[int]] = {}
+    for call in calls:
+        for place, name in enumerate(call):
+            places.setdefault(name, []).append(place)
+    properties = schema["properties"]
+    mean = {name: sum(places[name]) / len(places[name]) for name in properties if name in places}
+    order = sorted(properties, key=lambda name: (name not in mean, mean.get(name, 0)))
+    return {**schema, "properties": {name: properties[name] for name in order}}
 
 
 def _bounded_under(key: str, value):

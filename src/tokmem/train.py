@@ -21,7 +21,7 @@ from tokmem import distributed
 from tokmem.config import option
 from tokmem.data.procedures import Example, tool_procedures
 from tokmem.errors import TokMemError
-from tokmem.schemas import learned_bounds
+from tokmem.schemas import learned_schema
 from tokmem.sequences import RESULT_TOKENS, Encoded, TruncationCount, collate, encode, to_device
 from tokmem.model import TokMemModel
 from tokmem.prefix_store import PrefixStore, default_budget
@@ -173,7 +173,7 @@ def learn(
 
     ``descriptions`` and ``schemas``: name → description / tool JSON schema (a catalog's), kept with the new rows
     (a schema only on a tool row: it binds the arguments decoded after the row's memory token; its string arguments
-    get bounds learned from these examples' values, ``schemas.learned_bounds``).
+    get bounds learned from these examples' values and its properties their calls' order, ``schemas.learned_schema``).
 
     The new rows are renormalised to the old rows' mean norm after the round, and with
     ``renorm_every_step`` after every optimiser step too.  ``param_groups`` and ``on_step``: as in ``fit``.
@@ -192,7 +192,7 @@ def learn(
         [(descriptions or {}).get(n, "") for n in new],
         kinds,
         [
-            learned_bounds((schemas or {}).get(n), n, examples) if kind == "tool" else None
+            learned_schema((schemas or {}).get(n), n, examples) if kind == "tool" else None
             for n, kind in zip(new, kinds)
         ],
     )
