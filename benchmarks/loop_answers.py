@@ -26,12 +26,14 @@ from dataclasses import fields, replace
 from tokmem.backbones import load_backbone
 from tokmem.data.procedures import Example
 from tokmem.eval.metrics import read_call
+from tokmem.schemas import learned_schema
 from tokmem.sequences import RESULT_TOKENS
 from tokmem.studies.compositional_config import CompositionalConfig
 from tokmem.studies.tool_setup import real_data
 
 Call = tuple  # (name, canonical arguments), as the scorer reads a call (`metrics.read_call`)
 ORIGINS = ("query", "result as shown", "past the cut", "rewritten")
+GROUPS = ("schema in the calls' order", "schema out of the calls' order")
 
 
 def category(gold: Call, answer: Call | None) -> str:
@@ -76,16 +78,35 @@ def trained_values(train: list[Example]) -> set[tuple]:
     return {(name, key, value) for name, arguments in calls for key, value in arguments}
 
 
+def reordered_tools(tools: dict[str, dict], train: list[Example]) -> set[str]:
+    """The tools whose schema lists their keys in another order than the training calls write them (the order a
+    bank's schema takes since ``schemas.learned_schema``; before, the grammar wrote them in the schema's)."""
+    return {
+        name
+        for name, tool in tools.items()
+        if (schema := tool.get("parameters"))
+        and list(learned_schema(schema, name, train)["properties"]) != list(schema["properties"])
+    }
+
+
 def summary(
-    samples: list[dict], examples: dict[str, Example], trained: set[tuple], tokenizer, budget: int = RESULT_TOKENS
+    samples: list[dict],
+    examples: dict[str, Example],
+    trained: set[tuple],
+    reordered: set[str],
+    tokenizer,
+    budget: int = RESULT_TOKENS,
 ) -> dict:
     aligned = [s for s in samples if len(s["step"]) == len(s["gold"])]
-    counts, values, wrong = Counter(), Counter(), Counter()
+    counts, values, wrong, order = Counter(), Counter(), Counter(), Counter()
     for sample in aligned:
         origins = value_origins(examples[sample["query"]], tokenizer, budget)
         for gold_text, text, where in zip(sample["gold"], sample["step"], origins):
             gold, answer = read_call(gold_text), None if text is None else read_call(text)
             counts[category(gold, answer)] += 1
+            group = "schema out of the calls' order" if gold[0] in reordered else "schema in the calls' order"
+            order[group, "total"] += 1
+            order[group, "exact"] += category(gold, answer) == "exact"
             given = dict(answer[1]) if answer is not None and answer[0] == gold[0] else {}
             for key, value in dict(gold[1]).items():
                 values[where[key], "total"] += 1
@@ -99,16 +120,18 @@ def summary(
         **counts,
         "values right, by origin": {o: f"{values[o, 'right']} of {values[o, 'total']}" for o in ORIGINS},
         "wrong values recalled from training": f"{wrong['from training']} of {wrong['total']}",
+        "exact steps, by the tool's schema order": {g: f"{order[g, 'exact']} of {order[g, 'total']}" for g in GROUPS},
     }
 
 
-def study_data(config: dict, data_dir: str | None) -> tuple[dict[str, Example], set[tuple]]:
-    """The test records of the study a result file's ``config`` describes, by query, and its training values."""
+def study_data(config: dict, data_dir: str | None) -> tuple[dict[str, Example], set[tuple], set[str]]:
+    """The test records of the study a result file's ``config`` describes, by query, its training values and its
+    tools whose schema lists their keys out of the calls' order."""
     names = {f.name for f in fields(CompositionalConfig)}
     settings = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k in names}
     rebuilt = replace(CompositionalConfig(), **settings | {"data_dir": data_dir or config.get("data_dir")})
     data = real_data(rebuilt).data
-    return {e.query: e for e in data.test}, trained_values(data.train)
+    return {e.query: e for e in data.test}, trained_values(data.train), reordered_tools(data.tools, data.train)
 
 
 def main() -> None:
@@ -126,10 +149,10 @@ def main() -> None:
         if name not in tokenizers:
             tokenizers[name] = load_backbone(name).tokenizer
         tokenizer = tokenizers[name]
-        examples, trained = study_data(result["config"], args.data_dir)
+        examples, trained, reordered = study_data(result["config"], args.data_dir)
         for name, method in result["methods"].items():
             print(
-                f"{path} {method.get('label', name)}: {json.dumps(summary(method['samples'], examples, trained, tokenizer, args.result_tokens))}"
+                f"{path} {method.get('label', name)}: {json.dumps(summary(method['samples'], examples, trained, reordered, tokenizer, args.result_tokens))}"
             )
 
 

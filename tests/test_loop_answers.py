@@ -28,11 +28,11 @@ def test_a_value_counts_as_right_only_when_the_answer_names_the_right_tool(backb
     example = Example("Rent car ab12.", (Step("Rent", call_json("Rent", {"id": "ab12"})),))
     gold = call_json("Rent", {"id": "ab12"})
     samples = [{"query": example.query, "gold": [gold], "step": [call_json("Search", {"id": "ab12"})]}]
-    counted = loop_answers.summary(samples, {example.query: example}, set(), backbone.tokenizer)
+    counted = loop_answers.summary(samples, {example.query: example}, set(), set(), backbone.tokenizer)
     assert counted["another tool"] == 1
     assert counted["values right, by origin"]["query"] == "0 of 1"
     samples[0]["step"] = [gold]
-    counted = loop_answers.summary(samples, {example.query: example}, set(), backbone.tokenizer)
+    counted = loop_answers.summary(samples, {example.query: example}, set(), set(), backbone.tokenizer)
     assert (counted["exact"], counted["values right, by origin"]["query"]) == (1, "1 of 1")
 
 
@@ -44,5 +44,24 @@ def test_a_wrong_value_is_counted_as_recalled_when_a_training_call_of_that_tool_
     samples = [{"query": example.query, "gold": [call_json("Rent", {"id": "ab12"})], "step": [None]}]
     for answer, recalled in (("zz99", "1 of 1"), ("qq00", "0 of 1")):
         samples[0]["step"] = [call_json("Rent", {"id": answer})]
-        counted = loop_answers.summary(samples, {example.query: example}, trained, backbone.tokenizer)
+        counted = loop_answers.summary(samples, {example.query: example}, trained, set(), backbone.tokenizer)
         assert counted["wrong values recalled from training"] == recalled
+
+
+def test_exact_steps_are_counted_apart_for_tools_whose_schema_lists_keys_out_of_the_calls_order(backbone):
+    rent = {"type": "object", "properties": {"to": {"type": "string"}, "from": {"type": "string"}}}
+    find = {"type": "object", "properties": {"q": {"type": "string"}}}
+    calls = [Step("Rent", call_json("Rent", {"from": "a", "to": "b"})), Step("Find", call_json("Find", {"q": "x"}))]
+    train = [Example("Rent a car from a to b.", tuple(calls))]
+    tools = {"Rent": {"parameters": rent}, "Find": {"parameters": find}, "Free": {}}
+    assert loop_answers.reordered_tools(tools, train) == {"Rent"}
+    example = train[0]
+    samples = [{"query": example.query, "gold": [c.response for c in calls], "step": [c.response for c in calls]}]
+    counted = loop_answers.summary(samples, {example.query: example}, set(), {"Rent"}, backbone.tokenizer)
+    assert counted["exact steps, by the tool's schema order"] == {
+        "schema in the calls' order": "1 of 1",
+        "schema out of the calls' order": "1 of 1",
+    }
+    samples[0]["step"][0] = call_json("Rent", {"from": "b", "to": "a"})
+    counted = loop_answers.summary(samples, {example.query: example}, set(), {"Rent"}, backbone.tokenizer)
+    assert counted["exact steps, by the tool's schema order"]["schema out of the calls' order"] == "0 of 1"
