@@ -214,6 +214,13 @@ def test_training_keeps_in_the_banks_schema_a_bound_learned_from_the_values_its_
     assert not accepts(backbone, city, '{"city":"%s"}' % ("x" * (2 * LEARNED_FLOOR + 1)))
 
 
+def test_two_schemas_differing_only_in_key_order_compile_to_grammars_of_their_own_order(backbone):
+    ab = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}
+    ba = {**ab, "properties": {"b": {"type": "integer"}, "a": {"type": "integer"}}}
+    assert accepts(backbone, ab, '{"a":1,"b":2}') and not accepts(backbone, ab, '{"b":2,"a":1}')
+    assert accepts(backbone, ba, '{"b":2,"a":1}') and not accepts(backbone, ba, '{"a":1,"b":2}')
+
+
 def test_training_orders_the_banks_schema_as_its_calls_write_the_arguments(backbone):
     """The grammar writes keys in the schema's order: a bank's schema takes the order its training calls used (keys
     no call gave last), so a memory token is not forced into an order it never trained on."""

@@ -73,7 +73,8 @@ class Grammars:
     def _submitted(self, schema, where: str) -> tuple[str, str]:
         """``schema`` checked and its compile started (or found in the cache): (its key, ``where``)."""
         checked = check_schema(schema, where, self.budget)
-        key = hashlib.sha256(json.dumps(checked, sort_keys=True).encode()).hexdigest()
+        # keyed as written, not with sorted keys: the grammar writes an object's keys in its schema's order
+        key = hashlib.sha256(json.dumps(checked).encode()).hexdigest()
         with self._lock:
             if key not in self.compiled:
                 seconds = self.budget.seconds
