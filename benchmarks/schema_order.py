@@ -19,6 +19,8 @@ import time
 
 import torch
 
+from loop_answers import reordered_tools  # a script beside this one (its folder is on the path when run)
+
 from tokmem.eval.evaluate import score_calls
 from tokmem.eval.metrics import read_call
 from tokmem.io import write_json_atomic
@@ -74,12 +76,7 @@ def main() -> None:
     method = build_method("tokmem-noadapt", config, backbones, data.tools)
     bar = progress_bar(True)
     train_seconds = learn_round(method, data.train, f"{len(data.train)} queries", bar)
-    bank = method.model.bank
-    reordered = {
-        name
-        for name, schema in zip(bank.names, bank.schemas)
-        if schema and list(schema["properties"]) != list(data.tools[name]["parameters"]["properties"])
-    }
+    bank, reordered = method.model.bank, reordered_tools(data.tools, data.train)
     calls_order = per_step(method, data, reordered, bar)
     in_spec_order(bank, data.tools)
     spec_order = per_step(method, data, reordered, bar)
