@@ -1,8 +1,9 @@
 """What a tool-loop study's per-step answers get wrong, read from its result file's samples.
 
 Each per-step answer is read as the scorer reads it (`metrics.read_call`: canonical arguments) and set against the
-gold call it was due for, counted as: exact, another tool, the right tool with other argument keys, the right tool
-and keys with other values, not a JSON call (cut at the token limit or malformed), or no call at all.
+gold call it was due for, counted by its outcome (`tokmem.eval.steps.outcome`: exact, wrong tool, wrong key set,
+wrong values, a verbatim repeat of an earlier call of the record, not a JSON call, no call), in all and apart for the
+tools whose schema lists their keys out of the calls' order.
 
 Each gold argument value is also counted by where the model could have read it (`origin`): in the query, in an
 earlier result as the sequence shows it (cut to the study's result budget), only in the part of a result the cut
@@ -26,6 +27,7 @@ from dataclasses import fields, replace
 from tokmem.backbones import load_backbone
 from tokmem.data.procedures import Example
 from tokmem.eval.metrics import read_call
+from tokmem.eval.steps import OUTCOMES, outcome
 from tokmem.schemas import learned_schema
 from tokmem.sequences import RESULT_TOKENS
 from tokmem.studies.compositional_config import CompositionalConfig
@@ -34,19 +36,6 @@ from tokmem.studies.tool_setup import real_data
 Call = tuple  # (name, canonical arguments), as the scorer reads a call (`metrics.read_call`)
 ORIGINS = ("query", "result as shown", "past the cut", "rewritten")
 GROUPS = ("schema in the calls' order", "schema out of the calls' order")
-
-
-def category(gold: Call, answer: Call | None) -> str:
-    if answer is None:
-        return "no call"
-    name, arguments = answer
-    if name is None:
-        return "not a JSON call"
-    if answer == gold:
-        return "exact"
-    if name != gold[0]:
-        return "another tool"
-    return "other keys" if dict(arguments).keys() != dict(gold[1]).keys() else "other values"
 
 
 def origin(value, query: str, shown: list[str], whole: list[str]) -> str:
@@ -101,12 +90,13 @@ def summary(
     counts, values, wrong, order = Counter(), Counter(), Counter(), Counter()
     for sample in aligned:
         origins = value_origins(examples[sample["query"]], tokenizer, budget)
-        for gold_text, text, where in zip(sample["gold"], sample["step"], origins):
+        for k, (gold_text, text, where) in enumerate(zip(sample["gold"], sample["step"], origins)):
             gold, answer = read_call(gold_text), None if text is None else read_call(text)
-            counts[category(gold, answer)] += 1
+            kind = outcome(gold_text, text, sample["gold"][:k])
+            counts[kind] += 1
             group = "schema out of the calls' order" if gold[0] in reordered else "schema in the calls' order"
             order[group, "total"] += 1
-            order[group, "exact"] += category(gold, answer) == "exact"
+            order[group, kind] += 1
             given = dict(answer[1]) if answer is not None and answer[0] == gold[0] else {}
             for key, value in dict(gold[1]).items():
                 values[where[key], "total"] += 1
@@ -117,10 +107,11 @@ def summary(
     return {
         "records": f"{len(aligned)} of {len(samples)}",
         "steps": sum(counts.values()),
-        **counts,
+        **{kind: counts[kind] for kind in OUTCOMES},
         "values right, by origin": {o: f"{values[o, 'right']} of {values[o, 'total']}" for o in ORIGINS},
         "wrong values recalled from training": f"{wrong['from training']} of {wrong['total']}",
         "exact steps, by the tool's schema order": {g: f"{order[g, 'exact']} of {order[g, 'total']}" for g in GROUPS},
+        "outcomes, by the tool's schema order": {g: {k: order[g, k] for k in OUTCOMES} for g in GROUPS},
     }
 
 

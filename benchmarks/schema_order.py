@@ -1,63 +1,93 @@
-"""The key order a tool's arguments decode in: the training calls' order (what ``tokmem.learn`` keeps) against the
-order the tool's schema lists (what it kept before), on one TokMem bank trained for the ComplexFuncBench tool loop.
+"""The key order a tool's arguments are trained and decoded in: the training calls' order (what ``tokmem.learn``
+keeps, ``--key-order calls``) against the order the tool's schema lists (``schema``, what it kept before), two TokMem
+banks trained for the ComplexFuncBench tool loop, each trained and decoded in its own order.
 
 The grammar writes an object's keys in its schema's order, and ComplexFuncBench's spec lists some tools' keys in an
 order their calls never use (``Search_Car_Rentals``: ``pick_up_longitude``, ``drop_off_time``, ``drop_off_latitude``,
-…). One bank is trained as the tool-loop study trains TokMem (w/o adapt) (``--preset cpu --dataset
-complexfuncbench``, the seed given), then answers the study's test records per step twice, the bank's schemas in the
-calls' order and then in the spec's (their learned bounds kept): the one difference between the two rows.  Each row
-has the study's per-step scores and the exact steps (answer equal to that step's gold call) counted apart for the
-tools the two orders differ on.
+…).  Each bank is trained as the tool-loop study trains TokMem (w/o adapt) (``--preset cpu --dataset
+complexfuncbench``, the seed given; the key order the one difference), then answers the study's test records per
+step; each row has the per-step scores by position (``eval.steps``), the outcomes, and the outcomes of the tools the
+two orders differ on counted apart.  Resumable: an order already in ``--json`` is not run again; each bank is kept
+beside the results (``<json stem>-banks/<order>.safetensors``) to answer again without training.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/schema_order.py --seed 0 --json results/schema_order.json
+    OMP_NUM_THREADS=2 python benchmarks/schema_order.py --seed 0 --backbone qwen2.5-coder-0.5b \
+        --json results/schema_order-qwen0.5b.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from collections import Counter
+from pathlib import Path
 
 import torch
 
 from loop_answers import reordered_tools  # a script beside this one (its folder is on the path when run)
 
-from tokmem.eval.evaluate import score_calls
-from tokmem.eval.metrics import read_call
+from tokmem.eval.steps import OUTCOMES, aligned_scores, outcome, outcomes
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
 from tokmem.sequences import RESULT_TOKENS
 from tokmem.studies.compositional_config import make_config
 from tokmem.studies.harness import learn_round, progress_bar
-from tokmem.studies.tool_loop import made, step_predictions
 from tokmem.studies.tool_setup import build_method, prepare_backbones, tool_data
-
-
-def in_spec_order(bank, spec: dict[str, dict]) -> None:
-    """Each tool row's schema with its properties back in the order of the tool's ``spec`` (bounds unchanged)."""
-    for row, (name, schema) in enumerate(zip(bank.names, bank.schemas)):
-        if schema is not None and name in spec:
-            listed = spec[name]["parameters"]["properties"]
-            bank.schemas[row] = {**schema, "properties": {key: schema["properties"][key] for key in listed}}
+from tokmem.studies.tool_loop import step_predictions
+from tokmem.train import KEY_ORDERS
 
 
 def per_step(method, data, reordered: set[str], bar) -> dict:
-    """The study's per-step scores (tool / argument / call / routing F1, averaged over the numbers of calls) and the
-    exact steps, apart for the ``reordered`` tools' gold calls and the others."""
+    """Per step, by position: the scores, the outcomes, and the outcomes of the ``reordered`` tools' steps apart."""
     bar.phase(f"answering {len(data.test)} records step by step", len(data.test))
     start = time.perf_counter()
     steps, routes, _ = step_predictions(method, data.test, RESULT_TOKENS, bar)
-    scores = score_calls(data.test, [made(p) for p in steps], routes)
-    exact = {"reordered tools": [0, 0], "other tools": [0, 0]}
-    for example, answers in zip(data.test, steps):
-        for step, answer in zip(example.steps, answers):
-            gold = read_call(step.response)
-            group = exact["reordered tools" if gold[0] in reordered else "other tools"]
-            group[0] += answer is not None and read_call(answer) == gold
-            group[1] += 1
+    samples = [
+        {"query": e.query, "gold": [s.response for s in e.steps], "results": [s.result for s in e.steps], "step": p}
+        for e, p in zip(data.test, steps)
+    ]
     return {
-        **{k: round(v["avg"], 1) for k, v in scores.items() if isinstance(v, dict) and "avg" in v},
-        "exact steps": {group: f"{right} of {total}" for group, (right, total) in exact.items()},
+        "step": aligned_scores([s["gold"] for s in samples], steps, routes),
+        "outcomes": outcomes(samples),
+        "outcomes of the reordered tools": group_outcomes(samples, reordered),
         "seconds": round(time.perf_counter() - start, 1),
+        "samples": [s | {"routes": r} for s, r in zip(samples, routes)],
+    }
+
+
+def group_outcomes(samples: list[dict], tools: set[str]) -> dict[str, int]:
+    """The per-step outcomes (``steps.outcome``) of the steps whose gold call is one of ``tools``."""
+    counted = Counter(
+        outcome(gold, answer, s["gold"][:k])
+        for s in samples
+        for k, (gold, answer) in enumerate(zip(s["gold"], s["step"]))
+        if json.loads(gold)["name"] in tools
+    )
+    return {kind: counted[kind] for kind in OUTCOMES}
+
+
+def run_order(order: str, args, bar) -> dict:
+    """One bank trained and answered in ``order`` (``TrainConfig.key_order``)."""
+    config = make_config(
+        "cpu",
+        dataset="complexfuncbench",
+        backbone=args.backbone,
+        methods=("tokmem-noadapt",),
+        seed=args.seed,
+        key_order=order,
+    )
+    torch.manual_seed(config.seed)
+    data = tool_data(config, (1, config.tools))
+    backbones, _ = prepare_backbones(config, None, progress=True)
+    method = build_method("tokmem-noadapt", config, backbones, data.tools)
+    train_seconds = learn_round(method, data.train, f"{len(data.train)} queries ({order} order)", bar)
+    method.model.bank.save(Path(args.json).with_name(f"{Path(args.json).stem}-banks") / f"{order}.safetensors")
+    reordered = reordered_tools(data.tools, data.train)
+    return {
+        "updates": method.updates,
+        "train_seconds": round(train_seconds, 1),
+        "tools_whose_order_differs": sorted(reordered),
+        **per_step(method, data, reordered, bar),
     }
 
 
@@ -67,33 +97,26 @@ def main() -> None:
     parser.add_argument("--backbone", default="smollm2-135m")
     parser.add_argument("--json", default="results/schema_order.json")
     args = parser.parse_args()
-    config = make_config(
-        "cpu", dataset="complexfuncbench", backbone=args.backbone, methods=("tokmem-noadapt",), seed=args.seed
-    )
-    torch.manual_seed(config.seed)
-    data = tool_data(config, (1, config.tools))
-    backbones, _ = prepare_backbones(config, None, progress=True)
-    method = build_method("tokmem-noadapt", config, backbones, data.tools)
-    bar = progress_bar(True)
-    train_seconds = learn_round(method, data.train, f"{len(data.train)} queries", bar)
-    bank, reordered = method.model.bank, reordered_tools(data.tools, data.train)
-    calls_order = per_step(method, data, reordered, bar)
-    in_spec_order(bank, data.tools)
-    spec_order = per_step(method, data, reordered, bar)
-    bar.close()
-    result = {
+    path = Path(args.json)
+    result = json.loads(path.read_text()) if path.is_file() else {}
+    result |= {
         "command": f"python benchmarks/schema_order.py --seed {args.seed} --backbone {args.backbone}",
-        "config": {"preset": "cpu", "dataset": "complexfuncbench", "method": "tokmem-noadapt", "seed": config.seed},
+        "config": {"preset": "cpu", "dataset": "complexfuncbench", "method": "tokmem-noadapt", "seed": args.seed},
         "backbone": args.backbone,
         "machine": machine(),
-        "updates": method.updates,
-        "train_seconds": round(train_seconds, 1),
-        "tools_whose_order_differs": sorted(reordered),
-        "per_step": {"calls' order": calls_order, "spec's order": spec_order},
     }
-    write_json_atomic(args.json, result)
-    for label, scores in result["per_step"].items():
-        print(label, scores)
+    bar = progress_bar(True)
+    for order in KEY_ORDERS:
+        if order not in result.setdefault("orders", {}):
+            result["orders"][order] = run_order(order, args, bar)
+            write_json_atomic(path, result)
+        found = result["orders"][order]
+        print(
+            f"{order} order: exact steps {found['step']['exact_steps']['all']} of {found['step']['steps']['all']}, "
+            f"call F1 {found['step']['call_f1']['all']:.1f}; reordered tools' outcomes "
+            f"{found['outcomes of the reordered tools']}"
+        )
+    bar.close()
 
 
 if __name__ == "__main__":

@@ -238,3 +238,7 @@ def test_training_orders_the_banks_schema_as_its_calls_write_the_arguments(backb
     assert kept["required"] == rent["required"] and list(rent["properties"])[0] == "drop_off"  # the caller's untouched
     assert accepts(backbone, kept, '{"pick_up":"10:00","drop_off":"11:00"}')
     assert not accepts(backbone, rent, '{"pick_up":"10:00","drop_off":"11:00"}')
+    schema_order = tokmem.create(backbone)
+    config = TrainConfig(epochs=1, progress=False, key_order="schema")
+    tokmem.learn(schema_order, examples, config, schemas={"rent": rent})
+    assert list(schema_order.bank.schemas[0]["properties"]) == list(rent["properties"])  # trained in the spec's

@@ -29,7 +29,7 @@ def test_a_value_counts_as_right_only_when_the_answer_names_the_right_tool(backb
     gold = call_json("Rent", {"id": "ab12"})
     samples = [{"query": example.query, "gold": [gold], "step": [call_json("Search", {"id": "ab12"})]}]
     counted = loop_answers.summary(samples, {example.query: example}, set(), set(), backbone.tokenizer)
-    assert counted["another tool"] == 1
+    assert counted["wrong tool"] == 1
     assert counted["values right, by origin"]["query"] == "0 of 1"
     samples[0]["step"] = [gold]
     counted = loop_answers.summary(samples, {example.query: example}, set(), set(), backbone.tokenizer)
@@ -65,3 +65,4 @@ def test_exact_steps_are_counted_apart_for_tools_whose_schema_lists_keys_out_of_
     samples[0]["step"][0] = call_json("Rent", {"from": "b", "to": "a"})
     counted = loop_answers.summary(samples, {example.query: example}, set(), {"Rent"}, backbone.tokenizer)
     assert counted["exact steps, by the tool's schema order"]["schema out of the calls' order"] == "0 of 1"
+    assert counted["outcomes, by the tool's schema order"]["schema out of the calls' order"]["wrong values"] == 1

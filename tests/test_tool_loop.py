@@ -103,19 +103,25 @@ def test_fine_tuning_answers_each_step_with_one_call_at_most(backbone):
     predicted, routes, _ = step_predictions(lora, examples, 256, progress_bar(False))
     assert [len(p) for p in predicted] == [2, 1]  # one answer per gold call, aligned with it
     assert all(call is None or isinstance(call, str) for p in predicted for call in p)  # None: no call made
-    assert routes == [[], []]  # no memory tokens
+    assert routes == [[None, None], [None]]  # no memory tokens, aligned with the steps
 
 
-def test_the_loop_scores_have_per_step_and_end_to_end_f1_by_number_of_calls_and_every_records_answers(backbone):
+def test_the_loop_scores_each_step_by_position_the_pooled_f1_beside_and_keep_every_records_answers(backbone):
     examples = [chain(), *(chain(f"Rent car number {k}.") for k in range(2, 5))]
     method = TokMem(backbone, decode=DecodeConfig(max_steps=2, max_new_tokens=6))
     method.learn(examples)
     scores = loop_scores(method, examples, max_calls=2, result_tokens=256, bar=progress_bar(False))
-    assert set(scores["step"]) == {"tool_f1", "arg_f1", "call_f1", "routing_f1"}  # the memory tokens' choices too
-    assert set(scores["end_to_end"]) == {"tool_f1", "arg_f1", "call_f1"}
+    counts = {"exact_steps", "steps"}
+    assert set(scores["step"]) == {"tool_f1", "arg_f1", "call_f1", "routing_f1"} | counts  # memory tokens' too
+    assert set(scores["end_to_end"]) == {"tool_f1", "arg_f1", "call_f1"} | counts
     for part in ("step", "end_to_end"):
-        assert all(set(scores[part][m]) == {"2", "avg"} and 0 <= scores[part][m]["avg"] <= 100 for m in scores[part])
+        assert all(set(scores[part][m]) == {"2", "all"} for m in scores[part])
+        assert scores[part]["steps"]["all"] == 8 and 0 <= scores[part]["exact_steps"]["all"] <= 8
+        assert set(scores[f"{part}_pooled"]["call_f1"]) == {"2", "avg"}
+    assert sum(scores["outcomes"]["steps"].values()) == 8
     assert [sample["gold"] for sample in scores["samples"]] == [[s.response for s in e.steps] for e in examples]
+    assert [sample["results"] for sample in scores["samples"]] == [[s.result for s in e.steps] for e in examples]
+    assert all(len(sample["routes"]) == len(sample["gold"]) for sample in scores["samples"])
 
 
 def test_tokmem_per_step_calls_a_tool_of_its_bank_at_every_step(backbone):

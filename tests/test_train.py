@@ -8,7 +8,7 @@ from tokmem import Example, Step, TrainConfig
 from tokmem.bank import MemoryBank
 from tokmem.errors import TokMemError
 from tokmem.sequences import collate, encode
-from tokmem.train import example_order, initial_rows, lr_scheduler
+from tokmem.train import example_order, initial_rows, lr_scheduler, row_texts
 
 
 def config(**options) -> TrainConfig:
@@ -178,7 +178,7 @@ def test_a_round_with_no_new_procedure_is_refused_and_leaves_the_bank_alone(lear
 
 # ---- recipe options: row initialisation, schedule, per-step renormalisation ----------------------------------
 def test_orthogonal_rows_are_orthogonal_at_the_embeddings_mean_norm(backbone):
-    rows = initial_rows(backbone, 5, "orthogonal", seed=0)
+    rows = initial_rows(backbone, list("abcde"), "orthogonal", seed=0)
     norm = backbone.embedding_norm()
     assert rows.shape == (5, backbone.hidden_size)
     assert torch.allclose(rows.norm(dim=1), torch.full((5,), norm), rtol=1e-4)
@@ -187,8 +187,33 @@ def test_orthogonal_rows_are_orthogonal_at_the_embeddings_mean_norm(backbone):
 
 
 def test_mean_init_gives_every_new_row_the_mean_embedding(backbone):
-    rows = initial_rows(backbone, 3, "mean")
+    rows = initial_rows(backbone, ["a", "b", "c"], "mean")
     assert torch.equal(rows, backbone.mean_embedding().expand(3, -1))
+
+
+def test_name_init_starts_each_row_at_its_own_texts_mean_embedding_at_a_tokens_norm(backbone):
+    texts = row_texts(["get_weather", "convert_currency"], {"get_weather": "Current weather in a city."})
+    assert texts == ["get weather: Current weather in a city.", "convert currency"]
+    rows = initial_rows(backbone, texts, "name")
+    assert torch.allclose(rows.norm(dim=1), torch.full((2,), backbone.embedding_norm()), rtol=1e-4)
+    for row, text in zip(rows, texts):
+        direction = backbone.text_embedding(text)
+        assert torch.allclose(row / row.norm(), direction / direction.norm(), atol=1e-5)
+    assert not torch.allclose(rows[0], rows[1])
+
+
+def test_learn_starts_new_rows_from_their_catalog_text_when_asked(model, examples):
+    seen = []
+    descriptions = {"reverse": "Write the word backwards.", "upper": "Write the word in capitals."}
+    tokmem.learn(
+        model,
+        examples,
+        config(init="name", max_steps=1, lr=0.0),
+        descriptions=descriptions,
+        on_step=lambda step, total: seen.append(model.row_index.detach().clone()),
+    )
+    expected = initial_rows(model.backbone, row_texts(["reverse", "upper"], descriptions), "name")
+    assert torch.allclose(seen[0], expected.to(seen[0].dtype), atol=1e-6)
 
 
 def test_learn_starts_new_rows_orthogonal_when_asked(model, examples):

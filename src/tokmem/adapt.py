@@ -34,7 +34,7 @@ from tokmem.data.procedures import Example
 from tokmem.errors import BackboneError
 from tokmem.lora import LoRASettings, inject, lora_parameters
 from tokmem.model import TokMemModel
-from tokmem.train import TrainConfig, initial_rows, row_kinds, train
+from tokmem.train import TrainConfig, initial_rows, row_kinds, row_texts, train
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def _train_with_temporary_rows(backbone, lora_model, examples, train_config, lor
     names = list(dict.fromkeys(p for e in examples for p in e.procedures))
     model.bank.add(
         names,
-        initial_rows(backbone, len(names), train_config.init, train_config.seed),
+        initial_rows(backbone, row_texts(names), train_config.init, train_config.seed),
         kinds=row_kinds(names, examples, train_config),
     )
     report = train(model, examples, train_config, param_groups=[lora_group])

@@ -97,6 +97,12 @@ class Backbone:
         """Mean of the pretrained input embeddings: the initial value of every new memory row."""
         return self.model.get_input_embeddings().weight.detach().float().mean(dim=0).cpu()
 
+    def text_embedding(self, text: str) -> torch.Tensor:
+        """Mean of the pretrained input embeddings of ``text``'s tokens."""
+        ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
+        weight = self.model.get_input_embeddings().weight
+        return weight.detach()[ids.to(weight.device)].float().mean(dim=0).cpu()
+
     def embedding_norm(self) -> float:
         """Mean L2 norm of the pretrained input embeddings: the typical size of a token's vector."""
         return float(self.model.get_input_embeddings().weight.detach().float().norm(dim=1).mean())

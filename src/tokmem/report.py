@@ -82,19 +82,24 @@ def scores_table(title: str, result: dict) -> Table:
 
 
 def call_scores_table(title: str, calls: dict) -> Table:
-    """Tool / argument / call F1 (``metrics.call_scores``), and the memory tokens' routing F1 where there is one:
-    one row per score, one column per number of calls."""
+    """Tool / argument / call F1 and the memory tokens' routing F1 where there is one: one row per score, one column
+    per number of calls, then the total: pooled F1's mean over the numbers of calls (``metrics.call_scores``) or, for
+    scores by position (``eval.steps.aligned_scores``), all steps, with the exact steps counted."""
     from tokmem.eval.metrics import CALL_METRICS
+    from tokmem.eval.steps import total_key
 
-    columns = [c for c in calls["tool_f1"] if c != "avg"]
+    total = total_key(calls["tool_f1"])
+    columns = [c for c in calls["tool_f1"] if c != total]
     table = Table(title=title)
     table.add_column("score")
     for column in columns:
         table.add_column(f"{column} calls", justify="right")
-    table.add_column("avg", justify="right")
+    table.add_column("all steps" if total == "all" else "avg", justify="right")
     for metric, name in (CALL_METRICS | {"routing_f1": "Routing F1"}).items():
         if metric in calls:
-            table.add_row(name, *(f"{calls[metric][c]:.1f}" for c in [*columns, "avg"]))
+            table.add_row(name, *(f"{calls[metric][c]:.1f}" for c in [*columns, total]))
+    if "exact_steps" in calls:
+        table.add_row("Exact steps", *(f"{calls['exact_steps'][c]} of {calls['steps'][c]}" for c in [*columns, total]))
     return table
 
 

@@ -349,15 +349,17 @@ def _leaves(node, visit) -> None:
                 _leaves(v, visit)
 
 
-def learned_schema(schema: dict | None, tool: str, examples) -> dict | None:
+def learned_schema(schema: dict | None, tool: str, examples, key_order: str = "calls") -> dict | None:
     """``schema`` (a copy) fitted to the values and the key order that the training ``examples``' calls of ``tool``
-    gave: bounds on its strings (``_learned_bounds``) and its properties in the calls' order (``_learned_order``)."""
+    gave: bounds on its strings (``_learned_bounds``) and its properties in the calls' order (``_learned_order``), or
+    with ``key_order="schema"`` in the schema's own (the order a bank's arguments are then trained and decoded in)."""
     if schema is None or not isinstance(schema.get("properties"), dict):
         return schema
     calls = [
         json.loads(s.call_arguments) for e in examples for s in e.steps if s.procedure == tool and s.call_arguments
     ]
-    return _learned_order(_learned_bounds(schema, calls), calls)
+    bounded = _learned_bounds(schema, calls)
+    return _learned_order(bounded, calls) if key_order == "calls" else bounded
 
 
 def _learned_bounds(schema: dict, calls: list[dict]) -> dict:

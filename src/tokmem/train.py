@@ -27,10 +27,16 @@ from tokmem.model import TokMemModel
 from tokmem.prefix_store import PrefixStore, default_budget
 
 
-Init = Literal["mean", "orthogonal"]
+Init = Literal["mean", "orthogonal", "name"]
 Schedule = Literal["constant", "linear"]
 ToolSegments = Literal["arguments", "call"]
-INITS, SCHEDULES, TOOL_SEGMENTS = get_args(Init), get_args(Schedule), get_args(ToolSegments)
+KeyOrder = Literal["calls", "schema"]
+INITS, SCHEDULES, TOOL_SEGMENTS, KEY_ORDERS = (
+    get_args(Init),
+    get_args(Schedule),
+    get_args(ToolSegments),
+    get_args(KeyOrder),
+)
 
 
 @dataclass
@@ -52,7 +58,11 @@ class TrainConfig:
         False, "renormalise the new rows after every optimiser step too (the reference code)"
     )
     eps: float = 1e-8
-    init: Init = option("mean", "new rows: the mean embedding (the paper's text) or orthogonal (the reference code)")
+    init: Init = option(
+        "mean",
+        "new rows: the mean embedding (the paper's text), orthogonal (the reference code), or name (the mean embedding "
+        "of the procedure's own name and description tokens, at an ordinary token's norm)",
+    )
     schedule: Schedule = option(
         "constant",
         "learning rate: constant, or linear (warm-up over --warmup of the steps, then decay to 0; the reference code)",
@@ -61,6 +71,11 @@ class TrainConfig:
     warmup: float = option(0.1, "warm-up fraction of the linear schedule")
     tool_segments: ToolSegments = option(
         "arguments", "after a tool's memory token: its arguments only (the reference code) or the whole call"
+    )
+    key_order: KeyOrder = option(
+        "calls",
+        "the order a tool row's arguments are trained and decoded in: the training calls' (calls) or its catalog "
+        "schema's (schema)",
     )
     result_tokens: int = option(RESULT_TOKENS, "a step's tool result in the sequence is cut to this many tokens")
     segment_backprop: bool = option(
@@ -88,7 +103,13 @@ class TrainConfig:
     checkpoint_every: int = option(0, "save the bank every N optimiser steps")
 
     def __post_init__(self):
-        for field_name, allowed in (("init", INITS), ("schedule", SCHEDULES), ("tool_segments", TOOL_SEGMENTS)):
+        allowed_values = (
+            ("init", INITS),
+            ("schedule", SCHEDULES),
+            ("tool_segments", TOOL_SEGMENTS),
+            ("key_order", KEY_ORDERS),
+        )
+        for field_name, allowed in allowed_values:
             if getattr(self, field_name) not in allowed:
                 raise TokMemError(
                     f"unknown {field_name} '{getattr(self, field_name)}': choose from {', '.join(allowed)}"
@@ -188,11 +209,11 @@ def learn(
     kinds = row_kinds(new, examples, config)
     rows = bank.add(
         new,
-        initial_rows(model.backbone, len(new), config.init, config.seed),
+        initial_rows(model.backbone, row_texts(new, descriptions), config.init, config.seed),
         [(descriptions or {}).get(n, "") for n in new],
         kinds,
         [
-            learned_schema((schemas or {}).get(n), n, examples) if kind == "tool" else None
+            learned_schema((schemas or {}).get(n), n, examples, config.key_order) if kind == "tool" else None
             for n, kind in zip(new, kinds)
         ],
     )
@@ -319,14 +340,26 @@ def row_kinds(names: list[str], examples: list[Example], config: TrainConfig) ->
     return ["tool" if name in tools else "text" for name in names]
 
 
-def initial_rows(backbone, count: int, kind: str = "mean", seed: int = 0) -> torch.Tensor:
-    """``count`` new rows: each the mean of the pretrained token embeddings (the paper's text), or
-    ``orthogonal`` rows (the reference code's) scaled to the token embeddings' mean L2 norm, so that
-    every new memory token starts as distinct as possible at the size of an ordinary token."""
+def row_texts(names: list[str], descriptions: dict[str, str] | None = None) -> list[str]:
+    """What each new row is named for: its procedure's name in words and, where the catalog has one, its
+    description (``get_weather`` → "get weather: Current weather in a city.")."""
+    words = [name.replace("_", " ").replace("-", " ") for name in names]
+    return [f"{w}: {d}" if (d := (descriptions or {}).get(n)) else w for n, w in zip(names, words)]
+
+
+def initial_rows(backbone, texts: list[str], kind: str = "mean", seed: int = 0) -> torch.Tensor:
+    """A new row for each of ``texts`` (``row_texts``): the mean of the pretrained token embeddings (the paper's
+    text); ``orthogonal`` rows (the reference code's) scaled to the token embeddings' mean L2 norm, so that every new
+    memory token starts as distinct as possible at the size of an ordinary token; or (``name``) the mean embedding of
+    the row's own text's tokens at that norm, so that each row starts near the words that name its procedure, as
+    an input (steering) and as an output (routing: a hidden state about the weather already points at it)."""
     if kind == "mean":
-        return backbone.mean_embedding().expand(count, -1).clone()
+        return backbone.mean_embedding().expand(len(texts), -1).clone()
+    if kind == "name":
+        rows = torch.stack([backbone.text_embedding(text) for text in texts])
+        return rows / rows.norm(dim=1, keepdim=True) * backbone.embedding_norm()
     rows = torch.nn.init.orthogonal_(
-        torch.empty(count, backbone.hidden_size), generator=torch.Generator().manual_seed(seed)
+        torch.empty(len(texts), backbone.hidden_size), generator=torch.Generator().manual_seed(seed)
     )
     return rows * backbone.embedding_norm()
 

@@ -79,16 +79,17 @@ def cmd_eval(args) -> None:
     console.print(scores_table(f"{args.data} ({len(examples)} examples)", result))
     print_fallbacks(result["open_set_fallbacks"], len(examples), "held-out queries", "--epochs N (more than before)")
     if result["calls_per_step"]:
-        console.print(
-            call_scores_table(
-                "tool calls per step, gold calls and results before (F1, 0–100)", result["calls_per_step"]
-            )
-        )
+        title = "tool calls per step, each answer against its step's gold call, gold calls and results before"
+        console.print(call_scores_table(f"{title} (F1 over steps, 0–100)", result["calls_per_step"]))
+        found = result["step_outcomes"]["steps"]
+        console.print("per-step answers: " + ", ".join(f"{kind} {n}" for kind, n in found.items()), highlight=False)
     if result["calls"]:
         whole = (
             "end to end, each call answered with its recorded result" if result["calls_per_step"] else "whole answers"
         )
-        console.print(call_scores_table(f"tool calls, {whole} (F1, 0–100)", result["calls"]))
+        console.print(
+            call_scores_table(f"tool calls, {whole}, the k-th against the k-th gold call (F1, 0–100)", result["calls"])
+        )
     if result["chain_examples"]:
         console.print(trace_table("chained examples", [r for r in result["predictions"] if len(r["gold"]) > 1]))
         console.print(f"chain accuracy {percent(result['chain_accuracy'])} over {result['chain_examples']} chains")

@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from tokmem.eval import metrics
+from tokmem.eval.steps import aligned_scores
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig, Generation, generate
 from tokmem.model import TokMemModel
@@ -26,12 +27,16 @@ def evaluate(
                       exact match compares the parsed calls (JSON as objects: key order and spacing do not matter).
     per_procedure:    the same scores for the single-step examples of each procedure.
     calls:            when every gold step is a tool call (``{"name", "arguments"}`` JSON), tool / argument /
-                      call F1 by number of calls (``metrics.call_scores``); else None.  With ``loop``
+                      call F1 of the k-th call made against the k-th gold call (``steps.aligned_scores``, the one
+                      rule of every tool-loop result); else None.  ``calls_pooled``: the pooled F1 by number of
+                      calls (``metrics.call_scores``: an example's calls as one multiset), secondary.  With ``loop``
                       (``tokmem.studies.tool_loop.model_loop``, as ``tokmem eval`` passes), examples whose steps
                       carry results run the tool loop end to end, each call answered with its recorded result; the
                       others, and all without ``loop``, are generated whole.
-    calls_per_step:   for the examples whose steps carry results, the same F1 per step (the gold earlier calls and
-                      their results in context, as the tool-loop study scores); else None.
+    calls_per_step:   for the examples whose steps carry results, each step's answer (the gold earlier calls and
+                      their results in context) against its own gold call (``steps.aligned_scores``: tool / argument
+                      / call F1 over the steps and the exact steps, as the tool-loop study scores); else None.
+    step_outcomes:    what those per-step answers got wrong (``steps.outcomes``); else None.
     """
     config = config or DecodeConfig()
     generations = generate(model, [e.query for e in examples], config)
@@ -53,8 +58,10 @@ def evaluate(
         "chain_accuracy": metrics.mean([r["chain_right"] for r in chains]) if chains else None,
         "open_set_fallbacks": sum(not r["routed"] for r in rows),
         "per_procedure": _per_procedure([r for r in rows if len(r["gold"]) == 1]),
-        "calls": score_calls(examples, calls, routes) if tools else None,
+        "calls": aligned_scores([[s.response for s in e.steps] for e in examples], calls, routes) if tools else None,
+        "calls_pooled": score_calls(examples, calls, routes) if tools else None,
         "calls_per_step": looped_scores["step"] if looped else None,
+        "step_outcomes": looped_scores["outcomes"] if looped else None,
         "predictions": rows,
     }
 
@@ -116,8 +123,7 @@ def score_calls(examples: list[Example], predictions: list[list[str]], routes: l
     scoring rule of every method (a call's tool is the name its text gives; a call that does not parse names no tool
     and matches no gold call).  ``routes``: the memory tokens' tools of a method that has them, scored apart as
     ``routing_f1``."""
-    calls = [[metrics.read_call(text) for text in predicted] for predicted in predictions]
-    return metrics.call_scores([[step.response for step in e.steps] for e in examples], calls, routes)
+    return metrics.call_text_scores([[step.response for step in e.steps] for e in examples], predictions, routes)
 
 
 def _per_procedure(rows: list[dict]) -> dict:

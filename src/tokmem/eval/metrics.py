@@ -232,6 +232,13 @@ def call_scores(
     return scores
 
 
+def call_text_scores(
+    gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]], routes: Sequence[Sequence[str]] | None = None
+) -> dict:
+    """``call_scores`` of predicted call texts, each read by the one rule of every method (``read_call``)."""
+    return call_scores(gold, [[read_call(text) for text in texts] for texts in predicted], routes)
+
+
 def gsm8k_exact_match(prediction: str, reference: str) -> float:
     """1.0 when the prediction's final number equals the reference's (a GSM8K answer ending ``#### n``)."""
     gold = extract_final_number(reference)

@@ -55,6 +55,7 @@ from tokmem.studies.tool_datasets import ToolData
 from tokmem.errors import TokMemError
 from tokmem.eval import metrics
 from tokmem.eval.evaluate import memory_routes, predicted_calls, score_calls
+from tokmem.eval.steps import total_key
 from tokmem.io import write_json_atomic
 from tokmem.methods.method import Method
 from tokmem.report import machine
@@ -132,7 +133,8 @@ def scores_of(method: Method, data: ToolData, config: CompositionalConfig, bar) 
         return evaluate(method, data.test, config.eval_batch_size, bar)
     start = time.perf_counter()
     scores = loop_scores(method, data.test, config.max_calls, RESULT_TOKENS, bar)
-    return {**asdict(MethodResult.of(method, start)), **scores}
+    norms = new_row_norms(method, method.model.bank.names) if isinstance(method, TokMem) else None
+    return {**asdict(MethodResult.of(method, start)), **scores, **({"row_norms": norms} if norms else {})}
 
 
 # ---- the studies -----------------------------------------------------------------------------------------
@@ -393,6 +395,6 @@ def summary_line(name: str, scores: dict) -> str:
     """One line of a method's scores (the tool loop's: per step, then end to end)."""
     parts = [(f"{part} ", scores[part]) for part in ("step", "end_to_end") if part in scores] or [("", scores)]
     return f"{name}: " + "; ".join(
-        prefix + ", ".join(f"{title.lower()} {part[metric]['avg']:.1f}" for metric, title in METRICS.items())
+        prefix + ", ".join(f"{title.lower()} {part[m][total_key(part[m])]:.1f}" for m, title in METRICS.items())
         for prefix, part in parts
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tokmem.eval import metrics
+from tokmem.eval.steps import total_key
 from tokmem.io import write_json_atomic, write_text_atomic
 from tokmem.studies.compositional import METRICS
 from tokmem.studies.compositional_config import STUDIES
@@ -78,7 +79,9 @@ def _note(result: dict) -> str:
         "Tool F1: the tools the calls' texts name, for every method alike (a call that does not parse names "
         "none); argument F1: the paper's, argument objects matched whatever the name; call F1: name and arguments "
         "both right; routing F1: the tools TokMem's memory tokens chose, scored apart. 0–100; Avg. is the mean "
-        "over the numbers of calls. Prompt tokens / call and s / call: the tokens the backbone read before answering "
+        "over the numbers of calls. In the tool loop each answer is scored against its own step's gold call (F1 over "
+        "all steps: a repeat of an earlier call earns nothing); the pooled call F1 (a record's answers as one "
+        "multiset, as results before 2026-11-27 were headlined) stands beside it. Prompt tokens / call and s / call: the tokens the backbone read before answering "
         "and the seconds answering took, per gold call (in the tool loop: per step).\n\n"
     )
 
@@ -107,10 +110,13 @@ def _protocol(config: dict) -> str:
 
 
 def _calls(scores: dict) -> list[str]:
-    return [key for key in _scored(scores)["tool_f1"] if key != "avg"]
+    return [key for key in _scored(scores)["tool_f1"] if key not in ("avg", "all")]
 
 
-LOOP_PARTS = {"step": "Per step", "end_to_end": "End to end"}  # the tool loop's two evaluations (tool_loop)
+LOOP_PARTS = {  # the tool loop's two evaluations (tool_loop), each scored by position (eval.steps)
+    "step": "Per step: each answer against its own step's gold call (the gold calls and results before it in context)",
+    "end_to_end": "End to end: the k-th call the method made on its own against the k-th gold call",
+}
 
 
 def _scored(entry: dict, part: str = "step") -> dict:
@@ -136,9 +142,12 @@ def _params_cell(value) -> str:
 
 def _budget_cells(scores: dict, part: str = "step") -> list[str]:
     """The updates a method made and its memory tokens' routing F1 (TokMem; in the tool loop its ``part``
-    evaluation's), beside its scores."""
+    evaluation's, by position, or pooled where a result older than that kept no choices by step), beside its
+    scores."""
     routing = _scored(scores, part).get("routing_f1")
-    return [f"{scores.get('updates', 0):,}", spread(routing["avg"]) if routing else "–"]
+    pooled = scores.get(f"{part}_pooled", {}).get("routing_f1")
+    cell = spread(routing[total_key(routing)]) if routing else f"{spread(pooled['avg'])} (pooled)" if pooled else "–"
+    return [f"{scores.get('updates', 0):,}", cell]
 
 
 COST_HEADER = ["Prompt tokens / call", "s / call"]
@@ -152,34 +161,90 @@ def _cost_cells(scores: dict) -> list[str]:
 
 def main_markdown(result: dict) -> str:
     """Table 3: methods (in the paper's order) × (tool, argument, call F1) × number of calls, with the trainable
-    parameters and what answering cost (in the tool loop, in the per-step table: where it was measured)."""
+    parameters and what answering cost; in the tool loop the tables of ``loop_markdown`` instead."""
     methods = [result["methods"][m] for m in STUDIES["main"][1] if m in result["methods"]]
+    title = "# Compositional tool calling\n\n" + _note(result)
+    if methods and "step" in methods[0]:
+        return title + loop_markdown(methods)
     calls = _calls(methods[0]) if methods else []
-    parts = {part: f"## {title}\n\n" for part, title in LOOP_PARTS.items()} if "step" in methods[0] else {"": ""}
-
-    def table(part: str) -> str:
-        cost = part != "end_to_end"
-        header = [
-            "Method",
-            "#Params",
-            "Updates",
-            "Routing F1 Avg.",
-            *(COST_HEADER if cost else []),
-            *_score_header(calls),
+    header = ["Method", "#Params", "Updates", "Routing F1 Avg.", *COST_HEADER, *_score_header(calls)]
+    rows = [
+        [
+            s["label"],
+            _params_cell(s["trainable_params"]),
+            *_budget_cells(s),
+            *_cost_cells(s),
+            *_score_cells(s, calls),
         ]
-        rows = [
+        for s in methods
+    ]
+    return title + markdown_table(header, rows)
+
+
+def loop_markdown(methods: list[dict]) -> str:
+    """The tool loop's tables: per step and end to end, each step's answer against its own gold call
+    (``eval.steps``: exact steps, tool / argument / call F1 over all steps, the pooled call F1 beside as a secondary
+    column), what answering cost (per step: where it was measured), and what the per-step answers got wrong."""
+    out = ""
+    for part, title in LOOP_PARTS.items():
+        cost = part == "step"
+        header = ["Method", "#Params", "Updates", "Routing F1", *(COST_HEADER if cost else [])]
+        header += ["Exact steps", *METRICS.values(), "Call F1 (pooled, avg.)"]
+        rows = []
+        for s in methods:
+            scores, pooled = s[part], s.get(f"{part}_pooled")
+            rows.append(
+                [
+                    s["label"],
+                    _params_cell(s["trainable_params"]),
+                    *_budget_cells(s, part),
+                    *(_cost_cells(s) if cost else []),
+                    _exact_cell(scores),
+                    *(spread(scores[m]["all"]) if "all" in scores[m] else "–" for m in METRICS),
+                    spread(pooled["call_f1"]["avg"]) if pooled else "–",
+                ]
+            )
+        out += f"## {title}\n\n" + markdown_table(header, rows) + "\n"
+    return out + outcomes_markdown(methods)
+
+
+def _exact_cell(scores: dict) -> str:
+    """Exact steps of all the steps: "n of N" (over seeds: the mean ± sd of a seed's)."""
+    if "exact_steps" not in scores:
+        return "–"
+    return f"{spread(scores['exact_steps']['all'])} of {mean_of(scores['steps']['all']):.0f}"
+
+
+def outcomes_markdown(methods: list[dict]) -> str:
+    """What each method's per-step answers got wrong (``steps.outcomes``; over seeds: mean ± sd a seed), and how
+    many of the right tool's gold values it wrote, by where they could be read."""
+    with_outcomes = [s for s in methods if "outcomes" in s]
+    if not with_outcomes:
+        return ""
+    kinds = list(with_outcomes[0]["outcomes"]["steps"])
+    sources = list(with_outcomes[0]["outcomes"]["values of the right tool"])
+    header = ["Method", *kinds, *(f"values from {w} right" for w in sources)]
+    rows = []
+    for s in with_outcomes:
+        found = s["outcomes"]
+        values = found["values of the right tool"]
+        rows.append(
             [
                 s["label"],
-                _params_cell(s["trainable_params"]),
-                *_budget_cells(s, part),
-                *(_cost_cells(s) if cost else []),
-                *_score_cells(s, calls, part),
+                *(spread(found["steps"][k], "{:.0f}") for k in kinds),
+                *(
+                    f"{mean_of(values[w]['right']):.0f} of {mean_of(values[w]['right']) + mean_of(values[w]['wrong']):.0f}"
+                    for w in sources
+                ),
             ]
-            for s in methods
-        ]
-        return markdown_table(header, rows)
-
-    return "# Compositional tool calling\n\n" + _note(result) + "\n".join(t + table(p) for p, t in parts.items())
+        )
+    return (
+        "## What the per-step answers got wrong\n\nEach step's answer against its gold call: exact; another tool; "
+        "the right tool with another key set; the right keys with other values; a verbatim repeat of an earlier "
+        "call of the record; not a JSON call; no call. Then the right tool's gold values by where they could be "
+        "read (the query, the last tool result, an older one, nowhere), and how many the answer had.\n\n"
+        + markdown_table(header, rows)
+    )
 
 
 def generalization_markdown(result: dict) -> str:
@@ -357,7 +422,7 @@ def headline(result: dict) -> dict[str, dict]:
         "recipe": lambda: result["variants"]["as configured"]["methods"],
     }[study]()
     return {
-        s["label"]: {"updates": s.get("updates", 0), **{m: _scored(s)[m]["avg"] for m in METRICS}}
+        s["label"]: {"updates": s.get("updates", 0), **{m: _scored(s)[m][total_key(_scored(s)[m])] for m in METRICS}}
         for s in methods.values()
     }
 

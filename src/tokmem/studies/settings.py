@@ -22,7 +22,7 @@ from tokmem.decode import DecodeConfig
 from tokmem.errors import TokMemError
 from tokmem.lora import LoRASettings
 from tokmem.methods.lora import ReplaySettings
-from tokmem.train import Init, Schedule, ToolSegments, TrainConfig
+from tokmem.train import Init, KeyOrder, Schedule, ToolSegments, TrainConfig
 
 T, D, L, R = TrainConfig, DecodeConfig, LoRASettings, ReplaySettings
 
@@ -103,6 +103,9 @@ class MethodSettings:
     )
     tool_segments: ToolSegments = nested(
         T, "tool_segments", "after a tool's memory token: its arguments only (the reference code) or the whole call"
+    )
+    key_order: KeyOrder = nested(
+        T, "key_order", "the order TokMem's tool arguments are trained and decoded in: the calls' or the schema's"
     )
     segment_backprop: bool = nested(
         T,

@@ -34,7 +34,7 @@ from tokmem.chat import ChatCache, chat_batch, conversation_ids
 from tokmem.data.procedures import Example, arguments_json, assemble_call
 from tokmem.decode import DecodeConfig
 from tokmem.eval import metrics
-from tokmem.eval.evaluate import score_calls
+from tokmem.eval.steps import aligned_scores, outcomes
 from tokmem.methods.method import Method
 from tokmem.methods.native import NativeTools
 from tokmem.methods.tokmem import TokMem
@@ -119,10 +119,10 @@ def method_contexts(method: Method, examples: list[Example], histories: list[His
 
 def step_predictions(method: Method, examples: list[Example], result_tokens: int, bar) -> tuple[list, list, int]:
     """Per step: each record's predicted calls, one for each of its gold calls (None where the method made no call),
-    the gold ones before it in context; the tools its memory tokens chose (empty lists for a method without
-    memory tokens); and the prompt tokens of all the steps."""
+    the gold ones before it in context; the tool each step's memory token chose (None for a method without memory
+    tokens), aligned the same way; and the prompt tokens of all the steps."""
     predicted: list[list[str | None]] = [[] for _ in examples]
-    routes: list[list[str]] = [[] for _ in examples]
+    routes: list[list[str | None]] = [[] for _ in examples]
     caches = [ChatCache() for _ in examples]
     prompt_tokens = 0
     for k in range(max(len(e.steps) for e in examples)):
@@ -134,7 +134,7 @@ def step_predictions(method: Method, examples: list[Example], result_tokens: int
         prompt_tokens += tokens
         for i, (call, route) in zip(due, calls):
             predicted[i].append(call)
-            routes[i] += [route] if route is not None else []
+            routes[i].append(route)
         bar.update(sum(len(examples[i].steps) == k + 1 for i in due))  # the records answered in full
     return predicted, routes, prompt_tokens
 
@@ -192,24 +192,50 @@ def loop_predictions(
 
 
 def loop_scores(method: Method, examples: list[Example], max_calls: int, result_tokens: int, bar) -> dict:
-    """``{"step": scores, "end_to_end": scores}`` (``score_calls``: tool / argument / call F1 by number of calls;
-    per step TokMem's memory-token choices also as routing F1), the cost of a call answered per step (each step
-    answers one gold call: ``answering_cost``) and every record's answers, to read what fails (a few dozen records:
-    small; per step aligned with the gold calls, null where no call was made)."""
+    """The method's answers per step and end to end, scored by position (``steps.aligned_scores``: each answer
+    against its own step's gold call; per step TokMem's memory-token choices also as routing F1), the pooled F1
+    besides (``step_pooled``, ``end_to_end_pooled``: ``metrics.call_scores``, a record's answers as one multiset, as earlier
+    results were scored), what the per-step answers got wrong (``steps.outcomes``), the cost of a call answered per
+    step (each step answers one gold call: ``answering_cost``) and every record's answers, to read what fails (a few
+    dozen records: small; per step aligned with the gold calls, null where no call was made)."""
     bar.phase(f"{method.name}: answering {len(examples)} records step by step", len(examples))
     start = time.perf_counter()
     steps, routes, prompt_tokens = step_predictions(method, examples, result_tokens, bar)
     cost = answering_cost(prompt_tokens, time.perf_counter() - start, sum(len(e.steps) for e in examples))
     bar.phase(f"{method.name}: running {len(examples)} records end to end", len(examples))
     loops = loop_predictions(method, examples, max_calls, result_tokens, bar)
+    memory = isinstance(method, TokMem)
+    samples = [
+        {
+            "query": e.query,
+            "gold": [s.response for s in e.steps],
+            "results": [s.result for s in e.steps],
+            "step": p,
+            **({"routes": r} if memory else {}),
+            "end_to_end": q,
+        }
+        for e, p, r, q in zip(examples, steps, routes, loops)
+    ]
     return {
-        "step": score_calls(examples, [made(p) for p in steps], routes if isinstance(method, TokMem) else None),
-        "end_to_end": score_calls(examples, loops),
+        **scored_samples(samples, memory),
         **cost,
-        "samples": [
-            {"query": e.query, "gold": [s.response for s in e.steps], "step": p, "end_to_end": q}
-            for e, p, q in zip(examples, steps, loops)
-        ],
+        "samples": samples,
+    }
+
+
+def scored_samples(samples: list[dict], memory: bool) -> dict:
+    """A tool loop's scores from its samples (what ``loop_scores`` keeps): per step and end to end by position, the
+    pooled F1 besides, and the per-step outcomes; ``memory``: the samples carry the memory tokens' ``routes``."""
+    gold = [s["gold"] for s in samples]
+    routes = [s["routes"] for s in samples] if memory else None
+    return {
+        "step": aligned_scores(gold, [s["step"] for s in samples], routes),
+        "end_to_end": aligned_scores(gold, [s["end_to_end"] for s in samples]),
+        "step_pooled": metrics.call_text_scores(
+            gold, [made(s["step"]) for s in samples], routes and [made(r) for r in routes]
+        ),
+        "end_to_end_pooled": metrics.call_text_scores(gold, [s["end_to_end"] for s in samples]),
+        "outcomes": outcomes(samples),
     }
 
 

@@ -153,9 +153,15 @@ def build_method(name: str, config: CompositionalConfig, backbones: dict, tools:
 
 
 def new_row_norms(method: Method, names: list[str]) -> dict | None:
-    """L2 norms of the memory rows of ``names`` after the round (TokMem only), their mean and spread."""
+    """L2 norms of the memory rows of ``names`` after the round (TokMem only), their mean and spread, beside the
+    backbone's mean token-embedding norm (an ordinary token's size, to set the rows against)."""
     if not isinstance(method, TokMem):
         return None
     bank = method.model.bank
     norms = [float(bank.index[bank.row(name)].norm()) for name in names]
-    return {"norms": norms, "mean": metrics.mean(norms), "std": statistics.pstdev(norms)}
+    return {
+        "norms": norms,
+        "mean": metrics.mean(norms),
+        "std": statistics.pstdev(norms),
+        "token_norm": method.model.backbone.embedding_norm(),
+    }
