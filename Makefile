@@ -37,7 +37,8 @@ lint: install
 # pytest exits 5 when it collects no tests: that must fail, not pass silently.
 # The vLLM plugin's tests (tests/vllm) run in their own environment, after the main suite.
 test: lint vllm-env
-	$(BIN)/python -m pytest -q --ignore=tests/vllm tests; s=$$?; [ $$s -ne 5 ] || echo "no tests collected" >&2; [ $$s -eq 0 ]
+	$(BIN)/python -c "from tokmem.backbones import cpu_dtype_note; print(cpu_dtype_note())"
+	$(BIN)/python -m pytest -q --durations=25 --ignore=tests/vllm tests; s=$$?; [ $$s -ne 5 ] || echo "no tests collected" >&2; [ $$s -eq 0 ]
 	$(MAKE) test-vllm
 
 test-fast: install

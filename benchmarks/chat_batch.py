@@ -21,7 +21,7 @@ import tokmem
 from tokmem.data.nestful import import_nestful
 from tokmem.data.shared import shared_data
 from tokmem.report import machine, write_json
-from tokmem.studies.tool_loop import conversation
+from tokmem.eval.tool_loop import conversation
 
 
 def per_step(model, records, config, batched: bool) -> tuple[list, float]:

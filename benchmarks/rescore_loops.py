@@ -1,7 +1,7 @@
 """Stored tool-loop results scored again from their samples, by position (no answer is made again).
 
 Each method's samples (per step and end to end, kept in every tool-loop result) are scored as the study now scores
-them (``tool_loop.scored_samples``: each answer against its own step's gold call, the pooled F1 beside, the per-step
+them (``eval.tool_loop.scored_samples``: each answer against its own step's gold call, the pooled F1 beside, the per-step
 outcomes); the gold steps' tool results, which older samples did not keep, are taken from the study's test records,
 rebuilt from its config (``loop_answers.study_data``).  The pooled F1 computed again must equal the stored one (a
 check that the samples are those the scores came from); the pooled routing F1 is kept as stored (older samples did
@@ -25,7 +25,7 @@ from tokmem.io import write_json_atomic
 from tokmem.studies import compositional_report
 from tokmem.studies.compositional import SCORE_KEYS
 from tokmem.studies.harness import aggregate_seeds
-from tokmem.studies.tool_loop import scored_samples
+from tokmem.eval.tool_loop import scored_samples
 
 POOLED = ("tool_f1", "arg_f1", "call_f1")
 

@@ -11,7 +11,8 @@ from tokmem import Example, Step, load_backbone
 from tokmem.backbones import PACKAGED, Backbone
 from tokmem.errors import BackboneError
 
-# CPU backbones load in float32 in tests, whatever the CPU (the tolerances are float32's); bf16 is tested explicitly
+# CPU backbones load in float32 in tests, whatever the CPU (the tolerances are float32's, and a test of a trained
+# model's quality must not hinge on a CPU's rounding); bf16 is tested explicitly
 os.environ.setdefault("TOKMEM_CPU_BF16", "0")
 
 WORDS = ["sun", "apple", "window", "blueberry"]  # different lengths, so batches carry unequal target counts

@@ -15,7 +15,7 @@ from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
 from tokmem.cli import main
 from tokmem.data.tool_catalog import split_tools
-from tokmem.studies.tool_datasets import tool_examples
+from tokmem.data.tool_datasets import tool_examples
 from tokmem.errors import BackboneError, BankError
 
 QV = ("q_proj", "v_proj")

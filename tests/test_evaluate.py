@@ -11,7 +11,7 @@ from tokmem.eval.evaluate import are_tool_calls, evaluate, score_calls
 from tokmem.methods.tokmem import TokMem
 from tokmem.sequences import RESULT_TOKENS
 from tokmem.studies.harness import PhaseBars
-from tokmem.studies.tool_loop import loop_scores, model_loop
+from tokmem.studies.tool_loop import loop_scores
 
 
 def call(name, **arguments):
@@ -72,7 +72,7 @@ def tool_model(lively_backbone):
 
 def test_chains_with_results_are_scored_step_by_step_and_end_to_end_as_the_tool_loop_study_scores(tool_model):
     config = DecodeConfig(max_new_tokens=40)
-    result = evaluate(tool_model, WITH_RESULTS, config, loop=model_loop)
+    result = evaluate(tool_model, WITH_RESULTS, config)
     study = loop_scores(TokMem.trained(tool_model, config), WITH_RESULTS, 3, RESULT_TOKENS, PhaseBars(False))
     assert result["calls_per_step"] == study["step"]
     assert result["calls"]["call_f1"] == study["end_to_end"]["call_f1"]

@@ -21,7 +21,8 @@ from tokmem.methods.tokmem import TokMem
 from tokmem.studies import compositional, compositional_report
 from tokmem.studies.compositional_config import make_config
 from tokmem.studies.harness import progress_bar
-from tokmem.studies.tool_loop import conversation, loop_scores
+from tokmem.eval.tool_loop import conversation
+from tokmem.studies.tool_loop import loop_scores
 
 QWEN_STYLE_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\n# Tools\n\n<tools>"

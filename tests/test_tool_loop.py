@@ -12,14 +12,8 @@ from tokmem.methods.lora import LoRA
 from tokmem.methods.tokmem import TokMem
 from tokmem.sequences import encode
 from tokmem.studies.harness import progress_bar
-from tokmem.studies.tool_loop import (
-    NO_RECORDED_RESPONSE,
-    ReplayExecutor,
-    json_call,
-    loop_scores,
-    plain_context,
-    step_predictions,
-)
+from tokmem.eval.tool_loop import NO_RECORDED_RESPONSE, ReplayExecutor, json_call
+from tokmem.studies.tool_loop import loop_scores, plain_context, step_predictions
 
 RESPONSES = {
     "var1": [{"city": "San Diego", "coordinates": {"latitude": 32.87, "longitude": -117.21}}],

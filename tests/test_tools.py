@@ -13,7 +13,7 @@ from tokmem.data.tool_catalog import TOOLS, Param, Tool, array_of, catalog, spli
 from tokmem.data.xlam import load_xlam, rank_tools
 from tokmem.errors import DataError
 from tokmem.eval.metrics import parse_call
-from tokmem.studies.tool_datasets import tool_dataset, tool_examples, xlam_dataset
+from tokmem.data.tool_datasets import tool_dataset, tool_examples, xlam_dataset
 
 JSON_TYPES = {"integer", "number", "string", "boolean", "array"}
 PAPER_TOOLS = {

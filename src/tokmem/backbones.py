@@ -128,6 +128,19 @@ def cpu_has_bf16() -> bool:
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
+def cpu_dtype_note() -> str:
+    """Which dtype a CPU backbone loads in and what decided it: ``$TOKMEM_CPU_BF16`` or this CPU's bf16 units (printed
+    at the head of a test run, so that a figure from one machine says which it came from)."""
+    setting = os.environ.get(CPU_BF16)
+    units = f"AVX512-BF16 {_yes(torch.cpu._is_avx512_bf16_supported())}, AMX {_yes(torch.cpu._is_amx_tile_supported())}"
+    why = f"${CPU_BF16}={setting}" if setting is not None else "this CPU's bf16 units"
+    return f"CPU backbones load in {str(default_dtype('cpu')).removeprefix('torch.')}: decided by {why}; CPU: {units}"
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
 def default_dtype(device: str) -> torch.dtype:
     """bf16 weights on a GPU and on a CPU that multiplies bf16 natively (``cpu_has_bf16``), float32 elsewhere;
     ``$TOKMEM_CPU_BF16`` overrides the CPU's choice (``0``: float32, ``1``: bf16).

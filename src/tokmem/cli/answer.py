@@ -71,11 +71,10 @@ def cmd_eval(args) -> None:
     from tokmem.data import load_examples
     from tokmem.eval.evaluate import evaluate
     from tokmem.model import load
-    from tokmem.studies.tool_loop import model_loop
 
     model = load(args.bank, device=args.device)
     examples = load_examples(args.data, known_procedures=model.bank.names)
-    result = evaluate(model, examples, DecodeConfig(**values(args, DecodeConfig)), loop=model_loop)
+    result = evaluate(model, examples, DecodeConfig(**values(args, DecodeConfig)))
     console.print(scores_table(f"{args.data} ({len(examples)} examples)", result))
     print_fallbacks(result["open_set_fallbacks"], len(examples), "held-out queries", "--epochs N (more than before)")
     if result["calls_per_step"]:

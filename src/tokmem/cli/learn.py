@@ -8,7 +8,7 @@ from tokmem import distributed
 from tokmem.adapt import AdaptConfig
 from tokmem.backbones import default_device, default_dtype
 from tokmem.cli.options import add_backbone, add_common, add_options, values
-from tokmem.studies.tool_datasets import ADAPTATION_SAMPLES
+from tokmem.data.tool_datasets import ADAPTATION_SAMPLES
 from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
 from tokmem.report import console, machine, print_fallbacks, write_json
@@ -172,7 +172,7 @@ def cmd_adapt(args) -> None:
     from tokmem.adapt import adapt
     from tokmem.backbones import load_backbone
     from tokmem.data import load_examples
-    from tokmem.studies.tool_datasets import adaptation_examples
+    from tokmem.data.tool_datasets import adaptation_examples
 
     if Path(args.out).exists():
         raise TokMemError(f"{args.out} already exists: give --out a new directory")

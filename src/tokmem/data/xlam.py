@@ -8,7 +8,7 @@ where ``answers`` and ``tools`` may also be JSON strings of those lists (as the 
 A tool-calling study takes the tools most often called alone (a *single-tool* sample calls one tool,
 perhaps several times), ranks them by that count, keeps ranks a..b (the reference code: ranks 1–50
 for the adaptation phase, 51–100 for evaluation), and composes multi-tool queries from their samples as
-``tokmem.studies.tool_datasets.xlam_dataset`` does.
+``tokmem.data.tool_datasets.xlam_dataset`` does.
 """
 
 from __future__ import annotations

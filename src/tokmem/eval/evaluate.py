@@ -4,20 +4,17 @@ when the examples are tool calls."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 
 from tokmem.eval import metrics
 from tokmem.eval.steps import aligned_scores
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig, Generation, generate
+from tokmem.eval.tool_loop import model_loop
 from tokmem.model import TokMemModel
-
-# How examples whose steps carry results are answered: (model, examples, config) -> ``tool_loop.loop_scores``' dict
-Loop = Callable[[TokMemModel, list[Example], DecodeConfig], dict]
 
 
 def evaluate(
-    model: TokMemModel, examples: list[Example], config: DecodeConfig | None = None, loop: Loop | None = None
+    model: TokMemModel, examples: list[Example], config: DecodeConfig | None = None, loop: bool = True
 ) -> dict:
     """Generate an answer for every example and score it.
 
@@ -29,10 +26,10 @@ def evaluate(
     calls:            when every gold step is a tool call (``{"name", "arguments"}`` JSON), tool / argument /
                       call F1 of the k-th call made against the k-th gold call (``steps.aligned_scores``, the one
                       rule of every tool-loop result); else None.  ``calls_pooled``: the pooled F1 by number of
-                      calls (``metrics.call_scores``: an example's calls as one multiset), secondary.  With ``loop``
-                      (``tokmem.studies.tool_loop.model_loop``, as ``tokmem eval`` passes), examples whose steps
-                      carry results run the tool loop end to end, each call answered with its recorded result; the
-                      others, and all without ``loop``, are generated whole.
+                      calls (``metrics.call_scores``: an example's calls as one multiset), secondary.  With ``loop`` (as
+                      ``tokmem eval`` runs), examples whose steps carry results run the tool loop end to end
+                      (``eval.tool_loop.model_loop``), each call answered with its recorded result; the others, and
+                      all with ``loop=False``, are generated whole.
     calls_per_step:   for the examples whose steps carry results, each step's answer (the gold earlier calls and
                       their results in context) against its own gold call (``steps.aligned_scores``: tool / argument
                       / call F1 over the steps and the exact steps, as the tool-loop study scores); else None.
@@ -42,7 +39,7 @@ def evaluate(
     generations = generate(model, [e.query for e in examples], config)
     tools = are_tool_calls(examples)
     looped = [i for i, e in enumerate(examples) if loop and tools and all(s.result is not None for s in e.steps)]
-    looped_scores = loop(model, [examples[i] for i in looped], config) if looped else None
+    looped_scores = model_loop(model, [examples[i] for i in looped], config) if looped else None
     calls = [[s.text for s in g.trace] for g in generations] if tools else [None] * len(examples)
     for i, sample in zip(looped, looped_scores["samples"] if looped else []):
         calls[i] = sample["end_to_end"]

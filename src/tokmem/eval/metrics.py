@@ -252,3 +252,13 @@ def perplexity(total_nll: float, num_tokens: int) -> float:
     if num_tokens <= 0:
         raise ValueError(f"perplexity needs at least one token, got num_tokens={num_tokens}")
     return math.exp(total_nll / num_tokens)
+
+
+def answering_cost(prompt_tokens: int, seconds: float, calls: int) -> dict:
+    """What answering cost per gold call due: ``prompt_tokens_per_call`` (the tokens the backbone read before its
+    answers: schemas, demonstrations, query, earlier calls and results; TokMem's memory tokens in place of schemas)
+    and ``seconds_per_call`` (wall-clock answering time), the same measure for every method (0 for no calls)."""
+    return {
+        "prompt_tokens_per_call": round(prompt_tokens / max(calls, 1), 1),
+        "seconds_per_call": round(seconds / max(calls, 1), 4),
+    }

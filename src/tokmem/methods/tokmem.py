@@ -54,8 +54,9 @@ class TokMem(Method):
 
     @classmethod
     def trained(cls, model: TokMemModel, decode_config: DecodeConfig) -> TokMem:
-        """A trained model behind the method interface, answering with ``decode_config``: ``tokmem eval`` scores a
-        bank's tool loop with the study's own scorer (``tokmem.studies.tool_loop``)."""
+        """A model trained elsewhere (a bank file) behind the method interface, answering with ``decode_config``, so
+        that a study scores it as its own TokMem (``tests/test_evaluate.py``: ``tokmem eval`` scores the tool loop
+        as the study does)."""
         method = cls(model.backbone, decoupled=model.bank.decoupled)
         method.model, method.decode_config = model, decode_config
         return method

@@ -51,7 +51,7 @@ from tokmem.backbones import Backbone
 from tokmem.data.procedures import Example
 from tokmem.studies.compositional_config import ABLATION, LOOP_ABLATION, CompositionalConfig
 from tokmem.studies.realtools import ADAPT_SOURCE_NAMES
-from tokmem.studies.tool_datasets import ToolData
+from tokmem.data.tool_datasets import ToolData
 from tokmem.errors import TokMemError
 from tokmem.eval import metrics
 from tokmem.eval.evaluate import memory_routes, predicted_calls, score_calls
@@ -62,7 +62,6 @@ from tokmem.report import machine
 from tokmem.studies.harness import (
     MethodResult,
     answer_all,
-    answering_cost,
     learn_round,
     progress_bar,
     resumed_run,
@@ -101,11 +100,11 @@ def evaluate(method: Method, examples: list[Example], batch_size: int, bar, samp
 
 def answered(method: Method, queries: list[str], batch_size: int, bar, calls: int) -> tuple[list, dict]:
     """The method's answers to ``queries`` (``answer_all``) and what they cost per gold call of the ``calls`` they
-    are due (``answering_cost``: one prompt answers all the calls of a query)."""
+    are due (``metrics.answering_cost``: one prompt answers all the calls of a query)."""
     start = time.perf_counter()
     answers = answer_all(method, queries, batch_size, bar)
     seconds = time.perf_counter() - start
-    return answers, answering_cost(sum(map(len, method.prompt_ids(queries))), seconds, calls)
+    return answers, metrics.answering_cost(sum(map(len, method.prompt_ids(queries))), seconds, calls)
 
 
 def answer_samples(examples: list[Example], predictions: list) -> list[dict]:

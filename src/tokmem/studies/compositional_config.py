@@ -13,7 +13,7 @@ from tokmem.errors import TokMemError
 from tokmem.methods.tools import SHOTS, TOOLS_RETRIEVED
 from tokmem.studies.realtools import ADAPT_DATA, check_adapt_data
 from tokmem.studies.settings import Layer, MethodSettings, preset_settings
-from tokmem.studies.tool_datasets import StudySizes
+from tokmem.data.tool_datasets import StudySizes
 
 MAIN_METHODS = ("icl", "rag", "lora", "tokmem-noadapt", "tokmem", "tokmem-better")
 LOOP_ABLATION = "tokmem-noschema"  # TokMem (w/ adapt) decoding free arguments: the tool loop's ablation row

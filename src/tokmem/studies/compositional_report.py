@@ -154,7 +154,7 @@ COST_HEADER = ["Prompt tokens / call", "s / call"]
 
 
 def _cost_cells(scores: dict) -> list[str]:
-    """What answering cost a method per gold call (``answering_cost``), "–" in a result written before it was kept."""
+    """What answering cost a method per gold call (``metrics.answering_cost``), "–" in a result written before it was kept."""
     formats = {"prompt_tokens_per_call": "{:.0f}", "seconds_per_call": "{:.2f}"}
     return [spread(scores[key], fmt) if key in scores else "–" for key, fmt in formats.items()]
 

@@ -249,13 +249,3 @@ def _finish(result: dict, path: Path) -> dict:
     result["finished"] = True
     write_json_atomic(path, result)
     return result
-
-
-def answering_cost(prompt_tokens: int, seconds: float, calls: int) -> dict:
-    """What answering cost per gold call due: ``prompt_tokens_per_call`` (the tokens the backbone read before its
-    answers: schemas, demonstrations, query, earlier calls and results; TokMem's memory tokens in place of schemas)
-    and ``seconds_per_call`` (wall-clock answering time), the same measure for every method (0 for no calls)."""
-    return {
-        "prompt_tokens_per_call": round(prompt_tokens / max(calls, 1), 1),
-        "seconds_per_call": round(seconds / max(calls, 1), 4),
-    }

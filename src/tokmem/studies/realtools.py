@@ -28,7 +28,7 @@ from pathlib import Path
 from tokmem.data.bfcl import import_bfcl
 from tokmem.data.nestful import import_nestful
 from tokmem.data.procedures import Example, stable_hash
-from tokmem.studies.tool_datasets import ToolData
+from tokmem.data.tool_datasets import ToolData
 from tokmem.data.shared import SHARED_ENV, shared_data, where_shared_data
 from tokmem.errors import DataError
 

@@ -13,7 +13,7 @@ from tokmem.backbones import Backbone, load_backbone
 from tokmem.data.procedures import Example
 from tokmem.data.tool_catalog import split_tools
 from tokmem.studies.realtools import RealData, complexfuncbench_data, function_calling_dir
-from tokmem.studies.tool_datasets import ToolData, tool_dataset, tool_examples, xlam_dataset
+from tokmem.data.tool_datasets import ToolData, tool_dataset, tool_examples, xlam_dataset
 from tokmem.eval import metrics
 from tokmem.methods.lora import LoRA, Replay, ReplaySettings
 from tokmem.methods.method import Method
