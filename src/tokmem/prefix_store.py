@@ -31,7 +31,7 @@ class PrefixStore:
     def states(self, ids: torch.Tensor, starts: torch.Tensor, encode: Encoder, config):
         """(KV cache, attention mask, last hidden states (rows, 1, d)) of each row's prefix ``ids[row, :start]``,
         left-padded.  ``encode(rows)`` encodes the prefixes of those rows (a cache, its mask, its hidden states,
-        as ``TokMemModel._encode_prefixes``): only those not stored are encoded, and kept while the budget lasts."""
+        as ``suffix_passes._encode_prefixes``): only those not stored are encoded, and kept while the budget lasts."""
         keys = [row[:start].numpy().tobytes() for row, start in zip(ids.cpu(), starts.tolist())]
         missing = [i for i, key in enumerate(keys) if key not in self.entries]
         fresh = dict(zip([keys[i] for i in missing], _rows(*encode(missing)))) if missing else {}
