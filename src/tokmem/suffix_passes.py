@@ -7,13 +7,12 @@ before the first label trains: a frozen backbone, no memory token in the query).
 * ``segment_hidden`` (``TrainConfig.segment_backprop``): the whole record once without gradients, then each labelled
   segment alone with gradients, attending to the detached states before it.
 
-Each returns the hidden states that predict the labelled tokens and those labels (right-padded), the same states as
+``model`` is the ``TokMemModel`` whose loss is taken (its ``hidden`` pass, memory ids and prefix cache).  Each
+returns the hidden states that predict the labelled tokens and those labels (right-padded), the same states as
 one whole pass would give (``segment_hidden``: exact with one segment a record).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -23,11 +22,8 @@ from tokmem import distributed
 from tokmem.prefix_store import PrefixStore
 from tokmem.sequences import IGNORE, positions
 
-if TYPE_CHECKING:
-    from tokmem.model import TokMemModel
 
-
-def prefix_is_fixed(model: TokMemModel, ids: torch.Tensor, starts: torch.Tensor) -> bool:
+def prefix_is_fixed(model, ids: torch.Tensor, starts: torch.Tensor) -> bool:
     """Whether nothing before the first label trains: no backbone weight (LoRA) and no memory token
     (prefix tuning puts its rows there)."""
     if any(p.requires_grad for p in model.lm.parameters()):
@@ -38,9 +34,7 @@ def prefix_is_fixed(model: TokMemModel, ids: torch.Tensor, starts: torch.Tensor)
     return distributed.all_ranks(fixed) if model.layers_sharded else bool(fixed)  # one host sync
 
 
-def suffix_hidden(
-    model: TokMemModel, batch: dict, starts: torch.Tensor, steer: torch.Tensor, prefixes: PrefixStore | None
-):
+def suffix_hidden(model, batch: dict, starts: torch.Tensor, steer: torch.Tensor, prefixes: PrefixStore | None):
     """Hidden states that predict each suffix token, and the suffix labels (right-padded).
 
     The query prefixes come as a KV cache computed without gradients (``_encode_prefixes``, or kept in
@@ -51,7 +45,7 @@ def suffix_hidden(
     return hidden, labels
 
 
-def _packed_suffix(model: TokMemModel, suffix, real, starts, cache, mask, steer) -> torch.Tensor:
+def _packed_suffix(model, suffix, real, starts, cache, mask, steer) -> torch.Tensor:
     """The suffixes' hidden states (right-padded as ``suffix``), computed in one row without their padding: the
     real suffix tokens side by side, each attending to its own row's prefix states (``cache``'s real columns,
     packed the same way) and to its own suffix up to itself (a block mask), at its own positions.  The same
@@ -77,9 +71,7 @@ def _packed_suffix(model: TokMemModel, suffix, real, starts, cache, mask, steer)
     return hidden.new_zeros(*suffix.shape, hidden.shape[-1]).masked_scatter(real.unsqueeze(-1), hidden[0])
 
 
-def _prefix_states(
-    model: TokMemModel, batch: dict, starts: torch.Tensor, steer: torch.Tensor, prefixes: PrefixStore | None
-):
+def _prefix_states(model, batch: dict, starts: torch.Tensor, steer: torch.Tensor, prefixes: PrefixStore | None):
     """(KV cache, attention mask, hidden states) of the rows' query prefixes, left-padded: encoded now
     (``_encode_prefixes``), or kept in ``prefixes`` from an earlier epoch (without gradients: call under
     ``torch.no_grad``)."""
@@ -93,7 +85,7 @@ def _prefix_states(
 
 
 def _suffix_pass(
-    model: TokMemModel,
+    model,
     batch: dict,
     starts: torch.Tensor,
     steer: torch.Tensor,
@@ -118,9 +110,7 @@ def _suffix_pass(
     return torch.cat([routing[:, -1:], hidden[:, :-1]], dim=1), labels, attended
 
 
-def segment_hidden(
-    model: TokMemModel, batch: dict, starts: torch.Tensor, steer: torch.Tensor, prefixes: PrefixStore | None
-):
+def segment_hidden(model, batch: dict, starts: torch.Tensor, steer: torch.Tensor, prefixes: PrefixStore | None):
     """``suffix_hidden``'s states and labels, back-propagating each labelled segment on its own
     (``TrainConfig.segment_backprop``): the whole record once without gradients, then every segment (a run of
     labels: a memory token, its arguments and the EOS ending the turn; an answer) with gradients, attending to
@@ -146,7 +136,7 @@ def segment_hidden(
     return _with_segments(context, hidden, inside), labels
 
 
-def _attention_mask(model: TokMemModel, allowed: torch.Tensor) -> torch.Tensor:
+def _attention_mask(model, allowed: torch.Tensor) -> torch.Tensor:
     """A (batch, 1, queries, keys) mask of where each query may attend, as the backbone's attention takes it:
     boolean for SDPA, additive (0 or the dtype's minimum) for the eager implementation."""
     if model.lm.config._attn_implementation == "sdpa":
@@ -156,7 +146,7 @@ def _attention_mask(model: TokMemModel, allowed: torch.Tensor) -> torch.Tensor:
     return additive.masked_fill(~allowed, torch.finfo(dtype).min).unsqueeze(1)
 
 
-def _encode_prefixes(model: TokMemModel, batch: dict, starts: torch.Tensor, steer: torch.Tensor):
+def _encode_prefixes(model, batch: dict, starts: torch.Tensor, steer: torch.Tensor):
     """(KV cache, attention mask, hidden states) of the rows' query prefixes, left-padded: first the ids every
     row starts with (the chat template's system prompt, typically) once for the whole batch, then each row's
     rest of the prefix."""

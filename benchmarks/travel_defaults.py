@@ -1,0 +1,170 @@
+"""The default recipe of ``tokmem train`` on a user's few tools, chosen on a validation split and then measured on the
+held-out queries, in float32 and bf16 (the travel example, ``examples/travel/``, on smollm2-135m).
+
+* ``choose``: the training queries are split by phrasing: each tool's training templates
+  (``examples/travel/make_data.py``) are dealt into ``--folds`` folds and the examples of one fold's templates are the
+  validation split, so that it asks in phrasings the rest never trained on (as the held-out queries do).  For each
+  budget (``--budgets``: updates a new tool) and seed, a bank learns the rest as ``tokmem train`` would with that
+  budget (``train.picked_config``) and routes the validation queries (the open-set rule applies: a fallback to the
+  plain backbone is a miss).  The budget the defaults take is chosen from these rows, never from the held-out queries.
+* ``table``: ``tokmem train``'s defaults as they are in the code (``train.picked_config``, no option given) learn the
+  whole training data; the bank answers the 40 held-out queries (``tokmem eval``'s ``evaluate``: routing, fallbacks,
+  calls per step by position), per dtype (``--dtypes``) and seed.
+
+Resumable: a run already in ``--json`` is not run again.  Each run records its seconds, the machine records its CPU.
+
+    OMP_NUM_THREADS=2 python benchmarks/travel_defaults.py choose --budgets 50,80 --seeds 0,1 --json results/travel-defaults.json
+    OMP_NUM_THREADS=2 python benchmarks/travel_defaults.py table --dtypes float32,bfloat16 --seeds 0,1,2 --json results/travel-defaults.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+import tokmem
+from tokmem.backbones import cpu_dtype_note, load_backbone
+from tokmem.data import load_catalog, load_examples
+from tokmem.data.procedures import load_schemas
+from tokmem.decode import DecodeConfig
+from tokmem.eval.evaluate import evaluate
+from tokmem.io import write_json_atomic
+from tokmem.report import machine
+from tokmem.train import UPDATES_PER_ROW, picked_config
+
+TRAVEL = Path(__file__).resolve().parent.parent / "examples" / "travel"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def make_data():
+    """``examples/travel/make_data.py``, whose templates made the training queries."""
+    spec = importlib.util.spec_from_file_location("travel_make_data", TRAVEL / "make_data.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def template_of(query: str, templates: list[str]) -> int | None:
+    """The index of the template ``query`` was formatted from (its fields matched as any text; of several that
+    match, the one with the most literal text: "weather check {city}" before "weather {city}")."""
+    matches = [
+        (len(re.sub(r"\{\w+\}", "", template)), k)
+        for k, template in enumerate(templates)
+        if re.fullmatch(re.sub(r"\\\{\w+\\\}", "(.+?)", re.escape(template)), query)
+    ]
+    return max(matches)[1] if matches else None
+
+
+def phrasing_split(examples, fold: int, folds: int) -> tuple[list, list]:
+    """(train, validation): the examples whose template is dealt to ``fold`` (every ``folds``-th template of each
+    tool's list) are the validation split.  An example no template formed is an error (the data changed)."""
+    data = make_data()
+    lists = [data.WEATHER, data.CURRENCY, data.FLIGHTS, data.PRICED]
+    train, validation = [], []
+    for example in examples:
+        found = [
+            (n, k) for n, templates in enumerate(lists) if (k := template_of(example.query, templates)) is not None
+        ]
+        if not found:
+            raise ValueError(f"{example.id}: no template of make_data.py formed {example.query!r}")
+        (validation if found[0][1] % folds == fold else train).append(example)
+    return train, validation
+
+
+def learned(backbone, examples, seed: int, updates_per_row: int | None = None, batch_size: int | None = None):
+    """A bank ``tokmem train`` makes of ``examples`` with no option given (``picked_config``), or with the budget of
+    ``updates_per_row`` updates a new tool in batches of ``batch_size``; and its training seconds."""
+    model = tokmem.create(backbone)
+    rows = len({p for e in examples for p in e.procedures})
+    config = picked_config(examples, rows, seed=seed, progress=False, batch_size=batch_size)
+    if updates_per_row is not None:
+        steps_per_epoch = -(-len(examples) // config.batch_size)
+        config = replace(config, epochs=-(-updates_per_row * rows // steps_per_epoch))
+    catalog = TRAVEL / "catalog.json"
+    start = time.perf_counter()
+    report = tokmem.learn(model, examples, config, load_catalog(catalog), schemas=load_schemas(catalog))
+    return model, {
+        "epochs": config.epochs,
+        "updates": report.steps,
+        "train_seconds": round(time.perf_counter() - start),
+    }
+
+
+def choose_run(backbone, budget: int, batch_size: int | None, seed: int, fold: int, folds: int) -> dict:
+    train, validation = phrasing_split(load_examples(TRAVEL / "train.jsonl"), fold, folds)
+    model, run = learned(backbone, train, seed, budget, batch_size)
+    scores = evaluate(model, validation, DecodeConfig(), loop=False)
+    return run | {
+        "train_examples": len(train),
+        "validation_examples": len(validation),
+        "validation_routing": scores["routing_accuracy"],
+        "validation_fallbacks": scores["open_set_fallbacks"],
+    }
+
+
+def table_run(backbone, seed: int) -> dict:
+    model, run = learned(backbone, load_examples(TRAVEL / "train.jsonl"), seed)
+    scores = evaluate(model, load_examples(TRAVEL / "heldout.jsonl"), DecodeConfig())
+    misses = [p for p in scores["predictions"] if not p["routed_right"]]
+    return run | {
+        "heldout_routing": scores["routing_accuracy"],
+        "heldout_fallbacks": scores["open_set_fallbacks"],
+        "calls_per_step": scores["calls_per_step"],
+        "step_outcomes": scores["step_outcomes"],
+        "misses": [{"query": p["query"], "gold": p["gold"], "predicted": p["predicted"]} for p in misses],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("stage", choices=("choose", "table"))
+    parser.add_argument(
+        "--budgets", default="50,80", help="choose: updates a new tool[:batch size], e.g. 50,80:2; one run a seed each"
+    )
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="table: the backbone's dtypes")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--fold", type=int, default=0)
+    parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--json", default="results/travel-defaults.json")
+    args = parser.parse_args()
+    path = Path(args.json)
+    result = json.loads(path.read_text()) if path.is_file() else {}
+    result.setdefault("machine", machine() | {"cpu_dtype": cpu_dtype_note()})
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if args.stage == "choose":
+        backbone = load_backbone("smollm2-135m", device="cpu", dtype=torch.float32)
+        runs = result.setdefault(
+            "choose", {"protocol": f"float32; validation: template fold {args.fold} of {args.folds}"}
+        )
+        for candidate in args.budgets.split(","):
+            budget, _, batch = candidate.partition(":")
+            for seed in seeds:
+                key = f"{budget} updates a tool{f', batch {batch}' if batch else ''}, seed {seed}"
+                if key not in runs:
+                    runs[key] = choose_run(
+                        backbone, int(budget), int(batch) if batch else None, seed, args.fold, args.folds
+                    )
+                    write_json_atomic(path, result)
+                print(key, json.dumps(runs[key]))
+        return
+    runs = result.setdefault("table", {"updates_per_row": UPDATES_PER_ROW})
+    for dtype in args.dtypes.split(","):
+        backbone = load_backbone("smollm2-135m", device="cpu", dtype=DTYPES[dtype])
+        for seed in seeds:
+            key = f"{dtype}, seed {seed}"
+            if key not in runs:
+                runs[key] = table_run(backbone, seed)
+                write_json_atomic(path, result)
+            found = runs[key]
+            print(key, f"routing {found['heldout_routing']:.3f}, fallbacks {found['heldout_fallbacks']}")
+
+
+if __name__ == "__main__":
+    main()
