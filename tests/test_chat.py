@@ -258,6 +258,33 @@ def test_a_new_user_message_or_a_forced_tool_choice_may_call_the_same_tool_again
     assert {c.name for c in tokmem.chat(pinger, PINGED, tool_choice="required", config=ALWAYS).tool_calls} == {"ping"}
 
 
+def test_asked_to_avoid_repeats_a_required_turn_calls_another_tool_than_the_one_just_answered(lively_backbone):
+    model = tokmem.create(lively_backbone)
+    no_parameters = {"type": "object", "properties": {}}
+    model.bank.add(["ping", "pong"], lively_backbone.mean_embedding(), kinds=["tool", "tool"])
+    model.bank.schemas[:] = [no_parameters, no_parameters]
+    random_rows(model.bank, scale=0.7)
+    one_call = replace(ALWAYS, max_steps=1)
+    [first] = tokmem.chat_batch(model, [PINGED[:1]], tool_choice="required", config=one_call)
+    name = first.tool_calls[0].name
+    answered = [
+        PINGED[0],
+        {"role": "assistant", "content": None, "tool_calls": [call("a", name, {})]},
+        {"role": "tool", "tool_call_id": "a", "content": "done"},
+    ]
+    called = {
+        avoid: [
+            c.name
+            for c in tokmem.chat_batch(model, [answered], tool_choice="required", config=one_call, avoid_repeats=avoid)[
+                0
+            ].tool_calls
+        ]
+        for avoid in (None, True)
+    }
+    assert called[None] == [name]  # required may repeat the call just answered (the server's rule) ...
+    assert called[True] and name not in called[True]  # ... unless asked not to: the other tool
+
+
 def test_a_conversation_decoded_again_in_a_batch_gets_the_answer_it_gets_alone(pinger):
     conversations = [PINGED, PINGED[:1]]
     together = tokmem.chat_batch(pinger, conversations, config=ALWAYS)

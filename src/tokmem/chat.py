@@ -100,10 +100,14 @@ def chat_batch(
     config: DecodeConfig | None = None,
     caches: list[ChatCache] | None = None,
     result_tokens: int = RESULT_TOKENS,
+    avoid_repeats: bool | None = None,
 ) -> list[Reply]:
     """The next turn of several conversations, decoded together (``config.batch_size`` at a time; each its own
     schemas), as ``chat`` answers each alone.  ``tools`` and ``tool_choice`` apply to every one; ``caches``: one per
-    conversation, reused and updated as ``chat``'s.  A bad conversation is a ``DataError`` naming it."""
+    conversation, reused and updated as ``chat``'s.  ``avoid_repeats``: a turn does not repeat a call answered since
+    the user's last message (``answered_calls``) under ``"auto"`` only (None, as ``chat`` and the server), under
+    every ``tool_choice`` (True: the tool-loop study's rule when asked for), or never (False).  A bad conversation is
+    a ``DataError`` naming it."""
     caches = caches if caches is not None else [ChatCache() for _ in conversations]
     if len(caches) != len(conversations):
         raise ValueError(f"{len(conversations)} conversations but {len(caches)} caches")
@@ -120,9 +124,16 @@ def chat_batch(
             tools,
             tool_choice,
             config,
-            [answered_calls(messages, tool_choice) for messages in conversations[first : first + size]],
+            [_not_repeated(messages, tool_choice, avoid_repeats) for messages in conversations[first : first + size]],
         )
     ]
+
+
+def _not_repeated(messages: list[dict], tool_choice, avoid_repeats: bool | None) -> set[tuple[str, str]]:
+    """The calls a turn may not repeat under ``chat_batch``'s ``avoid_repeats``."""
+    if avoid_repeats is None:
+        return answered_calls(messages, tool_choice)
+    return answered_calls(messages, "auto") if avoid_repeats else set()
 
 
 def _conversation_ids(model: TokMemModel, messages: list[dict], result_tokens: int, k: int) -> list[int]:

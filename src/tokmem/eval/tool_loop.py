@@ -42,17 +42,26 @@ Call = tuple[str | None, str | None]  # a call's JSON text and the tool its memo
 Answerer = Callable[[list[Example], list[History], list[ChatCache], str], tuple[list[Call], int]]
 
 
-def chat_answerer(model: TokMemModel, config: DecodeConfig, result_tokens: int = RESULT_TOKENS) -> Answerer:
+def chat_answerer(
+    model: TokMemModel, config: DecodeConfig, result_tokens: int = RESULT_TOKENS, avoid_repeats: bool | None = None
+) -> Answerer:
     """A trained bank's answers (``tokmem.chat_batch``): the call it makes and the tool its memory token chose, or
     ``(None, None)`` where it answers without a call.  Where a call is due (``required``) ``config`` decodes (its
     threshold may be 0: a call is forced anyway); where it may stop (``auto``), at the open-set rule's default
-    threshold."""
+    threshold.  ``avoid_repeats``: ``chat_batch``'s (None: a call answered since the user's message is not repeated
+    under ``auto`` only; True: at every step too)."""
 
     def answer(examples, histories, caches, choice):
         decode = config if choice == "required" else replace(config, threshold=DecodeConfig.threshold)
         conversations = [conversation(e, h) for e, h in zip(examples, histories)]
         replies = chat_batch(
-            model, conversations, tool_choice=choice, config=decode, caches=caches, result_tokens=result_tokens
+            model,
+            conversations,
+            tool_choice=choice,
+            config=decode,
+            caches=caches,
+            result_tokens=result_tokens,
+            avoid_repeats=avoid_repeats,
         )
         calls = [
             (assemble_call(r.tool_calls[0].name, r.tool_calls[0].arguments), r.tool_calls[0].name)
