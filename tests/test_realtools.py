@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tokmem.bank import MemoryBank
 from tokmem.data import shared
 from tokmem.data.procedures import Example, Step
 from tokmem.studies.realtools import (
@@ -157,6 +158,11 @@ def test_a_resumed_loop_run_learns_tokmem_again_when_its_free_arguments_row_is_m
     config = tiny_real_config(methods=("tokmem", "tokmem-noschema"), max_length=1024)
     compositional.run(config, backbone, progress=False, json_path=path)
     saved = json.loads(path.read_text())
+    kept = MemoryBank.load(saved["methods"]["tokmem"]["bank"])  # the trained bank beside the results
+    assert Path(saved["methods"]["tokmem"]["bank"]).parent == tmp_path / "loop-banks"
+    assert kept.names == list(saved["data"]["tools"]) and "bank" not in saved["methods"]["tokmem-noschema"]
+    norms = saved["methods"]["tokmem"]["row_norms"]
+    assert norms["norms"] == pytest.approx(kept.norms().tolist()) and norms["token_norm"] > 0
     saved["methods"]["tokmem"]["train_seconds"] = -1.0
     del saved["methods"]["tokmem-noschema"]  # stopped before the ablation row, which answers with TokMem's bank
     path.write_text(json.dumps(saved))

@@ -46,6 +46,7 @@ import copy
 import time
 from collections import Counter
 from dataclasses import asdict, replace
+from pathlib import Path
 
 from tokmem.backbones import Backbone
 from tokmem.data.procedures import Example
@@ -216,11 +217,23 @@ def run_main(config: CompositionalConfig, backbone=None, progress: bool = True, 
             scores = scores_of(free_arguments(trained["tokmem"]), data, config, bar)
             return scores | {"train_seconds": result["methods"]["tokmem"]["train_seconds"]}
         trained[name] = build_method(name, config, backbones, data.tools)
-        return learn_and_evaluate(trained[name], data, config, bar)
+        scores = learn_and_evaluate(trained[name], data, config, bar)
+        return scores | keep_bank(trained[name], json_path)
 
     fill_methods(result["methods"], config.methods, kept, score_one, bar, lambda: _save(result, json_path))
     bar.close()
     return result
+
+
+def keep_bank(method: Method, json_path) -> dict:
+    """A trained TokMem's bank saved beside the run's results (``<json stem>-banks/<method>.safetensors``: a few
+    hundred kB), so that a later decoding change answers it again without training (``benchmarks/reanswer_loop.py``);
+    ``{"bank": path}`` for the result, {} for another method or a run that writes no file."""
+    if not isinstance(method, TokMem) or json_path is None:
+        return {}
+    path = Path(json_path).with_name(f"{Path(json_path).stem}-banks") / f"{method.name}.safetensors"
+    method.model.bank.save(path)
+    return {"bank": str(path)}
 
 
 def free_arguments(method: TokMem) -> TokMem:
