@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from helpers import SERVED_BANKS, write_served_banks
+from helpers import QUERIES, SERVED_BANKS, write_served_banks
 
 import tokmem
 from tokmem import DecodeConfig, TrainConfig
@@ -17,8 +17,6 @@ from tokmem.serve.banks import BankRegistry
 from tokmem.serve.engine import Engine, Request
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-
-QUERIES = ["Reverse apple.", "hi", "What is the weather like today?", "Write house in capitals."]
 
 
 def on_gpu(backbone: Backbone, dtype: torch.dtype) -> Backbone:
@@ -54,8 +52,8 @@ def test_float32_answers_on_the_gpu_equal_the_cpu_answers(lively_backbone, examp
     tokmem.learn(cpu, examples, TrainConfig(epochs=2, progress=False))
     gpu = tokmem.TokMemModel(on_gpu(lively_backbone, torch.float32), copy.deepcopy(cpu.bank))
     config = DecodeConfig(max_new_tokens=12, threshold=0.0, max_steps=3)
-    expected = tokmem.generate(cpu, QUERIES, config)
-    answers = tokmem.generate(gpu, QUERIES, config)
+    expected = tokmem.generate(cpu, QUERIES[:4], config)
+    answers = tokmem.generate(gpu, QUERIES[:4], config)
     assert [[(s.procedure, s.text) for s in a.trace] for a in answers] == [
         [(s.procedure, s.text) for s in e.trace] for e in expected
     ]

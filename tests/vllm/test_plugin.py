@@ -2,7 +2,7 @@
 
 import pytest
 from conftest import start_llm, stop_llm
-from helpers import write_served_banks
+from helpers import QUERIES, write_served_banks
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 
@@ -11,13 +11,6 @@ from tokmem.decode import DecodeConfig, to_generation
 from tokmem.sequences import chat_prefix
 from tokmem.vllm import procedures, prompt, sampling_params
 
-QUERIES = [
-    "Reverse apple.",
-    "hi",
-    "What is the weather like today?",
-    "Write house in capitals.",
-    "Double water, please.",
-]
 MAX_TOKENS = 24
 
 
