@@ -262,6 +262,20 @@ def test_per_step_renormalisation_keeps_new_rows_at_the_old_rows_mean_norm(learn
     assert all(torch.allclose(n, torch.full_like(n, target), rtol=1e-5) for n in norms)
 
 
+def test_a_first_round_renormalised_to_the_token_norm_keeps_its_rows_at_an_ordinary_tokens_norm(model, examples):
+    norms = []
+    report = tokmem.learn(
+        model,
+        examples,
+        config(epochs=2, lr=0.5, renorm_every_step=True, renorm_target="tokens"),
+        on_step=lambda step, total: norms.append(model.row_index.detach().norm(dim=1)),
+    )
+    token_norm = model.backbone.embedding_norm()
+    assert report.renorm_target == pytest.approx(token_norm)
+    assert all(torch.allclose(n, torch.full_like(n, token_norm), rtol=1e-5) for n in norms)
+    assert torch.allclose(model.bank.norms(), torch.full((2,), token_norm), rtol=1e-5)
+
+
 def test_without_per_step_renormalisation_norms_drift_during_the_round(learned, second_round):
     target = float(learned.bank.norms().mean())
     norms = []

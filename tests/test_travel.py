@@ -14,7 +14,6 @@ from helpers import TRAVEL, loopback, serve, travel_script
 
 import tokmem
 from tokmem import DecodeConfig
-from tokmem.backbones import CPU_BF16
 from tokmem.cli import main
 from tokmem.data import load_examples
 from tokmem.eval.evaluate import evaluate
@@ -22,16 +21,6 @@ from tokmem.eval.evaluate import evaluate
 pytestmark = pytest.mark.slow
 
 WEATHER_QUESTION = "What is the weather in Lisbon in celsius?"  # a phrasing none of the training templates has
-
-
-@pytest.fixture(scope="module", autouse=True)
-def users_dtype():
-    """The backbone's dtype as a user's ``tokmem train`` and ``tokmem.load`` pick it (bf16 on a CPU that has it), not
-    the float32 conftest sets for its tolerances: on this project's CPU, at the earlier 120 updates, the float32 training
-    of the same data and seed routed 87.5% where the CLI's bf16 routed 90.0% (docs/results.md)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.delenv(CPU_BF16, raising=False)
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +49,7 @@ def base_url(travel, travel_bank):
 
 
 def test_the_travel_tools_trained_with_no_tuning_flags_route_nine_in_ten_held_out_queries(travel):
-    result = evaluate(travel, load_examples(TRAVEL / "heldout.jsonl"))
+    result = evaluate(travel, load_examples(TRAVEL / "heldout.jsonl"), loop=False)  # routing: the first token
     assert result["routing_accuracy"] >= 0.9
     assert result["open_set_fallbacks"] <= 2
 

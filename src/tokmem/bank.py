@@ -181,18 +181,19 @@ class MemoryBank:
     def norms(self) -> torch.Tensor:
         return self.index.norm(dim=1)
 
-    def renormalize(self, new_rows, eps: float = 1e-8) -> float | None:
-        """Rescale ``new_rows`` of the index matrix to the mean L2 norm of every other row.
+    def renormalize(self, new_rows, eps: float = 1e-8, target: float | None = None) -> float | None:
+        """Rescale ``new_rows`` of the index matrix to the mean L2 norm of every other row (or to ``target``).
 
         m_i <- m_i * n_I / (||m_i|| + eps), n_I the mean norm of the existing rows (the paper's Eq. 4).
-        DC banks renormalise the index matrix only.  Returns n_I, or None when there are no existing rows.
+        DC banks renormalise the index matrix only.  Returns n_I, or None when there are no existing rows and no
+        ``target``.
         """
         new_rows = torch.as_tensor(new_rows, dtype=torch.long)
         existing = torch.ones(len(self), dtype=torch.bool)
         existing[new_rows] = False
-        if not existing.any() or len(new_rows) == 0:
+        if len(new_rows) == 0 or (target is None and not existing.any()):
             return None
-        target = self.index[existing].norm(dim=1).mean()
+        target = self.index[existing].norm(dim=1).mean() if target is None else torch.tensor(target)
         rows = self.index[new_rows]
         self.index[new_rows] = rows * (target / (rows.norm(dim=1, keepdim=True) + eps))
         return float(target)

@@ -31,12 +31,9 @@ Init = Literal["mean", "orthogonal", "name"]
 Schedule = Literal["constant", "linear"]
 ToolSegments = Literal["arguments", "call"]
 KeyOrder = Literal["calls", "schema"]
-INITS, SCHEDULES, TOOL_SEGMENTS, KEY_ORDERS = (
-    get_args(Init),
-    get_args(Schedule),
-    get_args(ToolSegments),
-    get_args(KeyOrder),
-)
+RenormTarget = Literal["old_rows", "tokens"]
+INITS, SCHEDULES, TOOL_SEGMENTS = get_args(Init), get_args(Schedule), get_args(ToolSegments)
+KEY_ORDERS, RENORM_TARGETS = get_args(KeyOrder), get_args(RenormTarget)
 
 
 @dataclass
@@ -56,6 +53,12 @@ class TrainConfig:
     )
     renorm_every_step: bool = option(
         False, "renormalise the new rows after every optimiser step too (the reference code)"
+    )
+    renorm_target: RenormTarget = option(
+        "old_rows",
+        "the norm new rows are renormalised to: the old rows' mean (the paper's; a first round has none, so no "
+        "renormalisation) or an ordinary token's (the backbone's mean embedding norm, where the reference code's "
+        "reserved rows stand)",
     )
     eps: float = 1e-8
     init: Init = option(
@@ -108,6 +111,7 @@ class TrainConfig:
             ("schedule", SCHEDULES),
             ("tool_segments", TOOL_SEGMENTS),
             ("key_order", KEY_ORDERS),
+            ("renorm_target", RENORM_TARGETS),
         )
         for field_name, allowed in allowed_values:
             if getattr(self, field_name) not in allowed:
@@ -205,7 +209,7 @@ def learn(
     if not new:
         raise TokMemError("every procedure in these examples is already in the bank: nothing new to learn")
     bank.freeze()
-    target = float(bank.norms().mean()) if len(bank) else None
+    target = renorm_target(model, config)
     kinds = row_kinds(new, examples, config)
     rows = bank.add(
         new,
@@ -226,10 +230,18 @@ def learn(
 
     report = train(model, examples, config, param_groups, after_step)
     report.new_procedures = new
-    if config.renormalize:
-        report.renorm_target = bank.renormalize(rows, config.eps)
+    if config.renormalize and target is not None:
+        report.renorm_target = bank.renormalize(rows, config.eps, target)
     bank.freeze()
     return report
+
+
+def renorm_target(model: TokMemModel, config: TrainConfig) -> float | None:
+    """The L2 norm a round's new rows are renormalised to (``TrainConfig.renorm_target``), before they are added:
+    the old rows' mean (None without old rows) or the backbone's mean token-embedding norm."""
+    if config.renorm_target == "tokens":
+        return model.backbone.embedding_norm()
+    return float(model.bank.norms().mean()) if len(model.bank) else None
 
 
 def train(

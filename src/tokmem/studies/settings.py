@@ -22,7 +22,7 @@ from tokmem.decode import DecodeConfig
 from tokmem.errors import TokMemError
 from tokmem.lora import LoRASettings
 from tokmem.methods.lora import ReplaySettings
-from tokmem.train import Init, KeyOrder, Schedule, ToolSegments, TrainConfig
+from tokmem.train import Init, KeyOrder, RenormTarget, Schedule, ToolSegments, TrainConfig
 
 T, D, L, R = TrainConfig, DecodeConfig, LoRASettings, ReplaySettings
 
@@ -100,6 +100,11 @@ class MethodSettings:
         T,
         "renorm_every_step",
         "renormalise TokMem's new rows after every step too (the reference code), not only after the round",
+    )
+    renorm_target: RenormTarget = nested(
+        T,
+        "renorm_target",
+        "TokMem's new rows renormalised to the old rows' mean norm (none in a first round) or a token's",
     )
     tool_segments: ToolSegments = nested(
         T, "tool_segments", "after a tool's memory token: its arguments only (the reference code) or the whole call"
