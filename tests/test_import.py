@@ -614,8 +614,10 @@ def test_import_then_train_then_eval_reports_tool_argument_and_call_f1(nestful_f
     )
     assert "Argument F1" in (printed := capsys.readouterr().out) and "Routing F1" in printed
     calls = json.loads((tmp_path / "eval.json").read_text())["calls"]
-    assert set(calls) == {"tool_f1", "arg_f1", "call_f1", "routing_f1"} and set(calls["tool_f1"]) == {"1", "2", "avg"}
-    assert all(0 <= calls[m][n] <= 100 for m in calls for n in calls[m])
+    scores = {"tool_f1", "arg_f1", "call_f1", "routing_f1"}  # by position: the k-th call against the k-th gold call
+    assert set(calls) == scores | {"exact_steps", "steps"} and set(calls["tool_f1"]) == {"1", "2", "all"}
+    assert all(0 <= calls[m][n] <= 100 for m in scores for n in calls[m])
+    assert 0 <= calls["exact_steps"]["all"] <= calls["steps"]["all"]
 
 
 # ---- OpenAI chat format --------------------------------------------------------------------------------------
