@@ -26,15 +26,8 @@ from tokmem.data.tool_catalog import catalog, split_tools
 from tokmem.cli import main
 from tokmem.data.sni import Instance, Task, load_tasks
 from tokmem.errors import TokMemError
-from tokmem.studies.atomic import (
-    JOINT_METHODS,
-    METHODS,
-    AtomicConfig,
-    evaluate,
-    make_config,
-    run_atomic,
-    run_sample_efficiency,
-)
+from tokmem.studies.atomic import evaluate, run_atomic, run_sample_efficiency
+from tokmem.studies.atomic_config import JOINT_METHODS, METHODS, AtomicConfig, make_config
 from tokmem.io import read_json
 from tokmem.studies.harness import learn_round
 from tokmem.sequences import collate, encode

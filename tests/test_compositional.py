@@ -24,7 +24,7 @@ from tokmem.data.procedures import call_json
 from tokmem.data.tool_catalog import catalog, split_tools
 from tokmem.errors import TokMemError
 from tokmem.cli import bench
-from tokmem.studies import atomic, compositional, compositional_report, tool_setup
+from tokmem.studies import atomic_config, compositional, compositional_report, tool_setup
 from tokmem.studies.compositional import METRICS, run_all
 from tokmem.studies.compositional_config import STUDIES, make_config
 from tokmem.studies.compositional_report import forgetting_panels
@@ -456,8 +456,8 @@ def test_a_backbone_picks_the_presets_settings_sized_for_it():
         ).max_new_tokens
         == 64
     )
-    assert atomic.make_config("cpu", backbone="qwen2.5-coder-0.5b") == replace(
-        atomic.make_config("cpu"), backbone="qwen2.5-coder-0.5b"
+    assert atomic_config.make_config("cpu", backbone="qwen2.5-coder-0.5b") == replace(
+        atomic_config.make_config("cpu"), backbone="qwen2.5-coder-0.5b"
     )
 
 
@@ -472,7 +472,8 @@ def test_epochs_given_alone_replace_the_presets_budgets_and_given_with_budgets_a
     assert make_config("cpu", "main", epoch_budgets=(2, 3)).epoch_budgets == (2, 3)
     with pytest.raises(TokMemError, match="--epochs and --epoch-budgets: give one"):
         make_config("cpu", "main", epochs=2, epoch_budgets=(1, 4))
-    assert atomic.make_config("cpu").repeated() and not atomic.make_config("cpu", epochs=2).repeated()  # atomic too
+    atomic = atomic_config.make_config  # atomic too
+    assert atomic("cpu").repeated() and not atomic("cpu", epochs=2).repeated()
     assert main(["bench", "atomic", "--epochs", "2", "--epoch-budgets", "1,2", "--json", "unwritten.json"]) == 2
 
 

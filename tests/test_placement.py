@@ -11,9 +11,10 @@ import torch
 from tokmem.data.gsm8k import Problem, gsm8k_strictly_compliant, load_gsm8k
 from tokmem.errors import DataError, TokMemError
 from tokmem.cli import bench
-from tokmem.studies import gsm8k_placement, memorization, placement
-from tokmem.studies.gsm8k_placement import GSM8KConfig
-from tokmem.studies.memorization import MemorizationConfig, steps_at_90
+from tokmem.studies import gsm8k_placement, gsm8k_placement_config, memorization, memorization_config, placement
+from tokmem.studies.gsm8k_placement_config import GSM8KConfig
+from tokmem.studies.memorization import steps_at_90
+from tokmem.studies.memorization_config import MemorizationConfig
 from tokmem.sequences import IGNORE, chat_prefix
 from tokmem.train import TrainConfig, fit
 
@@ -113,7 +114,9 @@ def _cli(*argv):
 
 def test_command_line_options_override_the_preset():
     config = bench.placement_config(_cli("--backbone", "tiny-random", "--seeds", "3,4", "--quiet", "--json", "x.json"))
-    assert config == replace(memorization.make_config("cpu"), backbone="tiny-random", seeds=(3, 4), progress=False)
+    assert config == replace(
+        memorization_config.make_config("cpu"), backbone="tiny-random", seeds=(3, 4), progress=False
+    )
     assert bench.placement_config(_cli("--study", "gsm8k", "--preset", "paper", "--json", "x.json")) == GSM8KConfig()
 
 
@@ -318,7 +321,11 @@ def test_gsm8k_options_reach_the_config_and_the_layout_is_checked():
     )
     config = bench.placement_config(args)
     assert (config.layout, config.epochs, config.validation_examples) == ("assistant", 2, 9)
-    assert gsm8k_placement.make_config("paper").layout == gsm8k_placement.make_config("cpu").layout == "reference"
+    assert (
+        gsm8k_placement_config.make_config("paper").layout
+        == gsm8k_placement_config.make_config("cpu").layout
+        == "reference"
+    )
     with pytest.raises(TokMemError, match="unknown GSM8K layout 'suffix'"):
         gsm8k_placement.run_gsm8k(GSM8KConfig(layout="suffix"))
 

@@ -13,7 +13,9 @@ from rich.markdown import Markdown
 from tokmem.cli.options import add_options, values
 from tokmem.errors import TokMemError
 from tokmem.report import console
-from tokmem.studies import atomic, atomic_report, compositional, compositional_report, gsm8k_placement, memorization
+from tokmem.studies import atomic, atomic_config, atomic_report, compositional, compositional_report
+from tokmem.studies import gsm8k_placement, gsm8k_placement_config, gsm8k_placement_report
+from tokmem.studies import memorization, memorization_config, memorization_report
 from tokmem.studies import compositional_config as composition
 
 
@@ -48,13 +50,13 @@ def add_atomic(studies) -> None:
     )
     parser.add_argument(
         "--preset",
-        choices=tuple(atomic.PRESETS),
+        choices=tuple(atomic_config.PRESETS),
         default="cpu",
         help="cpu = the paper's protocol on the 14 SNI files of the shared data, smollm2-135m, "
         "Base/RAG/LoRA/TokMem (default); paper = 1000 tasks × 500/50, Qwen2.5-0.5B-Instruct (GPU, full "
         "natural-instructions)",
     )
-    add_options(parser, atomic.AtomicConfig, unset=True)
+    add_options(parser, atomic_config.AtomicConfig, unset=True)
     parser.add_argument("--out-dir", help="where the table, plot and method states go (default: beside --json)")
     parser.add_argument(
         "--resume", action="store_true", help="continue the run in --json: skip its finished checkpoints"
@@ -64,7 +66,7 @@ def add_atomic(studies) -> None:
 
 
 def cmd_atomic(args) -> None:
-    config = atomic.make_config(args.preset, **values(args, atomic.AtomicConfig))
+    config = atomic_config.make_config(args.preset, **values(args, atomic_config.AtomicConfig))
     result = atomic.run(config, json_path=args.json, out_dir=args.out_dir, resume=args.resume, progress=not args.quiet)
     study = atomic_report.EFFICIENCY if config.sample_efficiency else atomic_report.ATOMIC
     console.print(Markdown(atomic_report.markdown(result, study)))
@@ -117,8 +119,11 @@ def cmd_compositional(args) -> None:
 
 
 # ---- placement ---------------------------------------------------------------------------------------------
-PLACEMENT = {"memorization": memorization, "gsm8k": gsm8k_placement}  # the two placement studies
-PLACEMENT_CONFIGS = {"memorization": memorization.MemorizationConfig, "gsm8k": gsm8k_placement.GSM8KConfig}
+PLACEMENT = {"memorization": memorization_config, "gsm8k": gsm8k_placement_config}  # the two placement studies' presets
+PLACEMENT_CONFIGS = {
+    "memorization": memorization_config.MemorizationConfig,
+    "gsm8k": gsm8k_placement_config.GSM8KConfig,
+}
 
 
 def add_placement(studies) -> None:
@@ -158,10 +163,10 @@ def placement_config(args):
 def cmd_placement(args) -> None:
     if args.resume and args.study != "gsm8k":
         raise TokMemError(f"--resume does not apply to --study {args.study}")
-    config, study = placement_config(args), PLACEMENT[args.study]
-    if study is gsm8k_placement:
-        result = gsm8k_placement.run_study(config, args.json, args.resume)
+    config = placement_config(args)
+    if args.study == "gsm8k":
+        result, report = gsm8k_placement.run_study(config, args.json, args.resume), gsm8k_placement_report
     else:
-        result = memorization.run_study(config, args.json)
-    console.print(study.markdown(result), markup=False, highlight=False, soft_wrap=True)
-    _written(study.outputs(args.json))
+        result, report = memorization.run_study(config, args.json), memorization_report
+    console.print(report.markdown(result), markup=False, highlight=False, soft_wrap=True)
+    _written(report.outputs(args.json))

@@ -12,7 +12,8 @@ the assistant header:
     Prefix tuning   P  user("question: {q}")  assistant-header  "answer: {solution}" EOS
 
 The ``assistant`` layout (this study's first one) puts M after the assistant header, with the bare
-question and solution.  The study's table (``markdown``) goes beside its JSON (``run_study``).
+question and solution.  ``run_study`` writes the result with the study's table
+(`tokmem.studies.gsm8k_placement_report`).  The settings and presets: `tokmem.studies.gsm8k_placement_config`.
 """
 
 from __future__ import annotations
@@ -21,89 +22,27 @@ import copy
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Literal
 
 from tqdm.auto import tqdm
 
 import tokmem
-from tokmem.backbones import backbone_option, device_option, load_backbone
-from tokmem.config import built, nested, option
+from tokmem.backbones import load_backbone
 from tokmem.data.gsm8k import Problem, gsm8k_compliant, gsm8k_strictly_compliant, load_gsm8k
-from tokmem.data.shared import shared_data
-from tokmem.decode import DecodeConfig, complete
+from tokmem.decode import complete
 from tokmem.errors import DataError, TokMemError
 from tokmem.eval import metrics
-from tokmem.io import write_json_atomic, write_text_atomic
+from tokmem.io import write_json_atomic
 from tokmem.methods import prefix
 from tokmem.model import TokMemModel
 from tokmem.report import machine
 from tokmem.sequences import Encoded
+from tokmem.studies.gsm8k_placement_config import FRAMES, LAYOUTS, GSM8KConfig
+from tokmem.studies.gsm8k_placement_report import write_outputs
 from tokmem.studies.harness import resumed
-from tokmem.studies.outputs import markdown_table
 from tokmem.studies.placement import LABELS, METHODS, build, context, targeted
-from tokmem.studies.settings import Layer, preset_settings
-from tokmem.train import TrainConfig, fit
-
-# How each layout frames a problem: the user turn's text and the target's text.
-FRAMES = {"reference": ("question: {}", "answer: {}"), "assistant": ("{}", "{}")}
-LAYOUTS = tuple(FRAMES)
-Layout = Literal[LAYOUTS]
-PROTOCOLS = {
-    "reference": "the reference layout (`question: …` user turn, TokMem's memory token before the assistant header, "
-    "target `answer: …`)",
-    "assistant": "the assistant layout (the bare question, TokMem's memory token after the assistant header, the bare solution as target)",
-}
-
-
-@dataclass
-class GSM8KConfig:
-    """Defaults are the reference code's protocol (``run_gsm8k_comparsion.sh``): the reference layout, 3
-    epochs at lr 5e-3 in batches of 4, the rows of the epoch with the best validation exact match; the whole
-    training set (less the validation split; 20% and 100% of it) and the whole test set."""
-
-    backbone: str = backbone_option()
-    data: str = option(str(shared_data("gsm8k")), "gsm8k: the folder with train.jsonl and test.jsonl")
-    layout: Layout = option(
-        "reference",
-        "gsm8k: reference = `question: …` user turn, TokMem's memory token, the "
-        "assistant header, target `answer: …`; assistant = the memory token after the assistant header",
-    )
-    train_examples: int | None = option(
-        None, "gsm8k: the training subset, the first N problems after the validation split (default: all)"
-    )
-    validation_examples: int = option(500, "gsm8k: problems held out (the last of train.jsonl) to pick the best epoch")
-    test_examples: int | None = option(None, "gsm8k: the first N test problems (default: all)")
-    fractions: tuple[float, ...] = (0.2, 1.0)
-    epochs: int = nested(TrainConfig, "epochs", "gsm8k: training epochs (validation after each)", default=3)
-    lr: float = nested(TrainConfig, "lr", "learning rate of the rows")
-    batch_size: int = nested(TrainConfig, "batch_size", "training examples per step")
-    max_new_tokens: int = nested(DecodeConfig, "max_new_tokens", "tokens an answer may generate", default=512)
-    decode_batch_size: int = nested(DecodeConfig, "batch_size", "problems answered together")
-    seed: int = nested(TrainConfig, "seed", "seed of the data order and the rows")
-    device: str | None = device_option()
-    progress: bool = True
-
-    def train(self) -> TrainConfig:
-        """How the rows train."""
-        return built(self, TrainConfig, progress=self.progress)
-
-    def decode(self) -> DecodeConfig:
-        """How the answers decode (greedy)."""
-        return built(self, DecodeConfig, seed=self.seed)
-
-
-PRESETS = {
-    "paper": (),
-    # smollm2-135m on a CPU: 240 training problems
-    "cpu": (Layer(dict(train_examples=240, validation_examples=32, test_examples=64, max_new_tokens=256)),),
-}
-
-
-def make_config(preset: str | None = "cpu", **options) -> GSM8KConfig:
-    """A preset's settings, overridden by every option that is not None (`settings.preset_settings`)."""
-    return GSM8KConfig(**preset_settings(PRESETS, preset, GSM8KConfig, options))
+from tokmem.train import fit
 
 
 def run_gsm8k(config: GSM8KConfig, json_path=None, resume: bool = False) -> dict:
@@ -266,42 +205,10 @@ def _answer(model, method: str, problems: list[Problem], config: GSM8KConfig, wh
     return answers
 
 
-# ---- the report ------------------------------------------------------------------------------------
-def markdown(result: dict) -> str:
-    """The paper's GSM8K table layout: per data fraction, both compliances and EM (%) of each method, and the kept epoch."""
-    config = result["config"]
-    rows = [
-        [f"{fraction}%", LABELS[method], *_cells(methods[method], config["epochs"])]
-        for fraction, methods in result["gsm8k"].items()
-        for method in METHODS
-    ]
-    note = (
-        f"GSM8K on {config['backbone']}, {PROTOCOLS[config['layout']]}: {config['epochs']} epochs at lr {config['lr']:g}, "
-        f"the rows of the epoch with the best exact match (ties: compliance) on {result['validation_examples']} held-out "
-        f"training problems; {result['train_examples']} training problems (100%), {result['test_examples']} test problems. "
-        "Compliance: `#### ` anywhere in the answer (the reference rule); strict: the answer ends with `#### <number>`.\n\n"
-    )
-    header = ["Data%", "Method", "Compliance ↑", "Strict compliance ↑", "EM ↑", "Kept epoch"]
-    return note + markdown_table(header, rows)
-
-
-def _cells(scores: dict, epochs: int) -> list[str]:
-    """Compliance, strict compliance and exact match (%), and the epoch kept."""
-    percentages = [f"{100 * scores[key]:.1f}" for key in ("compliance", "strict_compliance", "em")]
-    return percentages + [f"{scores['best_epoch']} of {epochs}"]
-
-
 def run_study(config: GSM8KConfig, json_path, resume: bool = False) -> dict:
     """Run the study, writing its JSON after every run (so that ``resume`` can skip the finished ones), then its
     markdown table (.md beside it)."""
     json_path = Path(json_path)
     result = run_gsm8k(config, json_path, resume)
-    write_json_atomic(json_path, result)
-    write_text_atomic(json_path.with_suffix(".md"), markdown(result))
+    write_outputs(result, json_path)
     return result
-
-
-def outputs(json_path) -> list[Path]:
-    """The files ``run_study`` writes."""
-    json_path = Path(json_path)
-    return [json_path, json_path.with_suffix(".md")]

@@ -4,8 +4,9 @@ The text is one the backbone cannot have seen (by default the paper's own LaTeX 
 backbone was trained).  Each seed takes a random stretch of ``text_tokens`` tokens, cut into sequences of
 ``sequence_length`` (128), each after its own random query that only marks the placement.  Every optimiser step covers
 the whole text; the text's perplexity is evaluated every ``eval_every`` steps.  Reported: the final perplexity and
-Steps@90%Best (`steps_at_90`), averaged over seeds, with the mean curves; the study's table and plot (``markdown``,
-``plot``) go beside its JSON (``run_study``).
+Steps@90%Best (`steps_at_90`), averaged over seeds, with the mean curves; ``run_study`` writes them with the study's
+table and plot (`tokmem.studies.memorization_report`).  The settings and presets:
+`tokmem.studies.memorization_config`.
 """
 
 from __future__ import annotations
@@ -14,56 +15,23 @@ import math
 import random
 import string
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 import tokmem
-from tokmem.backbones import Backbone, backbone_option, device_option, load_backbone
-from tokmem.config import option
-from tokmem.data.shared import shared_data
+from tokmem.backbones import Backbone, load_backbone
 from tokmem.errors import DataError, TokMemError
 from tokmem.eval import metrics
-from tokmem.io import write_json_atomic, write_text_atomic
 from tokmem.model import TokMemModel
 from tokmem.report import machine
 from tokmem.sequences import Encoded, collate
-from tokmem.studies.outputs import Panel, line_plot, markdown_table
-from tokmem.studies.placement import LABELS, METHODS, build, lay_out
-from tokmem.studies.settings import Layer, preset_settings
+from tokmem.studies.memorization_config import MemorizationConfig
+from tokmem.studies.memorization_report import write_outputs
+from tokmem.studies.placement import METHODS, build, lay_out
 from tokmem.train import TrainConfig, fit
-
-
-@dataclass
-class MemorizationConfig:
-    """Defaults are the paper's setup (its batches of 8–32 sequences are the whole text at each step)."""
-
-    backbone: str = backbone_option()
-    text: str = option(str(shared_data().parent / "paper" / "tokmem.tex"), "memorization: the text file to memorise")
-    text_tokens: tuple[int, ...] = option((1024, 2048, 4096), "memorization: tokens of the text memorised, per setting")
-    memory_tokens: tuple[int, ...] = option((1, 2, 5), "memorization: trainable rows, per setting")
-    sequence_length: int = option(128, "memorization: tokens per training sequence")
-    steps: int = option(3000, "memorization: optimiser steps per run")
-    eval_every: int = option(100, "memorization: steps between perplexity measurements")
-    seeds: tuple[int, ...] = option((0, 1, 2, 3, 4), "memorization: seeds to average over, one run each, e.g. 0,1,2")
-    lr: float = option(TrainConfig.lr, "learning rate of the rows")
-    batch_size: int = option(8, "sequences per forward pass (memorization: one optimiser step covers the whole text)")
-    device: str | None = device_option()
-    progress: bool = True
-
-
-PRESETS = {
-    "paper": (),
-    # smollm2-135m on a CPU: 24 runs of 60 steps
-    "cpu": (Layer(dict(text_tokens=(128, 256), steps=60, eval_every=10, seeds=(0, 1), lr=2e-2)),),
-}
-
-
-def make_config(preset: str | None = "cpu", **options) -> MemorizationConfig:
-    """A preset's settings, overridden by every option that is not None (`settings.preset_settings`)."""
-    return MemorizationConfig(**preset_settings(PRESETS, preset, MemorizationConfig, options))
 
 
 def run_memorization(config: MemorizationConfig) -> dict:
@@ -222,55 +190,8 @@ def steps_at_90(steps: list[int], perplexities: list[float], fraction: float = 0
     return next(step for step, p in zip(steps, perplexities) if p <= threshold)
 
 
-# ---- the report ------------------------------------------------------------------------------------
-def markdown(result: dict) -> str:
-    """The paper's memorisation table layout: per text size, Steps@90%Best and PPL, one row per method."""
-    config, sizes = result["config"], list(result["memorization"])
-    header = ["Method"] + [f"{s} tokens: {column}" for s in sizes for column in ("Steps@90%Best ↓", "PPL ↓")]
-    rows = [
-        [f"{LABELS[method]}-{n}"] + [cell for s in sizes for cell in _cells(result["memorization"][s][f"{method}-{n}"])]
-        for n in config["memory_tokens"]
-        for method in METHODS
-    ]
-    rows.append(
-        ["Backbone, no memory"]
-        + [cell for s in sizes for cell in ("–", f"{result['ppl_before_by_text_tokens'][s]:.2f}")]
-    )
-    note = (
-        f"Memorisation on {config['backbone']}: final perplexity and Steps@90%Best (evaluated every "
-        f"{config['eval_every']} of {config['steps']} steps), mean of {len(config['seeds'])} seeds.\n\n"
-    )
-    return note + markdown_table(header, rows)
-
-
-def _cells(entry: dict) -> tuple[str, str]:
-    return f"{entry['steps_at_90']:.0f}", f"{entry['ppl']:.2f}"
-
-
-def plot(result: dict, path) -> Path:
-    """Mean perplexity vs training steps, one panel per text size, one line per method and token budget."""
-    panels = []
-    for size, methods in result["memorization"].items():
-        panel = Panel(f"{size} text tokens", "training step", "perplexity")
-        for n in result["config"]["memory_tokens"]:
-            for method in METHODS:
-                curve = methods[f"{method}-{n}"]["curve"]
-                panel.series[f"{LABELS[method]}-{n}"] = (curve["steps"], curve["ppl"], None)
-        panels.append(panel)
-    return line_plot(path, panels)
-
-
 def run_study(config: MemorizationConfig, json_path) -> dict:
     """Run the study and write its JSON, its markdown table (.md beside it) and its plot (.png)."""
-    json_path = Path(json_path)
     result = run_memorization(config)
-    plot(result, json_path.with_suffix(".png"))
-    write_json_atomic(json_path, result)
-    write_text_atomic(json_path.with_suffix(".md"), markdown(result))
+    write_outputs(result, json_path)
     return result
-
-
-def outputs(json_path) -> list[Path]:
-    """The files ``run_study`` writes."""
-    json_path = Path(json_path)
-    return [json_path.with_suffix(".png"), json_path, json_path.with_suffix(".md")]
