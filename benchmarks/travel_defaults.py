@@ -78,12 +78,12 @@ def phrasing_split(examples, fold: int, folds: int) -> tuple[list, list]:
     return train, validation
 
 
-def learned(backbone, examples, seed: int, updates_per_row: int | None = None, batch_size: int | None = None):
+def learned(backbone, examples, seed: int, updates_per_row: int | None = None, **options):
     """A bank ``tokmem train`` makes of ``examples`` with no option given (``picked_config``), or with the budget of
-    ``updates_per_row`` updates a new tool in batches of ``batch_size``; and its training seconds."""
+    ``updates_per_row`` updates a new tool and the ``options`` given (batch size, lr); and its training seconds."""
     model = tokmem.create(backbone)
     rows = len({p for e in examples for p in e.procedures})
-    config = picked_config(examples, rows, seed=seed, progress=False, batch_size=batch_size)
+    config = picked_config(examples, rows, seed=seed, progress=False, **options)
     if updates_per_row is not None:
         steps_per_epoch = -(-len(examples) // config.batch_size)
         config = replace(config, epochs=-(-updates_per_row * rows // steps_per_epoch))
@@ -97,9 +97,9 @@ def learned(backbone, examples, seed: int, updates_per_row: int | None = None, b
     }
 
 
-def choose_run(backbone, budget: int, batch_size: int | None, seed: int, fold: int, folds: int) -> dict:
+def choose_run(backbone, budget: int, options: dict, seed: int, fold: int, folds: int) -> dict:
     train, validation = phrasing_split(load_examples(TRAVEL / "train.jsonl"), fold, folds)
-    model, run = learned(backbone, train, seed, budget, batch_size)
+    model, run = learned(backbone, train, seed, budget, **options)
     scores = evaluate(model, validation, DecodeConfig(), loop=False)
     return run | {
         "train_examples": len(train),
@@ -126,7 +126,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("stage", choices=("choose", "table"))
     parser.add_argument(
-        "--budgets", default="50,80", help="choose: updates a new tool[:batch size], e.g. 50,80:2; one run a seed each"
+        "--budgets",
+        default="50,80",
+        help="choose: updates a new tool[:batch size[:lr]], e.g. 50,80:2,50::1e-2; one run a seed each",
     )
     parser.add_argument("--dtypes", default="float32,bfloat16", help="table: the backbone's dtypes")
     parser.add_argument("--seeds", default="0,1,2")
@@ -144,13 +146,14 @@ def main() -> None:
             "choose", {"protocol": f"float32; validation: template fold {args.fold} of {args.folds}"}
         )
         for candidate in args.budgets.split(","):
-            budget, _, batch = candidate.partition(":")
+            budget, *rest = candidate.split(":")
+            options = {k: f(v) for (k, f), v in zip((("batch_size", int), ("lr", float)), rest) if v}
+            named = {"batch_size": "batch", "lr": "lr"}
             for seed in seeds:
-                key = f"{budget} updates a tool{f', batch {batch}' if batch else ''}, seed {seed}"
+                key = ", ".join([f"{budget} updates a tool", *(f"{named[k]} {v:g}" for k, v in options.items())])
+                key += f", seed {seed}"
                 if key not in runs:
-                    runs[key] = choose_run(
-                        backbone, int(budget), int(batch) if batch else None, seed, args.fold, args.folds
-                    )
+                    runs[key] = choose_run(backbone, int(budget), options, seed, args.fold, args.folds)
                     write_json_atomic(path, result)
                 print(key, json.dumps(runs[key]))
         return
