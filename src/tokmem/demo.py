@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from rich.table import Table
 
 from tokmem.backbones import backbone_option
-from tokmem.config import option
+from tokmem.config import built, nested, option
 from tokmem.eval import metrics
 from tokmem.data import builtin
 from tokmem.data.procedures import Example
@@ -40,11 +40,11 @@ class DemoConfig:
     """
 
     backbone: str = backbone_option()
-    epochs: int = option(3, "passes over the training queries")
-    batch_size: int = option(32, "training queries per step")
-    lr: float = option(TrainConfig.lr, "learning rate of the memory rows")
+    epochs: int = nested(TrainConfig, "epochs", "passes over the training queries", default=3)
+    batch_size: int = nested(TrainConfig, "batch_size", "training queries per step", default=32)
+    lr: float = nested(TrainConfig, "lr", "learning rate of the memory rows")
     decoupled: bool = option(True, "separate index and steer matrices (TokMem+DC; the default)")
-    seed: int = TrainConfig.seed
+    seed: int = field(default=TrainConfig.seed, metadata={"of": TrainConfig, "field": "seed"})
     train_per_procedure: int = option(36, "training queries per procedure")
     procedures: tuple[str, ...] | None = option(None, "comma-separated built-in procedures to learn (default: all)")
 
@@ -148,9 +148,7 @@ def run_demo(
 def learn_builtin(config: DemoConfig, train_set: list[Example], device: str | None, progress: bool):
     """A fresh bank on the backbone, trained on the built-in procedures' queries: the model and the report."""
     model = create(config.backbone, decoupled=config.decoupled, device=device)
-    train_config = TrainConfig(
-        epochs=config.epochs, batch_size=config.batch_size, lr=config.lr, seed=config.seed, progress=progress
-    )
+    train_config = built(config, TrainConfig, progress=progress)
     report = learn(model, train_set, train_config, descriptions=builtin.catalog())
     console.print(
         f"trained {len(model.bank)} memory tokens ({model.bank.parameter_count():,} "

@@ -165,14 +165,15 @@ class TrainReport:
 # the data: enough epochs that there are at least UPDATES_PER_ROW optimiser steps per new row (50: the travel
 # example's 3 tools then get 160 updates, which routed 92.5% of its held-out queries at seeds 0 and 1 where 120
 # routed 87.5-92.5%: docs/results.md).
-PICKED_LR, PICKED_SCHEDULE, UPDATES_PER_ROW = 2e-2, "linear", 50
+PICKED_RECIPE, UPDATES_PER_ROW = {"lr": 2e-2, "schedule": "linear"}, 50
 
 
 def picked_config(examples: list[Example], new_rows: int, **given) -> TrainConfig:
     """``tokmem train``'s config: the options ``given`` (those not None), and where ``lr``, ``schedule`` or
-    ``epochs`` is not given, the picked recipe and budget (``PICKED_LR``, ``PICKED_SCHEDULE``, ``picked_epochs``)."""
+    ``epochs`` is not given, the picked recipe and budget (``PICKED_RECIPE``, a layer over ``TrainConfig``'s paper
+    defaults, and ``picked_epochs``)."""
     given = {name: value for name, value in given.items() if value is not None}
-    config = TrainConfig(**({"lr": PICKED_LR, "schedule": PICKED_SCHEDULE} | given))
+    config = TrainConfig(**(PICKED_RECIPE | given))
     if "epochs" in given:
         return config
     return replace(config, epochs=picked_epochs(len(examples), new_rows, config.batch_size * config.grad_accum))

@@ -12,9 +12,8 @@ from tokmem.data.tool_datasets import ADAPTATION_SAMPLES
 from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
 from tokmem.report import console, machine, print_fallbacks, write_json
-from tokmem.train import PICKED_LR, PICKED_SCHEDULE, SCHEDULES, UPDATES_PER_ROW, TrainConfig, picked_config
+from tokmem.train import PICKED_RECIPE, UPDATES_PER_ROW, TrainConfig, picked_config
 
-PICKED = ("lr", "epochs", "schedule")  # train's and add's options whose default is picked (tokmem.train.picked_config)
 ADAPT_ROWS = ("epochs", "batch_size", "max_length")  # adapt's options of the temporary rows, beside --rows-lr, --seed
 
 
@@ -74,15 +73,11 @@ def _training_options(parser) -> None:
         "--catalog",
         help="the procedures' {name, description, parameters (a tool's JSON schema, optional)}: JSON lines or a list",
     )
-    add_options(parser, TrainConfig, skip=("seed", *PICKED))  # --seed is common
-    parser.add_argument("--lr", type=float, help=f"learning rate of the memory rows (default {PICKED_LR:g})")
+    add_options(parser, TrainConfig, skip=("seed", "epochs"), recipe=PICKED_RECIPE)  # --seed is common
     parser.add_argument(
         "--epochs",
         type=int,
         help=f"passes over the examples (default: enough for {UPDATES_PER_ROW} updates per new procedure)",
-    )
-    parser.add_argument(
-        "--lr-schedule", dest="schedule", choices=SCHEDULES, help=f"constant, or linear (default {PICKED_SCHEDULE})"
     )
     add_common(parser)
 

@@ -28,19 +28,25 @@ def name_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def add_options(parser, config: type, names=None, skip=(), prefix: str = "", unset: bool = False) -> None:
+def add_options(
+    parser, config: type, names=None, skip=(), prefix: str = "", unset: bool = False, recipe: dict | None = None
+) -> None:
     """Add an option per field of the dataclass ``config`` that has help (those in ``names``, in that order; default:
     all but ``skip``).  ``prefix`` goes before each destination and flag (``metadata["flag"]`` renames one).
-    ``unset``: every default is None, so that a preset (or the dataclass) decides what an unset option means."""
+    ``unset``: every default is None, so that a preset (or the dataclass) decides what an unset option means;
+    ``recipe``: the values a command's own layer sets over the dataclass's (``train.PICKED_RECIPE``), shown as the
+    defaults of their options (then unset: the command applies its layer)."""
     hints = typing.get_type_hints(config)
     by_name = {f.name: f for f in fields(config) if "help" in f.metadata}
     for name in names or [n for n in by_name if n not in skip]:
         field = by_name[name]
         flag = field.metadata.get("flag") or f"--{(prefix + name).replace('_', '-')}"
-        default = None if unset else _default(field)
-        required = not unset and field.default is MISSING and field.default_factory is MISSING
+        layered = unset or (recipe is not None and name in recipe)
+        default = None if layered else _default(field)
+        required = not layered and field.default is MISSING and field.default_factory is MISSING
+        help = _recipe_help(field, recipe[name]) if recipe and name in recipe else _help(field, unset)
         parser.add_argument(
-            flag, dest=prefix + name, default=default, help=_help(field, unset), required=required, **_kind(hints[name])
+            flag, dest=prefix + name, default=default, help=help, required=required, **_kind(hints[name])
         )
 
 
@@ -69,6 +75,17 @@ def _help(field: Field, unset: bool) -> str:
     shown = ",".join(map(str, own)) if isinstance(own, tuple) else own
     where = f"the preset's, else {shown}" if unset else shown
     return f"{text} (default {where})".replace("%", "%%")
+
+
+def _recipe_help(field: Field, value) -> str:
+    """The help of an option a command's recipe sets: its value there, beside the dataclass's."""
+    return f"{field.metadata['help']} (default {_shown(value)}; the config's {_shown(_default(field))})".replace(
+        "%", "%%"
+    )
+
+
+def _shown(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _kind(annotation) -> dict:
