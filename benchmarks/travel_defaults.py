@@ -7,9 +7,10 @@ held-out queries, in float32 and bf16 (the travel example, ``examples/travel/``,
   budget (``--budgets``: updates a new tool) and seed, a bank learns the rest as ``tokmem train`` would with that
   budget (``train.picked_config``) and routes the validation queries (the open-set rule applies: a fallback to the
   plain backbone is a miss).  The budget the defaults take is chosen from these rows, never from the held-out queries.
-* ``table``: ``tokmem train``'s defaults as they are in the code (``train.picked_config``, no option given) learn the
-  whole training data; the bank answers the 40 held-out queries (``tokmem eval``'s ``evaluate``: routing, fallbacks,
-  calls per step by position), per dtype (``--dtypes``) and seed.
+* ``table``: ``tokmem train`` itself, with no option but ``--seed``, learns the whole training data in the dtype a CPU
+  with (``bfloat16``) or without (``float32``) bf16 units picks (``$TOKMEM_CPU_BF16``); the bank answers the 40
+  held-out queries (``tokmem eval``'s ``evaluate``: routing, fallbacks, calls per step by position), per dtype
+  (``--dtypes``) and seed.
 
 Resumable: a run already in ``--json`` is not run again.  Each run records its seconds, the machine records its CPU.
 
@@ -22,7 +23,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import re
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -30,17 +33,17 @@ from pathlib import Path
 import torch
 
 import tokmem
-from tokmem.backbones import cpu_dtype_note, load_backbone
+from tokmem.backbones import CPU_BF16, cpu_dtype_note, load_backbone
+from tokmem.cli import main as main_cli
 from tokmem.data import load_catalog, load_examples
 from tokmem.data.procedures import load_schemas
 from tokmem.decode import DecodeConfig
 from tokmem.eval.evaluate import evaluate
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
-from tokmem.train import UPDATES_PER_ROW, picked_config
+from tokmem.train import PICKED_RECIPE, UPDATES_PER_ROW, picked_config
 
 TRAVEL = Path(__file__).resolve().parent.parent / "examples" / "travel"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def make_data():
@@ -78,10 +81,11 @@ def phrasing_split(examples, fold: int, folds: int) -> tuple[list, list]:
     return train, validation
 
 
-def learned(backbone, examples, seed: int, updates_per_row: int | None = None, **options):
+def learned(backbone, examples, seed: int, updates_per_row: int | None = None, decoupled: bool = False, **options):
     """A bank ``tokmem train`` makes of ``examples`` with no option given (``picked_config``), or with the budget of
-    ``updates_per_row`` updates a new tool and the ``options`` given (batch size, lr); and its training seconds."""
-    model = tokmem.create(backbone)
+    ``updates_per_row`` updates a new tool, ``decoupled`` rows and the ``options`` given (batch size, lr); and its
+    training seconds."""
+    model = tokmem.create(backbone, decoupled=decoupled)
     rows = len({p for e in examples for p in e.procedures})
     config = picked_config(examples, rows, seed=seed, progress=False, **options)
     if updates_per_row is not None:
@@ -109,11 +113,35 @@ def choose_run(backbone, budget: int, options: dict, seed: int, fold: int, folds
     }
 
 
-def table_run(backbone, seed: int) -> dict:
-    model, run = learned(backbone, load_examples(TRAVEL / "train.jsonl"), seed)
+def table_run(dtype: str, seed: int, folder: Path) -> dict:
+    """``tokmem train`` with no option but the seed, in ``dtype`` (``$TOKMEM_CPU_BF16``, as a user's CPU picks it),
+    then the bank on the held-out queries (``tokmem eval``'s ``evaluate``)."""
+    os.environ[CPU_BF16] = "1" if dtype == "bfloat16" else "0"
+    bank, report = folder / f"{dtype}-seed{seed}.safetensors", folder / f"{dtype}-seed{seed}.json"
+    catalog, data = TRAVEL / "catalog.json", TRAVEL / "train.jsonl"
+    flags = [
+        "--data",
+        str(data),
+        "--catalog",
+        str(catalog),
+        "--out",
+        str(bank),
+        "--seed",
+        str(seed),
+        "--json",
+        str(report),
+    ]
+    if main_cli(["train", *flags, "--quiet"]) != 0:
+        raise RuntimeError(f"tokmem train failed: {flags}")
+    train = json.loads(report.read_text())["train"]
+    model = tokmem.load(bank, device="cpu")
     scores = evaluate(model, load_examples(TRAVEL / "heldout.jsonl"), DecodeConfig())
     misses = [p for p in scores["predictions"] if not p["routed_right"]]
-    return run | {
+    return {
+        "decoupled": model.bank.decoupled,
+        "dtype": str(model.backbone.model.dtype).removeprefix("torch."),
+        "updates": train["steps"],
+        "train_seconds": train["seconds"],
         "heldout_routing": scores["routing_accuracy"],
         "heldout_fallbacks": scores["open_set_fallbacks"],
         "calls_per_step": scores["calls_per_step"],
@@ -128,7 +156,7 @@ def main() -> None:
     parser.add_argument(
         "--budgets",
         default="50,80",
-        help="choose: updates a new tool[:batch size[:lr]], e.g. 50,80:2,50::1e-2; one run a seed each",
+        help="choose: updates a new tool[:batch size[:lr[:dc]]], e.g. 50,80:2,50::1e-2,50:::dc; one run a seed each",
     )
     parser.add_argument("--dtypes", default="float32,bfloat16", help="table: the backbone's dtypes")
     parser.add_argument("--seeds", default="0,1,2")
@@ -147,23 +175,29 @@ def main() -> None:
         )
         for candidate in args.budgets.split(","):
             budget, *rest = candidate.split(":")
-            options = {k: f(v) for (k, f), v in zip((("batch_size", int), ("lr", float)), rest) if v}
-            named = {"batch_size": "batch", "lr": "lr"}
+            kinds = (("batch_size", int), ("lr", float), ("decoupled", lambda v: v == "dc"))
+            options = {k: f(v) for (k, f), v in zip(kinds, rest) if v}
+            named = {"batch_size": "batch", "lr": "lr", "decoupled": "decoupled"}
             for seed in seeds:
-                key = ", ".join([f"{budget} updates a tool", *(f"{named[k]} {v:g}" for k, v in options.items())])
+                key = ", ".join(
+                    [
+                        f"{budget} updates a tool",
+                        *(f"{named[k]} {v:g}" if k != "decoupled" else named[k] for k, v in options.items()),
+                    ]
+                )
                 key += f", seed {seed}"
                 if key not in runs:
                     runs[key] = choose_run(backbone, int(budget), options, seed, args.fold, args.folds)
                     write_json_atomic(path, result)
                 print(key, json.dumps(runs[key]))
         return
-    runs = result.setdefault("table", {"updates_per_row": UPDATES_PER_ROW})
+    runs = result.setdefault("table", {"updates_per_row": UPDATES_PER_ROW, "recipe": PICKED_RECIPE})
+    folder = Path(tempfile.mkdtemp(prefix="travel-defaults-"))
     for dtype in args.dtypes.split(","):
-        backbone = load_backbone("smollm2-135m", device="cpu", dtype=DTYPES[dtype])
         for seed in seeds:
             key = f"{dtype}, seed {seed}"
             if key not in runs:
-                runs[key] = table_run(backbone, seed)
+                runs[key] = table_run(dtype, seed, folder)
                 write_json_atomic(path, result)
             found = runs[key]
             print(key, f"routing {found['heldout_routing']:.3f}, fallbacks {found['heldout_fallbacks']}")
