@@ -22,6 +22,7 @@ from tokmem.data.nestful import import_nestful
 from tokmem.data.shared import shared_data
 from tokmem.report import machine, write_json
 from tokmem.eval.tool_loop import conversation
+from tokmem.cli.options import add_backbone
 
 
 def per_step(model, records, config, batched: bool) -> tuple[list, float]:
@@ -47,7 +48,7 @@ def per_step(model, records, config, batched: bool) -> tuple[list, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backbone", default="smollm2-135m")
+    add_backbone(parser)
     parser.add_argument("--records", type=int, default=16, help="records with 2–4 calls")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=48)

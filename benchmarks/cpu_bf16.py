@@ -22,6 +22,7 @@ from tokmem import DecodeConfig, TrainConfig, create, generate, learn, load_back
 from tokmem.backbones import cpu_has_bf16
 from tokmem.data.builtin import demo_dataset
 from tokmem.report import console, machine, write_json
+from tokmem.cli.options import add_backbone
 
 PHASES = (torch.float32, torch.bfloat16, torch.float32)
 
@@ -71,7 +72,7 @@ def run(args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backbone", default="smollm2-135m")
+    add_backbone(parser)
     parser.add_argument("--train", type=int, default=64, help="training queries (one epoch)")
     parser.add_argument("--queries", type=int, default=16, help="held-out queries decoded")
     parser.add_argument("--batch-size", type=int, default=8)

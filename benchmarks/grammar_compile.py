@@ -26,6 +26,7 @@ from tokmem.data.nestful import load_spec
 from tokmem.grammar import Grammars
 from tokmem.io import write_json_atomic
 from tokmem.schemas import decoding_schema, shared_leaves
+from tokmem.cli.options import add_backbone
 
 SPEC = (
     Path(__file__).resolve().parents[2] / "shared/data/function-calling/complexfuncbench/complexfuncbench-spec.json.gz"
@@ -41,7 +42,7 @@ def sequential(compiler, schemas: list[dict]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backbone", default="smollm2-135m")
+    add_backbone(parser)
     parser.add_argument("--tools", type=int, default=8, help="the first N tools of the spec")
     parser.add_argument("--spec", type=Path, default=SPEC)
     parser.add_argument("--json", type=Path)

@@ -19,11 +19,12 @@ from tokmem import create
 from tokmem.data.builtin import demo_dataset
 from tokmem.demo import gold_procedures, instructed_scores
 from tokmem.report import console, machine, percent, write_json
+from tokmem.cli.options import add_backbone
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backbone", default="smollm2-135m")
+    add_backbone(parser)
     parser.add_argument("--per-procedure", type=int, default=8, help="held-out queries per procedure")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="PATH")

@@ -24,6 +24,7 @@ from tokmem.studies.realtools import complexfuncbench_data, function_calling_dir
 from tokmem.errors import TokMemError
 from tokmem.report import machine, write_json
 from tokmem.studies.harness import resumed, seed_spread
+from tokmem.cli.options import add_backbone
 
 
 def first_calls(examples):
@@ -86,7 +87,7 @@ def finished_runs(args) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backbone", default="smollm2-135m")
+    add_backbone(parser)
     parser.add_argument(
         "--recipes",
         default="constant:5e-3,linear:2e-2",

@@ -22,6 +22,7 @@ from tokmem.data.builtin import demo_dataset
 from tokmem.decode import pad_queries
 from tokmem.sequences import positions
 from tokmem.report import console, machine, write_json
+from tokmem.cli.options import add_backbone
 
 
 @torch.no_grad()
@@ -73,7 +74,7 @@ def cached_split(model, per_procedure: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backbone", default="smollm2-135m")
+    add_backbone(parser)
     parser.add_argument("--train-per-procedure", type=int_list, default=[12, 36])
     parser.add_argument("--lr", type=lambda s: [float(x) for x in s.split(",")], default=[5e-3, 2e-2])
     parser.add_argument("--epochs", type=int_list, default=[3, 8])

@@ -35,6 +35,7 @@ from tokmem.studies.harness import learn_round, progress_bar
 from tokmem.studies.tool_setup import build_method, prepare_backbones, tool_data
 from tokmem.studies.tool_loop import step_predictions
 from tokmem.train import KEY_ORDERS
+from tokmem.cli.options import add_backbone
 
 
 def per_step(method, data, reordered: set[str], bar) -> dict:
@@ -94,7 +95,7 @@ def run_order(order: str, args, bar) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--backbone", default="smollm2-135m")
+    add_backbone(parser)
     parser.add_argument("--json", default="results/schema_order.json")
     args = parser.parse_args()
     path = Path(args.json)

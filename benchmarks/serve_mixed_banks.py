@@ -42,6 +42,7 @@ from tokmem.sequences import chat_prefix, positions
 from tokmem.report import console, machine, write_json
 from tokmem.serve.banks import BankRegistry
 from tokmem.serve.engine import Engine, Request, bank_tables
+from tokmem.cli.options import add_backbone
 
 POOLS = (1, 10, 100, 1000)
 
@@ -288,7 +289,7 @@ def table(result: dict) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backbone", default="smollm2-135m")
+    add_backbone(parser)
     parser.add_argument("--device", default=None)
     parser.add_argument("--batch", type=int, default=32, help="rows decoded together")
     parser.add_argument("--tokens", type=int, default=8, help="tokens per request")

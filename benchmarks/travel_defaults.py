@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 import tokmem
-from tokmem.backbones import CPU_BF16, cpu_dtype_note, load_backbone
+from tokmem.backbones import CPU_BF16, DEFAULT_BACKBONE, cpu_dtype_note, load_backbone
 from tokmem.cli import main as main_cli
 from tokmem.data import load_catalog, load_examples
 from tokmem.data.procedures import load_schemas
@@ -169,7 +169,7 @@ def main() -> None:
     result.setdefault("machine", machine() | {"cpu_dtype": cpu_dtype_note()})
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.stage == "choose":
-        backbone = load_backbone("smollm2-135m", device="cpu", dtype=torch.float32)
+        backbone = load_backbone(DEFAULT_BACKBONE, device="cpu", dtype=torch.float32)
         runs = result.setdefault(
             "choose", {"protocol": f"float32; validation: template fold {args.fold} of {args.folds}"}
         )
