@@ -2,8 +2,10 @@
 routes the held-out queries, after a tool's result the model answers in words, and served by
 ``tokmem serve`` the bank drives the three example clients (``openai``, the Agents SDK, LangChain) to an answer.
 
-Training picks its own budget here (160 updates: 7-20 min on this project's busy 2-core CPU), so these are
-``slow``.
+Training picks its own budget here (160 updates: 4.5 min in float32 on this project's 2-core CPU alone), so these
+are ``slow``.  The suite's float32 (``conftest``) is the dtype trained here, whatever the CPU: the routing bound
+holds with margin there (the six-run table of ``benchmarks/travel_defaults.py``, docs/studies.md "Defaults on every
+CPU": 97.5-100% in float32 and bf16, seeds 0-2, no fallback; this is its float32 seed-0 run).
 """
 
 import json
@@ -49,6 +51,7 @@ def base_url(travel, travel_bank):
 
 
 def test_the_travel_tools_trained_with_no_tuning_flags_route_nine_in_ten_held_out_queries(travel):
+    """Bound: 90%, three queries under the worst of the six runs (97.5%)."""
     result = evaluate(travel, load_examples(TRAVEL / "heldout.jsonl"), loop=False)  # routing: the first token
     assert result["routing_accuracy"] >= 0.9
     assert result["open_set_fallbacks"] <= 2
