@@ -241,59 +241,34 @@ def make_banks(backbone, directory: Path, staging: Path, args) -> tuple[list[str
 
 
 def run(args) -> dict:
+    """Serve the banks, load the server with clean and hostile requests, stop it; the summary and whether it held."""
     backbone = load_backbone(args.backbone, device=args.device)
     with tempfile.TemporaryDirectory() as tmp:
-        directory, staging = Path(tmp) / "banks", Path(tmp) / "staging"
-        directory.mkdir()
-        staging.mkdir()
-        names, models, rounds = make_banks(backbone, directory, staging, args)
-        upload = rounds[0][names[0]]
-        hostiles = hostile_requests((upload[0], json.loads(upload[1])))
-        log_path = Path(tmp) / "server.log"
-        with open(log_path, "wb") as log:
-            server, base = start_server(directory, args, log)
-            process = psutil.Process(server.pid)
-            rss = {"after_start": process.memory_info().rss}
-            start = time.perf_counter()
-            jobs, results = asyncio.run(
-                load(
-                    base,
-                    names,
-                    hostiles,
-                    rounds,
-                    args,
-                    lambda: rss.setdefault("after_a_tenth", process.memory_info().rss),
-                )
-            )
-            seconds = time.perf_counter() - start
-            rss["after_run"] = process.memory_info().rss
-            shutdown = stop_server(server)
-        server_log = log_path.read_text(errors="replace")
-    summary = summarise(jobs, results, hostiles, models, len(rounds), args)
-    tracebacks = server_log.count("Traceback")
-    summary.update(
-        {
-            "requests": args.requests,
-            "concurrency": args.concurrency,
-            "seconds": round(seconds, 1),
-            "requests_per_s": round(args.requests / seconds, 1),
-            "server_rss_mb": {
-                **{k: round(v / 2**20, 1) for k, v in rss.items()},
-                "growth_after_the_first_tenth": round((rss["after_run"] - rss["after_a_tenth"]) / 2**20, 1),
-            },
-            "sigterm": {**shutdown, "clean": clean_exit(shutdown, server_log)},
-            "tracebacks_in_server_log": tracebacks,
-            "machine": {
-                "platform": platform.platform(),
-                "cpus": os.cpu_count(),
-                "python": platform.python_version(),
-                "device": args.device,
-            },
-            "backbone": args.backbone,
-            "banks": args.banks,
-            "max_tokens": args.max_tokens,
-        }
-    )
+        seen = soak(backbone, Path(tmp), args)
+    summary = summarise(seen["jobs"], seen["results"], seen["hostiles"], seen["models"], seen["rounds"], args)
+    tracebacks = seen["server_log"].count("Traceback")
+    rss = seen["rss"]
+    summary |= {
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+        "seconds": round(seen["seconds"], 1),
+        "requests_per_s": round(args.requests / seen["seconds"], 1),
+        "server_rss_mb": {
+            **{k: round(v / 2**20, 1) for k, v in rss.items()},
+            "growth_after_the_first_tenth": round((rss["after_run"] - rss["after_a_tenth"]) / 2**20, 1),
+        },
+        "sigterm": {**seen["shutdown"], "clean": clean_exit(seen["shutdown"], seen["server_log"])},
+        "tracebacks_in_server_log": tracebacks,
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "device": args.device,
+        },
+        "backbone": args.backbone,
+        "banks": args.banks,
+        "max_tokens": args.max_tokens,
+    }
     summary["ok"] = (
         not summary["problems"]
         and summary["equal_to_generate"] == summary["clean_requests"]
@@ -302,6 +277,42 @@ def run(args) -> dict:
         and summary["sigterm"]["clean"]
     )
     return summary
+
+
+def soak(backbone, tmp: Path, args) -> dict:
+    """The banks written under ``tmp``, the server started over them, the load run, the server stopped: what was
+    seen (the requests and their answers, the server's memory at three points, its log and its exit)."""
+    directory, staging = tmp / "banks", tmp / "staging"
+    directory.mkdir()
+    staging.mkdir()
+    names, models, rounds = make_banks(backbone, directory, staging, args)
+    upload = rounds[0][names[0]]
+    hostiles = hostile_requests((upload[0], json.loads(upload[1])))
+    log_path = tmp / "server.log"
+    with open(log_path, "wb") as log:
+        server, base = start_server(directory, args, log)
+        process = psutil.Process(server.pid)
+        rss = {"after_start": process.memory_info().rss}
+        start = time.perf_counter()
+
+        def at_a_tenth():
+            rss.setdefault("after_a_tenth", process.memory_info().rss)
+
+        jobs, results = asyncio.run(load(base, names, hostiles, rounds, args, at_a_tenth))
+        seconds = time.perf_counter() - start
+        rss["after_run"] = process.memory_info().rss
+        shutdown = stop_server(server)
+    return {
+        "jobs": jobs,
+        "results": results,
+        "hostiles": hostiles,
+        "models": models,
+        "rounds": len(rounds),
+        "rss": rss,
+        "seconds": seconds,
+        "shutdown": shutdown,
+        "server_log": log_path.read_text(errors="replace"),
+    }
 
 
 def main(argv=None) -> int:
