@@ -2,8 +2,8 @@
 
 The hidden state at the routing position (the end of the query) does not depend on the bank, because
 the memory token comes after the query.  So the decoupled variant's index rows, which learn from that
-position alone, can be fitted offline on cached states with the demo's optimiser schedule (AdamW, rows
-initialised to the mean embedding, softmax over vocabulary ∪ bank).  This isolates routing from
+position alone, can be fitted offline on cached states with ``tokmem.train``'s optimiser, lr schedule and example
+order (its paper defaults: AdamW, constant lr; rows initialised to the mean embedding, softmax over vocabulary ∪ bank).  This isolates routing from
 generation and shows whether more steps or more data per procedure would help.
 
     python benchmarks/routing_headroom.py --train-per-procedure 12,36 --lr 5e-3,2e-2 --epochs 3,8
@@ -12,7 +12,6 @@ generation and shows whether more steps or more data per procedure would help.
 from __future__ import annotations
 
 import argparse
-import random
 
 import torch
 
@@ -22,6 +21,7 @@ from tokmem.data.builtin import demo_dataset
 from tokmem.decode import pad_queries
 from tokmem.sequences import positions
 from tokmem.report import console, machine, write_json
+from tokmem.train import TrainConfig, epoch_order, optimizer_and_schedule
 from tokmem.cli.options import add_backbone
 
 
@@ -37,27 +37,25 @@ def routing_states(model, queries: list[str], batch_size: int = 32) -> torch.Ten
     return torch.cat(out)
 
 
-def fit_index(data: dict, lr: float, epochs: int, batch_size: int, seed: int = 0) -> tuple[int, float, float]:
-    """Train index rows on cached states; (steps, train accuracy, test accuracy)."""
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
+def fit_index(data: dict, config: TrainConfig) -> tuple[int, float, float]:
+    """Train index rows on cached states with ``config``'s optimiser, schedule, epochs, batches and seed (those of
+    ``tokmem.train``); (steps, train accuracy, test accuracy)."""
+    torch.manual_seed(config.seed)
     states, labels, vocab_logits = data["train"]
     index = torch.nn.Parameter(data["mean"].repeat(int(labels.max()) + 1, 1))
-    optimizer = torch.optim.AdamW([index], lr=lr, weight_decay=0.0)
-    order, steps = list(range(len(labels))), 0
-    for _ in range(epochs):
-        rng.shuffle(order)
-        for start in range(0, len(order), batch_size):
-            batch = torch.tensor(order[start : start + batch_size])
-            logits = torch.cat([vocab_logits[batch], states[batch] @ index.T], dim=-1)
-            loss = torch.nn.functional.cross_entropy(logits, labels[batch] + vocab_logits.shape[1])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            steps += 1
+    order = epoch_order(len(labels), config.epochs, config.seed)
+    steps = [torch.tensor(order[i : i + config.batch_size]) for i in range(0, len(order), config.batch_size)]
+    optimizer, schedule = optimizer_and_schedule([index], config, len(steps))
+    for batch in steps:
+        logits = torch.cat([vocab_logits[batch], states[batch] @ index.T], dim=-1)
+        loss = torch.nn.functional.cross_entropy(logits, labels[batch] + vocab_logits.shape[1])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
     with torch.no_grad():
         accuracy = [((s @ index.T).argmax(-1) == y).float().mean().item() for s, y, _ in (data["train"], data["test"])]
-    return steps, *accuracy
+    return len(steps), *accuracy
 
 
 def cached_split(model, per_procedure: int) -> dict:
@@ -87,7 +85,8 @@ def main() -> None:
         data = cached_split(model, per_procedure)
         for lr in args.lr:
             for epochs in args.epochs:
-                steps, train_acc, test_acc = fit_index(data, lr, epochs, args.batch_size)
+                config = TrainConfig(lr=lr, epochs=epochs, batch_size=args.batch_size)
+                steps, train_acc, test_acc = fit_index(data, config)
                 rows.append(
                     dict(
                         train_per_procedure=per_procedure,

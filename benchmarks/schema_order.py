@@ -7,8 +7,9 @@ order their calls never use (``Search_Car_Rentals``: ``pick_up_longitude``, ``dr
 …).  Each bank is trained as the tool-loop study trains TokMem (w/o adapt) (``--preset cpu --dataset
 complexfuncbench``, the seed given; the key order the one difference), then answers the study's test records per
 step; each row has the per-step scores by position (``eval.steps``), the outcomes, and the outcomes of the tools the
-two orders differ on counted apart.  Resumable: an order already in ``--json`` is not run again; each bank is kept
-beside the results (``<json stem>-banks/<order>.safetensors``) to answer again without training.
+two orders differ on counted apart.  Each bank is kept beside the results (``<json stem>-banks/<order>.safetensors``)
+to answer again without training.  Resumable: an order answered in ``--json`` is not run again; an order trained
+(its updates and seconds in ``--json``, its bank kept) is answered without training again.
 
     OMP_NUM_THREADS=2 python benchmarks/schema_order.py --seed 0 --backbone qwen2.5-coder-0.5b \
         --json results/schema_order-qwen0.5b.json
@@ -26,7 +27,9 @@ import torch
 
 from loop_answers import reordered_tools  # a script beside this one (its folder is on the path when run)
 
+from tokmem.bank import MemoryBank
 from tokmem.eval.steps import OUTCOMES, aligned_scores, outcome, outcomes
+from tokmem.model import TokMemModel
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
 from tokmem.sequences import RESULT_TOKENS
@@ -67,8 +70,9 @@ def group_outcomes(samples: list[dict], tools: set[str]) -> dict[str, int]:
     return {kind: counted[kind] for kind in OUTCOMES}
 
 
-def run_order(order: str, args, bar) -> dict:
-    """One bank trained and answered in ``order`` (``TrainConfig.key_order``)."""
+def run_order(order: str, args, found: dict, save) -> dict:
+    """One bank trained (unless ``found`` says it was and its bank is kept) and answered in ``order``
+    (``TrainConfig.key_order``); ``save(entry)`` keeps the entry once trained."""
     config = make_config(
         "cpu",
         dataset="complexfuncbench",
@@ -81,15 +85,18 @@ def run_order(order: str, args, bar) -> dict:
     data = tool_data(config, (1, config.tools))
     backbones, _ = prepare_backbones(config, None, progress=True)
     method = build_method("tokmem-noadapt", config, backbones, data.tools)
-    train_seconds = learn_round(method, data.train, f"{len(data.train)} queries ({order} order)", bar)
-    method.model.bank.save(Path(args.json).with_name(f"{Path(args.json).stem}-banks") / f"{order}.safetensors")
+    kept = Path(args.json).with_name(f"{Path(args.json).stem}-banks") / f"{order}.safetensors"
+    if "train_seconds" in found and kept.is_file():
+        backbone = method.model.backbone
+        method.model = TokMemModel(backbone, MemoryBank.load(kept, backbone=backbone))
+        entry = found
+    else:
+        seconds = learn_round(method, data.train, f"{len(data.train)} queries ({order} order)", args.bar)
+        method.model.bank.save(kept)
+        entry = {"updates": method.updates, "train_seconds": round(seconds, 1)}
+        save(entry)
     reordered = reordered_tools(data.tools, data.train)
-    return {
-        "updates": method.updates,
-        "train_seconds": round(train_seconds, 1),
-        "tools_whose_order_differs": sorted(reordered),
-        **per_step(method, data, reordered, bar),
-    }
+    return entry | {"tools_whose_order_differs": sorted(reordered), **per_step(method, data, reordered, args.bar)}
 
 
 def main() -> None:
@@ -106,18 +113,23 @@ def main() -> None:
         "backbone": args.backbone,
         "machine": machine(),
     }
-    bar = progress_bar(True)
+    args.bar = progress_bar(True)
+    orders = result.setdefault("orders", {})
     for order in KEY_ORDERS:
-        if order not in result.setdefault("orders", {}):
-            result["orders"][order] = run_order(order, args, bar)
+
+        def save(entry: dict, order=order) -> None:
+            orders[order] = entry
             write_json_atomic(path, result)
-        found = result["orders"][order]
+
+        if "step" not in orders.get(order, {}):
+            save(run_order(order, args, orders.get(order, {}), save))
+        found = orders[order]
         print(
             f"{order} order: exact steps {found['step']['exact_steps']['all']} of {found['step']['steps']['all']}, "
             f"call F1 {found['step']['call_f1']['all']:.1f}; reordered tools' outcomes "
             f"{found['outcomes of the reordered tools']}"
         )
-    bar.close()
+    args.bar.close()
 
 
 if __name__ == "__main__":

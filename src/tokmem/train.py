@@ -299,10 +299,7 @@ def fit(
     total = len(steps)
     prefixes = prefix_store(model, config, steps)
     rows = model.unfreeze_rows() if model.bank.trainable.any() else []
-    optimizer = torch.optim.AdamW(
-        [*([{"params": rows}] if rows else []), *param_groups], lr=config.lr, weight_decay=config.weight_decay
-    )
-    scheduler = lr_scheduler(optimizer, total, config.schedule, config.warmup)
+    optimizer, scheduler = optimizer_and_schedule([*([{"params": rows}] if rows else []), *param_groups], config, total)
     quiet = not (config.progress and distributed.is_main())
     bar = tqdm(total=total, desc="training memory", unit="step", disable=quiet, dynamic_ncols=True)
     start = time.perf_counter()
@@ -375,6 +372,13 @@ def initial_rows(backbone, texts: list[str], kind: str = "mean", seed: int = 0) 
         torch.empty(len(texts), backbone.hidden_size), generator=torch.Generator().manual_seed(seed)
     )
     return rows * backbone.embedding_norm()
+
+
+def optimizer_and_schedule(groups, config: TrainConfig, total_steps: int):
+    """AdamW over ``groups`` (parameters or param groups) at the config's lr and weight decay, and the config's lr
+    schedule over ``total_steps``."""
+    optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
+    return optimizer, lr_scheduler(optimizer, total_steps, config.schedule, config.warmup)
 
 
 def lr_scheduler(optimizer, total_steps: int, schedule: str = "constant", warmup: float = 0.1):
