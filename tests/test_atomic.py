@@ -54,22 +54,23 @@ def sni_dir(tmp_path_factory):
     return folder
 
 
+SMALL = dict(
+    train_per_task=4,
+    test_per_task=2,
+    checkpoints=(2, 3),
+    backbone="tiny-random",
+    max_new_tokens=4,
+    eval_batch_size=8,
+    replay_buffer=3,
+    replay_every=1,
+    device="cpu",
+)
+
+
 @pytest.fixture(scope="module")
 def config(sni_dir):
     """The sequential schedule (tasks arrive one at a time), every method."""
-    return AtomicConfig(
-        tasks_dir=str(sni_dir),
-        task_schedule="sequential",
-        train_per_task=4,
-        test_per_task=2,
-        checkpoints=(2, 3),
-        backbone="tiny-random",
-        max_new_tokens=4,
-        eval_batch_size=8,
-        replay_buffer=3,
-        replay_every=1,
-        device="cpu",
-    )
+    return make_config(None, tasks_dir=str(sni_dir), task_schedule="sequential", **SMALL)
 
 
 @pytest.fixture(scope="module")
@@ -326,8 +327,12 @@ def test_rouge_l_is_scored_against_the_first_output_stemmed_and_averaged_per_tas
 
 
 def test_sample_efficiency_trains_fresh_methods_per_budget_and_drops_budgets_the_data_lacks(config, backbone, tmp_path):
-    efficiency = replace(
-        config, task_schedule="joint", sample_efficiency=True, budgets=(2, 4, 100), methods=("rag", "lora", "tokmem")
+    efficiency = make_config(  # made anew: the study's LoRA rank is a layer of make_config (`atomic_config.CHOSEN`)
+        None,
+        **SMALL | dict(tasks_dir=config.tasks_dir),
+        sample_efficiency=True,
+        budgets=(2, 4, 100),
+        methods=("rag", "lora", "tokmem"),
     )
     result = run_sample_efficiency(efficiency, backbone, tmp_path / "efficiency.json", progress=False)
     assert [p["train_per_task"] for p in result["budgets"]] == [2, 4] and result["dropped_budgets"] == [100]
@@ -383,6 +388,7 @@ def test_each_schedule_defaults_to_its_own_recipe_and_options_override_it(tmp_pa
     assert joint.train().lr == 1e-3 and joint.train().schedule == "linear"  # fine-tuning's schedule too
     mine = make_config(None, tasks_dir=str(tmp_path), tokmem_lr=0.02, schedule="constant").resolved()
     assert (mine.tokmem_lr, mine.schedule) == (0.02, "constant")
+    assert make_config(None, sample_efficiency=True).lora_rank == 1 and joint.lora_rank == 8  # the paper's ranks
 
 
 @pytest.mark.parametrize(
@@ -551,7 +557,10 @@ def test_the_joint_schedule_trains_a_fresh_method_on_all_tasks_of_a_checkpoint_i
 
     monkeypatch.setattr(TokMem, "learn", recorded)
     result = run_atomic(
-        replace(config, task_schedule="joint", methods=("tokmem",)), backbone, tmp_path / "joint.json", progress=False
+        make_config(None, tasks_dir=config.tasks_dir, task_schedule="joint", methods=("tokmem",), **SMALL),
+        backbone,
+        tmp_path / "joint.json",
+        progress=False,
     )
     tasks = load_tasks(sni_dir, None, config.train_per_task, config.test_per_task)[0]
     assert len(rounds) == 2  # one round per checkpoint (2 and 3 tasks)

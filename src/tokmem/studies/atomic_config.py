@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, get_args
 
 from tokmem.config import nested, option
 from tokmem.data.shared import shared_data
@@ -22,10 +22,13 @@ EFFICIENCY_METHODS = ("rag", "lora", "tokmem", "tokmem-dc")
 EFFICIENCY_TASKS = 10
 Query = Literal[QUERIES]
 TaskSchedule = Literal["joint", "sequential"]
-RECIPES = {  # TokMem's learning rate and every trained method's lr schedule, by task schedule
-    "joint": dict(tokmem_lr=1e-3, schedule="linear"),  # the reference code
-    "sequential": dict(tokmem_lr=5e-3, schedule="constant"),  # the paper's text
-}
+# Under every preset (and none): the settings that depend on the choices made.  TokMem's lr and every trained method's
+# lr schedule are the configs' own defaults, the paper's text (5e-3, constant), unless the tasks are learned jointly:
+# then the reference code's (1e-3, linear); the sample-efficiency study's LoRA rank is the paper's 1.
+CHOSEN = (
+    Layer(dict(tokmem_lr=1e-3, schedule="linear"), when=dict(task_schedule="joint")),
+    Layer(dict(lora_rank=1), when=dict(sample_efficiency=True)),
+)
 
 
 @dataclass(frozen=True)
@@ -52,20 +55,18 @@ class AtomicConfig(MethodSettings):
     test_per_task: int = option(50, "test examples per task")
     checkpoints: tuple[int, ...] = option((10, 50, 200, 500, 1000), "numbers of tasks to evaluate after, e.g. 5,10,14")
     methods: tuple[str, ...] | None = option(None, f"comma-separated subset of {','.join(METHODS)}")
-    tokmem_lr: float | None = nested(
-        TrainConfig, "lr", "learning rate of the memory rows (default 1e-3 joint, 5e-3 sequential)", default=None
+    tokmem_lr: float = nested(
+        TrainConfig,
+        "lr",
+        "learning rate of the memory rows (--schedule joint: 1e-3, the reference code's, where the preset sets none)",
     )
-    schedule: Schedule | None = nested(
+    schedule: Schedule = nested(
         TrainConfig,
         "schedule",
-        "learning rate of every trained method: constant, or linear (10% warm-up, "
-        "then decay); default: the task schedule's",
-        default=None,
+        "learning rate of every trained method: constant, or linear (10% warm-up, then decay; --schedule joint)",
         flag="--lr-schedule",
     )
-    lora_rank: int | None = nested(
-        LoRASettings, "rank", "LoRA rank (default 8; 1 with --sample-efficiency, as the paper)", default=None
-    )
+    lora_rank: int = nested(LoRASettings, "rank", "LoRA rank (--sample-efficiency: 1, as the paper)")
     rag_k: int = option(DEMONSTRATIONS, "demonstrations RAG retrieves")
     replay_buffer: int = option(ReplaySettings.buffer_size, "examples the replay buffer keeps")
     replay_every: int = option(ReplaySettings.refresh_every, "procedures between refreshes of the replay buffer")
@@ -78,19 +79,17 @@ class AtomicConfig(MethodSettings):
         """Fill the settings whose default depends on the study; check the rest."""
         if self.query not in QUERIES:
             raise TokMemError(f"unknown query '{self.query}': choose from {', '.join(QUERIES)}")
-        if self.task_schedule not in RECIPES:
-            raise TokMemError(f"unknown schedule '{self.task_schedule}': choose from {', '.join(RECIPES)}")
+        if self.task_schedule not in get_args(TaskSchedule):
+            raise TokMemError(
+                f"unknown schedule '{self.task_schedule}': choose from {', '.join(get_args(TaskSchedule))}"
+            )
         efficiency, joint = self.sample_efficiency, self.task_schedule == "joint"
         if efficiency and not joint:
             raise TokMemError("the sample-efficiency study trains one mixture of tasks: it has the joint schedule only")
-        recipe = RECIPES[self.task_schedule]
         config = replace(
             self,
             methods=tuple(self.methods or (EFFICIENCY_METHODS if efficiency else JOINT_METHODS if joint else METHODS)),
             min_train_per_task=min(self.min_train_per_task or self.train_per_task, self.train_per_task),
-            tokmem_lr=self.tokmem_lr or recipe["tokmem_lr"],
-            schedule=self.schedule or recipe["schedule"],
-            lora_rank=self.lora_rank or (1 if efficiency else 8),
             num_tasks=self.num_tasks or (EFFICIENCY_TASKS if efficiency else max(self.checkpoints)),
             checkpoints=tuple(sorted(set(self.checkpoints))),
             budgets=tuple(sorted(set(self.budgets))),
@@ -160,6 +159,6 @@ PRESETS = {
 
 
 def make_config(preset: str | None = "cpu", **options) -> AtomicConfig:
-    """A preset's settings for the options' choices, overridden by every option that is not None
+    """A preset's settings (over ``CHOSEN``) for the options' choices, overridden by every option that is not None
     (`settings.preset_settings`)."""
-    return AtomicConfig(preset=preset, **preset_settings(PRESETS, preset, AtomicConfig, options))
+    return AtomicConfig(preset=preset, **preset_settings(PRESETS, preset, AtomicConfig, options, under=CHOSEN))

@@ -39,15 +39,17 @@ class Layer:
 Preset = tuple[Layer, ...]
 
 
-def preset_settings(presets: dict[str, Preset], name: str | None, config: type, options: dict) -> dict:
-    """The settings of preset ``name`` (None: none) for the choices made: each layer applies when its ``when`` matches
-    the options given, else the settings so far, else ``config``'s defaults; then every option given overrides them
-    (``overridden``)."""
+def preset_settings(
+    presets: dict[str, Preset], name: str | None, config: type, options: dict, under: Preset = ()
+) -> dict:
+    """The settings of preset ``name`` (None: none) over the layers ``under`` it (a study's, under every preset) for
+    the choices made: each layer applies when its ``when`` matches the options given, else the settings so far, else
+    ``config``'s defaults; then every option given overrides them (``overridden``)."""
     if name is not None and name not in presets:
         raise TokMemError(f"unknown preset '{name}': choose from {', '.join(presets)}")
     given = {key: value for key, value in options.items() if value is not None}
     settings = {}
-    for layer in presets.get(name, ()):
+    for layer in (*under, *presets.get(name, ())):
         chosen = _defaults(config) | settings | given
         if all(chosen.get(key) == value for key, value in layer.when.items()):
             settings |= layer.settings
