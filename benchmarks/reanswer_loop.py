@@ -1,13 +1,13 @@
 """A kept tool-loop bank answered again, without training: one decoding rule switched at a time.
 
-The bank (a study run's, e.g. ``benchmarks/schema_order.py``'s ``<json stem>-banks/calls.safetensors``) answers the
+The bank (a study run's, e.g. ``benchmarks/loop_ab.py``'s ``<json stem>-banks/calls.safetensors``) answers the
 ComplexFuncBench tool loop of the study it was trained for (``--preset cpu --dataset complexfuncbench``, the seed
 given: the same test records), per step and end to end, scored by position (``eval.tool_loop.loop_scores``), once
 as the study answers (a call answered since the user's message may be repeated where a call is due) and once with
 ``avoid_repeats`` (a turn never repeats a call already answered: ``tokmem.chat_batch``), the rule the server and
 ``tokmem.chat`` apply under ``tool_choice="auto"``.  The bank and its answers are the one difference.
 
-    OMP_NUM_THREADS=2 python benchmarks/reanswer_loop.py results/schema_order-qwen0.5b-banks/calls.safetensors \
+    OMP_NUM_THREADS=2 python benchmarks/reanswer_loop.py results/loop-ab-qwen0.5b-banks/calls.safetensors \
         --seed 0 --json results/repeats-qwen0.5b.json
 """
 

@@ -13,7 +13,9 @@ TRAVEL = Path(__file__).parents[1] / "examples" / "travel"
 
 
 def load_script(name: str):
-    """A script of benchmarks/ as a module."""
+    """A script of benchmarks/ as a module (its folder on the path, as when it runs: a script may import another)."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up

@@ -1,0 +1,174 @@
+"""Controlled A/Bs of TokMem's recipe in the ComplexFuncBench tool loop: one TokMem (w/o adapt) bank a variant, each
+trained as the tool-loop study trains it (``--preset cpu --dataset complexfuncbench``, the seed given) with the
+settings the variant names changed, then answering the study's test records per step.
+
+A variant is ``NAME:SETTING=VALUE,...`` over the study's settings (`CompositionalConfig`'s fields; a value is read as
+JSON where it parses, else as text): ``calls:key_order=calls`` ``schema:key_order=schema`` (the default pair: the
+order a tool's arguments are trained and decoded in, the calls' against the spec's), ``tokens:renorm_every_step=true,
+renorm_target=tokens`` (rows renormalised to a token's norm after every step, the reference code's), ``lr5e-3:
+tokmem_lr=5e-3`` (the paper's lr).  The settings are the one difference between variants of a file.
+
+Each row has the per-step scores by position (``eval.steps``), the outcomes, the outcomes of the tools whose spec
+lists keys out of the calls' order counted apart, and the bank's row norms beside the backbone's token norm.  Each
+bank is kept beside the results (``<json stem>-banks/<variant>.safetensors``) to answer again without training
+(``reanswer_loop.py``).  Resumable: a variant answered in ``--json`` is not run again; one trained (its updates and
+seconds in ``--json``, its bank kept) is answered without training again.
+
+    OMP_NUM_THREADS=2 python benchmarks/loop_ab.py --seed 0 --backbone qwen2.5-coder-0.5b \
+        --json results/key-order-qwen0.5b.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+
+from loop_answers import reordered_tools  # a script beside this one (its folder is on the path when run)
+
+from tokmem.bank import MemoryBank
+from tokmem.cli.options import add_backbone
+from tokmem.eval.steps import OUTCOMES, aligned_scores, outcome, outcomes
+from tokmem.io import write_json_atomic
+from tokmem.model import TokMemModel
+from tokmem.report import machine
+from tokmem.sequences import RESULT_TOKENS
+from tokmem.studies.compositional_config import CompositionalConfig, make_config
+from tokmem.studies.harness import learn_round, progress_bar
+from tokmem.studies.tool_loop import step_predictions
+from tokmem.studies.tool_setup import build_method, prepare_backbones, tool_data
+
+KEY_ORDERS = ("calls:key_order=calls", "schema:key_order=schema")
+
+
+def variant(text: str) -> tuple[str, dict]:
+    """``NAME:SETTING=VALUE,...`` → (name, settings), each setting a field of the study's config."""
+    name, _, body = text.partition(":")
+    known = {f.name for f in fields(CompositionalConfig)}
+    settings = {}
+    for item in filter(None, body.split(",")):
+        key, equals, value = item.partition("=")
+        if not equals or key not in known:
+            raise argparse.ArgumentTypeError(f"variant '{text}': '{item}' is not SETTING=VALUE of a study setting")
+        try:
+            settings[key] = json.loads(value)
+        except json.JSONDecodeError:
+            settings[key] = value
+    if not name:
+        raise argparse.ArgumentTypeError(f"variant '{text}' has no name (NAME:SETTING=VALUE,...)")
+    return name, settings
+
+
+def per_step(method, data, reordered: set[str], bar) -> dict:
+    """Per step, by position: the scores, the outcomes, and the outcomes of the ``reordered`` tools' steps apart."""
+    bar.phase(f"answering {len(data.test)} records step by step", len(data.test))
+    start = time.perf_counter()
+    steps, routes, _ = step_predictions(method, data.test, RESULT_TOKENS, bar)
+    samples = [
+        {"query": e.query, "gold": [s.response for s in e.steps], "results": [s.result for s in e.steps], "step": p}
+        for e, p in zip(data.test, steps)
+    ]
+    return {
+        "step": aligned_scores([s["gold"] for s in samples], steps, routes),
+        "outcomes": outcomes(samples),
+        "outcomes of the reordered tools": group_outcomes(samples, reordered),
+        "seconds": round(time.perf_counter() - start, 1),
+        "samples": [s | {"routes": r} for s, r in zip(samples, routes)],
+    }
+
+
+def group_outcomes(samples: list[dict], tools: set[str]) -> dict[str, int]:
+    """The per-step outcomes (``steps.outcome``) of the steps whose gold call is one of ``tools``."""
+    counted = Counter(
+        outcome(gold, answer, s["gold"][:k])
+        for s in samples
+        for k, (gold, answer) in enumerate(zip(s["gold"], s["step"]))
+        if json.loads(gold)["name"] in tools
+    )
+    return {kind: counted[kind] for kind in OUTCOMES}
+
+
+def run_variant(name: str, settings: dict, args, found: dict, save) -> dict:
+    """One bank trained with ``settings`` (unless ``found`` says it was and its bank is kept) and answered;
+    ``save(entry)`` keeps the entry once trained."""
+    config = make_config(
+        "cpu",
+        dataset="complexfuncbench",
+        backbone=args.backbone,
+        methods=("tokmem-noadapt",),
+        seed=args.seed,
+        **settings,
+    )
+    torch.manual_seed(config.seed)
+    data = tool_data(config, (1, config.tools))
+    backbones, _ = prepare_backbones(config, None, progress=True)
+    method = build_method("tokmem-noadapt", config, backbones, data.tools)
+    kept = Path(args.json).with_name(f"{Path(args.json).stem}-banks") / f"{name}.safetensors"
+    backbone = method.model.backbone
+    if "train_seconds" in found and kept.is_file():
+        method.model = TokMemModel(backbone, MemoryBank.load(kept, backbone=backbone))
+        entry = found
+    else:
+        seconds = learn_round(method, data.train, f"{len(data.train)} queries ({name})", args.bar)
+        method.model.bank.save(kept)
+        entry = {"settings": settings, "updates": method.updates, "train_seconds": round(seconds, 1)}
+        save(entry)
+    reordered = reordered_tools(data.tools, data.train)
+    norms = method.model.bank.metadata()["norms"]
+    return entry | {
+        "settings": settings,
+        "row_norms": {k: norms[k] for k in ("mean", "min", "max")} | {"token": round(backbone.embedding_norm(), 6)},
+        "tools_whose_order_differs": sorted(reordered),
+        **per_step(method, data, reordered, args.bar),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0)
+    add_backbone(parser)
+    parser.add_argument(
+        "--variant",
+        type=variant,
+        action="append",
+        help=f"NAME:SETTING=VALUE,... (repeat; default: {' '.join(KEY_ORDERS)})",
+    )
+    parser.add_argument("--json", required=True)
+    args = parser.parse_args()
+    variants = dict(args.variant or map(variant, KEY_ORDERS))
+    path = Path(args.json)
+    result = json.loads(path.read_text()) if path.is_file() else {}
+    result |= {
+        "command": f"python benchmarks/loop_ab.py --seed {args.seed} --backbone {args.backbone}",
+        "config": {"preset": "cpu", "dataset": "complexfuncbench", "method": "tokmem-noadapt", "seed": args.seed},
+        "backbone": args.backbone,
+        "machine": machine(),
+    }
+    args.bar = progress_bar(True)
+    rows = result.setdefault("variants", {})
+    for name, settings in variants.items():
+        if name in rows and rows[name].get("settings", settings) != settings:
+            parser.error(f"{path}: variant '{name}' was run with {rows[name]['settings']}, not {settings}")
+
+        def save(entry: dict, name=name) -> None:
+            rows[name] = entry
+            write_json_atomic(path, result)
+
+        if "step" not in rows.get(name, {}):
+            save(run_variant(name, settings, args, rows.get(name, {}), save))
+        found = rows[name]
+        print(
+            f"{name} {settings}: exact steps {found['step']['exact_steps']['all']} of {found['step']['steps']['all']}, "
+            f"call F1 {found['step']['call_f1']['all']:.1f}; reordered tools' outcomes "
+            f"{found['outcomes of the reordered tools']}"
+        )
+    args.bar.close()
+
+
+if __name__ == "__main__":
+    main()

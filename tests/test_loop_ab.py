@@ -1,0 +1,27 @@
+"""The A/B script's variants (benchmarks/loop_ab.py): each a name and study settings, read as the study takes them."""
+
+import argparse
+
+import pytest
+from helpers import load_script
+
+loop_ab = load_script("loop_ab")
+
+
+def test_a_variant_names_study_settings_with_values_read_as_json_where_they_parse():
+    assert loop_ab.variant("tokens:renorm_every_step=true,renorm_target=tokens") == (
+        "tokens",
+        {"renorm_every_step": True, "renorm_target": "tokens"},
+    )
+    assert loop_ab.variant("lr:tokmem_lr=5e-3") == ("lr", {"tokmem_lr": 0.005})
+    assert loop_ab.variant("baseline:") == ("baseline", {})
+    assert dict(map(loop_ab.variant, loop_ab.KEY_ORDERS)) == {
+        "calls": {"key_order": "calls"},
+        "schema": {"key_order": "schema"},
+    }
+
+
+@pytest.mark.parametrize("text", ["x:no_such_setting=1", "x:tokmem_lr", ":tokmem_lr=1"])
+def test_a_variant_that_is_not_a_name_and_study_settings_is_refused(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="variant"):
+        loop_ab.variant(text)
