@@ -15,3 +15,8 @@ def test_the_machine_gives_its_cores_and_torchs_threads_apart():
     finally:
         torch.set_num_threads(threads)
     assert recorded["cpus"] == os.cpu_count() and recorded["threads"] == 1
+
+
+def test_the_machine_says_which_dtype_a_cpu_backbone_loads_in_and_why(monkeypatch):
+    monkeypatch.setenv("TOKMEM_CPU_BF16", "0")
+    assert machine()["cpu_dtype"].startswith("CPU backbones load in float32: decided by $TOKMEM_CPU_BF16=0")

@@ -9,6 +9,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from tokmem.backbones import cpu_dtype_note
 from tokmem.io import write_json_atomic
 from tokmem.version import __version__
 
@@ -27,6 +28,7 @@ def machine() -> dict:
         "cpus": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "cpu_dtype": cpu_dtype_note(),  # a CPU figure depends on it (bf16 where the CPU multiplies it natively)
     }
 
 
