@@ -21,6 +21,7 @@
 # one backbone's steps run while the other's pieces travel; a later `studies` call waits for them and packs all.
 # `smoke` (after small.tgz): the CUDA tests and tiny studies. Done so far (results/*qwen*): cfb-s*, cfb8-s*,
 # cfb15-s0-*, atomic-s*, catalog-s0-*, TokMem's before its bank's schemas took the training calls' key order; next:
+# ONLY='^cfbtok8?-s[0-2]-' (TokMem with rows at a token's norm, 120 and 480 updates), then
 # ONLY='^(cfb|cfb8|cfb15)-s[0-2]-tokmem$|^cfb15-s[12]-' (TokMem again, and the 1.5B's seeds 1-2).
 set -uo pipefail
 mode=${1:?usage: gpu_qwen.sh pack|pack-1.5b|smoke|keep|studies OUT}
@@ -133,6 +134,14 @@ step cfb-s0-rag compositional $cfb --seed 0 --methods rag --json "$runs/cfb-s0-r
 for seed in 0 1 2; do
   for m in tokmem-noadapt tokmem lora native; do
     step cfb-s$seed-$m compositional $cfb --seed $seed --methods $m --json "$runs/cfb-s$seed-$m.json"
+  done
+done
+for seed in 0 1 2; do  # TokMem with its rows renormalised to a token's norm after every step, at 120 and 480 updates
+  for m in tokmem-noadapt tokmem; do  # (docs/studies.md, "Causes, one A/B each": 9 -> 18 exact steps on a CPU, seed 0)
+    step cfbtok-s$seed-$m compositional $cfb --seed $seed --methods $m --renorm-every-step --renorm-target tokens \
+      --json "$runs/cfbtok-s$seed-$m.json"
+    step cfbtok8-s$seed-$m compositional $cfb --seed $seed --epochs 8 --methods $m --renorm-every-step \
+      --renorm-target tokens --json "$runs/cfbtok8-s$seed-$m.json"
   done
 done
 atomic="atomic --backbone qwen2.5-coder-0.5b --tokmem-lr 5e-3 --tasks-dir /tmp/payload/data/sni/tasks --epoch-budgets 1"
