@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("bank")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", required=True)
+    parser.add_argument("--rule", action="append", choices=list(RULES), help="answer under these (default: all)")
     args = parser.parse_args()
     model = tokmem.load(args.bank, device="cpu")
     config = make_config("cpu", dataset="complexfuncbench", backbone=model.backbone.name.split("+")[0], seed=args.seed)
@@ -40,7 +41,8 @@ def main() -> None:
     decode = replace(config.decode(), threshold=0.0)  # the study's TokMem: a call is due at every step
     bar = progress_bar(True)
     result = {"bank": args.bank, "seed": args.seed, "machine": machine(), "rules": {}}
-    for label, avoid in RULES.items():
+    for label in args.rule or RULES:
+        avoid = RULES[label]
         answer = chat_answerer(model, decode, RESULT_TOKENS, avoid_repeats=avoid)
         scores = loop_scores(answer, data.test, config.max_calls, bar, label, memory=True)
         result["rules"][label] = scores

@@ -178,6 +178,15 @@ def test_integers_are_bounded_and_numbers_keep_every_decimal_a_result_gives(back
     assert accepts(backbone, one({"type": "number"}), '{"v":-37.669123456789}')
 
 
+def test_a_number_without_a_range_ends_after_16_digits_each_side_of_its_point(backbone):
+    number = one({"type": "number"})
+    assert accepts(backbone, number, '{"v":%s}' % ("9" * 16 + "." + "1" * 16))
+    assert accepts(backbone, number, '{"v":-0.5e-300}') and accepts(backbone, one({}), '{"v":2.5}')
+    assert not accepts(backbone, number, '{"v":%s}' % ("1" * 17))
+    assert not accepts(backbone, number, '{"v":1.%s}' % ("0" * 17))
+    assert not accepts(backbone, one({}), '{"v":%s}' % ("1" * 17))  # an untyped value too
+
+
 def test_bounds_leave_patterns_enums_formats_and_set_ranges_alone_and_reach_nested_values():
     kept = [
         {"type": "string", "pattern": "^[a-z]+$"},

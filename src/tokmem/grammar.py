@@ -108,14 +108,10 @@ class Grammars:
 
         def run():
             try:
-                future.set_result(
-                    self.compiler.compile_json_schema(
-                        json.dumps(shared_leaves(schema)),
-                        any_whitespace=False,
-                        separators=(",", ":"),
-                        strict_mode=False,
-                    )
+                grammar = xgrammar.Grammar.from_json_schema(
+                    json.dumps(shared_leaves(schema)), any_whitespace=False, separators=(",", ":"), strict_mode=False
                 )
+                future.set_result(self.compiler.compile_grammar(numbers_bounded(grammar)))
             except Exception as err:  # noqa: BLE001 - handed to whoever waits
                 future.set_exception(RuntimeError(str(err)))
 
@@ -136,6 +132,19 @@ class Grammars:
             for schema, field in zip(schemas, fields)
         ]
         return [None if waiting is None else self._result(*waiting) for waiting in pending]
+
+
+# A JSON number of at most 16 digits before the point, 16 after it (a coordinate copied from a result has 13) and a
+# 3-digit exponent: a number always ends.  xgrammar's own bound (a schema's minimum/maximum) keeps 6 decimals only.
+_NUMBER = 'basic_number ::= ("-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [+\\-]? [0-9]{1,3})?)'
+_NUMBER_RULE = re.compile(r"^basic_number ::= .*$", re.M)
+
+
+def numbers_bounded(grammar: xgrammar.Grammar) -> xgrammar.Grammar:
+    """``grammar`` (xgrammar's from a JSON schema) with its rule for a number without a range bounded (``_NUMBER``):
+    unbounded, a model may write ``1000…`` until the token limit and the call never closes."""
+    text, found = _NUMBER_RULE.subn(lambda _: _NUMBER, str(grammar), count=1)
+    return xgrammar.Grammar.from_ebnf(text) if found else grammar
 
 
 def _first_line(err: Exception) -> str:

@@ -281,8 +281,8 @@ def bounded(schema):
     characters (invalid JSON) through, and neither writes escapes, so a bounded string holds no quote, backslash or
     newline: the price of a call that always closes.  A bound over ``Budget.max_repeat`` (a pattern's longest
     repetition) stays a ``maxLength``: such a pattern compiles slowly (0.7 s for 1,128 characters, 14 s for 4,096).
-    Non-integer numbers stay unbounded: xgrammar 0.2.8 writes a number with a range with at most 6 decimals, which
-    would cut the coordinates a call copies from a result."""
+    Non-integer numbers get no range here (xgrammar 0.2.8 writes a number with a range with at most 6 decimals, which
+    would cut the coordinates a call copies from a result): ``grammar.numbers_bounded`` bounds their digits."""
     if isinstance(schema, list):
         return [bounded(item) for item in schema]
     if not isinstance(schema, dict):
