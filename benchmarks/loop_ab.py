@@ -6,13 +6,16 @@ A variant is ``NAME:SETTING=VALUE,...`` over the study's settings (`Compositiona
 JSON where it parses, else as text): ``calls:key_order=calls`` ``schema:key_order=schema`` (the default pair: the
 order a tool's arguments are trained and decoded in, the calls' against the spec's), ``tokens:renorm_every_step=true,
 renorm_target=tokens`` (rows renormalised to a token's norm after every step, the reference code's), ``lr5e-3:
-tokmem_lr=5e-3`` (the paper's lr).  The settings are the one difference between variants of a file.
+tokmem_lr=5e-3`` (the paper's lr), ``dc-steer:decoupled=true,renorm_every_step=true,renorm_target=tokens,
+renorm_side=steer`` (a decoupled bank whose steer rows are held at a token's norm, its index rows free).  The settings
+are the one difference between variants of a file.
 
 Each row has the per-step scores by position (``eval.steps``), the outcomes, the outcomes of the tools whose spec
 lists keys out of the calls' order counted apart, and the bank's row norms beside the backbone's token norm.  Each
 bank is kept beside the results (``<json stem>-banks/<variant>.safetensors``) to answer again without training
 (``reanswer_loop.py``).  Resumable: a variant answered in ``--json`` is not run again; one trained (its updates and
-seconds in ``--json``, its bank kept) is answered without training again.
+seconds in ``--json``, its bank kept) is answered without training again; ``--answer-again`` answers the variants named
+again from their kept banks (after a decoding fix: each entry says when it was ``answered``).
 
     OMP_NUM_THREADS=2 python benchmarks/loop_ab.py --seed 0 --backbone qwen2.5-coder-0.5b \
         --json results/key-order-qwen0.5b.json
@@ -119,12 +122,22 @@ def run_variant(name: str, settings: dict, args, found: dict, save) -> dict:
         entry = {"settings": settings, "updates": method.updates, "train_seconds": round(seconds, 1)}
         save(entry)
     reordered = reordered_tools(data.tools, data.train)
-    norms = method.model.bank.metadata()["norms"]
     return entry | {
         "settings": settings,
-        "row_norms": {k: norms[k] for k in ("mean", "min", "max")} | {"token": round(backbone.embedding_norm(), 6)},
+        "row_norms": row_norms(method.model.bank) | {"token": round(backbone.embedding_norm(), 6)},
         "tools_whose_order_differs": sorted(reordered),
+        "answered": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         **per_step(method, data, reordered, args.bar),
+    }
+
+
+def row_norms(bank: MemoryBank) -> dict:
+    """The rows' mean, least and largest L2 norm (the index side), and a decoupled bank's steer side apart."""
+    sides = {"": bank.norms("index")} | ({"steer ": bank.norms("steer")} if bank.decoupled else {})
+    return {
+        f"{prefix}{stat}": round(float(getattr(norms, stat)()), 6)
+        for prefix, norms in sides.items()
+        for stat in ("mean", "min", "max")
     }
 
 
@@ -139,6 +152,11 @@ def main() -> None:
         help=f"NAME:SETTING=VALUE,... (repeat; default: {' '.join(KEY_ORDERS)})",
     )
     parser.add_argument("--json", required=True)
+    parser.add_argument(
+        "--answer-again",
+        action="store_true",
+        help="answer again the variants already answered whose bank is kept (after a decoding fix), no training",
+    )
     args = parser.parse_args()
     variants = dict(args.variant or map(variant, KEY_ORDERS))
     path = Path(args.json)
@@ -159,7 +177,7 @@ def main() -> None:
             rows[name] = entry
             write_json_atomic(path, result)
 
-        if "step" not in rows.get(name, {}):
+        if "step" not in rows.get(name, {}) or args.answer_again:
             save(run_variant(name, settings, args, rows.get(name, {}), save))
         found = rows[name]
         print(

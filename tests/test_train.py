@@ -276,6 +276,23 @@ def test_a_first_round_renormalised_to_the_token_norm_keeps_its_rows_at_an_ordin
     assert torch.allclose(model.bank.norms(), torch.full((2,), token_norm), rtol=1e-5)
 
 
+def test_a_decoupled_bank_renormalised_on_its_steer_side_holds_its_steer_rows_and_leaves_its_index_rows_free(
+    backbone, examples
+):
+    model = tokmem.create(backbone, decoupled=True)
+    steer_norms = []
+    tokmem.learn(
+        model,
+        examples,
+        config(epochs=2, lr=0.5, renorm_every_step=True, renorm_target="tokens", renorm_side="steer"),
+        on_step=lambda step, total: steer_norms.append(model.row_steer.detach().norm(dim=1)),
+    )
+    token_norm = model.backbone.embedding_norm()
+    assert all(torch.allclose(n, torch.full_like(n, token_norm), rtol=1e-5) for n in steer_norms)
+    assert torch.allclose(model.bank.norms("steer"), torch.full((2,), token_norm), rtol=1e-5)
+    assert not torch.allclose(model.bank.norms("index"), torch.full((2,), token_norm), rtol=1e-3)
+
+
 def test_without_per_step_renormalisation_norms_drift_during_the_round(learned, second_round):
     target = float(learned.bank.norms().mean())
     norms = []
@@ -288,7 +305,9 @@ def test_without_per_step_renormalisation_norms_drift_during_the_round(learned, 
     assert not all(torch.allclose(n, torch.full_like(n, target), rtol=1e-3) for n in norms)
 
 
-@pytest.mark.parametrize("options", [{"init": "random"}, {"schedule": "cosine"}, {"warmup": 1.5}])
+@pytest.mark.parametrize(
+    "options", [{"init": "random"}, {"schedule": "cosine"}, {"warmup": 1.5}, {"renorm_side": "both"}]
+)
 def test_unknown_recipe_options_are_refused(options):
     with pytest.raises(TokMemError):
         TrainConfig(**options)

@@ -178,24 +178,32 @@ class MemoryBank:
         self.trainable = torch.cat([self.trainable, other.trainable])
 
     # ---- renormalisation ----------------------------------------------------------------
-    def norms(self) -> torch.Tensor:
-        return self.index.norm(dim=1)
+    def norms(self, side: str = "index") -> torch.Tensor:
+        """Each row's L2 norm on one ``side``: index (the LM-head rows routing scores) or steer (the input rows)."""
+        return self.side(side).norm(dim=1)
 
-    def renormalize(self, new_rows, eps: float = 1e-8, target: float | None = None) -> float | None:
-        """Rescale ``new_rows`` of the index matrix to the mean L2 norm of every other row (or to ``target``).
+    def side(self, side: str) -> torch.Tensor:
+        """The ``index`` or ``steer`` matrix (a coupled bank's one matrix is both)."""
+        return self.steer_matrix if side == "steer" else self.index
 
-        m_i <- m_i * n_I / (||m_i|| + eps), n_I the mean norm of the existing rows (the paper's Eq. 4).
-        DC banks renormalise the index matrix only.  Returns n_I, or None when there are no existing rows and no
-        ``target``.
+    def renormalize(
+        self, new_rows, eps: float = 1e-8, target: float | None = None, side: str = "index"
+    ) -> float | None:
+        """Rescale ``new_rows`` of one ``side``'s matrix to the mean L2 norm of every other row (or to ``target``).
+
+        m_i <- m_i * n_I / (||m_i|| + eps), n_I the mean norm of the existing rows (the paper's Eq. 4).  The paper's
+        DC banks renormalise the index matrix (``side="index"``); ``"steer"`` renormalises the input side instead.
+        Returns n_I, or None when there are no existing rows and no ``target``.
         """
         new_rows = torch.as_tensor(new_rows, dtype=torch.long)
         existing = torch.ones(len(self), dtype=torch.bool)
         existing[new_rows] = False
         if len(new_rows) == 0 or (target is None and not existing.any()):
             return None
-        target = self.index[existing].norm(dim=1).mean() if target is None else torch.tensor(target)
-        rows = self.index[new_rows]
-        self.index[new_rows] = rows * (target / (rows.norm(dim=1, keepdim=True) + eps))
+        matrix = self.side(side)
+        target = matrix[existing].norm(dim=1).mean() if target is None else torch.tensor(target)
+        rows = matrix[new_rows]
+        matrix[new_rows] = rows * (target / (rows.norm(dim=1, keepdim=True) + eps))
         return float(target)
 
     # ---- files ------------------------------------------------------------------------------

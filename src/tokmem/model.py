@@ -66,9 +66,11 @@ class TokMemModel(nn.Module):
         self.row_index = self.row_steer = self._rows = None
 
     @torch.no_grad()
-    def renormalize_live_rows(self, target: float, eps: float = 1e-8) -> None:
-        """Rescale the live trainable index rows to L2 norm ``target`` (the bank's ``renormalize``, mid-training)."""
-        self.row_index.mul_(target / (self.row_index.norm(dim=1, keepdim=True) + eps))
+    def renormalize_live_rows(self, target: float, eps: float = 1e-8, side: str = "index") -> None:
+        """Rescale one ``side`` of the live trainable rows to L2 norm ``target`` (the bank's ``renormalize``,
+        mid-training)."""
+        rows = self.row_steer if side == "steer" and self.row_steer is not None else self.row_index
+        rows.mul_(target / (rows.norm(dim=1, keepdim=True) + eps))
 
     def memory_matrices(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(index, steer) over all rows on the model's device, with trainable rows as live parameters."""

@@ -32,8 +32,9 @@ Schedule = Literal["constant", "linear"]
 ToolSegments = Literal["arguments", "call"]
 KeyOrder = Literal["calls", "schema"]
 RenormTarget = Literal["old_rows", "tokens"]
+RenormSide = Literal["index", "steer"]
 INITS, SCHEDULES, TOOL_SEGMENTS = get_args(Init), get_args(Schedule), get_args(ToolSegments)
-KEY_ORDERS, RENORM_TARGETS = get_args(KeyOrder), get_args(RenormTarget)
+KEY_ORDERS, RENORM_TARGETS, RENORM_SIDES = get_args(KeyOrder), get_args(RenormTarget), get_args(RenormSide)
 
 
 @dataclass
@@ -59,6 +60,11 @@ class TrainConfig:
         "the norm new rows are renormalised to: the old rows' mean (the paper's; a first round has none, so no "
         "renormalisation) or an ordinary token's (the backbone's mean embedding norm, where the reference code's "
         "reserved rows stand)",
+    )
+    renorm_side: RenormSide = option(
+        "index",
+        "the matrix of a decoupled bank renormalisation rescales: index (what routing scores; the paper's) or steer "
+        "(what generation reads; the index rows then grow freely); a coupled bank's one matrix is both",
     )
     eps: float = 1e-8
     init: Init = option(
@@ -112,6 +118,7 @@ class TrainConfig:
             ("tool_segments", TOOL_SEGMENTS),
             ("key_order", KEY_ORDERS),
             ("renorm_target", RENORM_TARGETS),
+            ("renorm_side", RENORM_SIDES),
         )
         for field_name, allowed in allowed_values:
             if getattr(self, field_name) not in allowed:
@@ -225,14 +232,14 @@ def learn(
 
     def after_step(step: int, total: int) -> None:
         if config.renormalize and config.renorm_every_step and target is not None:
-            model.renormalize_live_rows(target, config.eps)
+            model.renormalize_live_rows(target, config.eps, config.renorm_side)
         if on_step is not None:
             on_step(step, total)
 
     report = train(model, examples, config, param_groups, after_step)
     report.new_procedures = new
     if config.renormalize and target is not None:
-        report.renorm_target = bank.renormalize(rows, config.eps, target)
+        report.renorm_target = bank.renormalize(rows, config.eps, target, config.renorm_side)
     bank.freeze()
     return report
 
@@ -242,7 +249,7 @@ def renorm_target(model: TokMemModel, config: TrainConfig) -> float | None:
     the old rows' mean (None without old rows) or the backbone's mean token-embedding norm."""
     if config.renorm_target == "tokens":
         return model.backbone.embedding_norm()
-    return float(model.bank.norms().mean()) if len(model.bank) else None
+    return float(model.bank.norms(config.renorm_side).mean()) if len(model.bank) else None
 
 
 def train(

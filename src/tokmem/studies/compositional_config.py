@@ -74,6 +74,9 @@ class CompositionalConfig(MethodSettings):
     test_spec: str | None = option(
         None, "complexfuncbench: the spec file (tool schemas) of --test-data (default: X-spec.json beside X-data.json)"
     )
+    decoupled: bool = option(
+        False, "TokMem's banks decoupled (the paper's DC variant): index rows are routed on, steer rows are read"
+    )
     results_in_context: bool = option(
         True,
         "complexfuncbench: each call's recorded result follows it in training and in the contexts answered, "

@@ -22,7 +22,7 @@ from tokmem.decode import DecodeConfig
 from tokmem.errors import TokMemError
 from tokmem.lora import LoRASettings
 from tokmem.methods.lora import ReplaySettings
-from tokmem.train import Init, KeyOrder, RenormTarget, Schedule, ToolSegments, TrainConfig
+from tokmem.train import Init, KeyOrder, RenormSide, RenormTarget, Schedule, ToolSegments, TrainConfig
 
 T, D, L, R = TrainConfig, DecodeConfig, LoRASettings, ReplaySettings
 
@@ -107,6 +107,9 @@ class MethodSettings:
         T,
         "renorm_target",
         "TokMem's new rows renormalised to the old rows' mean norm (none in a first round) or a token's",
+    )
+    renorm_side: RenormSide = nested(
+        T, "renorm_side", "the matrix of a decoupled bank renormalised: index (routing; the paper's) or steer (input)"
     )
     tool_segments: ToolSegments = nested(
         T, "tool_segments", "after a tool's memory token: its arguments only (the reference code) or the whole call"

@@ -131,7 +131,7 @@ def build_method(name: str, config: CompositionalConfig, backbones: dict, tools:
     base, adapted = backbones["base"], backbones.get("adapted")
     train, decode, lora = config.train(), config.decode(), config.lora()
     schemas = {n: t.get("parameters") for n, t in tools.items()} if config.tool_loop() else None
-    memory = dict(decode=decode, name=name, label=TOKMEM_LABELS.get(name), schemas=schemas)
+    memory = dict(decode=decode, name=name, label=TOKMEM_LABELS.get(name), schemas=schemas, decoupled=config.decoupled)
     refresh_every = max(1, (config.tools or len(tools)) // config.rounds)
     replay = ReplaySettings(config.replay_ratio, config.replay_buffer, refresh_every)
     factories = {
@@ -153,15 +153,19 @@ def build_method(name: str, config: CompositionalConfig, backbones: dict, tools:
 
 
 def new_row_norms(method: Method, names: list[str]) -> dict | None:
-    """L2 norms of the memory rows of ``names`` after the round (TokMem only), their mean and spread, beside the
-    backbone's mean token-embedding norm (an ordinary token's size, to set the rows against)."""
+    """L2 norms of the memory rows of ``names`` after the round (TokMem only; a decoupled bank's steer rows' mean
+    apart), their mean and spread, beside the backbone's mean token-embedding norm (an ordinary token's size, to set
+    the rows against)."""
     if not isinstance(method, TokMem):
         return None
     bank = method.model.bank
-    norms = [float(bank.index[bank.row(name)].norm()) for name in names]
+    rows = [bank.row(name) for name in names]
+    norms = bank.norms("index")[rows].tolist()
+    steer = {"steer_mean": metrics.mean(bank.norms("steer")[rows].tolist())} if bank.decoupled else {}
     return {
         "norms": norms,
         "mean": metrics.mean(norms),
         "std": statistics.pstdev(norms),
+        **steer,
         "token_norm": method.model.backbone.embedding_norm(),
     }
