@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from collections import Counter
 from dataclasses import fields
@@ -47,14 +48,16 @@ from tokmem.studies.tool_loop import step_predictions
 from tokmem.studies.tool_setup import build_method, prepare_backbones, tool_data
 
 KEY_ORDERS = ("calls:key_order=calls", "schema:key_order=schema")
+METHOD = "tokmem-noadapt"  # a variant's method unless its ``methods`` name another (``tokmem``: with adaptation)
 
 
 def variant(text: str) -> tuple[str, dict]:
-    """``NAME:SETTING=VALUE,...`` → (name, settings), each setting a field of the study's config."""
+    """``NAME:SETTING=VALUE,...`` → (name, settings), each setting a field of the study's config (a value may be a
+    JSON list: ``adapt_data=["bfcl","study"]``)."""
     name, _, body = text.partition(":")
     known = {f.name for f in fields(CompositionalConfig)}
     settings = {}
-    for item in filter(None, body.split(",")):
+    for item in filter(None, re.split(r",(?=\w+=)", body)):
         key, equals, value = item.partition("=")
         if not equals or key not in known:
             raise argparse.ArgumentTypeError(f"variant '{text}': '{item}' is not SETTING=VALUE of a study setting")
@@ -99,18 +102,18 @@ def group_outcomes(samples: list[dict], tools: set[str]) -> dict[str, int]:
 def run_variant(name: str, settings: dict, args, found: dict, save) -> dict:
     """One bank trained with ``settings`` (unless ``found`` says it was and its bank is kept) and answered;
     ``save(entry)`` keeps the entry once trained."""
+    chosen = {key: tuple(value) if isinstance(value, list) else value for key, value in settings.items()}
     config = make_config(
         "cpu",
         dataset="complexfuncbench",
         backbone=args.backbone,
-        methods=("tokmem-noadapt",),
         seed=args.seed,
-        **settings,
+        **{"methods": (METHOD,), **chosen},
     )
     torch.manual_seed(config.seed)
     data = tool_data(config, (1, config.tools))
-    backbones, _ = prepare_backbones(config, None, progress=True)
-    method = build_method("tokmem-noadapt", config, backbones, data.tools)
+    backbones, adaptation = prepare_backbones(config, None, progress=True)
+    method = build_method(config.methods[0], config, backbones, data.tools)
     kept = Path(args.json).with_name(f"{Path(args.json).stem}-banks") / f"{name}.safetensors"
     backbone = method.model.backbone
     if "train_seconds" in found and kept.is_file():
@@ -120,6 +123,7 @@ def run_variant(name: str, settings: dict, args, found: dict, save) -> dict:
         seconds = learn_round(method, data.train, f"{len(data.train)} queries ({name})", args.bar)
         method.model.bank.save(kept)
         entry = {"settings": settings, "updates": method.updates, "train_seconds": round(seconds, 1)}
+        entry |= {"adaptation": adaptation} if adaptation else {}
         save(entry)
     reordered = reordered_tools(data.tools, data.train)
     return entry | {
@@ -163,7 +167,7 @@ def main() -> None:
     result = json.loads(path.read_text()) if path.is_file() else {}
     result |= {
         "command": f"python benchmarks/loop_ab.py --seed {args.seed} --backbone {args.backbone}",
-        "config": {"preset": "cpu", "dataset": "complexfuncbench", "method": "tokmem-noadapt", "seed": args.seed},
+        "config": {"preset": "cpu", "dataset": "complexfuncbench", "method": METHOD, "seed": args.seed},
         "backbone": args.backbone,
         "machine": machine(),
     }

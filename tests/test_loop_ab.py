@@ -15,6 +15,10 @@ def test_a_variant_names_study_settings_with_values_read_as_json_where_they_pars
     )
     assert loop_ab.variant("lr:tokmem_lr=5e-3") == ("lr", {"tokmem_lr": 0.005})
     assert loop_ab.variant("baseline:") == ("baseline", {})
+    assert loop_ab.variant('own:methods=["tokmem"],adapt_data=["bfcl","study"],seed=1') == (
+        "own",
+        {"methods": ["tokmem"], "adapt_data": ["bfcl", "study"], "seed": 1},
+    )
     assert dict(map(loop_ab.variant, loop_ab.KEY_ORDERS)) == {
         "calls": {"key_order": "calls"},
         "schema": {"key_order": "schema"},

@@ -60,7 +60,7 @@ def test_real_data_is_a_main_or_recipe_study_from_one_source():
         make_config(None, "main", test_data="mine.json").resolved()
     with pytest.raises(TokMemError, match="--adapt-data need --dataset complexfuncbench"):
         make_config(None, "main", adapt_data=("flights",)).resolved()
-    with pytest.raises(TokMemError, match="adaptation data 'bfcl,cars': choose one or both of bfcl, flights"):
+    with pytest.raises(TokMemError, match="adaptation data 'bfcl,cars': choose from bfcl, flights, study"):
         make_config(None, "main", dataset="complexfuncbench", adapt_data=("bfcl", "cars")).resolved()
 
 
@@ -102,6 +102,16 @@ def test_adapting_on_the_flight_tools_holds_them_out_of_the_evaluation_and_keeps
     assert alone.adaptation == flights and alone.data.test == real.data.test
     config = make_config(None, "main", dataset="complexfuncbench", adapt_data=("flights",))
     assert compositional.data_source(config).endswith("; ComplexFuncBench's flight tools (held out) to adapt")
+
+
+@needs_shared
+def test_the_diagnostic_adaptation_on_the_studys_own_records_is_its_training_records_and_says_so():
+    real = complexfuncbench_data(SHARED, max_calls=4, train_size=150, test_size=24, adapt_data=("study",))
+    assert real.adaptation == real.data.train and real.summary()["adaptation"] == {"study": 150}
+    config = make_config(None, "main", dataset="complexfuncbench", adapt_data=("study",))
+    assert compositional.data_source(config).endswith(
+        "training records (a diagnostic: the evaluation's tools) to adapt"
+    )
 
 
 @needs_shared

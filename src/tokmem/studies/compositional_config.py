@@ -85,9 +85,9 @@ class CompositionalConfig(MethodSettings):
     test_fraction: float = option(0.2, "complexfuncbench: share of records the query-hash split tests on")
     adapt_data: tuple[str, ...] = option(
         ADAPT_DATA,
-        "complexfuncbench: the adaptation phase's data, one or both of bfcl (BFCL multi-turn turns, no results) and "
+        "complexfuncbench: the adaptation phase's data, some of bfcl (BFCL multi-turn turns, no results), "
         "flights (ComplexFuncBench's records over its flight tools, with results; those tools then leave the "
-        "evaluation)",
+        "evaluation) and study (the study's own training records: a diagnostic, the evaluation's own tools)",
     )
     tools: int | None = option(None, "evaluation tools (default: all 25 built-in, or 50 from --xlam)")
     adapt_tools: int | None = option(None, "adaptation tools (likewise)")

@@ -1,11 +1,12 @@
 """The compositional study on real data: ComplexFuncBench's tools to evaluate, held-out tools to adapt.
 
 ComplexFuncBench (NESTFUL format, 38 Booking.com tools, 2–11 calls a query) gives the evaluation procedures.
-The adaptation phase's come from ``adapt_data``, one or both of: ``bfcl``, BFCL v4's multi-turn conversations
+The adaptation phase's come from ``adapt_data``, some of: ``bfcl``, BFCL v4's multi-turn conversations
 (file-system, trading, travel… tools, disjoint from Booking.com's; no execution results), and ``flights``,
 ComplexFuncBench's own records over its flight tools (`FLIGHT_TOOLS`, with their recorded results, so the backbone
 learns to read a result and copy values out of it); then every record that calls a flight tool is held out of the
-evaluation, so the two sides still share no tool.  Both files are those of ``shared/data/function-calling`` (see
+evaluation, so the two sides still share no tool; and ``study``, the study's own training records, a diagnostic
+upper bound of adapting in the target's format (it shares every tool with the evaluation).  Both files are those of ``shared/data/function-calling`` (see
 its README), found in ``--data-dir`` or the shared data folder (`tokmem.data.shared`).
 
 Records are split into train and test by a stable hash of the query (md5), so a record's side never
@@ -47,7 +48,11 @@ FLIGHT_TOOLS = frozenset(
         "Get_Seat_Map",
     }
 )
-ADAPT_SOURCE_NAMES = {"bfcl": "BFCL v4 multi-turn", "flights": "ComplexFuncBench's flight tools (held out)"}
+ADAPT_SOURCE_NAMES = {
+    "bfcl": "BFCL v4 multi-turn",
+    "flights": "ComplexFuncBench's flight tools (held out)",
+    "study": "the study's own training records (a diagnostic: the evaluation's tools)",
+}
 ADAPT_SOURCES = tuple(ADAPT_SOURCE_NAMES)
 ADAPT_DATA = ("bfcl",)  # the default: adaptation never shrinks the evaluation
 
@@ -67,9 +72,9 @@ def function_calling_dir(explicit: str | None = None) -> Path:
 
 
 def check_adapt_data(adapt_data: tuple[str, ...]) -> None:
-    """Refuse adaptation data other than one or both of `ADAPT_SOURCES`."""
+    """Refuse adaptation data other than some of `ADAPT_SOURCES`."""
     if not adapt_data or not set(adapt_data) <= set(ADAPT_SOURCES):
-        raise DataError(f"adaptation data '{','.join(adapt_data)}': choose one or both of {', '.join(ADAPT_SOURCES)}")
+        raise DataError(f"adaptation data '{','.join(adapt_data)}': choose from {', '.join(ADAPT_SOURCES)}")
 
 
 def query_hash(query: str) -> float:
@@ -135,8 +140,10 @@ def complexfuncbench_data(
     """ComplexFuncBench's records with at most ``max_calls`` calls, split by query hash (or tested on
     ``test_data``); at most ``train_size`` training records (a seeded sample) and the first ``test_size`` test
     records in hash order.  The adaptation examples of ``adapt_data``: up to ``adapt_samples`` BFCL multi-turn turns
-    with at most ``max_calls`` calls (``bfcl``) and every record over the flight tools alone (``flights``; records
-    calling a flight tool are then left out of both evaluation sides)."""
+    with at most ``max_calls`` calls (``bfcl``), every record over the flight tools alone (``flights``; records
+    calling a flight tool are then left out of both evaluation sides), and the training records themselves
+    (``study``: a diagnostic upper bound of adapting in the target's own format, not a held-out adaptation — it
+    shares every tool with the evaluation)."""
     check_adapt_data(adapt_data)
     held = FLIGHT_TOOLS if "flights" in adapt_data else frozenset()
     left_out: Counter = Counter()
@@ -169,6 +176,8 @@ def complexfuncbench_data(
         adaptation["bfcl"] = _bfcl_turns(folder, max_calls, adapt_samples, set(tools), rng, left_out)
     if held:
         adaptation["flights"] = [e for e in imported.examples if held.issuperset(e.procedures)]
+    if "study" in adapt_data:
+        adaptation["study"] = list(train)
     return RealData(
         ToolData(train, test, {name: catalog[name] for name in tools}),
         [e for examples in adaptation.values() for e in examples],
