@@ -6,8 +6,9 @@ The adaptation phase's come from ``adapt_data``, some of: ``bfcl``, BFCL v4's mu
 ComplexFuncBench's own records over its flight tools (`FLIGHT_TOOLS`, with their recorded results, so the backbone
 learns to read a result and copy values out of it); then every record that calls a flight tool is held out of the
 evaluation, so the two sides still share no tool; and ``study``, the study's own training records, a diagnostic
-upper bound of adapting in the target's format (it shares every tool with the evaluation).  Both files are those of ``shared/data/function-calling`` (see
-its README), found in ``--data-dir`` or the shared data folder (`tokmem.data.shared`).
+upper bound of adapting in the target's format (it shares every tool with the evaluation).  Both files are those of
+``shared/data/function-calling`` (see its README), found in ``--data-dir`` or the shared data folder
+(`tokmem.data.shared`).
 
 Records are split into train and test by a stable hash of the query (md5), so a record's side never
 depends on the seed, the order of the file or the other records.  ``test_data`` replaces the test side
