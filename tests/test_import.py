@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from tokmem.bank import MemoryBank
 from tokmem.cli import main
 from tokmem.data import load_catalog, load_examples
 from tokmem.data.bfcl import import_bfcl, parse_call
+from tokmem.data.bfcl_backends import BACKENDS
 from tokmem.data.nestful import import_nestful
 from tokmem.data.openai_chat import LATER_TURNS, import_openai
 from tokmem.data.procedures import call_json
@@ -413,6 +415,65 @@ def test_bfcl_multi_turn_turns_become_examples_with_their_parsed_calls(multi_tur
     assert imported.skipped == {"turns with no calls": 1, "turns calling a tool with no schema": 1}
 
 
+FS_STATE = {
+    "GorillaFileSystem": {
+        "root": {
+            "home": {
+                "type": "directory",
+                "contents": {"docs": {"type": "directory", "contents": {"a.txt": {"type": "file", "content": "hi"}}}},
+            }
+        }
+    }
+}
+
+
+def executed_conversation(tmp_path, gold, classes=("GorillaFileSystem",)) -> Path:
+    """A one-conversation multi-turn file over the real file system's ``cd``, ``ls`` and ``cat``, in FS_STATE."""
+    (tmp_path / "multi_turn_func_doc").mkdir(parents=True)
+    docs = [
+        {"name": name, "description": name, "parameters": {"type": "dict", "properties": properties}}
+        for name, properties in [
+            ("cd", {"folder": {"type": "string"}}),
+            ("ls", {"a": {"type": "boolean"}}),
+            ("cat", {"file_name": {"type": "string"}}),
+        ]
+    ]
+    write_json(tmp_path / "multi_turn_func_doc" / "file_system.json", docs, lines=True)
+    question = {
+        "id": "multi_turn_base_0",
+        "question": [[{"role": "user", "content": f"turn {t}"}] for t in range(len(gold))],
+        "initial_config": FS_STATE,
+        "involved_classes": list(classes),
+    }
+    return bfcl_files(
+        tmp_path, "BFCL_v4_multi_turn_base.json", [question], [{"id": "multi_turn_base_0", "ground_truth": gold}]
+    )
+
+
+def test_executed_bfcl_calls_carry_their_results_in_the_state_earlier_turns_left(tmp_path):
+    gold = [["cd(folder='docs')"], [], ["ls()", "cat('a.txt')", "cat(file_name='b.txt')"]]
+    imported = import_bfcl(executed_conversation(tmp_path, gold), execute=True)
+    first, third = imported.examples
+    assert [json.loads(s.result) for s in first.steps] == [{"current_working_directory": "docs"}]
+    listing, content, missing = (s.result for s in third.steps)
+    assert json.loads(listing) == {"current_directory_content": ["a.txt"]}  # still in docs: the state carried on
+    assert json.loads(content) == {"file_content": "hi"}
+    assert "b.txt" in json.loads(missing)["error"]  # a tool's own error is its result
+    assert all(
+        s.result is None for e in import_bfcl(tmp_path / "BFCL_v4_multi_turn_base.json").examples for s in e.steps
+    )
+
+
+def test_executing_bfcl_calls_refuses_unknown_classes_and_says_how_to_install_the_backends(tmp_path, monkeypatch):
+    path = executed_conversation(tmp_path, [["cd(folder='docs')"]], classes=("GorillaFileSystem", "Shell"))
+    with pytest.raises(DataError, match=r"record 0: field 'involved_classes': expected a list of GorillaFileSystem"):
+        import_bfcl(path, execute=True)
+    monkeypatch.setitem(sys.modules, f"{BACKENDS}.gorilla_file_system", None)  # as if not installed
+    path = executed_conversation(tmp_path / "again", [["cd(folder='docs')"]])
+    with pytest.raises(DataError, match=r"needs BFCL's simulated backends .*pip install --no-deps bfcl-eval=="):
+        import_bfcl(path, execute=True)
+
+
 def test_bfcl_call_strings_are_parsed_with_positional_arguments_in_schema_order():
     assert parse_call("mv('a', 'b')", "f: record 0", "g", DOCS) == ("mv", {"source": "a", "destination": "b"})
     assert parse_call(" cd(folder='x') ", "f: record 0", "g", DOCS) == ("cd", {"folder": "x"})
@@ -532,6 +593,23 @@ def test_data_import_of_a_malformed_file_is_a_one_line_error_and_writes_nothing(
     assert not out.exists()
     assert main(["data", "import", "--format", "bfcl", str(path), "--out", str(out), "--tools", str(path)]) == 2
     assert "--tools is for --format nestful" in capsys.readouterr().err
+    assert main(["data", "import", "--format", "nestful", str(path), "--out", str(out), "--execute"]) == 2
+    assert "--execute is for --format bfcl" in capsys.readouterr().err
+
+
+def test_data_import_execute_writes_bfcl_turns_with_their_results(tmp_path, capsys):
+    path = executed_conversation(tmp_path, [["cd(folder='docs')", "ls()"]])
+    out, report = tmp_path / "turns.jsonl", tmp_path / "counts.json"
+    assert (
+        main(["data", "import", "--format", "bfcl", str(path), "--out", str(out), "--execute", "--json", str(report)])
+        == 0
+    )
+    (turn,) = load_examples(out)
+    assert [json.loads(s.result) for s in turn.steps] == [
+        {"current_working_directory": "docs"},
+        {"current_directory_content": ["a.txt"]},
+    ]
+    assert json.loads(report.read_text())["executed"] is True
 
 
 # ---- the shared real files -----------------------------------------------------------------------------------
@@ -558,6 +636,10 @@ def test_the_real_complexfuncbench_and_bfcl_multi_turn_files_import_whole():
     assert bfcl.records == 200 and len(bfcl.examples) + bfcl.skipped["turns with no calls"] == 734
     assert set(bfcl.catalog) <= set(import_bfcl(SHARED / "bfcl").catalog) and len(bfcl.catalog) == 81
     assert not set(bfcl.catalog) & set(cfb.catalog)
+    executed = import_bfcl(SHARED / "bfcl" / "BFCL_v4_multi_turn_base.json", execute=True)
+    results = [s.result for e in executed.examples for s in e.steps]
+    assert [e.steps for e in executed.examples] != [e.steps for e in bfcl.examples] and len(results) == 1142
+    assert all(r is not None and not r.startswith("Error during execution") for r in results)  # every gold call runs
 
 
 def import_and_train(nestful_file, tmp_path) -> tuple[Path, Path]:

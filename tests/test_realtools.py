@@ -60,8 +60,12 @@ def test_real_data_is_a_main_or_recipe_study_from_one_source():
         make_config(None, "main", test_data="mine.json").resolved()
     with pytest.raises(TokMemError, match="--adapt-data need --dataset complexfuncbench"):
         make_config(None, "main", adapt_data=("flights",)).resolved()
-    with pytest.raises(TokMemError, match="adaptation data 'bfcl,cars': choose from bfcl, flights, study"):
+    with pytest.raises(
+        TokMemError, match="adaptation data 'bfcl,cars': choose from bfcl, bfcl-executed, flights, study"
+    ):
         make_config(None, "main", dataset="complexfuncbench", adapt_data=("bfcl", "cars")).resolved()
+    with pytest.raises(TokMemError, match="the same turns, without and with results: pick one"):
+        make_config(None, "main", dataset="complexfuncbench", adapt_data=("bfcl", "bfcl-executed")).resolved()
 
 
 def test_the_cpu_preset_takes_the_real_datas_own_sizes():
@@ -105,6 +109,19 @@ def test_adapting_on_the_flight_tools_holds_them_out_of_the_evaluation_and_keeps
 
 
 @needs_shared
+@needs_shared
+def test_adapting_on_executed_bfcl_turns_gives_each_call_its_result_on_tools_disjoint_from_the_evaluation():
+    plain = complexfuncbench_data(SHARED, max_calls=4, train_size=150, test_size=24, adapt_samples=120)
+    real = complexfuncbench_data(
+        SHARED, max_calls=4, train_size=150, test_size=24, adapt_samples=120, adapt_data=("bfcl-executed",)
+    )
+    assert real.adaptation_sources == {"bfcl-executed": 120} and real.data.test == plain.data.test
+    assert [e.id for e in real.adaptation] == [e.id for e in plain.adaptation]  # the same turns, now with results
+    assert all(s.result is None for e in plain.adaptation for s in e.steps)
+    assert all(s.result is not None for e in real.adaptation for s in e.steps)
+    assert not {p for e in real.adaptation for p in e.procedures} & set(real.data.tools)
+
+
 def test_the_diagnostic_adaptation_on_the_studys_own_records_is_its_training_records_and_says_so():
     real = complexfuncbench_data(SHARED, max_calls=4, train_size=150, test_size=24, adapt_data=("study",))
     assert real.adaptation == real.data.train and real.summary()["adaptation"] == {"study": 150}

@@ -28,40 +28,46 @@ def add_commands(commands) -> None:
         "parameters; tokmem train --catalog reads it)",
     )
     imports.add_argument("--tools", help="NESTFUL: the tools' spec file (default: X-spec.json beside X-data.json)")
+    imports.add_argument(
+        "--execute",
+        action="store_true",
+        help="BFCL multi-turn: run every gold call on BFCL's simulated backends, from each conversation's "
+        "initial_config, so that each step carries its result (needs bfcl-eval, which make install adds)",
+    )
     imports.add_argument("--json", metavar="PATH", help="also write the counts as JSON")
     imports.set_defaults(handler=cmd_data_import)
 
 
-def _import_nestful(path, tools):
+def _import_nestful(args):
     from tokmem.data.nestful import import_nestful
 
-    return import_nestful(path, tools)
+    return import_nestful(args.input, args.tools)
 
 
-def _import_bfcl(path, tools):
+def _import_bfcl(args):
     from tokmem.data.bfcl import import_bfcl
 
-    _no_tools(tools, "bfcl")
-    return import_bfcl(path)
+    return import_bfcl(args.input, execute=args.execute)
 
 
-def _import_xlam(path, tools):
+def _import_xlam(args):
     from tokmem.data.xlam import import_xlam
 
-    _no_tools(tools, "xlam")
-    return import_xlam(path)
+    return import_xlam(args.input)
 
 
-def _import_openai(path, tools):
+def _import_openai(args):
     from tokmem.data.openai_chat import import_openai
 
-    _no_tools(tools, "openai")
-    return import_openai(path)
+    return import_openai(args.input)
 
 
-def _no_tools(tools, format_name) -> None:
-    if tools is not None:
-        raise TokMemError(f"--tools is for --format nestful; {format_name} files carry their tools' schemas")
+def _check_options(args) -> None:
+    """``--tools`` is NESTFUL's alone (the other formats carry their tools' schemas), ``--execute`` BFCL's."""
+    if args.tools is not None and args.format != "nestful":
+        raise TokMemError(f"--tools is for --format nestful; {args.format} files carry their tools' schemas")
+    if args.execute and args.format != "bfcl":
+        raise TokMemError("--execute is for --format bfcl: its multi-turn calls run on BFCL's simulated backends")
 
 
 IMPORTERS = {"nestful": _import_nestful, "bfcl": _import_bfcl, "xlam": _import_xlam, "openai": _import_openai}
@@ -70,7 +76,8 @@ IMPORTERS = {"nestful": _import_nestful, "bfcl": _import_bfcl, "xlam": _import_x
 def cmd_data_import(args) -> None:
     from tokmem.data.procedures import save_catalog, save_examples
 
-    imported = IMPORTERS[args.format](args.input, args.tools)
+    _check_options(args)
+    imported = IMPORTERS[args.format](args)
     save_examples(imported.examples, args.out)
     if args.catalog:
         save_catalog(imported.catalog.values(), args.catalog)
@@ -91,6 +98,7 @@ def cmd_data_import(args) -> None:
             {
                 "input": args.input,
                 "format": args.format,
+                "executed": args.execute,
                 "out": args.out,
                 "catalog": args.catalog,
                 "records": imported.records,

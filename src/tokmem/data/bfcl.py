@@ -18,7 +18,8 @@ current directory after ``cd``, a login), which the example does not carry.  Cal
 with ``ast`` (never evaluated): keyword arguments must be literals; positional ones are mapped to the
 tool's parameters in schema order (BFCL writes its function docs in the signature's order, the order in
 which Python binds them).  The tools' schemas are the ``multi_turn_func_doc/*.json`` files beside the
-question file.
+question file.  With ``execute``, every gold call of a conversation is run in order on BFCL's simulated
+backends (`tokmem.data.bfcl_backends`), from its ``initial_config``, and each step carries the call's result.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tokmem.data.bfcl_backends import Conversation
 from tokmem.data.toolfiles import (
     Imported,
     bad,
@@ -43,8 +45,9 @@ SKIP_NO_ANSWERS = "question files with no possible_answer file (left out of a fo
 SKIP_OTHER_ROLES = "system and other non-user messages (the query is the user's message)"
 
 
-def import_bfcl(path) -> Imported:
-    """A question file, or a BFCL folder: every ``BFCL_*.json`` in it that has a possible_answer file."""
+def import_bfcl(path, execute: bool = False) -> Imported:
+    """A question file, or a BFCL folder: every ``BFCL_*.json`` in it that has a possible_answer file; with
+    ``execute``, the multi-turn calls' results from BFCL's simulated backends."""
     path = Path(path)
     imported = Imported()
     if path.is_dir():
@@ -57,12 +60,12 @@ def import_bfcl(path) -> Imported:
     else:
         answered = [path]
     for file in answered:
-        _import_file(file, imported)
+        _import_file(file, imported, execute)
     imported.require_examples(path)
     return imported
 
 
-def _import_file(path: Path, imported: Imported) -> None:
+def _import_file(path: Path, imported: Imported, execute: bool) -> None:
     questions = read_records(path)
     answer_path = path.parent / ANSWERS / path.name
     if not answer_path.is_file():
@@ -79,7 +82,12 @@ def _import_file(path: Path, imported: Imported) -> None:
             raise bad(where, "id", f"'{qid}' has no gold answer in {answer_path}")
         answer_where, gold = answers[qid]
         if multi_turn:
-            _conversation(question, qid, where, gold, answer_where, docs, imported)
+            run = (
+                Conversation(question.get("involved_classes"), question.get("initial_config"), where)
+                if execute
+                else None
+            )
+            _conversation(question, qid, where, gold, answer_where, docs, imported, run)
         else:
             _single_turn(question, qid, where, gold, answer_where, imported)
 
@@ -162,7 +170,11 @@ def _value(value):
 # ---- multi-turn ----------------------------------------------------------------------------------------
 
 
-def _conversation(question, qid, where, gold, answer_where, docs: dict[str, dict], imported: Imported) -> None:
+def _conversation(
+    question, qid, where, gold, answer_where, docs: dict[str, dict], imported: Imported, run: Conversation | None
+) -> None:
+    """Each turn with calls an example; with ``run``, every call is run in order (those of turns left out too: the
+    state carries on) and each step has its result."""
     turns = list_field(question, "question", where)
     if len(gold) != len(turns):
         raise bad(answer_where, "ground_truth", f"has {len(gold)} turns, the question has {len(turns)}")
@@ -172,7 +184,8 @@ def _conversation(question, qid, where, gold, answer_where, docs: dict[str, dict
             raise bad(answer_where, field, "expected a list of call strings")
         query = _user_query(turn, where, f"question[{t}]", imported)
         calls = [parse_call(s, answer_where, f"{field}[{c}]", docs) for c, s in enumerate(strings)]
-        imported.offer(query, calls, f"{qid}/turn-{t}", docs, unit="turns")
+        results = [run.run(name, arguments) for name, arguments in calls] if run else None
+        imported.offer(query, calls, f"{qid}/turn-{t}", docs, unit="turns", results=results)
 
 
 def parse_call(text: str, where: str, field: str, docs: dict[str, dict]) -> tuple[str, dict | None]:

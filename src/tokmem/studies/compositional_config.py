@@ -86,6 +86,7 @@ class CompositionalConfig(MethodSettings):
     adapt_data: tuple[str, ...] = option(
         ADAPT_DATA,
         "complexfuncbench: the adaptation phase's data, some of bfcl (BFCL multi-turn turns, no results), "
+        "bfcl-executed (the same turns, each call run on BFCL's simulated backends: with results), "
         "flights (ComplexFuncBench's records over its flight tools, with results; those tools then leave the "
         "evaluation) and study (the study's own training records: a diagnostic, the evaluation's own tools)",
     )

@@ -2,7 +2,9 @@
 
 ComplexFuncBench (NESTFUL format, 38 Booking.com tools, 2–11 calls a query) gives the evaluation procedures.
 The adaptation phase's come from ``adapt_data``, some of: ``bfcl``, BFCL v4's multi-turn conversations
-(file-system, trading, travel… tools, disjoint from Booking.com's; no execution results), and ``flights``,
+(file-system, trading, travel… tools, disjoint from Booking.com's; no execution results); ``bfcl-executed``, the
+same turns with each call run on BFCL's simulated backends (`tokmem.data.bfcl_backends`: each step carries its
+result, the target's format on tools disjoint from it); ``flights``,
 ComplexFuncBench's own records over its flight tools (`FLIGHT_TOOLS`, with their recorded results, so the backbone
 learns to read a result and copy values out of it); then every record that calls a flight tool is held out of the
 evaluation, so the two sides still share no tool; and ``study``, the study's own training records, a diagnostic
@@ -51,6 +53,7 @@ FLIGHT_TOOLS = frozenset(
 )
 ADAPT_SOURCE_NAMES = {
     "bfcl": "BFCL v4 multi-turn",
+    "bfcl-executed": "BFCL v4 multi-turn, each call run on BFCL's backends (its result in context)",
     "flights": "ComplexFuncBench's flight tools (held out)",
     "study": "the study's own training records (a diagnostic: the evaluation's tools)",
 }
@@ -76,6 +79,10 @@ def check_adapt_data(adapt_data: tuple[str, ...]) -> None:
     """Refuse adaptation data other than some of `ADAPT_SOURCES`."""
     if not adapt_data or not set(adapt_data) <= set(ADAPT_SOURCES):
         raise DataError(f"adaptation data '{','.join(adapt_data)}': choose from {', '.join(ADAPT_SOURCES)}")
+    if {"bfcl", "bfcl-executed"} <= set(adapt_data):
+        raise DataError(
+            "adaptation data: bfcl and bfcl-executed are the same turns, without and with results: pick one"
+        )
 
 
 def query_hash(query: str) -> float:
@@ -141,7 +148,7 @@ def complexfuncbench_data(
     """ComplexFuncBench's records with at most ``max_calls`` calls, split by query hash (or tested on
     ``test_data``); at most ``train_size`` training records (a seeded sample) and the first ``test_size`` test
     records in hash order.  The adaptation examples of ``adapt_data``: up to ``adapt_samples`` BFCL multi-turn turns
-    with at most ``max_calls`` calls (``bfcl``), every record over the flight tools alone (``flights``; records
+    with at most ``max_calls`` calls (``bfcl``; ``bfcl-executed``: each call with its result), every record over the flight tools alone (``flights``; records
     calling a flight tool are then left out of both evaluation sides), and the training records themselves
     (``study``: a diagnostic upper bound of adapting in the target's own format, not a held-out adaptation — it
     shares every tool with the evaluation)."""
@@ -173,8 +180,10 @@ def complexfuncbench_data(
         )
     tools = list(dict.fromkeys(p for e in train + test for p in e.procedures))
     adaptation = {}
-    if "bfcl" in adapt_data:
-        adaptation["bfcl"] = _bfcl_turns(folder, max_calls, adapt_samples, set(tools), rng, left_out)
+    bfcl = next((source for source in ("bfcl", "bfcl-executed") if source in adapt_data), None)
+    if bfcl:
+        executed = bfcl == "bfcl-executed"
+        adaptation[bfcl] = _bfcl_turns(folder, max_calls, adapt_samples, set(tools), rng, left_out, executed)
     if held:
         adaptation["flights"] = [e for e in imported.examples if held.issuperset(e.procedures)]
     if "study" in adapt_data:
@@ -212,10 +221,17 @@ def _at_most(examples: list[Example], max_calls: int, left_out: Counter, source:
 
 
 def _bfcl_turns(
-    folder: Path, max_calls: int, samples: int, evaluation_tools: set[str], rng: random.Random, left_out: Counter
+    folder: Path,
+    max_calls: int,
+    samples: int,
+    evaluation_tools: set[str],
+    rng: random.Random,
+    left_out: Counter,
+    executed: bool = False,
 ) -> list[Example]:
-    """BFCL multi-turn turns (each a query and its calls) with at most ``max_calls`` calls, ``samples`` of them."""
-    turns = import_bfcl(folder / BFCL_MULTI_TURN).examples
+    """BFCL multi-turn turns (each a query and its calls; ``executed``: each call with its result) with at most
+    ``max_calls`` calls, ``samples`` of them."""
+    turns = import_bfcl(folder / BFCL_MULTI_TURN, execute=executed).examples
     shared = evaluation_tools & {p for e in turns for p in e.procedures}
     if shared:
         raise DataError(
