@@ -179,21 +179,28 @@ def complexfuncbench_data(
             f"{max_calls} calls: both must be non-empty (raise --max-calls or --test-fraction); left out: {why}"
         )
     tools = list(dict.fromkeys(p for e in train + test for p in e.procedures))
-    adaptation = {}
-    bfcl = next((source for source in ("bfcl", "bfcl-executed") if source in adapt_data), None)
-    if bfcl:
-        executed = bfcl == "bfcl-executed"
-        adaptation[bfcl] = _bfcl_turns(folder, max_calls, adapt_samples, set(tools), rng, left_out, executed)
-    if held:
-        adaptation["flights"] = [e for e in imported.examples if held.issuperset(e.procedures)]
-    if "study" in adapt_data:
-        adaptation["study"] = list(train)
+    adaptation = _adaptation(
+        adapt_data, folder, max_calls, adapt_samples, imported.examples, train, tools, rng, left_out
+    )
     return RealData(
         ToolData(train, test, {name: catalog[name] for name in tools}),
         [e for examples in adaptation.values() for e in examples],
         left_out,
         {source: len(examples) for source, examples in adaptation.items()},
     )
+
+
+def _adaptation(
+    adapt_data, folder, max_calls, samples, records, train, tools, rng, left_out
+) -> dict[str, list[Example]]:
+    """Each source of ``adapt_data``'s examples, in `ADAPT_SOURCES` order (the seeded sample of BFCL turns first)."""
+    sources = {
+        "bfcl": lambda: _bfcl_turns(folder, max_calls, samples, set(tools), rng, left_out),
+        "bfcl-executed": lambda: _bfcl_turns(folder, max_calls, samples, set(tools), rng, left_out, executed=True),
+        "flights": lambda: [e for e in records if FLIGHT_TOOLS.issuperset(e.procedures)],
+        "study": lambda: list(train),
+    }
+    return {source: sources[source]() for source in ADAPT_SOURCES if source in adapt_data}
 
 
 def _own_split(records: list[Example], known: set[str], test_fraction: float) -> tuple[list, list]:
