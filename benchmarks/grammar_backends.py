@@ -26,6 +26,7 @@ import torch
 import xgrammar
 
 from tokmem import load_backbone
+from tokmem.backbones import DEFAULT_BACKBONE
 from tokmem.data.nestful import load_spec
 from tokmem.data.procedures import arguments_json
 from tokmem.data.toolfiles import read_records
@@ -155,7 +156,7 @@ def main() -> None:
     parser.add_argument("--json", default="results/grammar_backends.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    tokenizer = load_backbone("smollm2-135m", device="cpu").tokenizer
+    tokenizer = load_backbone(DEFAULT_BACKBONE, device="cpu").tokenizer
     spec = load_spec(DATA / "complexfuncbench-spec.json.gz")
     records = read_records(DATA / "complexfuncbench-data.json.gz")
     records = records[:: max(1, len(records) // args.records)][
@@ -165,7 +166,7 @@ def main() -> None:
     result = {
         "command": f"PYTHONPATH=src python benchmarks/grammar_backends.py --records {args.records}",
         "machine": f"{platform.platform()}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), 1 torch thread",
-        "tokenizer": "smollm2-135m",
+        "tokenizer": DEFAULT_BACKBONE,
         "records": len(records),
         "calls": len(calls),
         "backends": {

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 import tokmem
+from tokmem.backbones import DEFAULT_BACKBONE
 from tokmem.data.nestful import import_nestful
 from tokmem.studies.realtools import hash_split
 from tokmem.eval.evaluate import evaluate
@@ -73,7 +74,7 @@ def main() -> None:
     records = [e for e in imported.examples if len(e.steps) <= args.max_calls]
     train, test = hash_split(records, 0.2)
     train, test = random.Random(0).sample(train, min(args.train, len(train))), test[: args.test]
-    model = tokmem.create("smollm2-135m", device="cpu")
+    model = tokmem.create(DEFAULT_BACKBONE, device="cpu")
     schemas = {name: entry["parameters"] for name, entry in imported.catalog.items()}
     config = tokmem.TrainConfig(epochs=args.epochs, progress=False)
     start = time.perf_counter()
@@ -84,7 +85,7 @@ def main() -> None:
         "command": f"PYTHONPATH=src python benchmarks/schema_decoding.py --train {args.train} --test {args.test} "
         f"--max-calls {args.max_calls} --epochs {args.epochs} --max-new-tokens {args.max_new_tokens}",
         "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, 1 torch thread (shared with other work)",
-        "backbone": "smollm2-135m",
+        "backbone": DEFAULT_BACKBONE,
         "train_records": len(train),
         "test_records": len(test),
         "train": asdict(config),

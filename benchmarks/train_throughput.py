@@ -36,6 +36,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from tokmem import TrainConfig, create, learn, load_backbone
+from tokmem.backbones import DEVICE_HELP
+from tokmem.cli.options import add_backbone
 from tokmem.data.procedures import Example
 from tokmem.methods.lora import LoRA
 from tokmem.report import console, machine, write_json
@@ -240,8 +242,8 @@ def run(args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backbone", default="smollm2-135m", help="any backbone spec, e.g. a .gguf file")
-    parser.add_argument("--device", default=None, help="cpu, cuda, … (default: cuda when available)")
+    add_backbone(parser)
+    parser.add_argument("--device", default=None, help=DEVICE_HELP)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="the backbone's (default: the library's)")
     parser.add_argument("--workload", choices=WORKLOADS, default="demo")
     parser.add_argument("--examples", type=int, default=16, help="training examples (the first of the workload)")

@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import save_file
 
 import tokmem
-from tokmem.backbones import cache_dir, load_backbone
+from tokmem.backbones import DEFAULT_BACKBONE, cache_dir, load_backbone
 from tokmem.decode import DecodeConfig, to_generation
 from tokmem.sequences import chat_prefix
 from tokmem.report import console, machine, write_json
@@ -239,7 +239,7 @@ def parity(backbone, banks, queries, outputs) -> bool:
 
 def model_directory(backbone, spec: str, scratch: Path) -> Path:
     """A Hugging Face directory vLLM can load: smollm2's converted cache, or the backbone saved."""
-    if spec == "smollm2-135m":
+    if spec == DEFAULT_BACKBONE:
         return cache_dir() / "backbones" / "smollm2-135m-instruct-q4_1"
     directory = scratch / "model"
     backbone.model.save_pretrained(directory)
@@ -290,7 +290,9 @@ def lora_or_reason(model_dir, prompts, scratch, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--backbone", default="smollm2-135m", help="smollm2-135m, tiny-random-head32, or a Hugging Face model directory"
+        "--backbone",
+        default=DEFAULT_BACKBONE,
+        help=f"{DEFAULT_BACKBONE}, tiny-random-head32, or a Hugging Face model directory",
     )
     parser.add_argument(
         "--batch", type=int, default=1000, help="requests decoded together (at least the largest bank pool)"
