@@ -22,7 +22,7 @@
 # `smoke` (after small.tgz): the CUDA tests and tiny studies. Done so far (results/*qwen*): cfb-s*, cfb8-s*,
 # cfb15-s0-*, atomic-s*, catalog-s0-*, TokMem's before its bank's schemas took the training calls' key order; next:
 # ONLY='^cfbtok8?-s[0-2]-' (TokMem with rows at a token's norm, 120 and 480 updates), ONLY='^cfb(dc|own|toklr)-'
-# (the next levers, 3 seeds), then
+# (the next levers, 3 seeds), ONLY='^cfb(bfclx|flights)-' (held-out adaptation in the target's format), then
 # ONLY='^(cfb|cfb8|cfb15)-s[0-2]-tokmem$|^cfb15-s[12]-' (TokMem again, and the 1.5B's seeds 1-2).
 set -uo pipefail
 mode=${1:?usage: gpu_qwen.sh pack|pack-1.5b|smoke|keep|studies OUT}
@@ -31,7 +31,7 @@ mkdir -p "$out"
 py=${PY:-python3}
 WHEELS="xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.3 pydantic_core==2.50.4 annotated-types==0.8.0
   typing-inspection==0.4.5 typing_extensions==4.16.0 gguf==0.19.0 nltk==3.9.1 absl-py==2.1.0 six==1.17.0 joblib==1.6.0
-  click==8.5.1 regex==2026.11.19"  # and rouge_score (the atomic study's scorer), built below: PyPI has no wheel of it
+  click==8.5.1 regex==2026.11.19 bfcl-eval==2026.3.23"  # and rouge_score (the atomic study's scorer), built below: PyPI has no wheel of it
 
 if [ "$mode" = pack ]; then
   packages=$($py -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
@@ -154,6 +154,17 @@ for seed in 0 1 2; do  # the next levers (docs/studies.md, "Causes, one A/B each
     --json "$runs/cfbown-s$seed-tokmem.json"
   step cfbtoklr-s$seed-tokmem-noadapt compositional $cfb --seed $seed --methods tokmem-noadapt --tokmem-lr 5e-3 \
     --renorm-every-step --renorm-target tokens --json "$runs/cfbtoklr-s$seed-tokmem-noadapt.json"
+done
+for seed in 0 1 2; do  # adaptation held out in the target's format (docs/studies.md, "Causes, one A/B each"): the
+  # preset's 300 BFCL turns, each call run on BFCL's backends (its result in context; against cfb-s*-tokmem, the same
+  # turns without results), and ComplexFuncBench's flight tools with their results (their records leave the evaluation:
+  # TokMem w/o adapt on that split beside it)
+  step cfbbfclx-s$seed-tokmem compositional $cfb --seed $seed --methods tokmem --adapt-data bfcl-executed \
+    --json "$runs/cfbbfclx-s$seed-tokmem.json"
+  for m in tokmem tokmem-noadapt; do
+    step cfbflights-s$seed-$m compositional $cfb --seed $seed --methods $m --adapt-data flights \
+      --json "$runs/cfbflights-s$seed-$m.json"
+  done
 done
 atomic="atomic --backbone qwen2.5-coder-0.5b --tokmem-lr 5e-3 --tasks-dir /tmp/payload/data/sni/tasks --epoch-budgets 1"
 for seed in 0 1 2; do  # the same at 8 epochs (480 updates): whether TokMem learns the arguments with more updates
