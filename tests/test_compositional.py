@@ -256,6 +256,8 @@ def test_main_study_reports_both_f1s_by_calls_and_the_trainable_params_of_every_
     }
     assert result["data"]["test"] == sum(result["data"]["test_by_calls"].values()) > 0
     assert result["adaptation"]["tools"] == split_tools()[0][:2]
+    sources = result["adaptation"]["value_sources"]  # the built-in samples carry no results: nothing read from one
+    assert sources["query"] > 0 and sources["last result"] == sources["older result"] == 0
 
 
 def test_recipe_study_trains_tokmem_as_configured_and_with_each_option_switched_alone(backbone, tmp_path_factory):

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from tokmem.eval.metrics import call_text_scores
-from tokmem.eval.steps import aligned_scores, outcome, outcomes, source
+from tokmem.data.procedures import Example, Step, call_json
+from tokmem.eval.steps import aligned_scores, gold_value_sources, outcome, outcomes, source
 
 
 def call(name: str, **arguments) -> str:
@@ -79,6 +80,19 @@ def test_a_gold_value_comes_from_the_query_the_last_result_an_older_one_or_nowhe
     assert source("C7", "Rent a car", results) == "last result"
     assert source("OSL-1", "Rent a car", results) == "older result"
     assert source("2026-12-15", "Rent a car on December 15th", results) == "none"
+
+
+def test_a_data_sets_gold_values_are_counted_by_where_each_could_be_read_before_its_step():
+    example = Example(
+        "Rent a car in Oslo on December 15th",
+        (
+            Step("city", call_json("city", {"name": "Oslo"}), result='{"city_id": "OSL-1"}'),
+            Step("cars", call_json("cars", {"city_id": "OSL-1", "date": "2026-12-15"}), result='{"car": "C7"}'),
+            Step("book", call_json("book", {"car": "C7", "city_id": "OSL-1"})),
+            Step("note", "Booked."),  # no call: no values
+        ),
+    )
+    assert gold_value_sources([example]) == {"query": 1, "last result": 2, "older result": 1, "none": 1}
 
 
 def test_outcomes_count_steps_and_the_right_tools_values_by_source():

@@ -8,8 +8,9 @@ against no gold step (end to end: one too many) lowers precision, a step answere
 Unlike the pooled F1 (``metrics.call_scores``, a record's answers as one multiset), a verbatim repeat of an earlier
 call earns nothing here.
 
-``outcomes`` says what each per-step answer got wrong (``OUTCOMES``), and ``value_sources`` where each gold value of a
-step could be read (the query, the last result, an older one, nowhere) and whether the answer had it.
+``outcomes`` says what each per-step answer got wrong (``OUTCOMES``), and where each gold value of a step could be
+read (``source``: the query, the last result, an older one, nowhere) and whether the answer had it;
+``gold_value_sources`` counts the same sources over a data set's own calls (what it teaches to copy).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from tokmem.data.procedures import Example
 from tokmem.eval.metrics import gold_calls, read_call
 
 SCORES = ("tool_f1", "arg_f1", "call_f1")
@@ -100,6 +102,18 @@ def source(value, query: str, results: Sequence[str | None]) -> str:
     if results and results[-1] is not None and text in results[-1].lower():
         return "last result"
     return "older result" if any(r is not None and text in r.lower() for r in results[:-1]) else "none"
+
+
+def gold_value_sources(examples: Sequence[Example]) -> dict[str, int]:
+    """The argument values of ``examples``' calls counted by where each could be read before its step (``source``):
+    how much of a training or adaptation set is copying from the query, from results, or neither."""
+    counts = Counter(
+        source(value, example.query, [earlier.result for earlier in example.steps[:k]])
+        for example in examples
+        for k, step in enumerate(example.steps)
+        for _, value in read_call(step.response)[1] or ()  # a step that is no call has no arguments
+    )
+    return {where: counts[where] for where in SOURCES}
 
 
 def outcomes(records: Sequence[dict]) -> dict:

@@ -15,6 +15,7 @@ from tokmem.data.tool_catalog import split_tools
 from tokmem.studies.realtools import RealData, complexfuncbench_data, function_calling_dir
 from tokmem.data.tool_datasets import ToolData, tool_dataset, tool_examples, xlam_dataset
 from tokmem.eval import metrics
+from tokmem.eval.steps import gold_value_sources
 from tokmem.methods.lora import LoRA, Replay, ReplaySettings
 from tokmem.methods.method import Method
 from tokmem.methods.native import NativeTools
@@ -117,6 +118,7 @@ def prepare_backbones(
     info = {
         "tools": list(dict.fromkeys(p for e in examples for p in e.procedures)),
         "examples": len(examples),
+        "value_sources": gold_value_sources(examples),  # what the adaptation teaches to copy
         "steps": -(-len(examples) * config.adapt_epochs // config.batch_size),
         "directory": str(directory),
         "cached": cached,
