@@ -148,10 +148,10 @@ def complexfuncbench_data(
     """ComplexFuncBench's records with at most ``max_calls`` calls, split by query hash (or tested on
     ``test_data``); at most ``train_size`` training records (a seeded sample) and the first ``test_size`` test
     records in hash order.  The adaptation examples of ``adapt_data``: up to ``adapt_samples`` BFCL multi-turn turns
-    with at most ``max_calls`` calls (``bfcl``; ``bfcl-executed``: each call with its result), every record over the flight tools alone (``flights``; records
-    calling a flight tool are then left out of both evaluation sides), and the training records themselves
-    (``study``: a diagnostic upper bound of adapting in the target's own format, not a held-out adaptation — it
-    shares every tool with the evaluation)."""
+    with at most ``max_calls`` calls (``bfcl``; ``bfcl-executed``: each call with its result), every record over the
+    flight tools alone (``flights``; records calling a flight tool are then left out of both evaluation sides), and
+    the training records themselves (``study``: a diagnostic upper bound of adapting in the target's own format, not a
+    held-out adaptation — it shares every tool with the evaluation)."""
     check_adapt_data(adapt_data)
     held = FLIGHT_TOOLS if "flights" in adapt_data else frozenset()
     left_out: Counter = Counter()
@@ -191,7 +191,15 @@ def complexfuncbench_data(
 
 
 def _adaptation(
-    adapt_data, folder, max_calls, samples, records, train, tools, rng, left_out
+    adapt_data: tuple[str, ...],
+    folder: Path,
+    max_calls: int,
+    samples: int,
+    records: list[Example],
+    train: list[Example],
+    tools: list[str],
+    rng: random.Random,
+    left_out: Counter,
 ) -> dict[str, list[Example]]:
     """Each source of ``adapt_data``'s examples, in `ADAPT_SOURCES` order (the seeded sample of BFCL turns first)."""
     sources = {
