@@ -7,7 +7,8 @@ JSON where it parses, else as text): ``calls:key_order=calls`` ``schema:key_orde
 order a tool's arguments are trained and decoded in, the calls' against the spec's), ``tokens:renorm_every_step=true,
 renorm_target=tokens`` (rows renormalised to a token's norm after every step, the reference code's), ``lr5e-3:
 tokmem_lr=5e-3`` (the paper's lr), ``dc-steer:decoupled=true,renorm_every_step=true,renorm_target=tokens,
-renorm_side=steer`` (a decoupled bank whose steer rows are held at a token's norm, its index rows free).  The settings
+renorm_side=steer`` (a decoupled bank whose steer rows are held at a token's norm, its index rows free),
+``shown:show_schemas=true`` (tokmem+schema: the chosen tool's schema between its memory token and its arguments).  The settings
 are the one difference between variants of a file.
 
 Each row has the per-step scores by position (``eval.steps``), the outcomes, the outcomes of the tools whose spec
@@ -37,6 +38,7 @@ from loop_answers import reordered_tools  # a script beside this one (its folder
 
 from tokmem.bank import MemoryBank
 from tokmem.cli.options import add_backbone
+from tokmem.eval import metrics
 from tokmem.eval.steps import OUTCOMES, aligned_scores, outcome, outcomes
 from tokmem.io import write_json_atomic
 from tokmem.model import TokMemModel
@@ -71,10 +73,12 @@ def variant(text: str) -> tuple[str, dict]:
 
 
 def per_step(method, data, reordered: set[str], bar) -> dict:
-    """Per step, by position: the scores, the outcomes, and the outcomes of the ``reordered`` tools' steps apart."""
+    """Per step, by position: the scores, the outcomes, the outcomes of the ``reordered`` tools' steps apart, and the
+    prompt tokens the backbone read a call."""
     bar.phase(f"answering {len(data.test)} records step by step", len(data.test))
     start = time.perf_counter()
-    steps, routes, _ = step_predictions(method, data.test, RESULT_TOKENS, bar)
+    steps, routes, prompt_tokens = step_predictions(method, data.test, RESULT_TOKENS, bar)
+    seconds = time.perf_counter() - start
     samples = [
         {"query": e.query, "gold": [s.response for s in e.steps], "results": [s.result for s in e.steps], "step": p}
         for e, p in zip(data.test, steps)
@@ -83,7 +87,8 @@ def per_step(method, data, reordered: set[str], bar) -> dict:
         "step": aligned_scores([s["gold"] for s in samples], steps, routes),
         "outcomes": outcomes(samples),
         "outcomes of the reordered tools": group_outcomes(samples, reordered),
-        "seconds": round(time.perf_counter() - start, 1),
+        "seconds": round(seconds, 1),
+        **metrics.answering_cost(prompt_tokens, seconds, sum(len(e.steps) for e in data.test)),
         "samples": [s | {"routes": r} for s, r in zip(samples, routes)],
     }
 

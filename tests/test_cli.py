@@ -173,6 +173,16 @@ def test_bank_show_rm_rename_merge(data, capsys):
     assert MemoryBank.load(data / "merged.safetensors").names == ["reverse", "shout", "yell"]
 
 
+def test_train_with_show_schemas_writes_a_bank_that_says_it_shows_them(data, capsys):
+    path = data / "shown.safetensors"
+    command = ("train", "--epochs", 1, "--data", data / "first.jsonl", "--out", path, "--show-schemas", "--quiet")
+    assert tokmem(*command, "--backbone", "tiny-random", "--device", "cpu") == 0
+    assert MemoryBank.load(path).shows_schemas and not MemoryBank.load(train_bank(data)).shows_schemas
+    capsys.readouterr()
+    assert tokmem("bank", "show", path) == 0
+    assert "shows its tools schemas" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -1,6 +1,7 @@
 """The compositional study on real data: ComplexFuncBench to evaluate, BFCL multi-turn or its own flight tools to adapt."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -195,6 +196,17 @@ def test_a_resumed_loop_run_learns_tokmem_again_when_its_free_arguments_row_is_m
     path.write_text(json.dumps(saved))
     methods = compositional.run(config, backbone, progress=False, json_path=path, resume=True)["methods"]
     assert methods["tokmem"]["train_seconds"] >= 0 and "tokmem-noschema" in methods
+
+
+@needs_shared
+def test_tokmem_with_schemas_shown_trains_as_many_updates_and_reads_each_chosen_tools_schema(backbone):
+    config = tiny_real_config(methods=("tokmem-noadapt",), max_length=1024)
+    plain = compositional.run(config, backbone, progress=False)["methods"]["tokmem-noadapt"]
+    shown = compositional.run(replace(config, show_schemas=True), backbone, progress=False)["methods"]["tokmem-noadapt"]
+    assert shown["updates"] == plain["updates"] > 0 and shown["label"] == "TokMem (w/o adapt; schema shown)"
+    assert shown["prompt_tokens_per_call"] > plain["prompt_tokens_per_call"]  # each call's schema after its token
+    with pytest.raises(TokMemError, match="--show-schemas answers in the tool loop only"):
+        make_config(None, "main", show_schemas=True).resolved()
 
 
 def test_the_tool_loop_adds_the_free_arguments_row_and_leaves_the_constant_lr_row_out_of_the_default_methods():

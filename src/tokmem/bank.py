@@ -7,7 +7,9 @@ LM-head side.  Rows are float32 on the CPU; the model moves them where they are 
 Each row has a kind: ``text`` (its memory token is followed by the response text) or ``tool`` (it is
 followed by the tool's arguments as JSON only: the memory token is the tool choice, and answers
 assemble the whole call ``{"name": procedure, "arguments": …}``).  A tool row may keep its tool's JSON schema
-(``schemas``: OpenAI's function ``parameters``), which binds the arguments decoded after its memory token.
+(``schemas``: OpenAI's function ``parameters``), which binds the arguments decoded after its memory token.  A bank
+that *shows schemas* (``shows_schemas``, the ``tokmem+schema`` method) was trained with each tool's schema in context
+between its memory token and its arguments (``tokmem.sequences.SchemaShown``), and is decoded so (``tokmem.chat``).
 
 On disk a bank is ``<path>`` (safetensors) plus ``<path>.json`` (metadata), as ``tokmem.bank_format`` lays them
 out and checks them when read; the two files are written together (``tokmem.io.write_files``).
@@ -39,8 +41,10 @@ ROW_NORM_FACTOR = 1000.0  # rows may be at most this many times the backbone's m
 
 
 class MemoryBank:
-    def __init__(self, hidden_size: int, decoupled: bool = False, backbone: dict | None = None):
-        self.hidden_size = hidden_size
+    def __init__(
+        self, hidden_size: int, decoupled: bool = False, backbone: dict | None = None, shows_schemas: bool = False
+    ):
+        self.hidden_size, self.shows_schemas = hidden_size, shows_schemas
         self.names: list[str] = []  # edited only here, with _index_names() after each change
         self._rows: dict[str, int] = {}
         self.descriptions: list[str] = []
@@ -159,6 +163,8 @@ class MemoryBank:
         """Append every row of ``other`` (same backbone and form); names must not clash."""
         if other.decoupled != self.decoupled or other.hidden_size != self.hidden_size:
             raise BankError("cannot merge a coupled bank with a decoupled one, or banks of different widths")
+        if other.shows_schemas != self.shows_schemas:
+            raise BankError("cannot merge a bank that shows its tools' schemas with one that does not")
         if other.backbone.get("fingerprint") != self.backbone.get("fingerprint"):
             raise BankError(
                 f"cannot merge banks trained for different backbones "
@@ -176,6 +182,14 @@ class MemoryBank:
         if self.decoupled:
             self.steer = torch.cat([self.steer, other.steer])
         self.trainable = torch.cat([self.trainable, other.trainable])
+
+    def refuse_shown_schemas(self, decoder: str) -> None:
+        """A ``BankError`` if this bank shows schemas: ``decoder`` lays out a call as memory token then arguments."""
+        if self.shows_schemas:
+            raise BankError(
+                f"this bank shows its tools' schemas before their arguments (tokmem+schema): {decoder} does not "
+                "decode such a bank yet (tokmem.chat does)"
+            )
 
     # ---- renormalisation ----------------------------------------------------------------
     def norms(self, side: str = "index") -> torch.Tensor:
@@ -215,6 +229,7 @@ class MemoryBank:
             "hidden_size": self.hidden_size,
             "num_rows": len(self),
             "decoupled": self.decoupled,
+            "shows_schemas": self.shows_schemas,
             "dtype": "float32",
             "names": self.names,
             "descriptions": self.descriptions,
@@ -262,7 +277,12 @@ class MemoryBank:
         meta = read_metadata(metadata, metadata_path(where))
         if require_backbone and "fingerprint" not in (meta.get("backbone") or {}):
             raise BankError(f"{metadata_path(where)}: field 'backbone' must give the backbone's 'fingerprint'")
-        bank = cls(meta["hidden_size"], decoupled=meta["decoupled"], backbone=meta.get("backbone") or {})
+        bank = cls(
+            meta["hidden_size"],
+            decoupled=meta["decoupled"],
+            backbone=meta.get("backbone") or {},
+            shows_schemas=meta.get("shows_schemas", False),  # absent before banks could show schemas
+        )
         bank.names = list(meta["names"])
         bank._index_names()
         bank.descriptions = list(meta.get("descriptions") or [""] * len(bank.names))

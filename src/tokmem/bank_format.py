@@ -136,6 +136,11 @@ def _decoupled(meta: dict) -> str | None:
     return None if isinstance(meta.get("decoupled"), bool) else "field 'decoupled' is missing or not true/false"
 
 
+def _shows_schemas(meta: dict) -> str | None:
+    shows = meta.get("shows_schemas", False)
+    return None if isinstance(shows, bool) else "field 'shows_schemas' must be true or false"
+
+
 def _names(meta: dict) -> str | None:
     names = meta.get("names")
     if not isinstance(names, list):
@@ -190,6 +195,7 @@ FIELD_CHECKS: tuple[Callable[[dict], str | None], ...] = (
     _format,
     _hidden_size,
     _decoupled,
+    _shows_schemas,
     _names,
     _descriptions,
     _kinds,

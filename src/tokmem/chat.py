@@ -36,7 +36,17 @@ from transformers import DynamicCache
 from tokmem.batch import join_caches, left_pad
 from tokmem.decode import DecodeConfig, decode_rows, to_generation
 from tokmem.errors import DataError, cut, listed
-from tokmem.sequences import RESULT_TOKENS, Answer, Calls, UserTurns, chat_prefix, tool_call_ids, turn_ids
+from tokmem.sequences import (
+    RESULT_TOKENS,
+    Answer,
+    Calls,
+    SchemaShown,
+    UserTurns,
+    chat_prefix,
+    shown_schema_ids,
+    tool_call_ids,
+    turn_ids,
+)
 from tokmem.model import TokMemModel
 
 
@@ -172,11 +182,57 @@ def _answer(model, ids, turns, caches, tools, tool_choice, config, answered) -> 
 def _decode(model, ids, caches, allowed, forced, config, schemas) -> list[tuple[list[int], bool]]:
     """(tokens up to EOS, whether the plain backbone answered) per conversation of ``ids``, decoded in one batch on
     what each cache holds; every cache is updated to its conversation and answer."""
+    if model.bank.shows_schemas:
+        return _decode_showing_schemas(model, ids, caches, allowed, forced, config, schemas)
+    return _decode_batch(model, ids, caches, allowed, forced, config, schemas)
+
+
+def _decode_showing_schemas(model, ids, caches, allowed, forced, config, schemas) -> list[tuple[list[int], bool]]:
+    """``_decode`` for a bank that shows schemas, in two passes: the first token (routing: a memory token, or the
+    plain backbone's first word); then, after each chosen tool's memory token and its schema (as training laid them
+    out), its arguments, and for the plain rows their answer with the bank masked.  One call a turn: the arguments
+    end the turn (a next call's schema would have to be shown too)."""
+    routed = _decode_batch(model, ids, caches, allowed, forced, replace(config, max_new_tokens=1), schemas)
+    memory = [tokens[0] if starts_calls(model, tokens[0], plain) else -1 for tokens, plain in routed]
+    allowed = allowed.clone()
+    allowed[torch.tensor([token < 0 for token in memory])] = False  # the plain rows answer as the backbone again
+    shown = [row + _shown_schema(model, token) for row, token in zip(ids, memory)]
+    begun = torch.tensor(memory, device=model.device)
+    first_pass = [cache.prefilled for cache in caches]
+    decoded = _decode_batch(model, shown, caches, allowed, -1, replace(config, max_steps=1), schemas, begun)
+    for cache, prefilled in zip(caches, first_pass):
+        cache.prefilled += prefilled  # the tokens both passes encoded
+    return [
+        (([token] if token >= 0 else []) + tokens, plain)
+        for token, (tokens, _), (_, plain) in zip(memory, decoded, routed)
+    ]
+
+
+def _shown_schema(model: TokMemModel, memory: int) -> list[int]:
+    """What follows a tool's memory token before its arguments in a bank that shows schemas: the token and the
+    tool's schema (``tool_call_ids``'s layout); nothing for ``memory`` -1 (no call)."""
+    if memory < 0:
+        return []
+    schema = model.bank.schemas[memory - model.vocab_size]
+    return [memory, *([] if schema is None else shown_schema_ids(model.backbone.tokenizer, schema))]
+
+
+def _decode_batch(model, ids, caches, allowed, forced, config, schemas, begun=None) -> list[tuple[list[int], bool]]:
+    """``_decode`` in one pass (``begun``: see ``decode_rows``)."""
     new, mask, kv = _batch_cache(model, caches, ids)
     rows = len(ids)
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
     answers, _, plain, kv, mask = decode_rows(
-        model, new, mask, kv, config, torch.full((rows,), forced, device=model.device), generator, allowed, schemas
+        model,
+        new,
+        mask,
+        kv,
+        config,
+        torch.full((rows,), forced, device=model.device),
+        generator,
+        allowed,
+        schemas,
+        begun=begun,
     )
     decoded = []
     for i, (cache, tokens) in enumerate(zip(caches, answers)):
@@ -290,7 +346,7 @@ def _text_message(message, i: int) -> dict:
     return {"role": message["role"], "content": message["content"]}
 
 
-def _call_ids(model: TokMemModel, call, where: str) -> list[int]:
+def _call_ids(model: TokMemModel, call, where: str) -> list[int] | SchemaShown:
     """A call as training lays it out: the tool row's memory token, then its arguments (compact, schema order).
     Arguments nested too deep for Python's JSON (a RecursionError) are a ``DataError`` naming them."""
     try:
@@ -299,7 +355,7 @@ def _call_ids(model: TokMemModel, call, where: str) -> list[int]:
         raise DataError(f"{where}.function.arguments: nested too deep") from None
 
 
-def _laid_out_call(model: TokMemModel, call, where: str) -> list[int]:
+def _laid_out_call(model: TokMemModel, call, where: str) -> list[int] | SchemaShown:
     function = call.get("function") if isinstance(call, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if name not in model.bank or not model.bank.is_tool(model.bank.row(name)):
@@ -314,7 +370,7 @@ def _laid_out_call(model: TokMemModel, call, where: str) -> list[int]:
     if not isinstance(arguments, dict):
         raise DataError(f"{where}.function.arguments: must be a JSON object as text")
     schema = model.bank.schemas[model.bank.row(name)]
-    return tool_call_ids(model.backbone.tokenizer, model.memory_id(name), arguments, schema)
+    return tool_call_ids(model.backbone.tokenizer, model.memory_id(name), arguments, schema, model.bank.shows_schemas)
 
 
 def _results(messages: list[dict], start: int, call_ids: list) -> list[str]:

@@ -167,6 +167,7 @@ def generate(
     """Answer each query (or chat conversation, or prompt the caller laid out itself as token ids: a chat template's
     tools, native tool calling); ``procedure`` forces that memory token (routing skipped); ``held``: the shared
     prefix kept from the caller's last call (``HeldPrefix``)."""
+    model.bank.refuse_shown_schemas("generate (chains written without results)")
     config = config or DecodeConfig()
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
     forced = None if procedure is None else model.memory_id(procedure)
@@ -265,7 +266,7 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
     ]
 
 
-def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None, schemas=None, stops=()):
+def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None, schemas=None, stops=(), begun=None):
     """Encode ``ids`` (the new tokens of each row, after what ``cache`` holds; ``mask`` covers both) and decode each row
     until a stopping rule ends it (EOS, and ``stops``: objects of ``tokmem.stops``) or ``config.max_new_tokens``: the
     rows' token lists (EOS included; a row done before the others is filled with EOS), their memory mass, which rows
@@ -274,13 +275,20 @@ def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None
 
     ``forced``: per row a memory id to start with, or -1 (route).  ``allowed``: (rows, bank rows) bool, the memory
     tokens each row may use at all (default: every one); a row with none answers as the plain backbone.  ``schemas``:
-    per bank row, the tool schema to decode under instead of the bank's (``argument_grammar``).
+    per bank row, the tool schema to decode under instead of the bank's (``argument_grammar``).  ``begun``: per row
+    the memory id of the tool whose arguments come first (its memory token and schema end ``ids``: a bank that shows
+    schemas, ``tokmem.chat``), or -1; such a row is not routed and counts that memory token as its first segment.
     """
     banks = Banks(*model.memory_matrices(), allowed)
     full = lambda value: torch.full((len(ids),), value, device=ids.device)  # noqa: E731
-    rules = Rules(full(config.threshold), forced, full(config.max_steps), full(config.temperature), full(1.0))
+    begun = full(-1) if begun is None else begun
+    threshold = full(config.threshold).masked_fill(begun >= 0, float("inf"))  # no routing: vocabulary tokens first
+    rules = Rules(threshold, forced, full(config.max_steps), full(config.temperature), full(1.0))
     grammar = argument_grammar(model, len(ids), config, schemas)
+    if grammar is not None:
+        grammar.begin(begun.tolist())
     batch, mass = prefill(model, ids, mask, cache, banks, rules, generator, grammar)
+    batch.plain, batch.steps = batch.plain & (begun < 0), batch.steps + (begun >= 0).long()
     stops = [EndOfSequence(model.backbone.eos_token_id), *stops]
     done = stopped(stops, batch.last)
     generated = [batch.last]

@@ -203,8 +203,7 @@ class ArgumentGrammar:
         for i, token in enumerate(tokens):
             self.started[i] = True
             if token >= self.vocab:
-                compiled = self.grammars[i][token - self.vocab]
-                self.matchers[i] = None if compiled is None else xgrammar.GrammarMatcher(compiled)
+                self._start_tool(i, token)
             elif token == self.eos:
                 self.matchers[i] = None
         fed = [i for i, token in enumerate(tokens) if token < self.vocab and self.matchers[i] is not None]
@@ -214,6 +213,19 @@ class ArgumentGrammar:
         for i, ok in zip(fed, accepted):
             if not ok:  # only where the mask was not applied (a forced or replayed token): the row goes free
                 self.matchers[i] = None
+
+    def begin(self, memory: list[int]) -> None:
+        """Start each row whose memory token is already in its context (``memory[i]``, or -1: none) in that tool's
+        grammar, its arguments next (a bank that shows schemas: ``tokmem.chat`` decodes the arguments after the
+        memory token and the schema)."""
+        for i, token in enumerate(memory):
+            if token >= 0:
+                self.started[i] = True
+                self._start_tool(i, token)
+
+    def _start_tool(self, i: int, memory: int) -> None:
+        compiled = self.grammars[i][memory - self.vocab]
+        self.matchers[i] = None if compiled is None else xgrammar.GrammarMatcher(compiled)
 
     def constrain(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` over vocab ∪ bank with each constrained row's disallowed tokens at -inf (in place).

@@ -186,14 +186,18 @@ def embed_ids(ids: torch.Tensor, vocab_size: int, embed_words, steer: torch.Tens
     return torch.where(memory.unsqueeze(-1), rows, words)
 
 
-def create(backbone: str | Backbone = DEFAULT_BACKBONE, decoupled: bool = False, **load_options) -> TokMemModel:
-    """A model with an empty bank tied to ``backbone`` (a spec or a loaded Backbone)."""
+def create(
+    backbone: str | Backbone = DEFAULT_BACKBONE, decoupled: bool = False, shows_schemas: bool = False, **load_options
+) -> TokMemModel:
+    """A model with an empty bank tied to ``backbone`` (a spec or a loaded Backbone); ``decoupled``,
+    ``shows_schemas``: the bank's form (``MemoryBank``)."""
     from tokmem.backbones import load_backbone
 
     if isinstance(backbone, str):
         backbone = load_backbone(backbone, **load_options)
     identity = {"name": backbone.name, "fingerprint": backbone.fingerprint()}
-    return TokMemModel(backbone, MemoryBank(backbone.hidden_size, decoupled=decoupled, backbone=identity))
+    bank = MemoryBank(backbone.hidden_size, decoupled=decoupled, backbone=identity, shows_schemas=shows_schemas)
+    return TokMemModel(backbone, bank)
 
 
 def load(bank_path, backbone: str | Backbone | None = None, **load_options) -> TokMemModel:
@@ -214,7 +218,7 @@ def compose(models: list[TokMemModel], names: list[str] | None = None) -> TokMem
     names, for errors.  Banks of other backbones, or sharing a procedure name, are a ``BankError`` naming them."""
     names = names or [f"bank {k}" for k in range(len(models))]
     first = models[0]
-    bank = MemoryBank(first.bank.hidden_size, first.bank.decoupled, first.bank.backbone)
+    bank = MemoryBank(first.bank.hidden_size, first.bank.decoupled, first.bank.backbone, first.bank.shows_schemas)
     owner: dict[str, str] = {}
     for name, model in zip(names, models):
         if model.backbone is not first.backbone:

@@ -20,6 +20,10 @@ of learning to stop in silence.  A template that does not render a tool role get
 ``Tool result:\n…``; a backbone without a template gets ``Tool result: …`` on a line.  A result longer than
 ``result_tokens`` tokens is cut there and says so (``… [result cut: N of M tokens shown]``).
 
+A bank that *shows schemas* (``MemoryBank.shows_schemas``, the ``tokmem+schema`` method) lays out each tool call as
+its memory token, then the tool's schema as context (``shown_schema_ids``, not a target), then the arguments: the
+memory token picks the tool, and the tool's parameters are in view while its arguments are written.
+
 ``turn_ids`` is the one layout of what follows the query (turns of calls and results, answers, a user's next
 messages): ``encode`` lays out an example's steps through it, and decoding (``tokmem.chat``) a conversation's turns,
 so a bank meets at run time exactly the tokens it was trained on.
@@ -175,8 +179,26 @@ class Calls:
     tools answered (``results``, one per call), EOS ends the turn and the results follow as tool turns, then the next
     assistant header (``result_ids``); without results the turn runs on (a chain written without results)."""
 
-    calls: list[list[int]]
+    calls: list[list[int] | SchemaShown]
     results: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class SchemaShown:
+    """A tool call laid out by a bank that shows schemas: the memory token (written), the tool's schema (context),
+    the arguments (written)."""
+
+    memory: int
+    schema: list[int]
+    arguments: list[int]
+
+    @property
+    def ids(self) -> list[int]:
+        return [self.memory, *self.schema, *self.arguments]
+
+    @property
+    def labels(self) -> list[int]:
+        return [self.memory, *[IGNORE] * len(self.schema), *self.arguments]
 
 
 @dataclass(frozen=True)
@@ -200,30 +222,45 @@ def turn_ids(tokenizer, turns: list, result_tokens: int = RESULT_TOKENS) -> tupl
     decoding (``tokmem.chat``) both lay out through it."""
     ids, labels = [], []
     for turn in turns:
-        written, context = _written_and_context(tokenizer, turn, result_tokens)
+        written, written_labels, context = _written_and_context(tokenizer, turn, result_tokens)
         ids += written + context
-        labels += written + [IGNORE] * len(context)
+        labels += written_labels + [IGNORE] * len(context)
     return ids, labels
 
 
-def _written_and_context(tokenizer, turn, result_tokens: int) -> tuple[list[int], list[int]]:
-    """(what the assistant writes, the context after it) of one turn."""
+def _written_and_context(tokenizer, turn, result_tokens: int) -> tuple[list[int], list[int], list[int]]:
+    """(what the assistant's turn holds, its labels, the context after it) of one turn: the assistant's tokens are
+    its own but for a shown schema (``SchemaShown``)."""
     eos = tokenizer.eos_token_id
     if isinstance(turn, UserTurns):
-        return [], user_turn_ids(tokenizer, turn.contents)
+        return [], [], user_turn_ids(tokenizer, turn.contents)
     if isinstance(turn, Answer):
-        return tokenizer(turn.text, add_special_tokens=False)["input_ids"] + [eos], []
-    written = [token for call in turn.calls for token in call]
+        written = tokenizer(turn.text, add_special_tokens=False)["input_ids"] + [eos]
+        return written, written, []
+    written = [token for call in turn.calls for token in (call.ids if isinstance(call, SchemaShown) else call)]
+    labels = [label for call in turn.calls for label in (call.labels if isinstance(call, SchemaShown) else call)]
     if turn.results is None:
-        return written, []
-    return written + [eos], result_ids(tokenizer, turn.results, result_tokens)
+        return written, labels, []
+    return written + [eos], labels + [eos], result_ids(tokenizer, turn.results, result_tokens)
 
 
-def tool_call_ids(tokenizer, memory_id: int, arguments: dict, schema: dict | None) -> list[int]:
+def tool_call_ids(
+    tokenizer, memory_id: int, arguments: dict, schema: dict | None, show_schema: bool = False
+) -> list[int] | SchemaShown:
     """A tool call as a tool's segment: its memory token, then its arguments as compact JSON, in the schema's key
-    order where the schema is known (the order schema-bound decoding writes them in)."""
+    order where the schema is known (the order schema-bound decoding writes them in); ``show_schema``: with the
+    schema shown between the two (``SchemaShown``) where it is known."""
     text = arguments_json(arguments if schema is None else schema_order(arguments, schema))
-    return [memory_id, *tokenizer(text, add_special_tokens=False)["input_ids"]]
+    written = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if show_schema and schema is not None:
+        return SchemaShown(memory_id, shown_schema_ids(tokenizer, schema), written)
+    return [memory_id, *written]
+
+
+def shown_schema_ids(tokenizer, schema: dict) -> list[int]:
+    """The tokens of a tool's schema as a bank that shows schemas lays it out after the memory token: the compact
+    JSON of its parameters on a line of its own."""
+    return tokenizer(f"\n{arguments_json(schema)}\n", add_special_tokens=False)["input_ids"]
 
 
 @dataclass
@@ -259,10 +296,11 @@ def encode(
     truncated: TruncationCount | None = None,
     tools: Collection[str] = (),
     result_tokens: int = RESULT_TOKENS,
+    show_schemas: bool = False,
 ) -> Encoded:
     """Lay out one example; ``memory_id(name)`` maps a procedure to its token id; ``tools``: the procedures
     whose segments are their calls' arguments only (a mapping name → schema or None orders the arguments by the
-    schema); ``result_tokens``: the budget of each step's result.
+    schema); ``result_tokens``: the budget of each step's result; ``show_schemas``: a bank that shows schemas.
 
     ``memory_id=None`` lays out the plain query → response sequence (no memory tokens) that the
     fine-tuning baselines train on: the segments one per line, as ``example.response`` shows them; where the steps
@@ -275,7 +313,10 @@ def encode(
         labels = list(target)
     else:
         steps = [
-            Calls([step_ids(example, s, tokenizer, memory_id, tools)], None if s.result is None else [s.result])
+            Calls(
+                [step_ids(example, s, tokenizer, memory_id, tools, show_schemas)],
+                None if s.result is None else [s.result],
+            )
             for s in example.steps
         ]
         target, labels = turn_ids(tokenizer, [*steps, Answer(example.answer or "")], result_tokens)
@@ -295,7 +336,9 @@ def encode(
     return Encoded(prefix + target, [IGNORE] * len(prefix) + labels)
 
 
-def step_ids(example: Example, step, tokenizer, memory_id=None, tools: Collection[str] = ()) -> list[int]:
+def step_ids(
+    example: Example, step, tokenizer, memory_id=None, tools: Collection[str] = (), show_schemas: bool = False
+) -> list[int] | SchemaShown:
     """One step's tokens: its memory token and its segment (a tool's call: ``tool_call_ids``), or, without memory
     tokens (``memory_id=None``: the fine-tuning and prompted layouts), the step's whole response (the call's JSON)."""
     words = tokenizer(step.response, add_special_tokens=False)["input_ids"]
@@ -309,7 +352,7 @@ def step_ids(example: Example, step, tokenizer, memory_id=None, tools: Collectio
             f'but its step is not a call of it ({{"name": "{step.procedure}", "arguments": {{…}}}})'
         )
     schema = tools.get(step.procedure) if isinstance(tools, Mapping) else None
-    return tool_call_ids(tokenizer, memory_id(step.procedure), json.loads(step.call_arguments), schema)
+    return tool_call_ids(tokenizer, memory_id(step.procedure), json.loads(step.call_arguments), schema, show_schemas)
 
 
 def positions(mask: torch.Tensor) -> torch.Tensor:

@@ -268,6 +268,7 @@ def train(
             report.truncated,
             tools,
             config.result_tokens,
+            model.bank.shows_schemas,
         )
         for e in examples
     ]

@@ -37,7 +37,8 @@ def cmd_bank_show(args) -> None:
     meta = bank.metadata()
     console.print(
         f"[bold]{args.bank}[/bold]: {len(bank)} procedures, width {bank.hidden_size}, "
-        f"{'decoupled (index + steer)' if bank.decoupled else 'coupled'}, backbone {bank.backbone.get('name')} "
+        f"{'decoupled (index + steer)' if bank.decoupled else 'coupled'}"
+        f"{', shows its tools schemas' if bank.shows_schemas else ''}, backbone {bank.backbone.get('name')} "
         f"({bank.backbone.get('fingerprint')}), {bank.parameter_count():,} parameters"
     )
     table = Table()

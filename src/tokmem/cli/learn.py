@@ -36,6 +36,12 @@ def add_commands(commands) -> None:
         help="separate index and steer matrices (TokMem+DC; the default: on the travel example's phrasing-disjoint "
         "validation split it routed best, docs/results.md; --no-decoupled: one shared matrix, the paper's TokMem)",
     )
+    train.add_argument(
+        "--show-schemas",
+        action="store_true",
+        help="tokmem+schema: show each chosen tool's schema between its memory token and its arguments, in "
+        "training and in tokmem.chat (one call a turn; the server and vLLM do not decode such a bank yet)",
+    )
     _training_options(train)
     train.set_defaults(handler=cmd_train)
 
@@ -153,7 +159,11 @@ def cmd_demo(args) -> None:
 def cmd_train(args) -> None:
     from tokmem.model import create
 
-    _learn_and_save(create(args.backbone, decoupled=args.decoupled, **_load_options(args)), args, args.out)
+    _learn_and_save(
+        create(args.backbone, decoupled=args.decoupled, shows_schemas=args.show_schemas, **_load_options(args)),
+        args,
+        args.out,
+    )
 
 
 def cmd_add(args) -> None:

@@ -33,7 +33,7 @@ from tokmem.decode import DecodeConfig
 from tokmem.eval import metrics
 from tokmem.eval.steps import aligned_scores, outcomes
 from tokmem.model import TokMemModel
-from tokmem.sequences import RESULT_TOKENS
+from tokmem.sequences import RESULT_TOKENS, shown_schema_ids
 
 NO_RECORDED_RESPONSE = '{"error":"no recorded response for this call: its tool or arguments differ from the gold call"}'
 History = list[tuple[str, str]]  # (call JSON text, its result) of the calls so far
@@ -69,9 +69,18 @@ def chat_answerer(
             else (None, None)
             for r in replies
         ]
-        return calls, sum(len(conversation_ids(model, c, result_tokens)) for c in conversations)
+        read = sum(len(conversation_ids(model, c, result_tokens)) for c in conversations)
+        return calls, read + sum(shown_schema_tokens(model, tool) for _, tool in calls if tool is not None)
 
     return answer
+
+
+def shown_schema_tokens(model: TokMemModel, tool: str) -> int:
+    """The prompt tokens a call's shown schema adds after routing (a bank that shows schemas; else 0)."""
+    schema = model.bank.schemas[model.bank.row(tool)]
+    if not model.bank.shows_schemas or schema is None:
+        return 0
+    return len(shown_schema_ids(model.backbone.tokenizer, schema))
 
 
 def conversation(example: Example, history: History) -> list[dict]:

@@ -40,13 +40,15 @@ class TokMem(Method):
         name: str | None = None,
         label: str | None = None,
         schemas: dict[str, dict] | None = None,
+        shows_schemas: bool = False,
     ):
         """``decode``: how it answers (default: one segment an answer, atomic recall; every query routes: the
         open-set threshold is set to 0).  ``schemas``: tool name → its arguments' JSON schema, kept with the tool's
-        row (``decode.schema``: decode the arguments under it)."""
+        row (``decode.schema``: decode the arguments under it); ``shows_schemas``: a bank that also shows it between
+        the memory token and the arguments (``tokmem+schema``, answered through ``tokmem.chat``)."""
         self.name, self.label = ("tokmem-dc", "TokMem+DC") if decoupled else ("tokmem", "TokMem")
         self.name, self.label = name or self.name, label or self.label
-        self.model = tokmem.create(backbone, decoupled=decoupled)
+        self.model = tokmem.create(backbone, decoupled=decoupled, shows_schemas=shows_schemas)
         self.train_config = replace(train or TrainConfig(), progress=False)
         self.epochs = self.train_config.epochs
         self.decode_config = replace(decode or DecodeConfig(max_steps=1), threshold=0.0)

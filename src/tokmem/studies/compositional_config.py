@@ -126,6 +126,11 @@ class CompositionalConfig(MethodSettings):
     rag_k: int = option(TOOLS_RETRIEVED, "tools RAG and native-retrieved retrieve")
     shots: int = option(SHOTS, "demonstrations ICL and RAG show")
     replay_buffer: int = option(1000, "examples the replay buffer keeps")
+    show_schemas: bool = option(
+        False,
+        "tokmem+schema: TokMem's banks show the chosen tool's schema between its memory token and its arguments "
+        "(trained and decoded so; the tool loop only)",
+    )
 
     def resolved(self) -> "CompositionalConfig":
         """Fill the defaults that depend on the study and the data; check the rest."""
@@ -145,6 +150,8 @@ class CompositionalConfig(MethodSettings):
                 f"the {self.study} study cannot run {', '.join(unknown)}: choose from {', '.join(accepted)}"
             )
         config = replace(self, methods=tuple(self.methods or defaults))
+        if self.show_schemas and not self.tool_loop():
+            raise TokMemError("--show-schemas answers in the tool loop only (complexfuncbench, results in context)")
         return config._checked_real() if self.dataset != "builtin" else config._with_tool_counts()
 
     def decode(self) -> DecodeConfig:

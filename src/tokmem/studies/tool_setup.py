@@ -133,7 +133,10 @@ def build_method(name: str, config: CompositionalConfig, backbones: dict, tools:
     base, adapted = backbones["base"], backbones.get("adapted")
     train, decode, lora = config.train(), config.decode(), config.lora()
     schemas = {n: t.get("parameters") for n, t in tools.items()} if config.tool_loop() else None
-    memory = dict(decode=decode, name=name, label=TOKMEM_LABELS.get(name), schemas=schemas, decoupled=config.decoupled)
+    label = TOKMEM_LABELS.get(name)
+    label = f"{label[:-1]}; schema shown)" if label and config.show_schemas else label
+    memory = dict(decode=decode, name=name, label=label, schemas=schemas, decoupled=config.decoupled)
+    memory |= dict(shows_schemas=config.show_schemas)
     refresh_every = max(1, (config.tools or len(tools)) // config.rounds)
     replay = ReplaySettings(config.replay_ratio, config.replay_buffer, refresh_every)
     factories = {
