@@ -15,11 +15,13 @@ def option(default, text: str, **metadata):
     return field(default=default, metadata={"help": text, **metadata})
 
 
-def nested(config: type, name: str, text: str, default=MISSING, **metadata):
+def nested(config: type, name: str, text: str | None = None, default=MISSING, **metadata):
     """An option that is field ``name`` of the dataclass ``config``, under the name the settings give it: its default
-    is ``config``'s (unless ``default`` is given: a study's own), its help ``text``."""
-    own = next(f for f in fields(config) if f.name == name).default if default is MISSING else default
-    return option(own, text, of=config, field=name, **metadata)
+    is ``config``'s (unless ``default`` is given: a study's own), its help ``config``'s too unless ``text`` says what
+    the setting means there (e.g. that every method of a study trains so)."""
+    source = next(f for f in fields(config) if f.name == name)
+    own = source.default if default is MISSING else default
+    return option(own, text or source.metadata["help"], of=config, field=name, **metadata)
 
 
 def built(settings, config: type, **changes):

@@ -42,7 +42,7 @@ class DemoConfig:
     backbone: str = backbone_option()
     epochs: int = nested(TrainConfig, "epochs", "passes over the training queries", default=3)
     batch_size: int = nested(TrainConfig, "batch_size", "training queries per step", default=32)
-    lr: float = nested(TrainConfig, "lr", "learning rate of the memory rows")
+    lr: float = nested(TrainConfig, "lr")
     decoupled: bool = option(True, "separate index and steer matrices (TokMem+DC; the default)")
     seed: int = field(default=TrainConfig.seed, metadata={"of": TrainConfig, "field": "seed"})
     train_per_procedure: int = option(36, "training queries per procedure")

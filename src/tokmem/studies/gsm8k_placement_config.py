@@ -39,7 +39,7 @@ class GSM8KConfig:
     test_examples: int | None = option(None, "gsm8k: the first N test problems (default: all)")
     fractions: tuple[float, ...] = (0.2, 1.0)
     epochs: int = nested(TrainConfig, "epochs", "gsm8k: training epochs (validation after each)", default=3)
-    lr: float = nested(TrainConfig, "lr", "learning rate of the rows")
+    lr: float = nested(TrainConfig, "lr")
     batch_size: int = nested(TrainConfig, "batch_size", "training examples per step")
     max_new_tokens: int = nested(DecodeConfig, "max_new_tokens", "tokens an answer may generate", default=512)
     decode_batch_size: int = nested(DecodeConfig, "batch_size", "problems answered together")

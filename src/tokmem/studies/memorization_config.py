@@ -24,7 +24,7 @@ class MemorizationConfig:
     steps: int = option(3000, "memorization: optimiser steps per run")
     eval_every: int = option(100, "memorization: steps between perplexity measurements")
     seeds: tuple[int, ...] = option((0, 1, 2, 3, 4), "memorization: seeds to average over, one run each, e.g. 0,1,2")
-    lr: float = nested(TrainConfig, "lr", "learning rate of the rows")
+    lr: float = nested(TrainConfig, "lr")
     batch_size: int = option(8, "sequences per forward pass (memorization: one optimiser step covers the whole text)")
     device: str | None = device_option()
     progress: bool = True

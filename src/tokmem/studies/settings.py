@@ -97,7 +97,7 @@ class MethodSettings:
         "learning rate of every trained method: constant, or linear (10% warm-up, then decay; the reference code)",
         flag="--lr-schedule",
     )
-    warmup: float = nested(T, "warmup", "warm-up fraction of the linear schedule")
+    warmup: float = nested(T, "warmup")
     renorm_every_step: bool = nested(
         T,
         "renorm_every_step",
@@ -111,9 +111,7 @@ class MethodSettings:
     renorm_side: RenormSide = nested(
         T, "renorm_side", "the matrix of a decoupled bank renormalised: index (routing; the paper's) or steer (input)"
     )
-    tool_segments: ToolSegments = nested(
-        T, "tool_segments", "after a tool's memory token: its arguments only (the reference code) or the whole call"
-    )
+    tool_segments: ToolSegments = nested(T, "tool_segments")
     key_order: KeyOrder = nested(
         T, "key_order", "the order TokMem's tool arguments are trained and decoded in: the calls' or the schema's"
     )
@@ -124,12 +122,10 @@ class MethodSettings:
         "gradients (an approximation)",
     )
     batch_size: int = nested(T, "batch_size", "training examples per step")
-    max_length: int = nested(
-        T, "max_length", "longest training sequence in tokens (longer queries are cut from the left)"
-    )
-    max_new_tokens: int = nested(D, "max_new_tokens", "tokens an answer may generate")
-    eval_batch_size: int = nested(D, "batch_size", "queries answered together")
-    tokmem_lr: float = nested(T, "lr", "learning rate of the memory rows")
+    max_length: int = nested(T, "max_length")
+    max_new_tokens: int = nested(D, "max_new_tokens")
+    eval_batch_size: int = nested(D, "batch_size")
+    tokmem_lr: float = nested(T, "lr")
     lora_lr: float = nested(L, "lr", "learning rate of fine-tuning and replay")
     lora_weight_decay: float = nested(L, "weight_decay", "weight decay of fine-tuning and replay")
     lora_rank: int | None = nested(L, "rank", "LoRA rank of fine-tuning and replay")
