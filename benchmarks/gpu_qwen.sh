@@ -22,7 +22,8 @@
 # `smoke` (after small.tgz): the CUDA tests and tiny studies. Done so far (results/*qwen*): cfb-s*, cfb8-s*,
 # cfb15-s0-*, atomic-s*, catalog-s0-*, TokMem's before its bank's schemas took the training calls' key order; next:
 # ONLY='^cfbtok8?-s[0-2]-' (TokMem with rows at a token's norm, 120 and 480 updates), ONLY='^cfb(dc|own|toklr)-'
-# (the next levers, 3 seeds), ONLY='^cfb(bfclx|flights)-' (held-out adaptation in the target's format), then
+# (the next levers, 3 seeds), ONLY='^cfb(bfclx|flights)-' (held-out adaptation in the target's format),
+# ONLY='^cfbshown' (tokmem+schema), then
 # ONLY='^(cfb|cfb8|cfb15)-s[0-2]-tokmem$|^cfb15-s[12]-' (TokMem again, and the 1.5B's seeds 1-2).
 set -uo pipefail
 mode=${1:?usage: gpu_qwen.sh pack|pack-1.5b|smoke|keep|studies OUT}
@@ -165,6 +166,13 @@ for seed in 0 1 2; do  # adaptation held out in the target's format (docs/studie
     step cfbflights-s$seed-$m compositional $cfb --seed $seed --methods $m --adapt-data flights \
       --json "$runs/cfbflights-s$seed-$m.json"
   done
+done
+for seed in 0 1 2; do  # tokmem+schema (docs/tools.md): the chosen tool's schema shown before its arguments, w/o adapt
+  # (against cfb-s*-tokmem-noadapt) and adapted on the flight tools (against cfbflights-s*-tokmem)
+  step cfbshown-s$seed-tokmem-noadapt compositional $cfb --seed $seed --methods tokmem-noadapt --show-schemas \
+    --json "$runs/cfbshown-s$seed-tokmem-noadapt.json"
+  step cfbshownflights-s$seed-tokmem compositional $cfb --seed $seed --methods tokmem --adapt-data flights \
+    --show-schemas --json "$runs/cfbshownflights-s$seed-tokmem.json"
 done
 atomic="atomic --backbone qwen2.5-coder-0.5b --tokmem-lr 5e-3 --tasks-dir /tmp/payload/data/sni/tasks --epoch-budgets 1"
 for seed in 0 1 2; do  # the same at 8 epochs (480 updates): whether TokMem learns the arguments with more updates
