@@ -116,3 +116,18 @@ def test_outcomes_count_steps_and_the_right_tools_values_by_source():
     values = found["values of the right tool"]
     assert values["query"] == {"right": 2, "wrong": 1}  # Oslo, 2 right; C7 (in the query too) wrong
     assert values["last result"] == {"right": 0, "wrong": 1}
+
+
+def test_a_wrong_tool_is_counted_by_where_it_stands_in_the_record_a_stage_skipped_stayed_at_or_foreign():
+    pay = call("Pay", ref="R-9")
+    record = {
+        "query": "Find Oslo, then rent car C7 for 2 days, then pay.",
+        "gold": [FIND, RENT, pay],
+        "results": ["{}", "{}", "{}"],
+        "step": [call("Rent", car="C7", days=2), call("Find", city="Rome"), call("Book", room=1)],
+    }
+    assert outcomes([record])["wrong tools, by place"] == {
+        "a later step's": 1,  # Rent before Find: a stage skipped
+        "an earlier step's": 1,  # Find again where Rent was due (not a verbatim repeat)
+        "not in the record": 1,
+    }

@@ -8,8 +8,9 @@ against no gold step (end to end: one too many) lowers precision, a step answere
 Unlike the pooled F1 (``metrics.call_scores``, a record's answers as one multiset), a verbatim repeat of an earlier
 call earns nothing here.
 
-``outcomes`` says what each per-step answer got wrong (``OUTCOMES``), and where each gold value of a step could be
-read (``source``: the query, the last result, an older one, nowhere) and whether the answer had it;
+``outcomes`` says what each per-step answer got wrong (``OUTCOMES``), where a wrong tool stands in the record
+(``PLACES``: a later step's tool is a stage skipped, an earlier step's one stayed at), and where each gold value of a
+step could be read (``source``: the query, the last result, an older one, nowhere) and whether the answer had it;
 ``gold_value_sources`` counts the same sources over a data set's own calls (what it teaches to copy).
 """
 
@@ -24,6 +25,7 @@ from tokmem.eval.metrics import gold_calls, read_call
 SCORES = ("tool_f1", "arg_f1", "call_f1")
 OUTCOMES = ("exact", "wrong tool", "wrong key set", "wrong values", "repeat", "not a JSON call", "no call")
 SOURCES = ("query", "last result", "older result", "none")
+PLACES = ("a later step's", "an earlier step's", "not in the record")  # where a wrong tool stands in the record
 
 
 def aligned_scores(
@@ -116,17 +118,28 @@ def gold_value_sources(examples: Sequence[Example]) -> dict[str, int]:
     return {where: counts[where] for where in SOURCES}
 
 
+def place(tools: Sequence[str], k: int, chosen: str) -> str:
+    """Where the tool ``chosen`` at step ``k`` stands among the record's gold ``tools`` (one of ``PLACES``): the tool of
+    a later step (a stage skipped), of an earlier one (a stage stayed at), or of none."""
+    if chosen in tools[k + 1 :]:
+        return PLACES[0]
+    return PLACES[1] if chosen in tools[:k] else PLACES[2]
+
+
 def outcomes(records: Sequence[dict]) -> dict:
     """The per-step answers of ``records`` (``{"query", "gold", "results", "step"}``: a tool-loop sample with the gold
     steps' results) counted by ``outcome``; ``wrong values`` also by the sources of the wrong values (a step counts
     under each source it got wrong); and ``values``: every gold value of a step whose tool was right, by source,
-    right or wrong (the copying the steps need)."""
-    steps, wrong_by_source, values = Counter(), Counter(), Counter()
+    right or wrong (the copying the steps need); ``wrong tools, by place``: where each wrong tool stands (``place``)."""
+    steps, wrong_by_source, values, places = Counter(), Counter(), Counter(), Counter()
     for record in records:
+        tools = [read_call(text)[0] for text in record["gold"]]
         for k, (gold_text, answer) in enumerate(zip(record["gold"], record["step"])):
             kind = outcome(gold_text, answer, record["gold"][:k])
             steps[kind] += 1
             gold, call = read_call(gold_text), read_call(answer) if answer is not None else (None, None)
+            if kind == "wrong tool":
+                places[place(tools, k, call[0])] += 1
             if call[0] != gold[0]:
                 continue
             given, wrong_sources = dict(call[1]), set()
@@ -139,6 +152,7 @@ def outcomes(records: Sequence[dict]) -> dict:
             wrong_by_source.update(wrong_sources)
     return {
         "steps": {kind: steps[kind] for kind in OUTCOMES},
+        "wrong tools, by place": {where: places[where] for where in PLACES},
         "wrong values, by source": {where: wrong_by_source[where] for where in SOURCES},
         "values of the right tool": {w: {"right": values[w, "right"], "wrong": values[w, "wrong"]} for w in SOURCES},
     }
