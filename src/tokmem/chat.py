@@ -194,8 +194,8 @@ def _decode_showing_schemas(model, ids, caches, allowed, forced, config, schemas
     end the turn (a next call's schema would have to be shown too)."""
     routed = _decode_batch(model, ids, caches, allowed, forced, replace(config, max_new_tokens=1), schemas)
     memory = [tokens[0] if starts_calls(model, tokens[0], plain) else -1 for tokens, plain in routed]
-    allowed = allowed.clone()
-    allowed[torch.tensor([token < 0 for token in memory])] = False  # the plain rows answer as the backbone again
+    plain_rows = torch.tensor([token < 0 for token in memory], device=allowed.device)
+    allowed = allowed.masked_fill(plain_rows.unsqueeze(-1), False)  # the plain rows answer as the backbone again
     shown = [row + _shown_schema(model, token) for row, token in zip(ids, memory)]
     begun = torch.tensor(memory, device=model.device)
     first_pass = [cache.prefilled for cache in caches]
