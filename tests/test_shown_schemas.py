@@ -130,3 +130,16 @@ def test_the_server_refuses_the_upload_of_a_bank_that_shows_schemas_saying_why(s
     with pytest.raises(BankError, match="upload of bank 'shown': .*the server does not decode such a bank"):
         registry.put("shown", *bank_files(path))
     assert not (tmp_path / "served" / "shown.safetensors").exists()
+
+
+def test_eval_scores_a_bank_that_shows_schemas_in_the_tool_loop_and_refuses_examples_without_results(shown):
+    from tokmem.errors import DataError
+    from tokmem.eval.evaluate import evaluate
+
+    result = evaluate(shown, [CHAIN], DecodeConfig(max_new_tokens=40))
+    assert result["calls_per_step"]["steps"]["all"] == 2
+    row = result["predictions"][0]
+    assert row["predicted"] and set(row["predicted"]) <= {"city", "count"}  # the end-to-end calls' tools
+    unanswered = Example("Weather in Rome?", (Step("city", '{"name":"city","arguments":{"city":"Rome"}}'),))
+    with pytest.raises(DataError, match="1 of 2 examples are not tool calls with a result at every step"):
+        evaluate(shown, [CHAIN, unanswered])

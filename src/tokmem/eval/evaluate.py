@@ -3,12 +3,14 @@ when the examples are tool calls."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from tokmem.eval import metrics
 from tokmem.eval.steps import aligned_scores
 from tokmem.data.procedures import Example
-from tokmem.decode import DecodeConfig, Generation, generate
+from tokmem.decode import DecodeConfig, Generation, Segment, generate
+from tokmem.errors import DataError
 from tokmem.eval.tool_loop import model_loop
 from tokmem.model import TokMemModel
 
@@ -36,10 +38,10 @@ def evaluate(
     step_outcomes:    what those per-step answers got wrong (``steps.outcomes``); else None.
     """
     config = config or DecodeConfig()
-    generations = generate(model, [e.query for e in examples], config)
     tools = are_tool_calls(examples)
     looped = [i for i, e in enumerate(examples) if loop and tools and all(s.result is not None for s in e.steps)]
     looped_scores = model_loop(model, [examples[i] for i in looped], config) if looped else None
+    generations = _generations(model, examples, looped, looped_scores, config)
     calls = [[s.text for s in g.trace] for g in generations] if tools else [None] * len(examples)
     for i, sample in zip(looped, looped_scores["samples"] if looped else []):
         calls[i] = sample["end_to_end"]
@@ -61,6 +63,24 @@ def evaluate(
         "step_outcomes": looped_scores["outcomes"] if looped else None,
         "predictions": rows,
     }
+
+
+def _generations(model: TokMemModel, examples, looped: list[int], loop: dict | None, config) -> list[Generation]:
+    """Each example's whole answer (``generate``).  A bank that shows schemas answers through ``tokmem.chat`` only:
+    every example must run the tool loop, and its answer is the loop's end-to-end calls."""
+    if not model.bank.shows_schemas:
+        return generate(model, [e.query for e in examples], config)
+    if len(looped) < len(examples):
+        raise DataError(
+            f"{len(examples) - len(looped)} of {len(examples)} examples are not tool calls with a result at every "
+            "step: a bank that shows its tools' schemas is evaluated in the tool loop only"
+        )
+    return [
+        Generation(
+            e.query, [Segment(metrics.read_call(c)[0], c) for c in s["end_to_end"]], math.nan, bool(s["end_to_end"])
+        )
+        for e, s in zip(examples, loop["samples"])
+    ]
 
 
 def _routes(generations: list[Generation], looped: list[int], loop: dict | None) -> list[list[str]]:
