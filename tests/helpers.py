@@ -62,11 +62,11 @@ CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Os
 COUNT = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 
 
-def write_tool_bank(backbone, path):
+def write_tool_bank(backbone, path, shows_schemas: bool = False):
     """Save a bank with two tool rows with schemas (city, count) and a text row (chat); returns its model."""
     import tokmem
 
-    model = tokmem.create(backbone)
+    model = tokmem.create(backbone, shows_schemas=shows_schemas)
     model.bank.add(
         ["city", "count", "chat"],
         backbone.mean_embedding(),

@@ -196,7 +196,7 @@ def _decode_showing_schemas(model, ids, caches, allowed, forced, config, schemas
     memory = [tokens[0] if starts_calls(model, tokens[0], plain) else -1 for tokens, plain in routed]
     plain_rows = torch.tensor([token < 0 for token in memory], device=allowed.device)
     allowed = allowed.masked_fill(plain_rows.unsqueeze(-1), False)  # the plain rows answer as the backbone again
-    shown = [row + _shown_schema(model, token) for row, token in zip(ids, memory)]
+    shown = [row + schema_shown_after(model, token) for row, token in zip(ids, memory)]
     begun = torch.tensor(memory, device=model.device)
     first_pass = [cache.prefilled for cache in caches]
     decoded = _decode_batch(model, shown, caches, allowed, -1, replace(config, max_steps=1), schemas, begun)
@@ -208,9 +208,9 @@ def _decode_showing_schemas(model, ids, caches, allowed, forced, config, schemas
     ]
 
 
-def _shown_schema(model: TokMemModel, memory: int) -> list[int]:
-    """What follows a tool's memory token before its arguments in a bank that shows schemas: the token and the
-    tool's schema (``tool_call_ids``'s layout); nothing for ``memory`` -1 (no call)."""
+def schema_shown_after(model: TokMemModel, memory: int) -> list[int]:
+    """The memory token of a tool and what follows it before its arguments in a bank that shows schemas: the tool's
+    schema (``tool_call_ids``'s layout; the server's engine lays it out so too); nothing for ``memory`` -1 (no call)."""
     if memory < 0:
         return []
     schema = model.bank.schemas[memory - model.vocab_size]

@@ -275,20 +275,14 @@ def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None
 
     ``forced``: per row a memory id to start with, or -1 (route).  ``allowed``: (rows, bank rows) bool, the memory
     tokens each row may use at all (default: every one); a row with none answers as the plain backbone.  ``schemas``:
-    per bank row, the tool schema to decode under instead of the bank's (``argument_grammar``).  ``begun``: per row
-    the memory id of the tool whose arguments come first (its memory token and schema end ``ids``: a bank that shows
-    schemas, ``tokmem.chat``), or -1; such a row is not routed and counts that memory token as its first segment.
+    per bank row, the tool schema to decode under instead of the bank's (``argument_grammar``).  ``begun``: see
+    ``Rules`` (``tokmem.chat``'s second pass for a bank that shows schemas).
     """
     banks = Banks(*model.memory_matrices(), allowed)
     full = lambda value: torch.full((len(ids),), value, device=ids.device)  # noqa: E731
-    begun = full(-1) if begun is None else begun
-    threshold = full(config.threshold).masked_fill(begun >= 0, float("inf"))  # no routing: vocabulary tokens first
-    rules = Rules(threshold, forced, full(config.max_steps), full(config.temperature), full(1.0))
+    rules = Rules(full(config.threshold), forced, full(config.max_steps), full(config.temperature), full(1.0), begun)
     grammar = argument_grammar(model, len(ids), config, schemas)
-    if grammar is not None:
-        grammar.begin(begun.tolist())
     batch, mass = prefill(model, ids, mask, cache, banks, rules, generator, grammar)
-    batch.plain, batch.steps = batch.plain & (begun < 0), batch.steps + (begun >= 0).long()
     stops = [EndOfSequence(model.backbone.eos_token_id), *stops]
     done = stopped(stops, batch.last)
     generated = [batch.last]
@@ -324,13 +318,15 @@ class Banks:
 @dataclass
 class Rules:
     """Per row (tensors, one value a row): the open-set rule's ``threshold``, a memory id ``forced`` first (-1:
-    route), the most segments, and the sampling rules (``pick``)."""
+    route), the most segments, the sampling rules (``pick``), and ``begun``: the memory id of a tool whose memory
+    token and shown schema end the row's prompt, its arguments next (a bank that shows schemas), or -1 (None: none)."""
 
     threshold: torch.Tensor
     forced: torch.Tensor
     max_steps: torch.Tensor
     temperature: torch.Tensor
     top_p: torch.Tensor
+    begun: torch.Tensor | None = None
 
 
 def prefill(model, ids, mask, cache, banks: Banks, rules: Rules, generator, grammar=None, generators=None, check=None):
@@ -344,11 +340,15 @@ def prefill(model, ids, mask, cache, banks: Banks, rules: Rules, generator, gram
     logits = banks.logits(model, hidden)
     logits = logits if check is None else check(logits)
     usable = banks.any_usable(len(ids))
-    logits, plain, mass = first_token_logits(logits, model.vocab_size, rules.threshold, usable, rules.forced)
+    begun = torch.full_like(rules.forced, -1) if rules.begun is None else rules.begun
+    threshold = rules.threshold.masked_fill(begun >= 0, float("inf"))  # begun: no routing, vocabulary tokens first
+    logits, plain, mass = first_token_logits(logits, model.vocab_size, threshold, usable, rules.forced)
     if grammar is not None:
+        grammar.begin(begun.tolist())
         grammar.constrain(logits)
     token = pick(logits, rules.temperature, generator, rules.top_p, generators)
-    state = [token, model.is_memory(token).long(), plain, rules.max_steps, rules.temperature, rules.top_p]
+    steps = model.is_memory(token).long() + (begun >= 0).long()  # a begun row's memory token is its first segment
+    state = [token, steps, plain & (begun < 0), rules.max_steps, rules.temperature, rules.top_p]
     return DecodeBatch(cache, mask, position_ids[:, -1] + 1, *state, grammar), mass
 
 

@@ -40,7 +40,8 @@ def add_commands(commands) -> None:
         "--show-schemas",
         action="store_true",
         help="tokmem+schema: show each chosen tool's schema between its memory token and its arguments, in "
-        "training and in tokmem.chat (one call a turn; the server and vLLM do not decode such a bank yet)",
+        "training and in tokmem.chat and tokmem serve (one call a turn; the vLLM plugin does not decode such a bank "
+        "yet)",
     )
     _training_options(train)
     train.set_defaults(handler=cmd_train)

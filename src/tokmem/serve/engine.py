@@ -21,6 +21,10 @@ answers in its JSON from the first token (``tokmem.grammar``; every grammar comp
 engine: never here): the batch keeps one ``ArgumentGrammar`` whose rows follow the batch's rows, its masks applied
 as one tensor op per step, as ``decode`` does offline.
 
+A row of a bank that shows schemas (``MemoryBank.shows_schemas``) that chose a tool with its first token leaves the
+batch and joins it again prefilled with that memory token and the tool's schema after its prompt, its arguments
+next (``Request.with_schema_shown``): ``tokmem.chat``'s second pass, so the server answers as ``tokmem.chat`` does.
+
 Sampling (temperature > 0) takes each row's ``top_p``; a request with a ``seed`` draws from its own generator, so
 it samples the same answer whatever else is in the batch.  A text answer that reaches one of its request's ``stop``
 sequences ends there (``serve.stream.StopSequences``).
@@ -40,7 +44,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -51,7 +55,7 @@ from tokmem.bank import MemoryBank
 from tokmem.batch import DecodeBatch, left_pad
 from tokmem.decode import Banks, DecodeConfig, Generation, Rules, prefill, step, to_generation
 from tokmem.errors import BackboneError, TokMemError
-from tokmem.chat import starts_calls
+from tokmem.chat import schema_shown_after, starts_calls
 from tokmem.grammar import ArgumentGrammar
 from tokmem.model import TokMemModel
 from tokmem.serve.banks import BankVersion
@@ -84,6 +88,13 @@ class Request:
     response: object = None  # the compiled grammar a text answer decodes under from its first token (response_format)
     references: bool = DecodeConfig.references  # schema-bound arguments may be references (off for a chat)
     timeout: float | None = None  # seconds from submission
+    begun: int = -1  # a bank that shows schemas: the tool whose memory token and schema end the prompt (see Rules)
+
+    def with_schema_shown(self, memory: int) -> "Request":
+        """This request once its first token chose tool ``memory`` of a bank that shows schemas: the prompt goes on
+        with the memory token and the tool's schema, the arguments come next, and no other call (as ``tokmem.chat``)."""
+        shown = schema_shown_after(self.bank.model, memory)
+        return replace(self, prompt=self.prompt + shown, begun=memory, max_steps=1, forced=-1)
 
     def tool_grammars(self) -> list:
         """Per bank row, the compiled grammar its tool's arguments decode under (None: unconstrained)."""
@@ -150,6 +161,17 @@ class Handle:
             self._finish("length")
         else:
             self._notify()
+
+    def shows_schema_next(self) -> bool:
+        """Whether the answer has just chosen a tool of a bank that shows schemas, whose schema is not yet shown."""
+        model = self.request.bank.model
+        return (
+            not self.finished
+            and model.bank.shows_schemas
+            and self.request.begun < 0
+            and len(self.tokens) == 1
+            and starts_calls(model, self.tokens[0], self.plain)
+        )
 
     def _stopped_by_sequence(self) -> bool:
         """Whether the answer is text that has reached one of the request's stop sequences."""
@@ -304,6 +326,7 @@ class Engine:
         self._drop_stopped()
         self._admit()
         self._drop_stopped()  # rows that ended at their first token
+        self._show_schemas()
         if self.batch is not None:
             self._decode()
         return self.batch is not None or bool(self.pending)
@@ -356,6 +379,22 @@ class Engine:
             self.batch = joined if self.batch is None else self.batch.join(joined)
         self.admitting = []
 
+    def _show_schemas(self) -> None:
+        """Rows whose first token chose a tool of a bank that shows schemas leave the batch and join it again
+        prefilled with the tool's memory token and schema after their prompt, their arguments next: ``tokmem.chat``'s
+        second pass."""
+        moving = [i for i, h in enumerate(self.batch.handles) if h.shows_schema_next()] if self.batch else []
+        if not moving:
+            return
+        handles = [self.batch.handles[i] for i in moving]
+        keep = [i for i in range(len(self.batch)) if i not in moving]
+        self.batch = self.batch.select(keep) if keep else None
+        for handle in handles:
+            handle.request = handle.request.with_schema_shown(handle.tokens[0])
+        joined = self._prefill_isolated(handles)
+        if joined is not None:
+            self.batch = joined if self.batch is None else self.batch.join(joined)
+
     def _prefill_isolated(self, handles: list[Handle]) -> "_Batch | None":
         """Prefill ``handles`` together; if that fails, one at a time, failing only those that fail alone."""
         try:
@@ -378,7 +417,7 @@ class Engine:
         rules = Rules(
             *(
                 torch.tensor([getattr(r, name) for r in requests], device=device)
-                for name in ("threshold", "forced", "max_steps", "temperature", "top_p")
+                for name in ("threshold", "forced", "max_steps", "temperature", "top_p", "begun")
             )
         )
         banks = Banks(*request_tables(requests, device))
@@ -395,7 +434,8 @@ class Engine:
             functools.partial(_fail_broken_rows, handles),
         )
         for handle, p, m in zip(handles, rows.plain.tolist(), mass.tolist()):
-            handle.plain, handle.memory_mass = p, m
+            if handle.request.begun < 0:  # a begun row's routing was its first prefill's
+                handle.plain, handle.memory_mass = p, m
         self._record(handles, rows.last)
         return _Batch(handles, rows)
 
