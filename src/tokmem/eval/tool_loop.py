@@ -27,13 +27,13 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from tokmem.chat import ChatCache, chat_batch, conversation_ids
+from tokmem.chat import ChatCache, chat_batch, conversation_ids, schema_shown_after
 from tokmem.data.procedures import Example, arguments_json, assemble_call
 from tokmem.decode import DecodeConfig
 from tokmem.eval import metrics
 from tokmem.eval.steps import aligned_scores, outcomes
 from tokmem.model import TokMemModel
-from tokmem.sequences import RESULT_TOKENS, shown_schema_ids
+from tokmem.sequences import RESULT_TOKENS
 
 NO_RECORDED_RESPONSE = '{"error":"no recorded response for this call: its tool or arguments differ from the gold call"}'
 History = list[tuple[str, str]]  # (call JSON text, its result) of the calls so far
@@ -77,10 +77,7 @@ def chat_answerer(
 
 def shown_schema_tokens(model: TokMemModel, tool: str) -> int:
     """The prompt tokens a call's shown schema adds after routing (a bank that shows schemas; else 0)."""
-    schema = model.bank.schemas[model.bank.row(tool)]
-    if not model.bank.shows_schemas or schema is None:
-        return 0
-    return len(shown_schema_ids(model.backbone.tokenizer, schema))
+    return len(schema_shown_after(model, model.memory_id(tool))) - 1 if model.bank.shows_schemas else 0
 
 
 def conversation(example: Example, history: History) -> list[dict]:
