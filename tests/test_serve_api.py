@@ -7,6 +7,7 @@ import openai
 import pytest
 from helpers import (
     COMPLETION_SCOPE,
+    QUERIES,
     SERVED_BANKS,
     bank_files,
     call,
@@ -23,7 +24,6 @@ from tokmem.extras import EXTRAS
 from tokmem.sequences import chat_prefix
 from tokmem.serve.stream import Deltas
 
-QUERIES = ["Reverse apple.", "hi", "What is the weather like today?"]
 
 
 @pytest.fixture
