@@ -303,3 +303,16 @@ def test_a_test_file_too_small_to_train_its_unknown_tools_is_refused_saying_what
     data.write_text(json.dumps(convert_units_records(1)))
     with pytest.raises(DataError, match=r"other\.json: \d+ training and 0 test records"):
         complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(data))
+
+
+@needs_shared
+def test_named_results_open_each_result_with_its_tools_name_on_both_sides_and_change_nothing_else():
+    from tokmem.studies.tool_setup import real_data
+
+    plain, named = (real_data(tiny_real_config(name_results=chosen)) for chosen in (False, True))
+    for before, after in zip(plain.data.train + plain.data.test, named.data.train + named.data.test):
+        assert [s.procedure for s in before.steps] == [s.procedure for s in after.steps]
+        for old, new in zip(before.steps, after.steps):
+            assert new.response == old.response and new.result == f"[{old.procedure}] {old.result}"
+    with pytest.raises(TokMemError, match="--name-results answers in the tool loop only"):
+        make_config(None, "main", name_results=True).resolved()

@@ -82,6 +82,11 @@ class CompositionalConfig(MethodSettings):
         "complexfuncbench: each call's recorded result follows it in training and in the contexts answered, "
         "references in gold arguments resolved to their values; evaluation per step and end to end",
     )
+    name_results: bool = option(
+        False,
+        "complexfuncbench: each tool result opens with its tool's name ([Search_Hotels] …), for every method, in "
+        "training, adapting and the contexts answered (a memory token hides the name of the call it stands for)",
+    )
     test_fraction: float = option(0.2, "complexfuncbench: share of records the query-hash split tests on")
     adapt_data: tuple[str, ...] = option(
         ADAPT_DATA,
@@ -150,8 +155,9 @@ class CompositionalConfig(MethodSettings):
                 f"the {self.study} study cannot run {', '.join(unknown)}: choose from {', '.join(accepted)}"
             )
         config = replace(self, methods=tuple(self.methods or defaults))
-        if self.show_schemas and not self.tool_loop():
-            raise TokMemError("--show-schemas answers in the tool loop only (complexfuncbench, results in context)")
+        for flag, chosen in (("--show-schemas", self.show_schemas), ("--name-results", self.name_results)):
+            if chosen and not self.tool_loop():
+                raise TokMemError(f"{flag} answers in the tool loop only (complexfuncbench, results in context)")
         return config._checked_real() if self.dataset != "builtin" else config._with_tool_counts()
 
     def decode(self) -> DecodeConfig:

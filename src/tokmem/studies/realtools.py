@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tokmem.data.bfcl import import_bfcl
 from tokmem.data.nestful import import_nestful
-from tokmem.data.procedures import Example, stable_hash
+from tokmem.data.procedures import Example, Step, stable_hash
 from tokmem.data.tool_datasets import ToolData
 from tokmem.data.shared import SHARED_ENV, shared_data, where_shared_data
 from tokmem.errors import DataError
@@ -107,6 +107,12 @@ class RealData:
     left_out: Counter = field(default_factory=Counter)
     adaptation_sources: dict[str, int] = field(default_factory=dict)
 
+    def with_named_results(self) -> "RealData":
+        """Every tool result opened with its tool's name (``named_result``), in training, testing and adapting."""
+        named = lambda examples: [replace(e, steps=tuple(map(named_result, e.steps))) for e in examples]  # noqa: E731
+        data = replace(self.data, train=named(self.data.train), test=named(self.data.test))
+        return replace(self, data=data, adaptation=named(self.adaptation))
+
     def summary(self) -> dict:
         return {
             "left_out": dict(self.left_out),
@@ -130,6 +136,12 @@ def _tested(
         left_out[f"test records beyond {size}"] += len(test) - size
         test = test[:size]
     return test
+
+
+def named_result(step: Step) -> Step:
+    """The step with its result opened by its tool's name (``[Search_Hotels] {...}``): a memory token hides the name
+    of the call it stands for from what is read after it; the result turn says it in words."""
+    return step if step.result is None else replace(step, result=f"[{step.procedure}] {step.result}")
 
 
 def complexfuncbench_data(

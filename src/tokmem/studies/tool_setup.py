@@ -81,7 +81,7 @@ def adaptation_examples(config: CompositionalConfig) -> list[Example]:
 def real_data(config: CompositionalConfig) -> RealData:
     """ComplexFuncBench to evaluate and ``adapt_data`` to adapt (``tokmem.studies.realtools``), read once per config."""
     folder = function_calling_dir(config.data_dir)
-    return complexfuncbench_data(
+    real = complexfuncbench_data(
         folder,
         config.max_calls,
         config.test_fraction,
@@ -94,6 +94,7 @@ def real_data(config: CompositionalConfig) -> RealData:
         config.test_spec,
         config.adapt_data,
     )
+    return real.with_named_results() if config.name_results else real
 
 
 def groups(config: CompositionalConfig) -> list[tuple[int, int]]:
