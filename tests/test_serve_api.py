@@ -25,7 +25,6 @@ from tokmem.sequences import chat_prefix
 from tokmem.serve.stream import Deltas
 
 
-
 @pytest.fixture
 def app(lively_backbone, tmp_path, offline):
     app, engine = serve(
