@@ -109,9 +109,8 @@ class RealData:
 
     def with_named_results(self) -> "RealData":
         """Every tool result opened with its tool's name (``named_result``), in training, testing and adapting."""
-        named = lambda examples: [replace(e, steps=tuple(map(named_result, e.steps))) for e in examples]  # noqa: E731
-        data = replace(self.data, train=named(self.data.train), test=named(self.data.test))
-        return replace(self, data=data, adaptation=named(self.adaptation))
+        data = replace(self.data, train=_named(self.data.train), test=_named(self.data.test))
+        return replace(self, data=data, adaptation=_named(self.adaptation))
 
     def summary(self) -> dict:
         return {
@@ -142,6 +141,10 @@ def named_result(step: Step) -> Step:
     """The step with its result opened by its tool's name (``[Search_Hotels] {...}``): a memory token hides the name
     of the call it stands for from what is read after it; the result turn says it in words."""
     return step if step.result is None else replace(step, result=f"[{step.procedure}] {step.result}")
+
+
+def _named(examples: list[Example]) -> list[Example]:
+    return [replace(e, steps=tuple(map(named_result, e.steps))) for e in examples]
 
 
 def complexfuncbench_data(
