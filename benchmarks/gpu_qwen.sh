@@ -23,7 +23,7 @@
 # cfb15-s0-*, atomic-s*, catalog-s0-*, TokMem's before its bank's schemas took the training calls' key order; next:
 # ONLY='^cfbtok8?-s[0-2]-' (TokMem with rows at a token's norm, 120 and 480 updates), ONLY='^cfb(dc|own|toklr)-'
 # (the next levers, 3 seeds), ONLY='^cfb(bfclx|flights)-' (held-out adaptation in the target's format),
-# ONLY='^cfbshown' (tokmem+schema), then
+# ONLY='^cfbshown' (tokmem+schema, coupled and decoupled), then
 # ONLY='^(cfb|cfb8|cfb15)-s[0-2]-tokmem$|^cfb15-s[12]-' (TokMem again, and the 1.5B's seeds 1-2).
 set -uo pipefail
 mode=${1:?usage: gpu_qwen.sh pack|pack-1.5b|smoke|keep|studies OUT}
@@ -168,9 +168,12 @@ for seed in 0 1 2; do  # adaptation held out in the target's format (docs/studie
   done
 done
 for seed in 0 1 2; do  # tokmem+schema (docs/tools.md): the chosen tool's schema shown before its arguments, w/o adapt
-  # (against cfb-s*-tokmem-noadapt) and adapted on the flight tools (against cfbflights-s*-tokmem)
+  # (against cfb-s*-tokmem-noadapt), decoupled (index rows routing on routing's loss alone, steer rows writing under
+  # the schema: docs/studies.md, "Routing, call by call") and adapted on the flight tools (against cfbflights-s*-tokmem)
   step cfbshown-s$seed-tokmem-noadapt compositional $cfb --seed $seed --methods tokmem-noadapt --show-schemas \
     --json "$runs/cfbshown-s$seed-tokmem-noadapt.json"
+  step cfbshowndc-s$seed-tokmem-noadapt compositional $cfb --seed $seed --methods tokmem-noadapt --show-schemas \
+    --decoupled --json "$runs/cfbshowndc-s$seed-tokmem-noadapt.json"
   step cfbshownflights-s$seed-tokmem compositional $cfb --seed $seed --methods tokmem --adapt-data flights \
     --show-schemas --json "$runs/cfbshownflights-s$seed-tokmem.json"
 done
