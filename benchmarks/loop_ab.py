@@ -41,6 +41,7 @@ from tokmem.cli.options import add_backbone
 from tokmem.eval import metrics
 from tokmem.eval.steps import OUTCOMES, aligned_scores, outcome, outcomes
 from tokmem.io import write_json_atomic
+from tokmem.methods.tokmem import TokMem
 from tokmem.model import TokMemModel
 from tokmem.report import machine
 from tokmem.sequences import RESULT_TOKENS
@@ -119,25 +120,46 @@ def run_variant(name: str, settings: dict, args, found: dict, save) -> dict:
     data = tool_data(config, (1, config.tools))
     backbones, adaptation = prepare_backbones(config, None, progress=True)
     method = build_method(config.methods[0], config, backbones, data.tools)
-    kept = Path(args.json).with_name(f"{Path(args.json).stem}-banks") / f"{name}.safetensors"
+    kept = Path(args.json).with_name(f"{Path(args.json).stem}-banks") / name
     backbone = method.model.backbone
-    if "train_seconds" in found and kept.is_file():
-        method.model = TokMemModel(backbone, MemoryBank.load(kept, backbone=backbone))
+    if "train_seconds" in found and restore(method, kept):
         entry = found
     else:
         seconds = learn_round(method, data.train, f"{len(data.train)} queries ({name})", args.bar)
-        method.model.bank.save(kept)
+        keep(method, kept)
         entry = {"settings": settings, "updates": method.updates, "train_seconds": round(seconds, 1)}
         entry |= {"adaptation": adaptation} if adaptation else {}
         save(entry)
     reordered = reordered_tools(data.tools, data.train)
+    norms = row_norms(method.model.bank) | {"token": round(backbone.embedding_norm(), 6)}
     return entry | {
         "settings": settings,
-        "row_norms": row_norms(method.model.bank) | {"token": round(backbone.embedding_norm(), 6)},
+        **({"row_norms": norms} if isinstance(method, TokMem) else {}),
         "tools_whose_order_differs": sorted(reordered),
         "answered": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         **per_step(method, data, reordered, args.bar),
     }
+
+
+def keep(method, kept: Path) -> None:
+    """Keep what ``method`` learned beside the results: a TokMem bank as ``<kept>.safetensors`` (what
+    ``reanswer_loop.py`` reads), another method's state (LoRA's adapter) in the folder ``kept``."""
+    if isinstance(method, TokMem):
+        method.model.bank.save(kept.parent / f"{kept.name}.safetensors")
+    else:
+        kept.mkdir(parents=True, exist_ok=True)
+        method.save(kept)
+
+
+def restore(method, kept: Path) -> bool:
+    """Load what ``keep`` kept into ``method``; False when nothing is kept."""
+    if isinstance(method, TokMem):
+        bank = kept.parent / f"{kept.name}.safetensors"
+        if bank.is_file():
+            backbone = method.model.backbone
+            method.model = TokMemModel(backbone, MemoryBank.load(bank, backbone=backbone))
+        return bank.is_file()
+    return method.load(kept)
 
 
 def row_norms(bank: MemoryBank) -> dict:

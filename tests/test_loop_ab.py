@@ -3,7 +3,13 @@
 import argparse
 
 import pytest
+import torch
 from helpers import load_script
+
+from tokmem.data.procedures import Example, Step
+from tokmem.methods.lora import LoRA
+from tokmem.methods.tokmem import TokMem
+from tokmem.train import TrainConfig
 
 loop_ab = load_script("loop_ab")
 
@@ -29,3 +35,19 @@ def test_a_variant_names_study_settings_with_values_read_as_json_where_they_pars
 def test_a_variant_that_is_not_a_name_and_study_settings_is_refused(text):
     with pytest.raises(argparse.ArgumentTypeError, match="variant"):
         loop_ab.variant(text)
+
+
+def test_what_a_variant_learned_is_kept_and_restored_for_tokmem_banks_and_lora_adapters(backbone, tmp_path):
+    examples = [Example(f"say {k}", (Step("say", f"word {k}"),)) for k in range(4)]
+    train = TrainConfig(epochs=1, batch_size=2, max_length=32)
+    for make in (lambda: TokMem(backbone, train), lambda: LoRA(backbone, train)):
+        learned, fresh = make(), make()
+        assert not loop_ab.restore(fresh, tmp_path / type(learned).__name__)  # nothing kept yet
+        learned.learn(examples)
+        loop_ab.keep(learned, tmp_path / type(learned).__name__)
+        assert loop_ab.restore(fresh, tmp_path / type(learned).__name__)
+        if isinstance(learned, TokMem):
+            assert torch.equal(fresh.model.bank.index, learned.model.bank.index)
+        else:
+            assert all(torch.equal(fresh.adapter.weights[k], v) for k, v in learned.adapter.weights.items())
+            assert fresh.updates == learned.updates > 0
