@@ -159,10 +159,10 @@ done
 for seed in 0 1 2; do  # adaptation held out in the target's format (docs/studies.md, "Causes, one A/B each"): the
   # preset's 300 BFCL turns, each call run on BFCL's backends (its result in context; against cfb-s*-tokmem, the same
   # turns without results), and ComplexFuncBench's flight tools with their results (their records leave the evaluation:
-  # TokMem w/o adapt on that split beside it)
+  # TokMem w/o adapt and LoRA on that split beside it)
   step cfbbfclx-s$seed-tokmem compositional $cfb --seed $seed --methods tokmem --adapt-data bfcl-executed \
     --json "$runs/cfbbfclx-s$seed-tokmem.json"
-  for m in tokmem tokmem-noadapt; do
+  for m in tokmem tokmem-noadapt lora; do
     step cfbflights-s$seed-$m compositional $cfb --seed $seed --methods $m --adapt-data flights \
       --json "$runs/cfbflights-s$seed-$m.json"
   done
