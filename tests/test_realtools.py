@@ -62,7 +62,7 @@ def test_real_data_is_a_main_or_recipe_study_from_one_source():
     with pytest.raises(TokMemError, match="--adapt-data need --dataset complexfuncbench"):
         make_config(None, "main", adapt_data=("flights",)).resolved()
     with pytest.raises(
-        TokMemError, match="adaptation data 'bfcl,cars': choose from bfcl, bfcl-executed, flights, study"
+        TokMemError, match="adaptation data 'bfcl,cars': choose from bfcl, bfcl-executed, flights, chains, study"
     ):
         make_config(None, "main", dataset="complexfuncbench", adapt_data=("bfcl", "cars")).resolved()
     with pytest.raises(TokMemError, match="the same turns, without and with results: pick one"):
@@ -110,7 +110,6 @@ def test_adapting_on_the_flight_tools_holds_them_out_of_the_evaluation_and_keeps
 
 
 @needs_shared
-@needs_shared
 def test_adapting_on_executed_bfcl_turns_gives_each_call_its_result_on_tools_disjoint_from_the_evaluation():
     plain = complexfuncbench_data(SHARED, max_calls=4, train_size=150, test_size=24, adapt_samples=120)
     real = complexfuncbench_data(
@@ -121,6 +120,28 @@ def test_adapting_on_executed_bfcl_turns_gives_each_call_its_result_on_tools_dis
     assert all(s.result is None for e in plain.adaptation for s in e.steps)
     assert all(s.result is not None for e in real.adaptation for s in e.steps)
     assert not {p for e in real.adaptation for p in e.procedures} & set(real.data.tools)
+
+
+@needs_shared
+def test_adapting_on_synthetic_chains_takes_as_many_records_with_results_on_tools_disjoint_from_the_evaluation():
+    plain = complexfuncbench_data(SHARED, max_calls=4, train_size=150, test_size=24, adapt_samples=40)
+    real = complexfuncbench_data(
+        SHARED, max_calls=4, train_size=150, test_size=24, adapt_samples=40, adapt_data=("chains",)
+    )
+    assert real.adaptation_sources == {"chains": 40} and real.data.test == plain.data.test
+    assert all(s.result is not None for e in real.adaptation for s in e.steps)
+    assert not {p for e in real.adaptation for p in e.procedures} & set(real.data.tools)
+    again = complexfuncbench_data(SHARED, max_calls=4, train_size=150, test_size=24, adapt_samples=40, seed=1)
+    assert again.data.test == real.data.test
+
+
+@needs_shared
+def test_an_adaptation_source_sharing_a_tool_with_the_evaluation_is_refused_naming_the_tool(tmp_path):
+    data = tmp_path / "weather.json"
+    data.write_text(json.dumps(convert_units_records(40, tool="Get_Forecast")))  # a tool the chains call too
+    complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(data))
+    with pytest.raises(DataError, match="adaptation data 'chains' .*both have Get_Forecast"):
+        complexfuncbench_data(SHARED, max_calls=2, adapt_samples=40, test_data=str(data), adapt_data=("chains",))
 
 
 def test_the_diagnostic_adaptation_on_the_studys_own_records_is_its_training_records_and_says_so():
@@ -272,14 +293,14 @@ def test_the_real_data_main_study_runs_end_to_end_on_the_tiny_model(backbone):
     assert "Left out:" in compositional_report.markdown(result)
 
 
-def convert_units_records(count: int) -> list[dict]:
+def convert_units_records(count: int, tool: str = "convert_units") -> list[dict]:
     """NESTFUL records over a tool ComplexFuncBench does not have."""
-    tool = {"name": "convert_units", "description": "d", "parameters": {"type": "object", "properties": {}}}
+    spec = {"name": tool, "description": "d", "parameters": {"type": "object", "properties": {}}}
     return [
         {
             "input": f"Convert {n} miles to km.",
-            "output": [{"name": "convert_units", "arguments": {"value": n}, "label": "var1", "response": {"km": n}}],
-            "tools": [tool],
+            "output": [{"name": tool, "arguments": {"value": n}, "label": "var1", "response": {"km": n}}],
+            "tools": [spec],
         }
         for n in range(count)
     ]

@@ -93,7 +93,9 @@ class CompositionalConfig(MethodSettings):
         "complexfuncbench: the adaptation phase's data, some of bfcl (BFCL multi-turn turns, no results), "
         "bfcl-executed (the same turns, each call run on BFCL's simulated backends: with results), "
         "flights (ComplexFuncBench's records over its flight tools, with results; those tools then leave the "
-        "evaluation) and study (the study's own training records: a diagnostic, the evaluation's own tools)",
+        "evaluation), chains (--adapt-multi synthetic records whose later calls read earlier results: "
+        "tokmem.data.tool_chains) and study (the study's own training records: a diagnostic, the evaluation's own "
+        "tools)",
     )
     tools: int | None = option(None, "evaluation tools (default: all 25 built-in, or 50 from --xlam)")
     adapt_tools: int | None = option(None, "adaptation tools (likewise)")
@@ -111,7 +113,7 @@ class CompositionalConfig(MethodSettings):
     adapt_multi: int = option(
         3750,
         "composed adaptation queries (with 50 single-tool samples of each of 25 tools: "
-        "the reference's 5,000 samples; complexfuncbench: BFCL multi-turn turns)",
+        "the reference's 5,000 samples; complexfuncbench: BFCL multi-turn turns and synthetic chains)",
     )
     train_max_calls: tuple[int, ...] = option((1, 2, 3, 4), "generalization: caps on the calls of a training query")
     rounds: int = option(5, "forgetting: rounds (groups of tools)")

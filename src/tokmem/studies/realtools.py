@@ -32,6 +32,7 @@ from pathlib import Path
 from tokmem.data.bfcl import import_bfcl
 from tokmem.data.nestful import import_nestful
 from tokmem.data.procedures import Example, Step, stable_hash
+from tokmem.data.tool_chains import tool_chains
 from tokmem.data.tool_datasets import ToolData
 from tokmem.data.shared import SHARED_ENV, shared_data, where_shared_data
 from tokmem.errors import DataError
@@ -55,6 +56,7 @@ ADAPT_SOURCE_NAMES = {
     "bfcl": "BFCL v4 multi-turn",
     "bfcl-executed": "BFCL v4 multi-turn, each call run on BFCL's backends (its result in context)",
     "flights": "ComplexFuncBench's flight tools (held out)",
+    "chains": "synthetic tool chains whose later calls read earlier results (tokmem.data.tool_chains)",
     "study": "the study's own training records (a diagnostic: the evaluation's tools)",
 }
 ADAPT_SOURCES = tuple(ADAPT_SOURCE_NAMES)
@@ -218,12 +220,21 @@ def _adaptation(
 ) -> dict[str, list[Example]]:
     """Each source of ``adapt_data``'s examples, in `ADAPT_SOURCES` order (the seeded sample of BFCL turns first)."""
     sources = {
-        "bfcl": lambda: _bfcl_turns(folder, max_calls, samples, set(tools), rng, left_out),
-        "bfcl-executed": lambda: _bfcl_turns(folder, max_calls, samples, set(tools), rng, left_out, executed=True),
+        "bfcl": lambda: _bfcl_turns(folder, max_calls, samples, rng, left_out),
+        "bfcl-executed": lambda: _bfcl_turns(folder, max_calls, samples, rng, left_out, executed=True),
         "flights": lambda: [e for e in records if FLIGHT_TOOLS.issuperset(e.procedures)],
+        "chains": lambda: tool_chains(samples, rng.randrange(2**32)),
         "study": lambda: list(train),
     }
-    return {source: sources[source]() for source in ADAPT_SOURCES if source in adapt_data}
+    chosen = {source: sources[source]() for source in ADAPT_SOURCES if source in adapt_data}
+    for source, examples in chosen.items():
+        shared = {p for e in examples for p in e.procedures} & set(tools)
+        if shared and source != "study":
+            raise DataError(
+                f"adaptation data '{source}' ({ADAPT_SOURCE_NAMES[source]}): its tools must be disjoint from the "
+                f"evaluation's, but both have {', '.join(sorted(shared))}"
+            )
+    return chosen
 
 
 def _own_split(records: list[Example], known: set[str], test_fraction: float) -> tuple[list, list]:
@@ -254,7 +265,6 @@ def _bfcl_turns(
     folder: Path,
     max_calls: int,
     samples: int,
-    evaluation_tools: set[str],
     rng: random.Random,
     left_out: Counter,
     executed: bool = False,
@@ -262,12 +272,6 @@ def _bfcl_turns(
     """BFCL multi-turn turns (each a query and its calls; ``executed``: each call with its result) with at most
     ``max_calls`` calls, ``samples`` of them."""
     turns = import_bfcl(folder / BFCL_MULTI_TURN, execute=executed).examples
-    shared = evaluation_tools & {p for e in turns for p in e.procedures}
-    if shared:
-        raise DataError(
-            f"{folder / BFCL_MULTI_TURN}: the adaptation tools must be disjoint from the evaluation "
-            f"tools, but both have {', '.join(sorted(shared))}"
-        )
     turns = _at_most(turns, max_calls, left_out, "BFCL multi-turn")
     if samples < len(turns):
         left_out[f"BFCL multi-turn turns beyond {samples}"] += len(turns) - samples
