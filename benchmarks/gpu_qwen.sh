@@ -22,7 +22,7 @@
 # `smoke` (after small.tgz): the CUDA tests and tiny studies. Done so far (results/*qwen*): cfb-s*, cfb8-s*,
 # cfb15-s0-*, atomic-s*, catalog-s0-*, TokMem's before its bank's schemas took the training calls' key order; next:
 # ONLY='^cfbtok8?-s[0-2]-' (TokMem with rows at a token's norm, 120 and 480 updates), ONLY='^cfb(dc|own|toklr)-'
-# (the next levers, 3 seeds), ONLY='^cfb(bfclx|flights)-' (held-out adaptation in the target's format),
+# (the next levers, 3 seeds), ONLY='^cfb(bfclx|flights|chains[0-9]+)-' (held-out adaptation in the target's format),
 # ONLY='^cfbshown' (tokmem+schema, coupled and decoupled), then
 # ONLY='^(cfb|cfb8|cfb15)-s[0-2]-tokmem$|^cfb15-s[12]-' (TokMem again, and the 1.5B's seeds 1-2).
 set -uo pipefail
@@ -165,6 +165,13 @@ for seed in 0 1 2; do  # adaptation held out in the target's format (docs/studie
   for m in tokmem tokmem-noadapt lora; do
     step cfbflights-s$seed-$m compositional $cfb --seed $seed --methods $m --adapt-data flights \
       --json "$runs/cfbflights-s$seed-$m.json"
+  done
+done
+for seed in 0 1 2; do  # adaptation on synthetic tool chains (tokmem.data.tool_chains: later calls read ids out of earlier
+  # results; tools of our own, so the evaluation keeps all its records): as many as bfcl-executed's 120, and 2,000
+  for n in 120 2000; do
+    step cfbchains$n-s$seed-tokmem compositional $cfb --seed $seed --methods tokmem --adapt-data chains \
+      --adapt-multi $n --json "$runs/cfbchains$n-s$seed-tokmem.json"
   done
 done
 for seed in 0 1 2; do  # tokmem+schema (docs/tools.md): the chosen tool's schema shown before its arguments, w/o adapt
