@@ -131,10 +131,11 @@ def run_variant(name: str, settings: dict, args, found: dict, save) -> dict:
         entry |= {"adaptation": adaptation} if adaptation else {}
         save(entry)
     reordered = reordered_tools(data.tools, data.train)
-    norms = row_norms(method.model.bank) | {"token": round(backbone.embedding_norm(), 6)}
+    token = {"token": round(backbone.embedding_norm(), 6)}
+    norms = {"row_norms": row_norms(method.model.bank) | token} if isinstance(method, TokMem) else {}
     return entry | {
         "settings": settings,
-        **({"row_norms": norms} if isinstance(method, TokMem) else {}),
+        **norms,
         "tools_whose_order_differs": sorted(reordered),
         "answered": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         **per_step(method, data, reordered, args.bar),
