@@ -109,12 +109,14 @@ def test_adapting_on_the_flight_tools_holds_them_out_of_the_evaluation_and_keeps
     assert compositional.data_source(config).endswith("; ComplexFuncBench's flight tools (held out) to adapt")
 
 
+def cfb(**options):
+    """ComplexFuncBench's 4-call records, 150 to train and 24 to test, adapting as ``options`` say."""
+    return complexfuncbench_data(SHARED, max_calls=4, train_size=150, test_size=24, **options)
+
+
 @needs_shared
 def test_adapting_on_executed_bfcl_turns_gives_each_call_its_result_on_tools_disjoint_from_the_evaluation():
-    plain = complexfuncbench_data(SHARED, max_calls=4, train_size=150, test_size=24, adapt_samples=120)
-    real = complexfuncbench_data(
-        SHARED, max_calls=4, train_size=150, test_size=24, adapt_samples=120, adapt_data=("bfcl-executed",)
-    )
+    plain, real = cfb(adapt_samples=120), cfb(adapt_samples=120, adapt_data=("bfcl-executed",))
     assert real.adaptation_sources == {"bfcl-executed": 120} and real.data.test == plain.data.test
     assert [e.id for e in real.adaptation] == [e.id for e in plain.adaptation]  # the same turns, now with results
     assert all(s.result is None for e in plain.adaptation for s in e.steps)
@@ -123,16 +125,12 @@ def test_adapting_on_executed_bfcl_turns_gives_each_call_its_result_on_tools_dis
 
 
 @needs_shared
-def test_adapting_on_synthetic_chains_takes_as_many_records_with_results_on_tools_disjoint_from_the_evaluation():
-    plain = complexfuncbench_data(SHARED, max_calls=4, train_size=150, test_size=24, adapt_samples=40)
-    real = complexfuncbench_data(
-        SHARED, max_calls=4, train_size=150, test_size=24, adapt_samples=40, adapt_data=("chains",)
-    )
+def test_adapting_on_synthetic_chains_takes_as_many_seeded_records_with_results_on_tools_of_their_own():
+    plain, real = cfb(adapt_samples=40), cfb(adapt_samples=40, adapt_data=("chains",))
     assert real.adaptation_sources == {"chains": 40} and real.data.test == plain.data.test
     assert all(s.result is not None for e in real.adaptation for s in e.steps)
     assert not {p for e in real.adaptation for p in e.procedures} & set(real.data.tools)
-    again = complexfuncbench_data(SHARED, max_calls=4, train_size=150, test_size=24, adapt_samples=40, seed=1)
-    assert again.data.test == real.data.test
+    assert cfb(adapt_samples=40, adapt_data=("chains",), seed=1).adaptation != real.adaptation
 
 
 @needs_shared
