@@ -11,7 +11,17 @@ from helpers import random_rows
 import tokmem
 from tokmem import DecodeConfig, Example, Step, TrainConfig
 from tokmem.grammar import ArgumentGrammar, grammars_for
-from tokmem.schemas import INTEGER_BOUND, LEARNED_FLOOR, REFERENCE, STRING_BOUND, bounded, decoding_schema
+from tokmem.data.procedures import schema_order
+from tokmem.schemas import (
+    INTEGER_BOUND,
+    KEY_ORDERS,
+    LEARNED_FLOOR,
+    REFERENCE,
+    STRING_BOUND,
+    SchemaError,
+    bounded,
+    decoding_schema,
+)
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Rome"]}}, "required": ["city"]}
 COUNT = {
@@ -251,3 +261,46 @@ def test_training_orders_the_banks_schema_as_its_calls_write_the_arguments(backb
     config = TrainConfig(epochs=1, progress=False, key_order="schema")
     tokmem.learn(schema_order, examples, config, schemas={"rent": rent})
     assert list(schema_order.bank.schemas[0]["properties"]) == list(rent["properties"])  # trained in the spec's
+
+
+HOTEL_CALLS = [  # two templates, each with its own key order (as ComplexFuncBench's Search_Hotels)
+    {"search_type": "city", "dest_id": "7", "adults": "2", "children": "5"},
+    {"dest_id": "7", "search_type": "city", "adults": "2", "sort_by": "price"},
+    {"dest_id": "9", "search_type": "district"},
+]
+
+
+def test_a_bank_trained_in_each_calls_own_order_decodes_any_order_it_trained_on_and_no_other(backbone):
+    hotel = {
+        "type": "object",
+        "properties": {
+            name: {"type": "string"} for name in ("sort_by", "dest_id", "children", "adults", "search_type")
+        },
+        "required": ["dest_id", "search_type"],
+    }
+    examples = [
+        Example(f"Hotel {k}", (Step("hotel", json.dumps({"name": "hotel", "arguments": c})),))
+        for k, c in enumerate(HOTEL_CALLS)
+    ]
+    model = tokmem.create(backbone)
+    tokmem.learn(model, examples, TrainConfig(epochs=1, progress=False, key_order="given"), schemas={"hotel": hotel})
+    kept = model.bank.schemas[model.bank.row("hotel")]
+    assert [order[:2] for order in kept[KEY_ORDERS]] == [["dest_id", "search_type"], ["search_type", "dest_id"]]
+    for call in HOTEL_CALLS:
+        assert list(schema_order(call, kept)) == list(call)  # trained as written
+        assert accepts(backbone, kept, json.dumps(call, separators=(",", ":")))  # and decodable so
+    assert accepts(backbone, kept, '{"search_type":"city","dest_id":"7","sort_by":"price"}')  # an option skipped
+    assert not accepts(backbone, kept, '{"search_type":"city","adults":"2"}')  # a required key left out
+    assert not accepts(backbone, kept, '{"dest_id":"7","dest_id":"7","search_type":"city"}')  # a key twice
+    assert not accepts(backbone, kept, '{"adults":"2","dest_id":"7","search_type":"city"}')  # an order never trained
+    one_order = tokmem.create(backbone)
+    tokmem.learn(one_order, examples, TrainConfig(epochs=1, progress=False), schemas={"hotel": hotel})
+    assert KEY_ORDERS not in one_order.bank.schemas[0]  # the default: one order, the calls' mean
+    assert not accepts(backbone, one_order.bank.schemas[0], json.dumps(HOTEL_CALLS[0], separators=(",", ":")))
+
+
+@pytest.mark.parametrize("orders", [["a"], [["a"]], [["a", "b", "b"]], [["a", 1]]])
+def test_key_orders_that_are_not_orders_of_all_the_properties_are_refused_naming_the_field(orders):
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}}, KEY_ORDERS: orders}
+    with pytest.raises(SchemaError, match=f"tools\\[0\\].{KEY_ORDERS}: must be a list of orders"):
+        decoding_schema(schema, where="tools[0]")

@@ -20,6 +20,7 @@ from tokmem.errors import DataError, TokMemError
 from tokmem.studies import compositional, compositional_report
 from tokmem.studies.compositional_config import make_config
 from tokmem.studies.outputs import spread
+from tokmem.studies.tool_setup import prepare_backbones
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "function-calling"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} is absent")
@@ -335,3 +336,13 @@ def test_named_results_open_each_result_with_its_tools_name_on_both_sides_and_ch
             assert new.response == old.response and new.result == f"[{old.procedure}] {old.result}"
     with pytest.raises(TokMemError, match="--name-results answers in the tool loop only"):
         make_config(None, "main", name_results=True).resolved()
+
+
+@needs_shared
+def test_the_key_order_of_the_banks_rows_does_not_change_the_adaptation_it_trains_on(backbone, tmp_path):
+    """The adaptation's temporary rows have no schemas: no key order binds them, so one cached adaptation serves
+    every key order (an A/B of the order re-adapts nothing)."""
+    calls = tiny_real_config(methods=("tokmem",), adapt_cache=str(tmp_path))
+    _, first = prepare_backbones(calls, backbone, progress=False)
+    _, again = prepare_backbones(replace(calls, key_order="given"), backbone, progress=False)
+    assert not first["cached"] and again["cached"] and again["directory"] == first["directory"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -69,6 +70,11 @@ STRING_BOUND = 128
 INTEGER_BOUND = 10**15  # |an integer argument|: at most 16 digits
 # the least bound learned from training values (``learned_schema``): a city seen as "Oslo" may be longer
 LEARNED_FLOOR = 32
+# A bank's schema trained with ``key_order="given"`` lists the key orders its calls wrote (``learned_schema``); the
+# grammar takes any of them.  (xgrammar's own ``any_order`` would also let a required key be left out or a key be
+# written twice.)
+KEY_ORDERS = "x-tokmem-key-orders"
+MOST_KEY_ORDERS = 16  # the orders kept, most frequent first: each is an alternative of the tool's grammar
 
 
 class SchemaError(DataError):
@@ -191,7 +197,21 @@ def decoding_schema(parameters: dict, references: bool = True, where: str = "par
     ``$ref`` names, as pydantic writes a recursive one; the rest of its root binds nothing: arguments are an object),
     checked (``check_schema``, references resolved), with no extra keys, and with ``references`` each argument also
     accepting a reference to an earlier result (``REFERENCE``).  An array argument without ``items`` gets
-    ``ANY_ITEM``; strings and integers are ``bounded``."""
+    ``ANY_ITEM``; strings and integers are ``bounded``.  With ``KEY_ORDERS`` (a bank's schema trained with
+    ``key_order="given"``): any of those orders, each an object of its own (``anyOf``)."""
+    orders = key_orders(parameters, where)
+    if len(orders) > 1:
+        one = {key: value for key, value in parameters.items() if key != KEY_ORDERS}
+        alternatives = [
+            decoding_schema({**one, "properties": {k: one["properties"][k] for k in keys}}, references, where, budget)
+            for keys in orders
+        ]
+        defs = {name: spec for alternative in alternatives for name, spec in alternative.pop("$defs", {}).items()}
+        # xgrammar 0.2.8 builds one rule for objects alike but for their keys' order (the first one's order for
+        # all); a bound each alternative's keys never reach (no extra keys are allowed) keeps them apart
+        for k, alternative in enumerate(alternatives):
+            alternative["maxProperties"] = len(alternative["properties"]) + k
+        return {"anyOf": alternatives, **({"$defs": defs} if defs else {})}
     root = {key: parameters[key] for key in ("properties", "required", "$ref", *DEFINITIONS) if key in parameters}
     checked = check_schema({"type": "object", **root}, where, budget)
     defs = checked.get("$defs", {})
@@ -352,14 +372,53 @@ def _leaves(node, visit) -> None:
 def learned_schema(schema: dict | None, tool: str, examples, key_order: str = "calls") -> dict | None:
     """``schema`` (a copy) fitted to the values and the key order that the training ``examples``' calls of ``tool``
     gave: bounds on its strings (``_learned_bounds``) and its properties in the calls' order (``_learned_order``), or
-    with ``key_order="schema"`` in the schema's own (the order a bank's arguments are then trained and decoded in)."""
+    with ``key_order="schema"`` in the schema's own (the order a bank's arguments are then trained and decoded in), or
+    with ``key_order="given"`` the calls' order and ``KEY_ORDERS``, the orders the calls write (``_given_orders``)."""
     if schema is None or not isinstance(schema.get("properties"), dict):
         return schema
     calls = [
         json.loads(s.call_arguments) for e in examples for s in e.steps if s.procedure == tool and s.call_arguments
     ]
     bounded = _learned_bounds(schema, calls)
-    return _learned_order(bounded, calls) if key_order == "calls" else bounded
+    if key_order == "schema":
+        return bounded
+    ordered = _learned_order(bounded, calls)
+    return _given_orders(ordered, calls) if key_order == "given" else ordered
+
+
+def _given_orders(schema: dict, calls: list[dict]) -> dict:
+    """``schema`` with ``KEY_ORDERS``: the key orders its calls write, most frequent first (at most
+    ``MOST_KEY_ORDERS``), each followed by the keys it lacks in the schema's order; a call in an order of none of
+    them is laid out in the schema's order.  ComplexFuncBench's calls of one tool write their keys in one order per
+    query template (``Search_Hotels``: ``search_type, dest_id, …, adults, children_age`` or ``dest_id, search_type,
+    …, adults, room_qty, sort_by``): a memory token trained on each order, and free to take any of them, commits to a
+    template with its first key, as a fine-tuned model does, instead of deciding each optional key alone."""
+    names = list(schema["properties"])
+    written = [[key for key in call if key in schema["properties"]] for call in calls]
+    orders = Counter(tuple([*order, *(name for name in names if name not in order)]) for order in written)
+    kept = [list(order) for order, _ in orders.most_common(MOST_KEY_ORDERS)]
+    return {**schema, KEY_ORDERS: kept} if len(kept) > 1 else schema
+
+
+def key_orders(parameters: dict, where: str = "parameters") -> list[list[str]]:
+    """The key orders a tool's arguments may be written in: its ``KEY_ORDERS`` (each checked to be an order of all its
+    properties), else its properties' one order."""
+    names = list(parameters.get("properties") or {})
+    orders = parameters.get(KEY_ORDERS)
+    if orders is None:
+        return [names]
+    if not isinstance(orders, list) or not all(
+        isinstance(o, list) and all(isinstance(k, str) for k in o) and sorted(o) == sorted(names) for o in orders
+    ):
+        raise SchemaError(f"{where}.{KEY_ORDERS}: must be a list of orders, each of all the properties' names")
+    return orders
+
+
+def is_written_in(arguments: dict, keys: list[str]) -> bool:
+    """Whether ``arguments``' keys come in the order of ``keys`` (each of them one of ``keys``, some left out)."""
+    place = {key: k for k, key in enumerate(keys)}
+    places = [place.get(key, -1) for key in arguments]
+    return -1 not in places and places == sorted(places)
 
 
 def _learned_bounds(schema: dict, calls: list[dict]) -> dict:

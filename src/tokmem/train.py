@@ -30,7 +30,7 @@ from tokmem.prefix_store import PrefixStore, default_budget
 Init = Literal["mean", "orthogonal", "name"]
 Schedule = Literal["constant", "linear"]
 ToolSegments = Literal["arguments", "call"]
-KeyOrder = Literal["calls", "schema"]
+KeyOrder = Literal["calls", "schema", "given"]
 RenormTarget = Literal["old_rows", "tokens"]
 RenormSide = Literal["index", "steer"]
 INITS, SCHEDULES, TOOL_SEGMENTS = get_args(Init), get_args(Schedule), get_args(ToolSegments)
@@ -83,8 +83,8 @@ class TrainConfig:
     )
     key_order: KeyOrder = option(
         "calls",
-        "the order a tool row's arguments are trained and decoded in: the training calls' (calls) or its catalog "
-        "schema's (schema)",
+        "the order a tool row's arguments are trained and decoded in: the training calls' (calls), its catalog "
+        "schema's (schema), or each call's own, decoded in any order the calls wrote (given)",
     )
     result_tokens: int = option(RESULT_TOKENS, "a step's tool result in the sequence is cut to this many tokens")
     segment_backprop: bool = option(

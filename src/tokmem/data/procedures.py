@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tokmem.errors import DataError
 from tokmem.io import read_jsonl, read_text, write_text_atomic
-from tokmem.schemas import decoding_schema
+from tokmem.schemas import decoding_schema, is_written_in, key_orders
 
 
 def stable_hash(text: str) -> int:
@@ -51,8 +51,11 @@ def arguments_json(arguments: dict) -> str:
 
 
 def schema_order(arguments: dict, parameters: dict) -> dict:
-    """``arguments`` with the schema's keys first, in the schema's order (the order schema-bound decoding writes
-    them in), then any others as given.  Training lays out a tool's arguments so where its schema is known."""
+    """``arguments`` as given where they are written in one of the schema's key orders (``schemas.key_orders``: the
+    orders schema-bound decoding writes), else with the schema's keys first, in the schema's order, then any others
+    as given.  Training lays out a tool's arguments so where its schema is known."""
+    if any(is_written_in(arguments, keys) for keys in key_orders(parameters)):
+        return arguments
     known = [key for key in parameters.get("properties", {}) if key in arguments]
     return {key: arguments[key] for key in [*known, *(k for k in arguments if k not in known)]}
 

@@ -22,6 +22,7 @@ from tokmem.methods.native import NativeTools
 from tokmem.methods.tokmem import TokMem, UnfrozenTokMem
 from tokmem.methods.tools import ICL, ToolRAG
 from tokmem.studies.compositional_config import CompositionalConfig
+from tokmem.train import TrainConfig
 
 TOKMEM_LABELS = {
     "tokmem-noadapt": "TokMem (w/o adapt)",
@@ -112,8 +113,15 @@ def prepare_backbones(
     if not ADAPTED & set(config.methods):
         return {"base": base}, None
     examples = adaptation_examples(config)
-    # the temporary rows are dropped after the phase, never renormalised (so adaptations cached before keep their key)
-    rows = replace(config.train(), epochs=config.adapt_epochs, renorm_every_step=False, progress=progress)
+    # the temporary rows are dropped after the phase, never renormalised, and have no schemas, so no key order binds
+    # them (so adaptations cached before keep their key)
+    rows = replace(
+        config.train(),
+        epochs=config.adapt_epochs,
+        renorm_every_step=False,
+        key_order=TrainConfig.key_order,
+        progress=progress,
+    )
     start = time.perf_counter()
     adapted, directory, cached = cached_adapt(base, examples, config.adaptation(), rows, config.adapt_cache)
     info = {
