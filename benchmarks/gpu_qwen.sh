@@ -22,7 +22,8 @@
 # `smoke` (after small.tgz): the CUDA tests and tiny studies. Done so far (results/*qwen*): cfb-s*, cfb8-s*,
 # cfb15-s0-*, atomic-s*, catalog-s0-*, TokMem's before its bank's schemas took the training calls' key order; next:
 # ONLY='^cfbtok8?-s[0-2]-' (TokMem with rows at a token's norm, 120 and 480 updates), ONLY='^cfb(dc|own|toklr)-'
-# (the next levers, 3 seeds), ONLY='^cfb(bfclx|flights|chains[0-9]+)-' (held-out adaptation in the target's format),
+# (the next levers, 3 seeds), ONLY='^cfb(bfclx|flights|chains[0-9]+|givenflights)-' (held-out adaptation in the
+# target's format, and the calls' own key orders on it),
 # ONLY='^cfbshown' (tokmem+schema, coupled and decoupled), then
 # ONLY='^(cfb|cfb8|cfb15)-s[0-2]-tokmem$|^cfb15-s[12]-' (TokMem again, and the 1.5B's seeds 1-2).
 set -uo pipefail
@@ -173,6 +174,11 @@ for seed in 0 1 2; do  # adaptation on synthetic tool chains (tokmem.data.tool_c
     step cfbchains$n-s$seed-tokmem compositional $cfb --seed $seed --methods tokmem --adapt-data chains \
       --adapt-multi $n --json "$runs/cfbchains$n-s$seed-tokmem.json"
   done
+done
+for seed in 0 1 2; do  # each call trained in its own key order, the grammar taking any order the calls wrote
+  # (--key-order given: docs/studies.md, "Why the optional keys"), adapted on the flight tools (against cfbflights-*)
+  step cfbgivenflights-s$seed-tokmem compositional $cfb --seed $seed --methods tokmem --adapt-data flights \
+    --key-order given --json "$runs/cfbgivenflights-s$seed-tokmem.json"
 done
 for seed in 0 1 2; do  # tokmem+schema (docs/tools.md): the chosen tool's schema shown before its arguments, w/o adapt
   # (against cfb-s*-tokmem-noadapt), decoupled (index rows routing on routing's loss alone, steer rows writing under
