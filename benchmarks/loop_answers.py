@@ -74,7 +74,8 @@ def reordered_tools(tools: dict[str, dict], train: list[Example]) -> set[str]:
         name
         for name, tool in tools.items()
         if (schema := tool.get("parameters"))
-        and list(learned_schema(schema, name, train)["properties"]) != list(schema["properties"])
+        and (learned := list(learned_schema(schema, name, train)["properties"]))
+        != [key for key in schema["properties"] if key in learned]  # the keys no call gave are left out
     }
 
 

@@ -10,6 +10,7 @@ from helpers import random_rows
 
 import tokmem
 from tokmem import DecodeConfig, Example, Step, TrainConfig
+from tokmem.chat import tool_schemas
 from tokmem.grammar import ArgumentGrammar, grammars_for
 from tokmem.data.procedures import schema_order
 from tokmem.schemas import (
@@ -18,6 +19,7 @@ from tokmem.schemas import (
     LEARNED_FLOOR,
     REFERENCE,
     STRING_BOUND,
+    UNTRAINED,
     SchemaError,
     bounded,
     decoding_schema,
@@ -241,8 +243,8 @@ def test_two_schemas_differing_only_in_key_order_compile_to_grammars_of_their_ow
 
 
 def test_training_orders_the_banks_schema_as_its_calls_write_the_arguments(backbone):
-    """The grammar writes keys in the schema's order: a bank's schema takes the order its training calls used (keys
-    no call gave last), so a memory token is not forced into an order it never trained on."""
+    """The grammar writes keys in the schema's order: a bank's schema takes the order its training calls used, so a
+    memory token is not forced into an order it never trained on."""
     rent = {
         "type": "object",
         "properties": {name: {"type": "string"} for name in ("drop_off", "note", "pick_up", "city")},
@@ -253,14 +255,37 @@ def test_training_orders_the_banks_schema_as_its_calls_write_the_arguments(backb
     model = tokmem.create(backbone)
     tokmem.learn(model, examples, TrainConfig(epochs=1, progress=False), schemas={"rent": rent})
     kept = model.bank.schemas[model.bank.row("rent")]
-    assert list(kept["properties"]) == ["city", "pick_up", "drop_off", "note"]
+    assert list(kept["properties"]) == ["city", "pick_up", "drop_off"]  # no call gave "note"
     assert kept["required"] == rent["required"] and list(rent["properties"])[0] == "drop_off"  # the caller's untouched
     assert accepts(backbone, kept, '{"pick_up":"10:00","drop_off":"11:00"}')
     assert not accepts(backbone, rent, '{"pick_up":"10:00","drop_off":"11:00"}')
     schema_order = tokmem.create(backbone)
     config = TrainConfig(epochs=1, progress=False, key_order="schema")
     tokmem.learn(schema_order, examples, config, schemas={"rent": rent})
-    assert list(schema_order.bank.schemas[0]["properties"]) == list(rent["properties"])  # trained in the spec's
+    assert list(schema_order.bank.schemas[0]["properties"]) == ["drop_off", "pick_up", "city"]  # in the spec's
+
+
+def test_an_optional_argument_no_training_call_gave_is_kept_out_of_the_grammar_but_a_client_may_still_name_it(
+    backbone,
+):
+    """Offered a key it never trained on, a memory token writes garbage (``price_min: 1000000000000000``)."""
+    hotel = {
+        "type": "object",
+        "properties": {name: {"type": "integer"} for name in ("dest", "adults", "price_min")},
+        "required": ["dest"],
+    }
+    calls = [{"dest": 1, "adults": 2}, {"dest": 3}]
+    examples = [Example(f"Hotel {c}", (Step("hotel", json.dumps({"name": "hotel", "arguments": c})),)) for c in calls]
+    model = tokmem.create(backbone)
+    tokmem.learn(model, examples, TrainConfig(epochs=1, progress=False), schemas={"hotel": hotel})
+    kept = model.bank.schemas[0]
+    assert list(kept["properties"]) == ["dest", "adults"] and kept[UNTRAINED] == {"price_min": {"type": "integer"}}
+    assert accepts(backbone, kept, '{"dest":1,"adults":2}') and not accepts(backbone, kept, '{"dest":1,"price_min":5}')
+    client = {"type": "function", "function": {"name": "hotel", "parameters": hotel}}
+    assert list(tool_schemas(model, [client])[0]["properties"]) == ["dest", "adults"]  # an optional one left out
+    insisting = json.loads(json.dumps(client))
+    insisting["function"]["parameters"]["required"] = ["dest", "price_min"]
+    assert list(tool_schemas(model, [insisting])[0]["properties"]) == ["dest", "adults", "price_min"]
 
 
 HOTEL_CALLS = [  # two templates, each with its own key order (as ComplexFuncBench's Search_Hotels)

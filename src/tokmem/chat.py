@@ -48,6 +48,7 @@ from tokmem.sequences import (
     turn_ids,
 )
 from tokmem.model import TokMemModel
+from tokmem.schemas import UNTRAINED
 
 
 @dataclass
@@ -469,8 +470,10 @@ def tool_schemas(model: TokMemModel, tools) -> list[dict | None] | None:
 
     The client's schema binds (OpenAI's ``strict``, or any schema that differs from the bank's: other types, enums,
     required keys, fewer properties), with its properties in the order the tool learned them; but it may not name a
-    parameter the bank's tool never learned: the model cannot write it, so that is a ``DataError`` naming the tool
-    and both sets of names (a server's 400).  A tool the bank keeps no schema for takes the client's as it is."""
+    parameter that is not the bank's tool's: the model cannot write it, so that is a ``DataError`` naming the tool
+    and both sets of names (a server's 400).  An optional parameter the tool's training never gave is left out, as
+    from the bank's schema; one the client requires is kept.  A tool the bank keeps no schema for takes the client's
+    as it is."""
     schemas, given = list(model.bank.schemas), False
     for k, tool in enumerate(tools or []):
         function = tool.get("function") if isinstance(tool, dict) else None
@@ -482,20 +485,22 @@ def tool_schemas(model: TokMemModel, tools) -> list[dict | None] | None:
 
 
 def _client_schema(parameters, learned: dict | None, name: str, where: str) -> dict:
-    """The client's ``parameters`` reconciled with the bank's schema ``learned`` (see ``tool_schemas``)."""
+    """The client's ``parameters`` reconciled with the bank's schema ``learned`` (see ``tool_schemas``): an optional
+    argument the tool's training calls never gave (``schemas.UNTRAINED``) is left out, as from the bank's own."""
     properties = parameters.get("properties", {}) if isinstance(parameters, dict) else None
     if not isinstance(properties, dict) or parameters.get("type", "object") != "object":
         raise DataError(f"{where}: must be a JSON schema of type 'object' with 'properties' (an object)")
     if learned is None:
         return parameters
-    order = list(learned.get("properties", {}))
-    unknown = [key for key in properties if key not in order]
+    order, untrained = list(learned.get("properties", {})), learned.get(UNTRAINED, {})
+    unknown = [key for key in properties if key not in order and key not in untrained]
     if unknown:
         raise DataError(
             f"{where}: {', '.join(map(repr, unknown))} not a parameter of the bank's tool '{name}' (it learned "
             f"{', '.join(map(repr, order)) or 'none'}); send a schema over those names, or leave 'parameters' out"
         )
-    return {**parameters, "properties": {key: properties[key] for key in order if key in properties}}
+    required = [key for key in parameters.get("required") or () if key in untrained]  # the client's to insist on
+    return {**parameters, "properties": {key: properties[key] for key in [*order, *required] if key in properties}}
 
 
 def _reuse(model: TokMemModel, cache: ChatCache, ids: list[int]) -> tuple[list[int], DynamicCache]:

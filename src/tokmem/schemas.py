@@ -75,6 +75,10 @@ LEARNED_FLOOR = 32
 # written twice.)
 KEY_ORDERS = "x-tokmem-key-orders"
 MOST_KEY_ORDERS = 16  # the orders kept, most frequent first: each is an alternative of the tool's grammar
+# A bank's schema keeps out the optional arguments no training call gave (``learned_schema``): a memory token never
+# learned to write them, and offered them it writes garbage (ComplexFuncBench's ``price_min: 1000000000000000``).
+# They are kept under this key, name → schema, so that a client's schema may still name them (``chat.tool_schemas``).
+UNTRAINED = "x-tokmem-untrained"
 
 
 class SchemaError(DataError):
@@ -370,20 +374,33 @@ def _leaves(node, visit) -> None:
 
 
 def learned_schema(schema: dict | None, tool: str, examples, key_order: str = "calls") -> dict | None:
-    """``schema`` (a copy) fitted to the values and the key order that the training ``examples``' calls of ``tool``
-    gave: bounds on its strings (``_learned_bounds``) and its properties in the calls' order (``_learned_order``), or
-    with ``key_order="schema"`` in the schema's own (the order a bank's arguments are then trained and decoded in), or
-    with ``key_order="given"`` the calls' order and ``KEY_ORDERS``, the orders the calls write (``_given_orders``)."""
+    """``schema`` (a copy) fitted to the calls of ``tool`` in the training ``examples``: without the optional
+    arguments none of them gave (moved to ``UNTRAINED``), bounds on its strings (``_learned_bounds``) and its
+    properties in the calls' order (``_learned_order``), or with ``key_order="schema"`` in the schema's own (the order
+    a bank's arguments are then trained and decoded in), or with ``key_order="given"`` the calls' order and
+    ``KEY_ORDERS``, the orders the calls write (``_given_orders``).  A tool no example calls keeps its schema."""
     if schema is None or not isinstance(schema.get("properties"), dict):
         return schema
     calls = [
         json.loads(s.call_arguments) for e in examples for s in e.steps if s.procedure == tool and s.call_arguments
     ]
-    bounded = _learned_bounds(schema, calls)
+    if not calls:
+        return schema
+    bounded = _learned_bounds(_given_keys(schema, calls), calls)
     if key_order == "schema":
         return bounded
     ordered = _learned_order(bounded, calls)
     return _given_orders(ordered, calls) if key_order == "given" else ordered
+
+
+def _given_keys(schema: dict, calls: list[dict]) -> dict:
+    """``schema`` without the optional properties no call gives, those kept under ``UNTRAINED``."""
+    given, required = {key for call in calls for key in call}, set(schema.get("required") or ())
+    untrained = {name: spec for name, spec in schema["properties"].items() if name not in given | required}
+    if not untrained:
+        return schema
+    properties = {name: spec for name, spec in schema["properties"].items() if name not in untrained}
+    return {**schema, "properties": properties, UNTRAINED: {**schema.get(UNTRAINED, {}), **untrained}}
 
 
 def _given_orders(schema: dict, calls: list[dict]) -> dict:

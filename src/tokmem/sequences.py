@@ -45,7 +45,7 @@ from jinja2.exceptions import TemplateError
 
 from tokmem.data.procedures import Example, arguments_json, schema_order
 from tokmem.errors import DataError, TokMemError
-from tokmem.schemas import KEY_ORDERS
+from tokmem.schemas import KEY_ORDERS, UNTRAINED
 
 IGNORE = -100
 ANSWER = -2  # label: "a vocabulary token, not a memory token" (the answer in words after the last tool result)
@@ -260,8 +260,9 @@ def tool_call_ids(
 
 def shown_schema_ids(tokenizer, schema: dict) -> list[int]:
     """The tokens of a tool's schema as a bank that shows schemas lays it out after the memory token: the compact
-    JSON of its parameters on a line of its own (without the key orders it was trained in: they are the grammar's)."""
-    shown = {key: value for key, value in schema.items() if key != KEY_ORDERS}
+    JSON of its parameters on a line of its own (without the key orders it was trained in, the grammar's, or the
+    arguments it never learned)."""
+    shown = {key: value for key, value in schema.items() if key not in (KEY_ORDERS, UNTRAINED)}
     return tokenizer(f"\n{arguments_json(shown)}\n", add_special_tokens=False)["input_ids"]
 
 
