@@ -8,7 +8,8 @@ tools whose schema lists their keys out of the calls' order.
 Each gold argument value is also counted by where the model could have read it (`origin`): in the query, in an
 earlier result as the sequence shows it (cut to the study's result budget), only in the part of a result the cut
 hides, or nowhere (rewritten: a date from "December 15th", a sum): and how often the answer has it, a value
-counting as right only when the answer names the right tool.  A wrong value of the right tool is also looked up
+counting as right only when the answer names the right tool; the gold keys an answer of the right tool left out, by
+the same origin (an optional key the query asked for: ``query``), and the keys it added.  A wrong value of the right tool is also looked up
 among the training records' values of that argument: a value recalled from training, not read from the context.  The test records are rebuilt from the study's own
 config (the data under ``../shared/data/function-calling`` or ``--data-dir``), and the cut is measured with the
 study's backbone's tokenizer (``--result-tokens`` asks what another budget would show).  Files written before the samples kept no-call steps in place (their ``step`` lists are
@@ -88,7 +89,7 @@ def summary(
     budget: int = RESULT_TOKENS,
 ) -> dict:
     aligned = [s for s in samples if len(s["step"]) == len(s["gold"])]
-    counts, values, wrong, order = Counter(), Counter(), Counter(), Counter()
+    counts, values, wrong, order, left_out = Counter(), Counter(), Counter(), Counter(), Counter()
     for sample in aligned:
         origins = value_origins(examples[sample["query"]], tokenizer, budget)
         for k, (gold_text, text, where) in enumerate(zip(sample["gold"], sample["step"], origins)):
@@ -98,7 +99,11 @@ def summary(
             group = "schema out of the calls' order" if gold[0] in reordered else "schema in the calls' order"
             order[group, "total"] += 1
             order[group, kind] += 1
-            given = dict(answer[1]) if answer is not None and answer[0] == gold[0] else {}
+            right_tool = answer is not None and answer[0] == gold[0]
+            given = dict(answer[1]) if right_tool else {}
+            if right_tool:
+                left_out.update(where[key] for key in dict(gold[1]) if key not in given)
+                left_out["added"] += len(given.keys() - dict(gold[1]).keys())
             for key, value in dict(gold[1]).items():
                 values[where[key], "total"] += 1
                 values[where[key], "right"] += key in given and given[key] == value
@@ -111,6 +116,8 @@ def summary(
         **{kind: counts[kind] for kind in OUTCOMES},
         "values right, by origin": {o: f"{values[o, 'right']} of {values[o, 'total']}" for o in ORIGINS},
         "wrong values recalled from training": f"{wrong['from training']} of {wrong['total']}",
+        "keys of the right tool left out, by origin": {o: left_out[o] for o in ORIGINS},
+        "keys of the right tool added": left_out["added"],
         "exact steps, by the tool's schema order": {g: f"{order[g, 'exact']} of {order[g, 'total']}" for g in GROUPS},
         "outcomes, by the tool's schema order": {g: {k: order[g, k] for k in OUTCOMES} for g in GROUPS},
     }

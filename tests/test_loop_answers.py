@@ -36,6 +36,21 @@ def test_a_value_counts_as_right_only_when_the_answer_names_the_right_tool(backb
     assert (counted["exact"], counted["values right, by origin"]["query"]) == (1, "1 of 1")
 
 
+def test_the_keys_of_the_right_tool_left_out_are_counted_by_where_their_value_was_and_those_added_apart(backbone):
+    gold = call_json("Hotel", {"city": "Oslo", "adults": 3})
+    example = Example("A hotel in Oslo for 3 adults.", (Step("Hotel", gold),))
+    samples = [{"query": example.query, "gold": [gold], "step": [call_json("Hotel", {"city": "Oslo", "stars": 5})]}]
+    counted = loop_answers.summary(samples, {example.query: example}, set(), set(), backbone.tokenizer)
+    assert counted["wrong key set"] == 1 and counted["keys of the right tool added"] == 1
+    assert counted["keys of the right tool left out, by origin"]["query"] == 1
+    samples[0]["step"] = [call_json("Find", {})]  # another tool: its keys are not counted
+    counted = loop_answers.summary(samples, {example.query: example}, set(), set(), backbone.tokenizer)
+    assert (
+        counted["keys of the right tool added"] == 0
+        and counted["keys of the right tool left out, by origin"]["query"] == 0
+    )
+
+
 def test_a_wrong_value_is_counted_as_recalled_when_a_training_call_of_that_tool_and_argument_held_it(backbone):
     example = Example("Rent car ab12.", (Step("Rent", call_json("Rent", {"id": "ab12"})),))
     trained = loop_answers.trained_values(
@@ -50,11 +65,11 @@ def test_a_wrong_value_is_counted_as_recalled_when_a_training_call_of_that_tool_
 
 def test_exact_steps_are_counted_apart_for_tools_whose_schema_lists_keys_out_of_the_calls_order(backbone):
     rent = {"type": "object", "properties": {"to": {"type": "string"}, "from": {"type": "string"}}}
-    find = {"type": "object", "properties": {"q": {"type": "string"}}}
+    find = {"type": "object", "properties": {"q": {"type": "string"}, "limit": {"type": "integer"}}}
     calls = [Step("Rent", call_json("Rent", {"from": "a", "to": "b"})), Step("Find", call_json("Find", {"q": "x"}))]
     train = [Example("Rent a car from a to b.", tuple(calls))]
     tools = {"Rent": {"parameters": rent}, "Find": {"parameters": find}, "Free": {}}
-    assert loop_answers.reordered_tools(tools, train) == {"Rent"}
+    assert loop_answers.reordered_tools(tools, train) == {"Rent"}  # "limit", never given, reorders nothing
     example = train[0]
     samples = [{"query": example.query, "gold": [c.response for c in calls], "step": [c.response for c in calls]}]
     counted = loop_answers.summary(samples, {example.query: example}, set(), {"Rent"}, backbone.tokenizer)
