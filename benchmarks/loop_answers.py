@@ -15,7 +15,7 @@ config (the data under ``../shared/data/function-calling`` or ``--data-dir``), a
 study's backbone's tokenizer (``--result-tokens`` asks what another budget would show).  Files written before the samples kept no-call steps in place (their ``step`` lists are
 shorter than ``gold``) are read over their aligned records only.
 
-    python benchmarks/loop_answers.py results/loop-cfb-flights.json [more.json ...]
+    python benchmarks/loop_answers.py results/loop-cfb-flights.json [more.json ...]  # or loop_ab.py files
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import fields, replace
 
 from tokmem.backbones import load_backbone
@@ -31,7 +32,7 @@ from tokmem.eval.metrics import read_call
 from tokmem.eval.steps import OUTCOMES, outcome
 from tokmem.schemas import learned_schema
 from tokmem.sequences import RESULT_TOKENS
-from tokmem.studies.compositional_config import CompositionalConfig
+from tokmem.studies.compositional_config import CompositionalConfig, make_config
 from tokmem.studies.tool_setup import real_data
 
 Call = tuple  # (name, canonical arguments), as the scorer reads a call (`metrics.read_call`)
@@ -123,14 +124,31 @@ def summary(
     }
 
 
-def study_data(config: dict, data_dir: str | None) -> tuple[dict[str, Example], set[tuple], set[str]]:
-    """The test records of the study a result file's ``config`` describes, by query, its training values and its
-    tools whose schema lists their keys out of the calls' order."""
-    names = {f.name for f in fields(CompositionalConfig)}
-    settings = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k in names}
-    rebuilt = replace(CompositionalConfig(), **settings | {"data_dir": data_dir or config.get("data_dir")})
-    data = real_data(rebuilt).data
+def study_data(config: CompositionalConfig) -> tuple[dict[str, Example], set[tuple], set[str]]:
+    """The test records of the study ``config`` describes, by query, its training values and its tools whose schema
+    lists their keys out of the calls' order."""
+    data = real_data(config).data
     return {e.query: e for e in data.test}, trained_values(data.train), reordered_tools(data.tools, data.train)
+
+
+def answered(result: dict, data_dir: str | None) -> Iterator[tuple[str, CompositionalConfig, list[dict]]]:
+    """(label, the study's config, samples) of each method of a study's result file, or of each variant of a
+    ``loop_ab.py`` file (its config: the preset's, with the variant's settings)."""
+    directory = {"data_dir": data_dir} if data_dir else {}
+    if "variants" in result:
+        base = result["config"]
+        for name, variant in result["variants"].items():
+            settings = {k: tuple(v) if isinstance(v, list) else v for k, v in variant["settings"].items()}
+            config = make_config(
+                base["preset"], dataset=base["dataset"], backbone=result["backbone"], seed=base["seed"], **settings
+            )
+            yield name, replace(config, **directory), variant["samples"]
+        return
+    names = {f.name for f in fields(CompositionalConfig)}
+    settings = {k: tuple(v) if isinstance(v, list) else v for k, v in result["config"].items() if k in names}
+    config = replace(CompositionalConfig(), **settings | directory)
+    for name, method in result["methods"].items():
+        yield method.get("label", name), config, method["samples"]
 
 
 def main() -> None:
@@ -143,16 +161,12 @@ def main() -> None:
     args = parser.parse_args()
     tokenizers = {}  # the study's backbone's, which cut its results
     for path in args.files:
-        result = json.load(open(path))
-        name = result["config"]["backbone"]
-        if name not in tokenizers:
-            tokenizers[name] = load_backbone(name).tokenizer
-        tokenizer = tokenizers[name]
-        examples, trained, reordered = study_data(result["config"], args.data_dir)
-        for name, method in result["methods"].items():
-            print(
-                f"{path} {method.get('label', name)}: {json.dumps(summary(method['samples'], examples, trained, reordered, tokenizer, args.result_tokens))}"
-            )
+        for label, config, samples in answered(json.load(open(path)), args.data_dir):
+            if config.backbone not in tokenizers:
+                tokenizers[config.backbone] = load_backbone(config.backbone).tokenizer
+            examples, trained, reordered = study_data(config)
+            counted = summary(samples, examples, trained, reordered, tokenizers[config.backbone], args.result_tokens)
+            print(f"{path} {label}: {json.dumps(counted)}")
 
 
 if __name__ == "__main__":
