@@ -1,9 +1,8 @@
 """Synthetic tool chains (tokmem.data.tool_chains): an adaptation set whose later calls read earlier results."""
 
 import json
-from collections import Counter
 
-from tokmem.data.tool_chains import NUMBER_WORDS_TO_FIFTEEN, OPTIONAL, TOOLS, tool_chains
+from tokmem.data.tool_chains import TOOLS, tool_chains
 from tokmem.eval.steps import gold_value_sources
 
 
@@ -45,32 +44,6 @@ def test_the_item_picked_out_of_a_result_is_the_one_the_query_asks_for():
             assert all(t["departure"] > calls["Search_Trains"]["departure_after"] for t in trains)
             earliest = min(trains, key=lambda t: t["departure"])
             assert calls["Get_Train_Seat_Map"]["train_id"] == earliest["train_id"]
-
-
-def test_an_optional_argument_is_given_exactly_when_the_query_says_it():
-    chains = tool_chains(400)
-    given = Counter()
-    for example in chains:
-        for step in example.steps:
-            arguments = json.loads(step.response)["arguments"]
-            for key in OPTIONAL.get(step.procedure, ()):
-                given[key, key in arguments] += 1
-                if key in arguments:
-                    assert _said(arguments[key]) in example.query, (key, example.query)
-    # each argument is left out about as often as given: whether to give it is read from the query
-    assert all(given[key, True] > 20 and given[key, False] > 20 for keys in OPTIONAL.values() for key in keys)
-
-
-def _said(value) -> str:
-    """How a query says an optional argument's value: a count or ages in words, a price in digits, a choice by
-    its name (``units`` by its scale)."""
-    if isinstance(value, bool):
-        return "outside"
-    if isinstance(value, int) and value < 10:
-        return NUMBER_WORDS_TO_FIFTEEN[value - 1]
-    if isinstance(value, str) and value[0].isdigit():  # ages, comma-separated
-        return NUMBER_WORDS_TO_FIFTEEN[int(value.split(",")[-1]) - 1]
-    return {"metric": "Celsius", "imperial": "Fahrenheit"}.get(value, str(value))
 
 
 def _results(example, k):

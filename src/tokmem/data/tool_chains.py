@@ -5,11 +5,7 @@ made as large as wanted, over tools no real dataset here names.  What it teaches
 ask of a backbone reading a memory token: copy a value the user said (a city, a performer), write a value the user
 said in words in the API's form (``November 15th, 2025`` → ``2025-11-15``, ``2 pm`` → ``14:00``, ``three`` → ``3``),
 and copy an id or coordinates out of a result — the right item of several, picked as the query asks (the
-best-rated, the earliest, the one by the performer named), from the last result or an older one.  And give an
-optional argument exactly when the query asks for it (``OPTIONAL``: a budget, the travellers and their ages, a
-temperature scale; each said in about half the records): ComplexFuncBench's hotel searches take ``adults``,
-``children_age``, ``price_max`` or ``radius`` only when the user says them, the choice a memory token's calls got
-wrong most after the tool (docs/studies.md).
+best-rated, the earliest, the one by the performer named), from the last result or an older one.
 
 Four families, 2–4 calls a record: dining (area → restaurants → reservation), trains (two stations → trains → seat
 map), weather (place → forecast, sometimes air quality) and concerts (venue → events → ticket offers).
@@ -42,10 +38,6 @@ PERFORMERS = (
     "Hozier", "Lorde", "Bon Iver", "Tame Impala", "Khruangbin", "Phoebe Bridgers", "Vampire Weekend", "Fleet Foxes",
 )  # fmt: skip
 NUMBER_WORDS = ("one", "two", "three", "four", "five", "six", "seven", "eight")
-NUMBER_WORDS_TO_FIFTEEN = (
-    *NUMBER_WORDS, "nine", "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen"
-)  # fmt: skip
-OCCASIONS = (("a", "birthday"), ("an", "anniversary"), ("a", "business dinner"), ("a", "farewell party"))
 MONTHS = (
     "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
     "December",
@@ -66,15 +58,6 @@ TOOLS = frozenset(
         "Get_Ticket_Offers",
     }
 )
-
-
-OPTIONAL = {
-    "Search_Restaurants": {"price_max", "outdoor"},
-    "Reserve_Table": {"occasion"},
-    "Search_Trains": {"passengers", "child_ages", "max_fare"},
-    "Get_Forecast": {"units"},
-    "Get_Ticket_Offers": {"section", "max_price"},
-}  # tool → the arguments a call gives only when its query says them
 
 
 def tool_chains(count: int, seed: int = 0) -> list[Example]:
@@ -129,23 +112,6 @@ def _name(rng: random.Random, kinds=PLACES) -> str:
     return f"{rng.choice(NAME_WORDS)} {rng.choice(NAME_WORDS)} {rng.choice(kinds)}"
 
 
-def _asked(rng: random.Random, options: list[tuple[str, object, str]]) -> tuple[dict, str]:
-    """Each (argument, value, sentence) of ``options`` asked for or not, at even odds: the arguments asked for, in
-    the options' order (a tool's keys come in one order), and their sentences in a random one, to follow a query."""
-    asked = [option for option in options if rng.random() < 0.5]
-    sentences = [sentence for _, _, sentence in asked]
-    rng.shuffle(sentences)
-    return {key: value for key, value, _ in asked}, "".join(f" {sentence}" for sentence in sentences)
-
-
-def _ages(rng: random.Random, count: int) -> tuple[str, str]:
-    """(as said, the API's comma-separated form) of ``count`` children's ages."""
-    ages = sorted(rng.sample(range(2, 16), count))
-    words = [NUMBER_WORDS_TO_FIFTEEN[a - 1] for a in ages]
-    said = words[0] if count == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
-    return said, ",".join(map(str, ages))
-
-
 # ---- the families: (query, [(tool, arguments)], [result]) ---------------------------------------------------
 
 
@@ -159,33 +125,19 @@ def _dining(rng: random.Random):
         for tenths in rng.sample(range(30, 51), rng.randint(3, 5))  # no two rated alike: one is the best
     ]
     best = max(places, key=lambda p: p["rating"])
-    budget, (article, occasion) = rng.randrange(20, 95, 5), rng.choice(OCCASIONS)
-    narrowed, narrowing = _asked(
-        rng,
-        [
-            ("price_max", budget, f"Keep it under {budget} dollars a head."),
-            ("outdoor", True, "We want to sit outside."),
-        ],
-    )
-    noted, noting = _asked(rng, [("occasion", occasion, f"It is for {article} {occasion}.")])
-    query = (
-        rng.choice(
-            (
-                f"Book a table for {NUMBER_WORDS[party - 1]} at the best-rated {cuisine} restaurant in {city} on "
-                f"{said_date} at {said_time}.",
-                f"We are {NUMBER_WORDS[party - 1]} people and want {cuisine} food in {city} on {said_date}, {said_time}: "
-                "reserve the highest rated place.",
-            )
+    query = rng.choice(
+        (
+            f"Book a table for {NUMBER_WORDS[party - 1]} at the best-rated {cuisine} restaurant in {city} on "
+            f"{said_date} at {said_time}.",
+            f"We are {NUMBER_WORDS[party - 1]} people and want {cuisine} food in {city} on {said_date}, {said_time}: "
+            "reserve the highest rated place.",
         )
-        + narrowing
-        + noting
     )
-    search = {"area_id": area["area_id"], "cuisine": cuisine, "date": date, **narrowed}
-    reservation = {"restaurant_id": best["restaurant_id"], "date": date, "time": time, "party_size": party, **noted}
+    search = {"area_id": area["area_id"], "cuisine": cuisine, "date": date}
     calls = [
         ("Find_Dining_Area", {"query": city}),
         ("Search_Restaurants", search),
-        ("Reserve_Table", reservation),
+        ("Reserve_Table", {"restaurant_id": best["restaurant_id"], "date": date, "time": time, "party_size": party}),
     ]
     confirmation = {"reservation_id": _token(rng, 8), "status": "confirmed", "restaurant": best["name"]}
     return query, calls, [[area, other], {"restaurants": places}, confirmation]
@@ -198,46 +150,29 @@ def _trains(rng: random.Random):
         [{"station_id": str(rng.randint(1000000, 9999999)), "name": f"{city} {kind}", "city": city}]
         for city, kind in ((origin, rng.choice(("Central", "Main"))), (destination, rng.choice(("Central", "Main"))))
     ]
-    adults, (said_ages, ages), fare = rng.randint(2, 4), _ages(rng, rng.randint(1, 3)), rng.randrange(40, 150, 10)
-    travellers, travelling = _asked(
-        rng,
-        [
-            ("passengers", adults, f"There are {NUMBER_WORDS[adults - 1]} adults travelling."),
-            (
-                "child_ages",
-                ages,
-                f"{'Children' if ',' in ages else 'A child'} aged {said_ages} come{'' if ',' in ages else 's'} along.",
-            ),
-            ("max_fare", fare, f"No ticket over {fare} euros, please."),
-        ],
-    )
     hours = range(int(time[:2]) + 1, min(int(time[:2]) + 7, 24))  # every train leaves after the time asked
     trains = [
         {
             "train_id": _token(rng, 12),
             "departure": f"{h:02d}:{rng.choice((5, 20, 35, 50)):02d}",
-            "price": rng.randint(19, travellers.get("max_fare", 140)),
+            "price": rng.randint(19, 140),
         }
         for h in rng.sample(hours, min(3, len(hours)))
     ]
     earliest = min(trains, key=lambda t: t["departure"])
-    query = (
-        rng.choice(
-            (
-                f"Find me a train from {origin} to {destination} on {said_date} leaving after {said_time}, and show the "
-                "seat map of the earliest one.",
-                f"I need to get from {origin} to {destination} by train on {said_date}, not before {said_time}. What "
-                "seats are free on the first train?",
-            )
+    query = rng.choice(
+        (
+            f"Find me a train from {origin} to {destination} on {said_date} leaving after {said_time}, and show the "
+            "seat map of the earliest one.",
+            f"I need to get from {origin} to {destination} by train on {said_date}, not before {said_time}. What "
+            "seats are free on the first train?",
         )
-        + travelling
     )
     search = {
         "from_station_id": stations[0][0]["station_id"],
         "to_station_id": stations[1][0]["station_id"],
         "date": date,
         "departure_after": time,
-        **travellers,
     }
     calls = [
         ("Search_Station", {"query": origin}),
@@ -255,12 +190,11 @@ def _weather(rng: random.Random):
     air = rng.random() < 0.5
     place = {"place_id": _token(rng, 8), "name": city, **_coordinates(rng)}
     scale = "Celsius" if units == "metric" else "Fahrenheit"
-    scaled, scaling = _asked(rng, [("units", units, f"Give me the temperatures in {scale}.")])
-    query = f"What will the weather be like in {city} on {said_date}?{scaling}" + (
+    query = f"What will the weather be like in {city} on {said_date}, in {scale}?" + (
         " And how is the air quality there?" if air else ""
     )
     where = {"latitude": place["latitude"], "longitude": place["longitude"]}
-    calls = [("Geocode_Place", {"name": city}), ("Get_Forecast", {**where, "date": date, **scaled})]
+    calls = [("Geocode_Place", {"name": city}), ("Get_Forecast", {**where, "date": date, "units": units})]
     forecast = {
         "date": date,
         "high": rng.randint(-5, 35),
@@ -284,19 +218,14 @@ def _concerts(rng: random.Random):
     events = [{"event_id": _token(rng, 9), "title": f"{name} live", "date": end} for name in [performer, *others]]
     rng.shuffle(events)
     wanted = next(e for e in events if e["title"].startswith(performer))
-    section, price = rng.choice(("floor", "balcony")), rng.randrange(40, 200, 10)
-    limited, limiting = _asked(
-        rng,
-        [("section", section, f"We want {section} seats."), ("max_price", price, f"At most {price} dollars a ticket.")],
-    )
     query = (
         f"I'd like {NUMBER_WORDS[tickets - 1]} tickets for {performer} at the {venue_name} between {said_start} and "
-        f"{said_end}.{limiting}"
+        f"{said_end}."
     )
     calls = [
         ("Search_Venue", {"query": venue_name}),
         ("Search_Events", {"venue_id": venue["venue_id"], "start_date": start, "end_date": end}),
-        ("Get_Ticket_Offers", {"event_id": wanted["event_id"], "quantity": tickets, **limited}),
+        ("Get_Ticket_Offers", {"event_id": wanted["event_id"], "quantity": tickets}),
     ]
     offers = {"offers": [{"section": s, "price": rng.randint(35, 220)} for s in ("floor", "balcony")]}
     return query, calls, [[venue], {"events": events}, offers]
