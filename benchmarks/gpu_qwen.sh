@@ -158,18 +158,19 @@ for seed in 0 1 2; do  # the next levers (docs/studies.md, "Causes, one A/B each
     --renorm-every-step --renorm-target tokens --json "$runs/cfbtoklr-s$seed-tokmem-noadapt.json"
 done
 for seed in 0 1 2; do  # adaptation held out in the target's format (docs/studies.md, "Causes, one A/B each"): the
-  # preset's 300 BFCL turns, each call run on BFCL's backends (its result in context; against cfb-s*-tokmem, the same
-  # turns without results), and ComplexFuncBench's flight tools with their results (their records leave the evaluation:
-  # TokMem w/o adapt and LoRA on that split beside it)
+  # 300 BFCL turns the preset adapted on before chains, each call run on BFCL's backends (its result in context; against
+  # the cfb-s*-tokmem runs made then, the same turns without results), and ComplexFuncBench's flight tools with their
+  # results (their records leave the evaluation: TokMem w/o adapt and LoRA on that split beside it)
   step cfbbfclx-s$seed-tokmem compositional $cfb --seed $seed --methods tokmem --adapt-data bfcl-executed \
-    --json "$runs/cfbbfclx-s$seed-tokmem.json"
+    --adapt-multi 300 --json "$runs/cfbbfclx-s$seed-tokmem.json"
   for m in tokmem tokmem-noadapt lora; do
     step cfbflights-s$seed-$m compositional $cfb --seed $seed --methods $m --adapt-data flights \
       --json "$runs/cfbflights-s$seed-$m.json"
   done
 done
 for seed in 0 1 2; do  # adaptation on synthetic tool chains (tokmem.data.tool_chains: later calls read ids out of earlier
-  # results; tools of our own, so the evaluation keeps all its records): as many as bfcl-executed's 120, and 2,000
+  # results; tools of our own, so the evaluation keeps all its records): the preset's 120 (the default since
+  # cfb-s*-tokmem's runs of results/, which adapted on 300 BFCL turns), and 2,000
   for n in 120 2000; do
     step cfbchains$n-s$seed-tokmem compositional $cfb --seed $seed --methods tokmem --adapt-data chains \
       --adapt-multi $n --json "$runs/cfbchains$n-s$seed-tokmem.json"

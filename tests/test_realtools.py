@@ -81,7 +81,9 @@ def test_the_cpu_preset_takes_the_real_datas_own_sizes():
 
 @needs_shared
 def test_complexfuncbench_trains_and_tests_on_disjoint_records_and_adapts_on_disjoint_bfcl_tools():
-    real = complexfuncbench_data(SHARED, max_calls=4, train_size=150, test_size=24, adapt_samples=300)
+    real = complexfuncbench_data(
+        SHARED, max_calls=4, train_size=150, test_size=24, adapt_samples=300, adapt_data=("bfcl",)
+    )
     data = real.data
     assert (len(data.train), len(data.test), len(real.adaptation)) == (150, 24, 300)
     assert not {e.query for e in data.train} & {e.query for e in data.test}
@@ -117,7 +119,7 @@ def cfb(**options):
 
 @needs_shared
 def test_adapting_on_executed_bfcl_turns_gives_each_call_its_result_on_tools_disjoint_from_the_evaluation():
-    plain, real = cfb(adapt_samples=120), cfb(adapt_samples=120, adapt_data=("bfcl-executed",))
+    plain, real = cfb(adapt_samples=120, adapt_data=("bfcl",)), cfb(adapt_samples=120, adapt_data=("bfcl-executed",))
     assert real.adaptation_sources == {"bfcl-executed": 120} and real.data.test == plain.data.test
     assert [e.id for e in real.adaptation] == [e.id for e in plain.adaptation]  # the same turns, now with results
     assert all(s.result is None for e in plain.adaptation for s in e.steps)
@@ -126,21 +128,21 @@ def test_adapting_on_executed_bfcl_turns_gives_each_call_its_result_on_tools_dis
 
 
 @needs_shared
-def test_adapting_on_synthetic_chains_takes_as_many_seeded_records_with_results_on_tools_of_their_own():
-    plain, real = cfb(adapt_samples=40), cfb(adapt_samples=40, adapt_data=("chains",))
+def test_the_default_adaptation_is_as_many_seeded_synthetic_chains_with_results_on_tools_of_their_own():
+    plain, real = cfb(adapt_samples=40, adapt_data=("bfcl",)), cfb(adapt_samples=40)
     assert real.adaptation_sources == {"chains": 40} and real.data.test == plain.data.test
     assert all(s.result is not None for e in real.adaptation for s in e.steps)
     assert not {p for e in real.adaptation for p in e.procedures} & set(real.data.tools)
-    assert cfb(adapt_samples=40, adapt_data=("chains",), seed=1).adaptation != real.adaptation
+    assert cfb(adapt_samples=40, seed=1).adaptation != real.adaptation
 
 
 @needs_shared
 def test_an_adaptation_source_sharing_a_tool_with_the_evaluation_is_refused_naming_the_tool(tmp_path):
     data = tmp_path / "weather.json"
     data.write_text(json.dumps(convert_units_records(40, tool="Get_Forecast")))  # a tool the chains call too
-    complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(data))
-    with pytest.raises(DataError, match="adaptation data 'chains' .*both have Get_Forecast"):
-        complexfuncbench_data(SHARED, max_calls=2, adapt_samples=40, test_data=str(data), adapt_data=("chains",))
+    complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(data), adapt_data=("bfcl",))
+    with pytest.raises(DataError, match="adaptation data 'chains' .*both have Get_Forecast; adapt on another source"):
+        complexfuncbench_data(SHARED, max_calls=2, adapt_samples=40, test_data=str(data))  # the default
 
 
 def test_the_diagnostic_adaptation_on_the_studys_own_records_is_its_training_records_and_says_so():

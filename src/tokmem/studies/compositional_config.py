@@ -93,7 +93,7 @@ class CompositionalConfig(MethodSettings):
         "complexfuncbench: the adaptation phase's data, some of bfcl (BFCL multi-turn turns, no results), "
         "bfcl-executed (the same turns, each call run on BFCL's simulated backends: with results), "
         "flights (ComplexFuncBench's records over its flight tools, with results; those tools then leave the "
-        "evaluation), chains (--adapt-multi synthetic records whose later calls read earlier results: "
+        "evaluation), chains (the default: --adapt-multi synthetic records whose later calls read earlier results: "
         "tokmem.data.tool_chains) and study (the study's own training records: a diagnostic, the evaluation's own "
         "tools)",
     )
@@ -240,15 +240,15 @@ PRESETS = {
         Layer(dict(per_tool=14, train_multi=20, test_multi=8), when=dict(study="forgetting")),
         # four TokMem runs (as configured, then init, schedule and segments switched alone), all at one budget
         Layer(dict(epochs=4, epoch_budgets=None), when=dict(study="recipe")),
-        # ComplexFuncBench's records with 2-4 calls (as the paper's queries): 120 to train, 24 to test; 300 BFCL
-        # multi-turn turns to adapt.  With each call's result in context the sequences grow: max_length 1536 keeps them
-        # whole.  One budget of 2 epochs.  Rows mean-initialised and a decaying schedule at 2e-2 (the recipe study and
+        # ComplexFuncBench's records with 2-4 calls (as the paper's queries): 120 to train, 24 to test; 120 synthetic
+        # tool chains to adapt (the size measured).  With each call's result in context the sequences grow: max_length
+        # 1536 keeps them whole.  One budget of 2 epochs.  Rows mean-initialised and a decaying schedule at 2e-2 (the recipe study and
         # benchmarks/routing_budget.py say why).  A call is one answer: 160 new tokens.
         Layer(
             dict(
                 train_multi=120,
                 test_multi=24,
-                adapt_multi=300,
+                adapt_multi=120,
                 epochs=2,
                 epoch_budgets=None,
                 max_length=1536,
