@@ -34,7 +34,10 @@ from pathlib import Path
 
 import torch
 
-from loop_answers import reordered_tools  # a script beside this one (its folder is on the path when run)
+from loop_answers import (
+    reordered_tools,
+    variant_config,
+)  # a script beside this one (its folder is on the path when run)
 
 from tokmem.bank import MemoryBank
 from tokmem.cli.options import add_backbone
@@ -45,7 +48,7 @@ from tokmem.methods.tokmem import TokMem
 from tokmem.model import TokMemModel
 from tokmem.report import machine
 from tokmem.sequences import RESULT_TOKENS
-from tokmem.studies.compositional_config import CompositionalConfig, make_config
+from tokmem.studies.compositional_config import CompositionalConfig
 from tokmem.studies.harness import learn_round, progress_bar
 from tokmem.studies.tool_loop import step_predictions
 from tokmem.studies.tool_setup import build_method, prepare_backbones, tool_data
@@ -105,17 +108,15 @@ def group_outcomes(samples: list[dict], tools: set[str]) -> dict[str, int]:
     return {kind: counted[kind] for kind in OUTCOMES}
 
 
+def file_config(seed: int) -> dict:
+    """What a result file records of the study every variant changes (``loop_answers.variant_config`` rebuilds it)."""
+    return {"preset": "cpu", "dataset": "complexfuncbench", "method": METHOD, "seed": seed}
+
+
 def run_variant(name: str, settings: dict, args, found: dict, save) -> dict:
     """One bank trained with ``settings`` (unless ``found`` says it was and its bank is kept) and answered;
     ``save(entry)`` keeps the entry once trained."""
-    chosen = {key: tuple(value) if isinstance(value, list) else value for key, value in settings.items()}
-    config = make_config(
-        "cpu",
-        dataset="complexfuncbench",
-        backbone=args.backbone,
-        seed=args.seed,
-        **{"methods": (METHOD,), **chosen},
-    )
+    config = variant_config(file_config(args.seed), args.backbone, settings)
     torch.manual_seed(config.seed)
     data = tool_data(config, (1, config.tools))
     backbones, adaptation = prepare_backbones(config, None, progress=True)
@@ -195,7 +196,7 @@ def main() -> None:
     result = json.loads(path.read_text()) if path.is_file() else {}
     result |= {
         "command": f"python benchmarks/loop_ab.py --seed {args.seed} --backbone {args.backbone}",
-        "config": {"preset": "cpu", "dataset": "complexfuncbench", "method": METHOD, "seed": args.seed},
+        "config": file_config(args.seed),
         "backbone": args.backbone,
         "machine": machine(),
     }

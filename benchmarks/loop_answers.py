@@ -8,9 +8,10 @@ tools whose schema lists their keys out of the calls' order.
 Each gold argument value is also counted by where the model could have read it (`origin`): in the query, in an
 earlier result as the sequence shows it (cut to the study's result budget), only in the part of a result the cut
 hides, or nowhere (rewritten: a date from "December 15th", a sum): and how often the answer has it, a value
-counting as right only when the answer names the right tool; the gold keys an answer of the right tool left out, by
-the same origin (an optional key the query asked for: ``query``), and the keys it added.  A wrong value of the right tool is also looked up
-among the training records' values of that argument: a value recalled from training, not read from the context.  The test records are rebuilt from the study's own
+counting as right only when the answer names the right tool; the gold keys an answer of the right tool left out,
+by the same origin (an optional key the query asked for: ``query``), and the keys it added.  A wrong value of the
+right tool is also looked up among the training records' values of that argument: a value recalled from training,
+not read from the context.  The test records are rebuilt from the study's own
 config (the data under ``../shared/data/function-calling`` or ``--data-dir``), and the cut is measured with the
 study's backbone's tokenizer (``--result-tokens`` asks what another budget would show).  Files written before the samples kept no-call steps in place (their ``step`` lists are
 shorter than ``gold``) are read over their aligned records only.
@@ -131,24 +132,31 @@ def study_data(config: CompositionalConfig) -> tuple[dict[str, Example], set[tup
     return {e.query: e for e in data.test}, trained_values(data.train), reordered_tools(data.tools, data.train)
 
 
+def variant_config(base: dict, backbone: str, settings: dict) -> CompositionalConfig:
+    """A ``loop_ab.py`` variant's study: the preset, dataset, method and seed of its file's ``config`` (``base``), with
+    the variant's ``settings`` (a JSON list read as a tuple)."""
+    chosen = {"methods": (base["method"],), **_tuples(settings)}
+    return make_config(base["preset"], dataset=base["dataset"], backbone=backbone, seed=base["seed"], **chosen)
+
+
 def answered(result: dict, data_dir: str | None) -> Iterator[tuple[str, CompositionalConfig, list[dict]]]:
     """(label, the study's config, samples) of each method of a study's result file, or of each variant of a
-    ``loop_ab.py`` file (its config: the preset's, with the variant's settings)."""
+    ``loop_ab.py`` file."""
     directory = {"data_dir": data_dir} if data_dir else {}
     if "variants" in result:
-        base = result["config"]
         for name, variant in result["variants"].items():
-            settings = {k: tuple(v) if isinstance(v, list) else v for k, v in variant["settings"].items()}
-            config = make_config(
-                base["preset"], dataset=base["dataset"], backbone=result["backbone"], seed=base["seed"], **settings
-            )
+            config = variant_config(result["config"], result["backbone"], variant["settings"])
             yield name, replace(config, **directory), variant["samples"]
         return
     names = {f.name for f in fields(CompositionalConfig)}
-    settings = {k: tuple(v) if isinstance(v, list) else v for k, v in result["config"].items() if k in names}
+    settings = _tuples({k: v for k, v in result["config"].items() if k in names})
     config = replace(CompositionalConfig(), **settings | directory)
     for name, method in result["methods"].items():
         yield method.get("label", name), config, method["samples"]
+
+
+def _tuples(settings: dict) -> dict:
+    return {key: tuple(value) if isinstance(value, list) else value for key, value in settings.items()}
 
 
 def main() -> None:

@@ -81,3 +81,16 @@ def test_exact_steps_are_counted_apart_for_tools_whose_schema_lists_keys_out_of_
     counted = loop_answers.summary(samples, {example.query: example}, set(), {"Rent"}, backbone.tokenizer)
     assert counted["exact steps, by the tool's schema order"]["schema out of the calls' order"] == "0 of 1"
     assert counted["outcomes, by the tool's schema order"]["schema out of the calls' order"]["wrong values"] == 1
+
+
+def test_a_loop_ab_variant_is_read_as_the_preset_with_its_settings():
+    base = {"preset": "cpu", "dataset": "complexfuncbench", "method": "tokmem-noadapt", "seed": 1}
+    plain = loop_answers.variant_config(base, "tiny-random", {})
+    assert (plain.methods, plain.seed, plain.train_multi, plain.backbone) == (
+        ("tokmem-noadapt",),
+        1,
+        120,
+        "tiny-random",
+    )
+    chains = loop_answers.variant_config(base, "tiny-random", {"methods": ["tokmem"], "adapt_data": ["chains"]})
+    assert (chains.methods, chains.adapt_data) == (("tokmem",), ("chains",))

@@ -242,8 +242,8 @@ PRESETS = {
         Layer(dict(epochs=4, epoch_budgets=None), when=dict(study="recipe")),
         # ComplexFuncBench's records with 2-4 calls (as the paper's queries): 120 to train, 24 to test; 120 synthetic
         # tool chains to adapt (the size measured).  With each call's result in context the sequences grow: max_length
-        # 1536 keeps them whole.  One budget of 2 epochs.  Rows mean-initialised and a decaying schedule at 2e-2 (the recipe study and
-        # benchmarks/routing_budget.py say why).  A call is one answer: 160 new tokens.
+        # 1536 keeps them whole.  One budget of 2 epochs.  Rows mean-initialised and a decaying schedule at 2e-2 (the
+        # recipe study and benchmarks/routing_budget.py say why).  A call is one answer: 160 new tokens.
         Layer(
             dict(
                 train_multi=120,

@@ -9,9 +9,9 @@ ComplexFuncBench's own records over its flight tools (`FLIGHT_TOOLS`, with their
 learns to read a result and copy values out of it); then every record that calls a flight tool is held out of the
 evaluation, so the two sides still share no tool; ``chains`` (the default), synthetic records over 12 tools of their
 own whose later calls read earlier results (`tokmem.data.tool_chains`); and ``study``, the study's own training
-records, a diagnostic upper bound of adapting in the target's format (it shares every tool with the evaluation).  Both files are those of
-``shared/data/function-calling`` (see its README), found in ``--data-dir`` or the shared data folder
-(`tokmem.data.shared`).
+records, a diagnostic upper bound of adapting in the target's format (it shares every tool with the evaluation).
+Both files are those of ``shared/data/function-calling`` (see its README), found in ``--data-dir`` or the shared
+data folder (`tokmem.data.shared`).
 
 Records are split into train and test by a stable hash of the query (md5), so a record's side never
 depends on the seed, the order of the file or the other records.  ``test_data`` replaces the test side
