@@ -24,7 +24,8 @@
 # ONLY='^cfbtok8?-s[0-2]-' (TokMem with rows at a token's norm, 120 and 480 updates), ONLY='^cfb(dc|own|toklr)-'
 # (the next levers, 3 seeds), ONLY='^cfb(bfclx|flights|chains[0-9]+|givenflights)-' (held-out adaptation in the
 # target's format, and the calls' own key orders on it),
-# ONLY='^cfbshown' (tokmem+schema, coupled and decoupled), then
+# ONLY='^cfbshown' (tokmem+schema, coupled and decoupled), ONLY='^cfb(chains120|tails[0-9])-' (several memory
+# tokens a tool, against the chains), then
 # ONLY='^(cfb|cfb8|cfb15)-s[0-2]-tokmem$|^cfb15-s[12]-' (TokMem again, and the 1.5B's seeds 1-2).
 set -uo pipefail
 mode=${1:?usage: gpu_qwen.sh pack|pack-1.5b|smoke|keep|studies OUT}
@@ -174,6 +175,14 @@ for seed in 0 1 2; do  # adaptation on synthetic tool chains (tokmem.data.tool_c
   for n in 120 2000; do
     step cfbchains$n-s$seed-tokmem compositional $cfb --seed $seed --methods tokmem --adapt-data chains \
       --adapt-multi $n --json "$runs/cfbchains$n-s$seed-tokmem.json"
+  done
+done
+for seed in 0 1 2; do  # several memory tokens a tool (MemoryBank.memory_tokens: the first routes, the tail steers the
+  # arguments), adapted on the preset's 120 chains (against cfbchains120-s*-tokmem): 2 (within 1/8 of LoRA's parameters)
+  # and 4 (beyond it: whether capacity is the lever at all)
+  for k in 2 4; do
+    step cfbtails$k-s$seed-tokmem compositional $cfb --seed $seed --methods tokmem --memory-tokens $k \
+      --json "$runs/cfbtails$k-s$seed-tokmem.json"
   done
 done
 for seed in 0 1 2; do  # each call trained in its own key order, the grammar taking any order the calls wrote

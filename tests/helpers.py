@@ -34,11 +34,13 @@ def travel_script(name: str):
 
 
 def random_rows(bank, seed: int = 0, scale: float = 1.0) -> None:
-    """Give every row of the bank distinct random values (index and, for DC, a different steer)."""
+    """Give every row of the bank distinct random values (index and, for DC, a different steer; tails too)."""
     generator = torch.Generator().manual_seed(seed)
     bank.index = torch.randn(bank.index.shape, generator=generator) * scale
     if bank.decoupled:
         bank.steer = torch.randn(bank.steer.shape, generator=generator) * scale
+    if bank.memory_tokens > 1:
+        bank.tail = torch.randn(bank.tail.shape, generator=generator) * scale
 
 
 # banks the server tests serve: name -> (rows, decoupled); rows are random, scaled so that memory tokens
@@ -60,6 +62,43 @@ def write_bank(backbone, path, rows: int, decoupled: bool = False, seed: int = 0
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Rome"]}}, "required": ["city"]}
 COUNT = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+
+def city_count_model(backbone, **form):
+    """A model with the two tools city and count (their schemas kept), its rows random; ``form``: the bank's
+    (``tokmem.create``'s ``shows_schemas``, ``memory_tokens``)."""
+    import tokmem
+
+    model = tokmem.create(backbone, **form)
+    model.bank.add(["city", "count"], backbone.mean_embedding(), kinds=["tool", "tool"], schemas=[CITY, COUNT])
+    random_rows(model.bank, scale=0.7)
+    return model
+
+
+def city_count_chain():
+    """An example that calls city, then count, each with its result."""
+    from tokmem import Example, Step
+
+    return Example(
+        "Weather in Rome, then count.",
+        (
+            Step("city", '{"name":"city","arguments":{"city":"Rome"}}', result="sunny"),
+            Step("count", '{"name":"count","arguments":{"n":3}}', result="3 apples"),
+        ),
+    )
+
+
+def example_messages(example) -> list[dict]:
+    """An example's query, calls and results as the OpenAI messages a client sends."""
+    import json
+
+    messages = [{"role": "user", "content": example.query}]
+    for k, step in enumerate(example.steps):
+        call = json.loads(step.response)
+        function = {"name": call["name"], "arguments": json.dumps(call["arguments"])}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"c{k}", "function": function}]})
+        messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": step.result})
+    return messages
 
 
 def write_tool_bank(backbone, path, shows_schemas: bool = False):

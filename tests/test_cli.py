@@ -183,6 +183,23 @@ def test_train_with_show_schemas_writes_a_bank_that_says_it_shows_them(data, cap
     assert "shows its tools schemas" in capsys.readouterr().out
 
 
+def test_train_with_memory_tokens_writes_a_bank_of_that_many_a_tool_and_refuses_text_procedures(data, capsys):
+    calls = [
+        Example(f"Weather in {c}.", (Step("city", f'{{"name":"city","arguments":{{"city":"{c}"}}}}'),)) for c in WORDS
+    ]
+    save_examples(calls, data / "calls.jsonl")
+    path = data / "tails.safetensors"
+    command = ("train", "--epochs", 1, "--out", path, "--memory-tokens", 2, "--quiet", "--backbone", "tiny-random")
+    assert tokmem(*command, "--data", data / "calls.jsonl", "--device", "cpu") == 0
+    assert MemoryBank.load(path).memory_tokens == 2
+    capsys.readouterr()
+    assert tokmem("bank", "show", path) == 0
+    assert "2 memory tokens a tool" in capsys.readouterr().out
+    assert tokmem(*command, "--data", data / "first.jsonl", "--device", "cpu") == 2
+    err = capsys.readouterr().err
+    assert "holds tools only; 'reverse' is a text procedure" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

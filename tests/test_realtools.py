@@ -231,6 +231,22 @@ def test_tokmem_with_schemas_shown_trains_as_many_updates_and_reads_each_chosen_
         make_config(None, "main", show_schemas=True).resolved()
 
 
+@needs_shared
+def test_tokmem_with_two_memory_tokens_a_tool_adapts_and_trains_in_that_layout_on_twice_the_parameters(
+    backbone, tmp_path
+):
+    config = tiny_real_config(methods=("tokmem",), max_length=1024, adapt_cache=str(tmp_path))
+    plain = compositional.run(config, backbone, progress=False)
+    tails = compositional.run(replace(config, memory_tokens=2), backbone, progress=False)
+    assert tails["adaptation"]["directory"] != plain["adaptation"]["directory"]  # the adaptation had tails too
+    plain, tails = plain["methods"]["tokmem"], tails["methods"]["tokmem"]
+    assert tails["updates"] == plain["updates"] > 0
+    assert tails["trainable_params"] == 2 * plain["trainable_params"]
+    assert tails["prompt_tokens_per_call"] > plain["prompt_tokens_per_call"]  # each call's tail after its token
+    with pytest.raises(TokMemError, match="--memory-tokens answers in the tool loop only"):
+        make_config(None, "main", memory_tokens=2).resolved()
+
+
 def test_the_tool_loop_adds_the_free_arguments_row_and_leaves_the_constant_lr_row_out_of_the_default_methods():
     loop = make_config(None, "main", dataset="complexfuncbench").resolved()
     plain = make_config(None, "main", dataset="complexfuncbench", results_in_context=False).resolved()

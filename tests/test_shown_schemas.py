@@ -5,7 +5,7 @@ import asyncio
 import json
 
 import pytest
-from helpers import call, random_rows, serve, write_bank, write_tool_bank
+from helpers import CITY, call, city_count_chain, city_count_model, example_messages, serve, write_bank, write_tool_bank
 
 import tokmem
 from tokmem import ChatCache, DecodeConfig, Example, Step
@@ -14,24 +14,13 @@ from tokmem.chat import conversation_ids
 from tokmem.errors import BankError
 from tokmem.sequences import IGNORE, encode, shown_schema_ids
 
-CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Rome"]}}, "required": ["city"]}
-COUNT = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 CONFIG = DecodeConfig(max_new_tokens=40, references=False)
-CHAIN = Example(
-    "Weather in Rome, then count.",
-    (
-        Step("city", '{"name":"city","arguments":{"city":"Rome"}}', result="sunny"),
-        Step("count", '{"name":"count","arguments":{"n":3}}', result="3 apples"),
-    ),
-)
-QUERY = [{"role": "user", "content": "Weather in Rome, then count."}]
+CHAIN = city_count_chain()
+QUERY = example_messages(CHAIN)[:1]
 
 
 def bank_model(backbone, shows_schemas: bool):
-    model = tokmem.create(backbone, shows_schemas=shows_schemas)
-    model.bank.add(["city", "count"], backbone.mean_embedding(), kinds=["tool", "tool"], schemas=[CITY, COUNT])
-    random_rows(model.bank, scale=0.7)
-    return model
+    return city_count_model(backbone, shows_schemas=shows_schemas)
 
 
 @pytest.fixture
@@ -55,12 +44,7 @@ def test_a_conversation_is_laid_out_as_training_lays_out_the_chain_with_its_sche
     trained = encode(
         CHAIN, shown.backbone.tokenizer, shown.memory_id, 1024, tools=shown.bank.tool_schemas(), show_schemas=True
     )
-    messages = [*QUERY]
-    for k, step in enumerate(CHAIN.steps):
-        call = json.loads(step.response)
-        function = {"name": call["name"], "arguments": json.dumps(call["arguments"])}
-        messages.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"c{k}", "function": function}]})
-        messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": step.result})
+    messages = example_messages(CHAIN)
     assert conversation_ids(shown, messages) == trained.input_ids[:-1]
 
 

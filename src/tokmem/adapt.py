@@ -28,7 +28,7 @@ import torch
 
 from tokmem import distributed
 from tokmem.backbones import ADAPTATION_KEY, Backbone, cache_dir, freeze, load_backbone
-from tokmem.bank import MemoryBank
+from tokmem.bank import MEMORY_TOKENS, MemoryBank
 from tokmem.config import option
 from tokmem.data.procedures import Example
 from tokmem.errors import BackboneError
@@ -43,10 +43,14 @@ log = logging.getLogger(__name__)
 class AdaptConfig(LoRASettings):
     """The reference code's adaptation phase: `LoRASettings` (rank 8 on the query and value projections, lr 5e-5,
     weight decay 1e-2) with alpha 32 and dropout 0.1.  The temporary rows train as TokMem's rows do, with the
-    TrainConfig given to ``adapt``."""
+    TrainConfig given to ``adapt``, in the layout the bank will have (``memory_tokens`` a tool: each call's tail read
+    before its arguments as the target's will be)."""
 
     alpha: int | None = option(32, "LoRA alpha")
     dropout: float = option(0.1, "LoRA dropout (0 is several times faster on CPU)")
+    memory_tokens: int = option(
+        MEMORY_TOKENS, "the temporary rows' memory tokens a tool: as many as the bank trained on the adapted backbone"
+    )
 
 
 def adapt(
@@ -73,7 +77,7 @@ def adapt(
     tuner = inject(model, config, backbone.name)
     lora = list(lora_parameters(model).values())
     model.train()  # LoRA dropout; ``freeze`` below puts the merged model back in eval mode
-    _train_with_temporary_rows(backbone, model, examples, train_config, config.param_group(lora))
+    _train_with_temporary_rows(backbone, model, examples, train_config, config.param_group(lora), config.memory_tokens)
     digest = _digest(base_fingerprint, lora)
     merged = tuner.merge_and_unload()
     freeze(merged)
@@ -82,12 +86,13 @@ def adapt(
     return adapted if save_to is None else save_backbone(adapted, save_to)
 
 
-def _train_with_temporary_rows(backbone, lora_model, examples, train_config, lora_group) -> None:
+def _train_with_temporary_rows(backbone, lora_model, examples, train_config, lora_group, memory_tokens) -> None:
     """Train a fresh bank of every procedure in ``examples`` together with the LoRA weights; the bank is dropped.
 
     ``lora_model`` is the transformers model with the LoRA layers injected (``tokmem.lora.inject``).
     """
-    model = TokMemModel(Backbone(backbone.name, lora_model, backbone.tokenizer), MemoryBank(backbone.hidden_size))
+    bank = MemoryBank(backbone.hidden_size, memory_tokens=memory_tokens)
+    model = TokMemModel(Backbone(backbone.name, lora_model, backbone.tokenizer), bank)
     names = list(dict.fromkeys(p for e in examples for p in e.procedures))
     model.bank.add(
         names,
@@ -142,7 +147,10 @@ def adaptation_key(backbone: Backbone, examples: list[Example], config: AdaptCon
         for k, v in asdict(train_config).items()
         if k not in ("progress", "checkpoint", "checkpoint_every", "bf16", "prefix_cache_gib")
     }
-    digest.update(json.dumps([asdict(config), rows], sort_keys=True).encode())
+    lora = {
+        k: v for k, v in asdict(config).items() if (k, v) != ("memory_tokens", MEMORY_TOKENS)
+    }  # keys kept from before
+    digest.update(json.dumps([lora, rows], sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
 

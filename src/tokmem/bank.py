@@ -9,7 +9,12 @@ followed by the tool's arguments as JSON only: the memory token is the tool choi
 assemble the whole call ``{"name": procedure, "arguments": …}``).  A tool row may keep its tool's JSON schema
 (``schemas``: OpenAI's function ``parameters``), which binds the arguments decoded after its memory token.  A bank
 that *shows schemas* (``shows_schemas``, the ``tokmem+schema`` method) was trained with each tool's schema in context
-between its memory token and its arguments (``tokmem.sequences.SchemaShown``), and is decoded so (``tokmem.chat``).
+between its memory token and its arguments (``tokmem.sequences.CallContext``), and is decoded so (``tokmem.chat``).
+
+A bank of several *memory tokens* a procedure (``memory_tokens`` k > 1, tools only) gives each tool k - 1 more input
+rows, its ``tail``: always laid out right after its memory token, never predicted (no LM-head side), they are more
+room to steer the tool's arguments than one row, for k - 1 more rows of parameters.  The memory token still routes
+alone.
 
 On disk a bank is ``<path>`` (safetensors) plus ``<path>.json`` (metadata), as ``tokmem.bank_format`` lays them
 out and checks them when read; the two files are written together (``tokmem.io.write_files``).
@@ -26,6 +31,8 @@ from tokmem.bank_format import (
     FORMAT,
     FORMAT_VERSION,
     KINDS,
+    MAX_MEMORY_TOKENS,
+    TAILS_VERSION,
     existing_metadata,
     metadata_path,
     name_problem,
@@ -37,13 +44,21 @@ from tokmem.bank_format import (
 from tokmem.errors import BankError, cut, listed
 from tokmem.io import write_files
 
+MEMORY_TOKENS = 1  # a procedure's memory tokens, by default: one (the paper's)
 ROW_NORM_FACTOR = 1000.0  # rows may be at most this many times the backbone's mean embedding norm
 
 
 class MemoryBank:
     def __init__(
-        self, hidden_size: int, decoupled: bool = False, backbone: dict | None = None, shows_schemas: bool = False
+        self,
+        hidden_size: int,
+        decoupled: bool = False,
+        backbone: dict | None = None,
+        shows_schemas: bool = False,
+        memory_tokens: int = MEMORY_TOKENS,
     ):
+        if not 1 <= memory_tokens <= MAX_MEMORY_TOKENS:
+            raise BankError(f"memory_tokens must be from 1 to {MAX_MEMORY_TOKENS}, not {memory_tokens}")
         self.hidden_size, self.shows_schemas = hidden_size, shows_schemas
         self.names: list[str] = []  # edited only here, with _index_names() after each change
         self._rows: dict[str, int] = {}
@@ -52,6 +67,7 @@ class MemoryBank:
         self.schemas: list[dict | None] = []  # per row: its tool's JSON schema, or None
         self.index = torch.empty(0, hidden_size)
         self.steer = torch.empty(0, hidden_size) if decoupled else None
+        self.tail = torch.empty(0, memory_tokens - 1, hidden_size)  # per procedure, its input rows after the first
         self.trainable = torch.empty(0, dtype=torch.bool)
         self.backbone = backbone or {}
 
@@ -59,6 +75,17 @@ class MemoryBank:
     @property
     def decoupled(self) -> bool:
         return self.steer is not None
+
+    @property
+    def memory_tokens(self) -> int:
+        """How many memory tokens a procedure has: the one that routes, then its tail."""
+        return 1 + self.tail.shape[1]
+
+    @property
+    def context_follows_memory(self) -> bool:
+        """Whether a tool's memory token is followed by tokens the model reads but does not write before its
+        arguments (its tail, its shown schema): decoders lay those out after routing (``tokmem.chat``)."""
+        return self.shows_schemas or self.memory_tokens > 1
 
     @property
     def steer_matrix(self) -> torch.Tensor:
@@ -102,7 +129,7 @@ class MemoryBank:
 
     def parameter_count(self, trainable_only: bool = False) -> int:
         rows = int(self.trainable.sum()) if trainable_only else len(self)
-        return rows * self.hidden_size * (2 if self.decoupled else 1)
+        return rows * self.hidden_size * (self.memory_tokens + int(self.decoupled))
 
     # ---- editing --------------------------------------------------------------------------
     def add(self, names, init: torch.Tensor, descriptions=None, kinds=None, schemas=None) -> list[int]:
@@ -118,6 +145,11 @@ class MemoryBank:
         kinds = list(kinds) if kinds is not None else ["text"] * len(names)
         for kind in kinds:
             _check_kind(kind)
+        if self.memory_tokens > 1 and "text" in kinds:
+            raise BankError(
+                f"a bank of {self.memory_tokens} memory tokens a procedure holds tools only; "
+                f"'{names[kinds.index('text')]}' is a text procedure"
+            )
         for name in names:
             _check_name(name)
             if name in self._rows or names.count(name) > 1:
@@ -136,6 +168,7 @@ class MemoryBank:
         self.index = torch.cat([self.index, rows])
         if self.decoupled:
             self.steer = torch.cat([self.steer, rows.clone()])
+        self.tail = torch.cat([self.tail, rows.unsqueeze(1).expand(-1, self.tail.shape[1], -1).clone()])
         self.trainable = torch.cat([self.trainable, torch.ones(len(names), dtype=torch.bool)])
         return list(range(start, len(self)))
 
@@ -150,6 +183,7 @@ class MemoryBank:
         self.index = self.index[keep]
         if self.decoupled:
             self.steer = self.steer[keep]
+        self.tail = self.tail[keep]
         self.trainable = self.trainable[keep]
 
     def rename(self, old: str, new: str) -> None:
@@ -165,6 +199,10 @@ class MemoryBank:
             raise BankError("cannot merge a coupled bank with a decoupled one, or banks of different widths")
         if other.shows_schemas != self.shows_schemas:
             raise BankError("cannot merge a bank that shows its tools' schemas with one that does not")
+        if other.memory_tokens != self.memory_tokens:
+            raise BankError(
+                f"cannot merge a bank of {other.memory_tokens} memory tokens a procedure into one of {self.memory_tokens}"
+            )
         if other.backbone.get("fingerprint") != self.backbone.get("fingerprint"):
             raise BankError(
                 f"cannot merge banks trained for different backbones "
@@ -181,14 +219,25 @@ class MemoryBank:
         self.index = torch.cat([self.index, other.index])
         if self.decoupled:
             self.steer = torch.cat([self.steer, other.steer])
+        self.tail = torch.cat([self.tail, other.tail])
         self.trainable = torch.cat([self.trainable, other.trainable])
 
-    def refuse_shown_schemas(self, decoder: str) -> None:
-        """A ``BankError`` if this bank shows schemas: ``decoder`` lays out a call as memory token then arguments."""
+    def refuse_context(self, decoder: str) -> None:
+        """A ``BankError`` if a tool's memory token is followed by context (``context_follows_memory``): ``decoder``
+        lays out a call as memory token then arguments."""
         if self.shows_schemas:
             raise BankError(
                 f"this bank shows its tools' schemas before their arguments (tokmem+schema): {decoder} does not "
                 "decode such a bank yet (tokmem.chat does)"
+            )
+        self.refuse_tails(decoder)
+
+    def refuse_tails(self, decoder: str) -> None:
+        """A ``BankError`` if this bank has several memory tokens a tool: ``decoder`` does not lay out their tails."""
+        if self.memory_tokens > 1:
+            raise BankError(
+                f"this bank has {self.memory_tokens} memory tokens a tool: {decoder} does not decode such a bank yet "
+                "(tokmem.chat does)"
             )
 
     # ---- renormalisation ----------------------------------------------------------------
@@ -225,11 +274,12 @@ class MemoryBank:
         norms = self.norms()
         return {
             "format": FORMAT,
-            "format_version": FORMAT_VERSION,
+            "format_version": FORMAT_VERSION if self.memory_tokens == 1 else TAILS_VERSION,
             "hidden_size": self.hidden_size,
             "num_rows": len(self),
             "decoupled": self.decoupled,
             "shows_schemas": self.shows_schemas,
+            "memory_tokens": self.memory_tokens,
             "dtype": "float32",
             "names": self.names,
             "descriptions": self.descriptions,
@@ -247,13 +297,13 @@ class MemoryBank:
     def save(self, path) -> Path:
         """Write ``path`` and ``path.json`` together and atomically (``write_files``)."""
         path = Path(path)
-        if not all(torch.isfinite(m).all() for m in (self.index, self.steer_matrix)):
+        if not all(torch.isfinite(m).all() for m in (self.index, self.steer_matrix, self.tail)):
             raise BankError(f"refusing to save {path}: the bank has NaN/Inf rows (training diverged?)")
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.metadata(), indent=2, ensure_ascii=False)
         write_files(
             {
-                path: lambda tmp: save_tensors(tmp, self.index, self.steer),
+                path: lambda tmp: save_tensors(tmp, self.index, self.steer, self.tail),
                 metadata_path(path): lambda tmp: Path(tmp).write_text(text, encoding="utf-8"),
             }
         )
@@ -282,12 +332,13 @@ class MemoryBank:
             decoupled=meta["decoupled"],
             backbone=meta.get("backbone") or {},
             shows_schemas=meta.get("shows_schemas", False),  # absent before banks could show schemas
+            memory_tokens=meta.get("memory_tokens", 1),  # absent before a procedure could have several
         )
         bank.names = list(meta["names"])
         bank._index_names()
         bank.descriptions = list(meta.get("descriptions") or [""] * len(bank.names))
         bank.kinds = list(meta.get("kinds") or ["text"] * len(bank.names))
-        bank.index, bank.steer = read_tensors(tensors, where, meta)
+        bank.index, bank.steer, bank.tail = read_tensors(tensors, where, meta)
         bank.trainable = torch.zeros(len(bank.names), dtype=torch.bool)
         bank.schemas = list(meta.get("schemas") or [None] * len(bank.names))  # none before schemas were kept
         if backbone is not None:
@@ -305,8 +356,11 @@ def check_backbone(bank: MemoryBank, backbone, path="<bank>") -> None:
             f"(width {backbone.hidden_size}, fingerprint {actual}). Load it with --backbone {bank.backbone.get('name')}."
         )
     limit = ROW_NORM_FACTOR * backbone.embedding_norm()
-    for key, matrix in (("index", bank.index), ("steer", bank.steer_matrix)):
-        large = (matrix.norm(dim=1) > limit).nonzero().flatten().tolist()
+    tail = [("tail", bank.tail)] if bank.memory_tokens > 1 else []
+    for key, matrix in [("index", bank.index), ("steer", bank.steer_matrix), *tail]:
+        norms = matrix.norm(dim=-1)
+        norms = norms.amax(-1) if norms.dim() > 1 else norms  # a tail's: per procedure, its largest
+        large = (norms > limit).nonzero().flatten().tolist()
         if large:
             raise BankError(
                 f"{path}: tensor '{key}' has rows {large[:5]} with norms over {limit:.4g} ({ROW_NORM_FACTOR:g} times "

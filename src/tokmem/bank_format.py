@@ -1,8 +1,9 @@
 """The bank file format: what a bank's two files hold, and the checks of what is read from them.
 
 A bank is ``<path>`` (safetensors, tensors only, never pickle: ``index``, and ``steer`` for a decoupled bank, float32,
-one row a procedure) plus ``<path>.json`` (format version, names, descriptions, kinds, schemas, dims, DC flag,
-backbone identity, norm statistics).  Version 1 files (before kinds) load with every row ``text``.  Every metadata
+one row a procedure; ``tail`` for a bank of several memory tokens a procedure, (procedures, tokens - 1, width)) plus ``<path>.json`` (format version, names, descriptions, kinds, schemas, dims, DC flag,
+backbone identity, norm statistics).  Version 1 files (before kinds) load with every row ``text``; version 3 is a bank
+with tails (written so only then, so that a tokmem that cannot lay them out refuses it rather than answer without them).  Every metadata
 field is checked by one small function (``FIELD_CHECKS``) before anything is built from it, so a bad file or upload
 gets one clear error, never a traceback.
 """
@@ -21,10 +22,12 @@ from tokmem.errors import BankError
 
 FORMAT = "tokmem-bank"
 FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+TAILS_VERSION = 3  # a bank of several memory tokens a procedure: a reader that knows no tails must refuse it
+READABLE_VERSIONS = (1, 2, 3)
 KINDS = ("text", "tool")
 MAX_NAME_CHARS = 128  # a procedure name's length
 MAX_HIDDEN_SIZE = 2**16
+MAX_MEMORY_TOKENS = 64  # a procedure's memory tokens
 
 
 def metadata_path(path) -> Path:
@@ -53,23 +56,29 @@ def existing_metadata(path: Path) -> Path:
     return meta_file
 
 
-def save_tensors(tmp: str, index: torch.Tensor, steer: torch.Tensor | None) -> None:
-    """Write a bank's rows to the safetensors file ``tmp``: ``index``, and ``steer`` when the bank is decoupled."""
+def save_tensors(tmp: str, index: torch.Tensor, steer: torch.Tensor | None, tail: torch.Tensor) -> None:
+    """Write a bank's rows to the safetensors file ``tmp``: ``index``, ``steer`` when the bank is decoupled, ``tail``
+    when it has several memory tokens a procedure."""
     tensors = {"index": index.contiguous()}
     if steer is not None:
         tensors["steer"] = steer.contiguous()
+    if tail.shape[1]:
+        tensors["tail"] = tail.contiguous()
     save_file(tensors, tmp, metadata={"format": FORMAT})
 
 
-def read_tensors(data: bytes, path: Path, meta: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The ``index`` and (decoupled banks) ``steer`` rows of a safetensors file's bytes, each checked against
-    the metadata ``meta`` (shape, dtype, finite values); errors name ``path``."""
+def read_tensors(data: bytes, path: Path, meta: dict) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The ``index``, (decoupled banks) ``steer`` and ``tail`` rows of a safetensors file's bytes, each checked
+    against the metadata ``meta`` (shape, dtype, finite values); errors name ``path``."""
     try:
         tensors = load(data)
     except (SafetensorError, OSError, ValueError) as err:
         raise BankError(f"{path}: corrupted or truncated bank file ({err})") from None
-    index = _checked(tensors, "index", path, meta)
-    return index, _checked(tensors, "steer", path, meta) if meta["decoupled"] else None
+    rows, width, tails = len(meta["names"]), meta["hidden_size"], meta.get("memory_tokens", 1) - 1
+    index = _checked(tensors, "index", path, meta, (rows, width))
+    steer = _checked(tensors, "steer", path, meta, (rows, width)) if meta["decoupled"] else None
+    tail = _checked(tensors, "tail", path, meta, (rows, tails, width)) if tails else torch.empty(rows, 0, width)
+    return index, steer, tail
 
 
 def read_metadata(text: bytes, meta_file: Path) -> dict:
@@ -141,6 +150,13 @@ def _shows_schemas(meta: dict) -> str | None:
     return None if isinstance(shows, bool) else "field 'shows_schemas' must be true or false"
 
 
+def _memory_tokens(meta: dict) -> str | None:
+    tokens = meta.get("memory_tokens", 1)
+    if type(tokens) is not int or not 1 <= tokens <= MAX_MEMORY_TOKENS:
+        return f"field 'memory_tokens' must be a whole number from 1 to {MAX_MEMORY_TOKENS}, not {tokens!r:.40}"
+    return None
+
+
 def _names(meta: dict) -> str | None:
     names = meta.get("names")
     if not isinstance(names, list):
@@ -196,6 +212,7 @@ FIELD_CHECKS: tuple[Callable[[dict], str | None], ...] = (
     _hidden_size,
     _decoupled,
     _shows_schemas,
+    _memory_tokens,
     _names,
     _descriptions,
     _kinds,
@@ -204,16 +221,15 @@ FIELD_CHECKS: tuple[Callable[[dict], str | None], ...] = (
 )
 
 
-def _checked(tensors: dict, key: str, path: Path, meta: dict) -> torch.Tensor:
+def _checked(tensors: dict, key: str, path: Path, meta: dict, expected: tuple[int, ...]) -> torch.Tensor:
     if key not in tensors:
         raise BankError(f"{path}: tensor '{key}' is missing")
     tensor = tensors[key]
-    expected = (len(meta["names"]), meta["hidden_size"])
     if tuple(tensor.shape) != expected:
         raise BankError(f"{path}: tensor '{key}' has shape {tuple(tensor.shape)}, the metadata says {expected}")
     if tensor.dtype != torch.float32:
         raise BankError(f"{path}: tensor '{key}' has dtype {tensor.dtype}, expected float32")
-    bad = (~torch.isfinite(tensor)).any(dim=1).nonzero().flatten().tolist()
+    bad = (~torch.isfinite(tensor)).flatten(1).any(dim=1).nonzero().flatten().tolist()
     if bad:
         names = [meta["names"][i] for i in bad[:5]]
         raise BankError(f"{path}: tensor '{key}' has NaN/Inf values in rows {bad[:5]} ({', '.join(names)})")

@@ -40,7 +40,7 @@ from tokmem.sequences import (
     RESULT_TOKENS,
     Answer,
     Calls,
-    SchemaShown,
+    CallContext,
     UserTurns,
     chat_prefix,
     shown_schema_ids,
@@ -183,21 +183,22 @@ def _answer(model, ids, turns, caches, tools, tool_choice, config, answered) -> 
 def _decode(model, ids, caches, allowed, forced, config, schemas) -> list[tuple[list[int], bool]]:
     """(tokens up to EOS, whether the plain backbone answered) per conversation of ``ids``, decoded in one batch on
     what each cache holds; every cache is updated to its conversation and answer."""
-    if model.bank.shows_schemas:
-        return _decode_showing_schemas(model, ids, caches, allowed, forced, config, schemas)
+    if model.bank.context_follows_memory:
+        return _decode_with_context(model, ids, caches, allowed, forced, config, schemas)
     return _decode_batch(model, ids, caches, allowed, forced, config, schemas)
 
 
-def _decode_showing_schemas(model, ids, caches, allowed, forced, config, schemas) -> list[tuple[list[int], bool]]:
-    """``_decode`` for a bank that shows schemas, in two passes: the first token (routing: a memory token, or the
-    plain backbone's first word); then, after each chosen tool's memory token and its schema (as training laid them
-    out), its arguments, and for the plain rows their answer with the bank masked.  One call a turn: the arguments
-    end the turn (a next call's schema would have to be shown too)."""
+def _decode_with_context(model, ids, caches, allowed, forced, config, schemas) -> list[tuple[list[int], bool]]:
+    """``_decode`` for a bank whose tools' memory tokens are followed by context (their tails, their shown schemas),
+    in two passes: the first token (routing: a memory token, or the plain backbone's first word); then, after each
+    chosen tool's memory token and its context (as training laid them out), its arguments, and for the plain rows
+    their answer with the bank masked.  One call a turn: the arguments end the turn (a next call's context would have
+    to be laid out too)."""
     routed = _decode_batch(model, ids, caches, allowed, forced, replace(config, max_new_tokens=1), schemas)
     memory = [tokens[0] if starts_calls(model, tokens[0], plain) else -1 for tokens, plain in routed]
     plain_rows = torch.tensor([token < 0 for token in memory], device=allowed.device)
     allowed = allowed.masked_fill(plain_rows.unsqueeze(-1), False)  # the plain rows answer as the backbone again
-    shown = [row + schema_shown_after(model, token) for row, token in zip(ids, memory)]
+    shown = [row + context_after(model, token) for row, token in zip(ids, memory)]
     begun = torch.tensor(memory, device=model.device)
     first_pass = [cache.prefilled for cache in caches]
     decoded = _decode_batch(model, shown, caches, allowed, -1, replace(config, max_steps=1), schemas, begun)
@@ -209,13 +210,15 @@ def _decode_showing_schemas(model, ids, caches, allowed, forced, config, schemas
     ]
 
 
-def schema_shown_after(model: TokMemModel, memory: int) -> list[int]:
-    """The memory token of a tool and what follows it before its arguments in a bank that shows schemas: the tool's
-    schema (``tool_call_ids``'s layout; the server's engine lays it out so too); nothing for ``memory`` -1 (no call)."""
+def context_after(model: TokMemModel, memory: int) -> list[int]:
+    """The memory token of a tool and the context that follows it before its arguments: its tail, and its schema in a
+    bank that shows schemas (``tool_call_ids``'s layout; the server's engine lays it out so too); nothing for
+    ``memory`` -1 (no call)."""
     if memory < 0:
         return []
-    schema = model.bank.schemas[memory - model.vocab_size]
-    return [memory, *([] if schema is None else shown_schema_ids(model.backbone.tokenizer, schema))]
+    schema = model.bank.schemas[memory - model.vocab_size] if model.bank.shows_schemas else None
+    shown = [] if schema is None else shown_schema_ids(model.backbone.tokenizer, schema)
+    return [memory, *model.tail_ids(memory), *shown]
 
 
 def _decode_batch(model, ids, caches, allowed, forced, config, schemas, begun=None) -> list[tuple[list[int], bool]]:
@@ -347,7 +350,7 @@ def _text_message(message, i: int) -> dict:
     return {"role": message["role"], "content": message["content"]}
 
 
-def _call_ids(model: TokMemModel, call, where: str) -> list[int] | SchemaShown:
+def _call_ids(model: TokMemModel, call, where: str) -> list[int] | CallContext:
     """A call as training lays it out: the tool row's memory token, then its arguments (compact, schema order).
     Arguments nested too deep for Python's JSON (a RecursionError) are a ``DataError`` naming them."""
     try:
@@ -356,7 +359,7 @@ def _call_ids(model: TokMemModel, call, where: str) -> list[int] | SchemaShown:
         raise DataError(f"{where}.function.arguments: nested too deep") from None
 
 
-def _laid_out_call(model: TokMemModel, call, where: str) -> list[int] | SchemaShown:
+def _laid_out_call(model: TokMemModel, call, where: str) -> list[int] | CallContext:
     function = call.get("function") if isinstance(call, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if name not in model.bank or not model.bank.is_tool(model.bank.row(name)):
@@ -370,8 +373,9 @@ def _laid_out_call(model: TokMemModel, call, where: str) -> list[int] | SchemaSh
         arguments = None
     if not isinstance(arguments, dict):
         raise DataError(f"{where}.function.arguments: must be a JSON object as text")
-    schema = model.bank.schemas[model.bank.row(name)]
-    return tool_call_ids(model.backbone.tokenizer, model.memory_id(name), arguments, schema, model.bank.shows_schemas)
+    schema, memory = model.bank.schemas[model.bank.row(name)], model.memory_id(name)
+    tokenizer = model.backbone.tokenizer
+    return tool_call_ids(tokenizer, memory, arguments, schema, model.bank.shows_schemas, model.tail_ids(memory))
 
 
 def _results(messages: list[dict], start: int, call_ids: list) -> list[str]:

@@ -167,7 +167,7 @@ def generate(
     """Answer each query (or chat conversation, or prompt the caller laid out itself as token ids: a chat template's
     tools, native tool calling); ``procedure`` forces that memory token (routing skipped); ``held``: the shared
     prefix kept from the caller's last call (``HeldPrefix``)."""
-    model.bank.refuse_shown_schemas("generate (chains written without results)")
+    model.bank.refuse_context("generate (chains written without results)")
     config = config or DecodeConfig()
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
     forced = None if procedure is None else model.memory_id(procedure)

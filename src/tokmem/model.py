@@ -1,6 +1,7 @@
 """TokMemModel: a frozen backbone plus a memory bank.
 
-Memory token ids are ``vocab_size + row``.  The vocabulary is never resized and the embedding
+Memory token ids are ``vocab_size + row``; a bank of several memory tokens a procedure puts its tails after the rows
+(``tail_ids``): ``vocab_size + rows + row * (tokens - 1) + j``.  The vocabulary is never resized and the embedding
 matrix never unfrozen: memory ids are looked up in the bank, and the LM head's logits are
 extended with ``h · Mᵀ``.  During training, the bank's trainable rows are the only parameters.
 """
@@ -13,7 +14,7 @@ from transformers import DynamicCache
 
 from tokmem import distributed
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone
-from tokmem.bank import MemoryBank
+from tokmem.bank import MEMORY_TOKENS, MemoryBank
 from tokmem.errors import BankError
 from tokmem.prefix_store import PrefixStore
 from tokmem.sequences import ANSWER, IGNORE, positions
@@ -28,6 +29,7 @@ class TokMemModel(nn.Module):
         self.lm = backbone.model
         self.row_index: nn.Parameter | None = None
         self.row_steer: nn.Parameter | None = None
+        self.row_tail: nn.Parameter | None = None
         self._rows: torch.Tensor | None = None
 
     @property
@@ -41,6 +43,13 @@ class TokMemModel(nn.Module):
     def memory_id(self, name: str) -> int:
         return self.vocab_size + self.bank.row(name)
 
+    def tail_ids(self, memory: int) -> list[int]:
+        """The ids of the tail that follows memory token ``memory`` (none in a bank of one memory token a
+        procedure): input rows only, laid out after it, never predicted."""
+        width = self.bank.memory_tokens - 1
+        start = self.vocab_size + len(self.bank) + (memory - self.vocab_size) * width
+        return list(range(start, start + width))
+
     def is_memory(self, ids: torch.Tensor) -> torch.Tensor:
         return ids >= self.vocab_size
 
@@ -51,7 +60,9 @@ class TokMemModel(nn.Module):
         self.row_index = nn.Parameter(self.bank.index[self._rows.cpu()].to(self.device))
         if self.bank.decoupled:
             self.row_steer = nn.Parameter(self.bank.steer[self._rows.cpu()].to(self.device))
-        return [p for p in (self.row_index, self.row_steer) if p is not None]
+        if self.bank.memory_tokens > 1:
+            self.row_tail = nn.Parameter(self.bank.tail[self._rows.cpu()].to(self.device))
+        return [p for p in (self.row_index, self.row_steer, self.row_tail) if p is not None]
 
     def write_rows(self) -> None:
         """Copy the live trainable rows into the bank (e.g. for a checkpoint); training goes on."""
@@ -59,11 +70,13 @@ class TokMemModel(nn.Module):
         self.bank.index[rows] = self.row_index.detach().float().cpu()
         if self.row_steer is not None:
             self.bank.steer[rows] = self.row_steer.detach().float().cpu()
+        if self.row_tail is not None:
+            self.bank.tail[rows] = self.row_tail.detach().float().cpu()
 
     def commit_rows(self) -> None:
         """Write the trained rows back into the bank and drop the parameters."""
         self.write_rows()
-        self.row_index = self.row_steer = self._rows = None
+        self.row_index = self.row_steer = self.row_tail = self._rows = None
 
     @torch.no_grad()
     def renormalize_live_rows(self, target: float, eps: float = 1e-8, side: str = "index") -> None:
@@ -73,9 +86,12 @@ class TokMemModel(nn.Module):
         rows.mul_(target / (rows.norm(dim=1, keepdim=True) + eps))
 
     def memory_matrices(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(index, steer) over all rows on the model's device, with trainable rows as live parameters."""
+        """(index, steer) over all rows on the model's device, with trainable rows as live parameters; a bank of
+        several memory tokens a procedure has its tails after the rows in ``steer`` (``tail_ids``)."""
         index = self._with_rows(self.bank.index, self.row_index)
         steer = self._with_rows(self.bank.steer, self.row_steer) if self.bank.decoupled else index
+        if self.bank.memory_tokens > 1:
+            steer = torch.cat([steer, self._with_rows(self.bank.tail, self.row_tail).flatten(0, 1)])
         return index, steer
 
     def _with_rows(self, matrix: torch.Tensor, rows: nn.Parameter | None) -> torch.Tensor:
@@ -187,16 +203,20 @@ def embed_ids(ids: torch.Tensor, vocab_size: int, embed_words, steer: torch.Tens
 
 
 def create(
-    backbone: str | Backbone = DEFAULT_BACKBONE, decoupled: bool = False, shows_schemas: bool = False, **load_options
+    backbone: str | Backbone = DEFAULT_BACKBONE,
+    decoupled: bool = False,
+    shows_schemas: bool = False,
+    memory_tokens: int = MEMORY_TOKENS,
+    **load_options,
 ) -> TokMemModel:
     """A model with an empty bank tied to ``backbone`` (a spec or a loaded Backbone); ``decoupled``,
-    ``shows_schemas``: the bank's form (``MemoryBank``)."""
+    ``shows_schemas``, ``memory_tokens``: the bank's form (``MemoryBank``)."""
     from tokmem.backbones import load_backbone
 
     if isinstance(backbone, str):
         backbone = load_backbone(backbone, **load_options)
     identity = {"name": backbone.name, "fingerprint": backbone.fingerprint()}
-    bank = MemoryBank(backbone.hidden_size, decoupled=decoupled, backbone=identity, shows_schemas=shows_schemas)
+    bank = MemoryBank(backbone.hidden_size, decoupled, identity, shows_schemas, memory_tokens)
     return TokMemModel(backbone, bank)
 
 
@@ -218,7 +238,8 @@ def compose(models: list[TokMemModel], names: list[str] | None = None) -> TokMem
     names, for errors.  Banks of other backbones, or sharing a procedure name, are a ``BankError`` naming them."""
     names = names or [f"bank {k}" for k in range(len(models))]
     first = models[0]
-    bank = MemoryBank(first.bank.hidden_size, first.bank.decoupled, first.bank.backbone, first.bank.shows_schemas)
+    form = first.bank
+    bank = MemoryBank(form.hidden_size, form.decoupled, form.backbone, form.shows_schemas, form.memory_tokens)
     owner: dict[str, str] = {}
     for name, model in zip(names, models):
         if model.backbone is not first.backbone:

@@ -20,9 +20,11 @@ of learning to stop in silence.  A template that does not render a tool role get
 ``Tool result:\n…``; a backbone without a template gets ``Tool result: …`` on a line.  A result longer than
 ``result_tokens`` tokens is cut there and says so (``… [result cut: N of M tokens shown]``).
 
-A bank that *shows schemas* (``MemoryBank.shows_schemas``, the ``tokmem+schema`` method) lays out each tool call as
-its memory token, then the tool's schema as context (``shown_schema_ids``, not a target), then the arguments: the
-memory token picks the tool, and the tool's parameters are in view while its arguments are written.
+A bank of several memory tokens a procedure (``MemoryBank.memory_tokens``) lays out each tool call as its memory token,
+then the tool's tail (its further memory tokens, context: not a target), then the arguments.  A bank that *shows
+schemas* (``MemoryBank.shows_schemas``, the ``tokmem+schema`` method) puts the tool's schema there as context
+(``shown_schema_ids``): the memory token picks the tool, and the tool's parameters are in view while its arguments
+are written.  Either is a ``CallContext``.
 
 ``turn_ids`` is the one layout of what follows the query (turns of calls and results, answers, a user's next
 messages): ``encode`` lays out an example's steps through it, and decoding (``tokmem.chat``) a conversation's turns,
@@ -180,26 +182,26 @@ class Calls:
     tools answered (``results``, one per call), EOS ends the turn and the results follow as tool turns, then the next
     assistant header (``result_ids``); without results the turn runs on (a chain written without results)."""
 
-    calls: list[list[int] | SchemaShown]
+    calls: list[list[int] | CallContext]
     results: list[str] | None = None
 
 
 @dataclass(frozen=True)
-class SchemaShown:
-    """A tool call laid out by a bank that shows schemas: the memory token (written), the tool's schema (context),
-    the arguments (written)."""
+class CallContext:
+    """A tool call with context between its memory token and its arguments: the memory token (written), the context
+    (the tool's tail, its shown schema: read, not written), the arguments (written)."""
 
     memory: int
-    schema: list[int]
+    context: list[int]
     arguments: list[int]
 
     @property
     def ids(self) -> list[int]:
-        return [self.memory, *self.schema, *self.arguments]
+        return [self.memory, *self.context, *self.arguments]
 
     @property
     def labels(self) -> list[int]:
-        return [self.memory, *[IGNORE] * len(self.schema), *self.arguments]
+        return [self.memory, *[IGNORE] * len(self.context), *self.arguments]
 
 
 @dataclass(frozen=True)
@@ -231,31 +233,30 @@ def turn_ids(tokenizer, turns: list, result_tokens: int = RESULT_TOKENS) -> tupl
 
 def _written_and_context(tokenizer, turn, result_tokens: int) -> tuple[list[int], list[int], list[int]]:
     """(what the assistant's turn holds, its labels, the context after it) of one turn: the assistant's tokens are
-    its own but for a shown schema (``SchemaShown``)."""
+    its own but for a call's context (``CallContext``)."""
     eos = tokenizer.eos_token_id
     if isinstance(turn, UserTurns):
         return [], [], user_turn_ids(tokenizer, turn.contents)
     if isinstance(turn, Answer):
         written = tokenizer(turn.text, add_special_tokens=False)["input_ids"] + [eos]
         return written, written, []
-    written = [token for call in turn.calls for token in (call.ids if isinstance(call, SchemaShown) else call)]
-    labels = [label for call in turn.calls for label in (call.labels if isinstance(call, SchemaShown) else call)]
+    written = [token for call in turn.calls for token in (call.ids if isinstance(call, CallContext) else call)]
+    labels = [label for call in turn.calls for label in (call.labels if isinstance(call, CallContext) else call)]
     if turn.results is None:
         return written, labels, []
     return written + [eos], labels + [eos], result_ids(tokenizer, turn.results, result_tokens)
 
 
 def tool_call_ids(
-    tokenizer, memory_id: int, arguments: dict, schema: dict | None, show_schema: bool = False
-) -> list[int] | SchemaShown:
+    tokenizer, memory_id: int, arguments: dict, schema: dict | None, show_schema: bool = False, tail: list[int] = ()
+) -> list[int] | CallContext:
     """A tool call as a tool's segment: its memory token, then its arguments as compact JSON, in the schema's key
-    order where the schema is known (the order schema-bound decoding writes them in); ``show_schema``: with the
-    schema shown between the two (``SchemaShown``) where it is known."""
+    order where the schema is known (the order schema-bound decoding writes them in); ``tail``: the tool's further
+    memory tokens, and ``show_schema``: its schema where it is known, between the two (``CallContext``)."""
     text = arguments_json(arguments if schema is None else schema_order(arguments, schema))
     written = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if show_schema and schema is not None:
-        return SchemaShown(memory_id, shown_schema_ids(tokenizer, schema), written)
-    return [memory_id, *written]
+    context = [*tail, *(shown_schema_ids(tokenizer, schema) if show_schema and schema is not None else [])]
+    return CallContext(memory_id, context, written) if context else [memory_id, *written]
 
 
 def shown_schema_ids(tokenizer, schema: dict) -> list[int]:
@@ -300,10 +301,12 @@ def encode(
     tools: Collection[str] = (),
     result_tokens: int = RESULT_TOKENS,
     show_schemas: bool = False,
+    tail_ids=None,
 ) -> Encoded:
     """Lay out one example; ``memory_id(name)`` maps a procedure to its token id; ``tools``: the procedures
     whose segments are their calls' arguments only (a mapping name → schema or None orders the arguments by the
-    schema); ``result_tokens``: the budget of each step's result; ``show_schemas``: a bank that shows schemas.
+    schema); ``result_tokens``: the budget of each step's result; ``show_schemas``: a bank that shows schemas;
+    ``tail_ids(memory id)``: a tool's tail (a bank of several memory tokens a procedure).
 
     ``memory_id=None`` lays out the plain query → response sequence (no memory tokens) that the
     fine-tuning baselines train on: the segments one per line, as ``example.response`` shows them; where the steps
@@ -317,7 +320,7 @@ def encode(
     else:
         steps = [
             Calls(
-                [step_ids(example, s, tokenizer, memory_id, tools, show_schemas)],
+                [step_ids(example, s, tokenizer, memory_id, tools, show_schemas, tail_ids)],
                 None if s.result is None else [s.result],
             )
             for s in example.steps
@@ -340,8 +343,14 @@ def encode(
 
 
 def step_ids(
-    example: Example, step, tokenizer, memory_id=None, tools: Collection[str] = (), show_schemas: bool = False
-) -> list[int] | SchemaShown:
+    example: Example,
+    step,
+    tokenizer,
+    memory_id=None,
+    tools: Collection[str] = (),
+    show_schemas: bool = False,
+    tail_ids=None,
+) -> list[int] | CallContext:
     """One step's tokens: its memory token and its segment (a tool's call: ``tool_call_ids``), or, without memory
     tokens (``memory_id=None``: the fine-tuning and prompted layouts), the step's whole response (the call's JSON)."""
     words = tokenizer(step.response, add_special_tokens=False)["input_ids"]
@@ -355,7 +364,9 @@ def step_ids(
             f'but its step is not a call of it ({{"name": "{step.procedure}", "arguments": {{…}}}})'
         )
     schema = tools.get(step.procedure) if isinstance(tools, Mapping) else None
-    return tool_call_ids(tokenizer, memory_id(step.procedure), json.loads(step.call_arguments), schema, show_schemas)
+    memory = memory_id(step.procedure)
+    tail = tail_ids(memory) if tail_ids else []
+    return tool_call_ids(tokenizer, memory, json.loads(step.call_arguments), schema, show_schemas, tail)
 
 
 def positions(mask: torch.Tensor) -> torch.Tensor:

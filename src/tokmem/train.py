@@ -269,6 +269,7 @@ def train(
             tools,
             config.result_tokens,
             model.bank.shows_schemas,
+            model.tail_ids,
         )
         for e in examples
     ]

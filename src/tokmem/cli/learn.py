@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tokmem import distributed
 from tokmem.adapt import AdaptConfig
+from tokmem.bank import MEMORY_TOKENS
 from tokmem.backbones import default_device, default_dtype
 from tokmem.cli.options import add_backbone, add_common, add_options, values
 from tokmem.data.tool_datasets import ADAPTATION_SAMPLES
@@ -42,6 +43,13 @@ def add_commands(commands) -> None:
         help="tokmem+schema: show each chosen tool's schema between its memory token and its arguments, in "
         "training and in tokmem.chat and tokmem serve (one call a turn; the vLLM plugin does not decode such a bank "
         "yet)",
+    )
+    train.add_argument(
+        "--memory-tokens",
+        type=int,
+        default=MEMORY_TOKENS,
+        help="memory tokens a tool: the first routes, the others (its tail) follow it as context for the arguments, "
+        "one row of parameters each (tools only; tokmem.chat decodes such a bank, the server and vLLM not yet)",
     )
     _training_options(train)
     train.set_defaults(handler=cmd_train)
@@ -161,7 +169,13 @@ def cmd_train(args) -> None:
     from tokmem.model import create
 
     _learn_and_save(
-        create(args.backbone, decoupled=args.decoupled, shows_schemas=args.show_schemas, **_load_options(args)),
+        create(
+            args.backbone,
+            decoupled=args.decoupled,
+            shows_schemas=args.show_schemas,
+            memory_tokens=args.memory_tokens,
+            **_load_options(args),
+        ),
         args,
         args.out,
     )

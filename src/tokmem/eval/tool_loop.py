@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from tokmem.chat import ChatCache, chat_batch, conversation_ids, schema_shown_after
+from tokmem.chat import ChatCache, chat_batch, context_after, conversation_ids
 from tokmem.data.procedures import Example, arguments_json, assemble_call
 from tokmem.decode import DecodeConfig
 from tokmem.eval import metrics
@@ -70,14 +70,14 @@ def chat_answerer(
             for r in replies
         ]
         read = sum(len(conversation_ids(model, c, result_tokens)) for c in conversations)
-        return calls, read + sum(shown_schema_tokens(model, tool) for _, tool in calls if tool is not None)
+        return calls, read + sum(context_tokens(model, tool) for _, tool in calls if tool is not None)
 
     return answer
 
 
-def shown_schema_tokens(model: TokMemModel, tool: str) -> int:
-    """The prompt tokens a call's shown schema adds after routing (a bank that shows schemas; else 0)."""
-    return len(schema_shown_after(model, model.memory_id(tool))) - 1 if model.bank.shows_schemas else 0
+def context_tokens(model: TokMemModel, tool: str) -> int:
+    """The prompt tokens a call's context adds after routing (its tail, its shown schema; else 0)."""
+    return len(context_after(model, model.memory_id(tool))) - 1
 
 
 def conversation(example: Example, history: History) -> list[dict]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import tokmem
 from tokmem.backbones import Backbone
-from tokmem.bank import MemoryBank
+from tokmem.bank import MEMORY_TOKENS, MemoryBank
 from tokmem.io import read_json, write_json_atomic
 from tokmem.methods.method import Answer, Method
 from tokmem.data.procedures import Example
@@ -41,14 +41,16 @@ class TokMem(Method):
         label: str | None = None,
         schemas: dict[str, dict] | None = None,
         shows_schemas: bool = False,
+        memory_tokens: int = MEMORY_TOKENS,
     ):
         """``decode``: how it answers (default: one segment an answer, atomic recall; every query routes: the
         open-set threshold is set to 0).  ``schemas``: tool name → its arguments' JSON schema, kept with the tool's
         row (``decode.schema``: decode the arguments under it); ``shows_schemas``: a bank that also shows it between
-        the memory token and the arguments (``tokmem+schema``, answered through ``tokmem.chat``)."""
+        the memory token and the arguments (``tokmem+schema``, answered through ``tokmem.chat``); ``memory_tokens``: a
+        tool's memory tokens (``MemoryBank``)."""
         self.name, self.label = ("tokmem-dc", "TokMem+DC") if decoupled else ("tokmem", "TokMem")
         self.name, self.label = name or self.name, label or self.label
-        self.model = tokmem.create(backbone, decoupled=decoupled, shows_schemas=shows_schemas)
+        self.model = tokmem.create(backbone, decoupled, shows_schemas, memory_tokens)
         self.train_config = replace(train or TrainConfig(), progress=False)
         self.epochs = self.train_config.epochs
         self.decode_config = replace(decode or DecodeConfig(max_steps=1), threshold=0.0)

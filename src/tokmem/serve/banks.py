@@ -173,6 +173,7 @@ class BankRegistry:
             bank = MemoryBank.from_bytes(
                 tensors, metadata, backbone=self._identity, where=path.name, require_backbone=True
             )
+            bank.refuse_tails("the server")
             grammars = self._compile(bank, self.grammars)
         except (BankError, SchemaError) as err:
             raise BankError(f"upload of bank '{name}': {err}") from None
@@ -217,6 +218,7 @@ class BankRegistry:
         tensors, metadata = path.read_bytes(), metadata_path(path).read_bytes()
         try:
             bank = MemoryBank.from_bytes(tensors, metadata, backbone=self._identity, where=path.name)
+            bank.refuse_tails("the server")
             grammars = self._compile(bank, self.own_grammars)
         except (BankError, SchemaError) as err:
             log.error("bank '%s' in %s does not validate: %s", name, self.directory, err)

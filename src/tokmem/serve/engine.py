@@ -55,7 +55,7 @@ from tokmem.bank import MemoryBank
 from tokmem.batch import DecodeBatch, left_pad
 from tokmem.decode import Banks, DecodeConfig, Generation, Rules, prefill, step, to_generation
 from tokmem.errors import BackboneError, TokMemError
-from tokmem.chat import schema_shown_after, starts_calls
+from tokmem.chat import context_after, starts_calls
 from tokmem.grammar import ArgumentGrammar
 from tokmem.model import TokMemModel
 from tokmem.serve.banks import BankVersion
@@ -93,7 +93,7 @@ class Request:
     def with_schema_shown(self, memory: int) -> "Request":
         """This request once its first token chose tool ``memory`` of a bank that shows schemas: the prompt goes on
         with the memory token and the tool's schema, the arguments come next, and no other call (as ``tokmem.chat``)."""
-        shown = schema_shown_after(self.bank.model, memory)
+        shown = context_after(self.bank.model, memory)
         return replace(self, prompt=self.prompt + shown, begun=memory, max_steps=1, forced=-1)
 
     def tool_grammars(self) -> list:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tokmem.adapt import AdaptConfig
+from tokmem.bank import MEMORY_TOKENS
 from tokmem.config import built, nested, option
 from tokmem.data.tool_catalog import split_tools
 from tokmem.decode import DecodeConfig
@@ -138,6 +139,11 @@ class CompositionalConfig(MethodSettings):
         "tokmem+schema: TokMem's banks show the chosen tool's schema between its memory token and its arguments "
         "(trained and decoded so; the tool loop only)",
     )
+    memory_tokens: int = option(
+        MEMORY_TOKENS,
+        "TokMem's memory tokens a tool: the first routes, the others (its tail) follow it as context for the "
+        "arguments (the tool loop only)",
+    )
 
     def resolved(self) -> "CompositionalConfig":
         """Fill the defaults that depend on the study and the data; check the rest."""
@@ -157,7 +163,12 @@ class CompositionalConfig(MethodSettings):
                 f"the {self.study} study cannot run {', '.join(unknown)}: choose from {', '.join(accepted)}"
             )
         config = replace(self, methods=tuple(self.methods or defaults))
-        for flag, chosen in (("--show-schemas", self.show_schemas), ("--name-results", self.name_results)):
+        chosen_flags = (
+            ("--show-schemas", self.show_schemas),
+            ("--name-results", self.name_results),
+            ("--memory-tokens", self.memory_tokens != MEMORY_TOKENS),
+        )
+        for flag, chosen in chosen_flags:
             if chosen and not self.tool_loop():
                 raise TokMemError(f"{flag} answers in the tool loop only (complexfuncbench, results in context)")
         return config._checked_real() if self.dataset != "builtin" else config._with_tool_counts()
@@ -167,8 +178,10 @@ class CompositionalConfig(MethodSettings):
         return replace(super().decode(), max_steps=self.max_calls)
 
     def adaptation(self) -> AdaptConfig:
-        """The adaptation phase's LoRA: fine-tuning's rank and weight decay, its own lr and dropout."""
-        return built(self, AdaptConfig, rank=self.lora_rank, weight_decay=self.lora_weight_decay)
+        """The adaptation phase's LoRA: fine-tuning's rank and weight decay, its own lr and dropout; its temporary
+        rows in the layout TokMem's will have (``memory_tokens``)."""
+        lora = dict(rank=self.lora_rank, weight_decay=self.lora_weight_decay)
+        return built(self, AdaptConfig, **lora, memory_tokens=self.memory_tokens)
 
     def tool_loop(self) -> bool:
         """Whether the study measures the tool loop (results in context; ``tokmem.studies.tool_loop``)."""
