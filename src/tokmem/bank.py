@@ -32,6 +32,7 @@ from tokmem.bank_format import (
     FORMAT_VERSION,
     KINDS,
     MAX_MEMORY_TOKENS,
+    MEMORY_TOKENS,
     TAILS_VERSION,
     existing_metadata,
     metadata_path,
@@ -44,7 +45,6 @@ from tokmem.bank_format import (
 from tokmem.errors import BankError, cut, listed
 from tokmem.io import write_files
 
-MEMORY_TOKENS = 1  # a procedure's memory tokens, by default: one (the paper's)
 ROW_NORM_FACTOR = 1000.0  # rows may be at most this many times the backbone's mean embedding norm
 
 
@@ -332,7 +332,7 @@ class MemoryBank:
             decoupled=meta["decoupled"],
             backbone=meta.get("backbone") or {},
             shows_schemas=meta.get("shows_schemas", False),  # absent before banks could show schemas
-            memory_tokens=meta.get("memory_tokens", 1),  # absent before a procedure could have several
+            memory_tokens=meta.get("memory_tokens", MEMORY_TOKENS),  # absent before a procedure could have several
         )
         bank.names = list(meta["names"])
         bank._index_names()

@@ -1,11 +1,12 @@
 """The bank file format: what a bank's two files hold, and the checks of what is read from them.
 
 A bank is ``<path>`` (safetensors, tensors only, never pickle: ``index``, and ``steer`` for a decoupled bank, float32,
-one row a procedure; ``tail`` for a bank of several memory tokens a procedure, (procedures, tokens - 1, width)) plus ``<path>.json`` (format version, names, descriptions, kinds, schemas, dims, DC flag,
-backbone identity, norm statistics).  Version 1 files (before kinds) load with every row ``text``; version 3 is a bank
-with tails (written so only then, so that a tokmem that cannot lay them out refuses it rather than answer without them).  Every metadata
-field is checked by one small function (``FIELD_CHECKS``) before anything is built from it, so a bad file or upload
-gets one clear error, never a traceback.
+one row a procedure; ``tail`` for a bank of several memory tokens a procedure, (procedures, tokens - 1, width))
+plus ``<path>.json`` (format version, names, descriptions, kinds, schemas, dims, DC flag, memory tokens, backbone
+identity, norm statistics).  Version 1 files (before kinds) load with every row ``text``; version 3 is a bank with
+tails (written so only then, so that a tokmem that cannot lay them out refuses it rather than answer without them).
+Every metadata field is checked by one small function (``FIELD_CHECKS``) before anything is built from it, so a bad
+file or upload gets one clear error, never a traceback.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ READABLE_VERSIONS = (1, 2, 3)
 KINDS = ("text", "tool")
 MAX_NAME_CHARS = 128  # a procedure name's length
 MAX_HIDDEN_SIZE = 2**16
-MAX_MEMORY_TOKENS = 64  # a procedure's memory tokens
+MEMORY_TOKENS = 1  # a procedure's memory tokens, by default and in files from before the field: one (the paper's)
+MAX_MEMORY_TOKENS = 64  # a procedure's memory tokens, at most
 
 
 def metadata_path(path) -> Path:
@@ -74,7 +76,7 @@ def read_tensors(data: bytes, path: Path, meta: dict) -> tuple[torch.Tensor, tor
         tensors = load(data)
     except (SafetensorError, OSError, ValueError) as err:
         raise BankError(f"{path}: corrupted or truncated bank file ({err})") from None
-    rows, width, tails = len(meta["names"]), meta["hidden_size"], meta.get("memory_tokens", 1) - 1
+    rows, width, tails = len(meta["names"]), meta["hidden_size"], meta.get("memory_tokens", MEMORY_TOKENS) - 1
     index = _checked(tensors, "index", path, meta, (rows, width))
     steer = _checked(tensors, "steer", path, meta, (rows, width)) if meta["decoupled"] else None
     tail = _checked(tensors, "tail", path, meta, (rows, tails, width)) if tails else torch.empty(rows, 0, width)
@@ -151,7 +153,7 @@ def _shows_schemas(meta: dict) -> str | None:
 
 
 def _memory_tokens(meta: dict) -> str | None:
-    tokens = meta.get("memory_tokens", 1)
+    tokens = meta.get("memory_tokens", MEMORY_TOKENS)
     if type(tokens) is not int or not 1 <= tokens <= MAX_MEMORY_TOKENS:
         return f"field 'memory_tokens' must be a whole number from 1 to {MAX_MEMORY_TOKENS}, not {tokens!r:.40}"
     return None
