@@ -5,19 +5,26 @@ ComplexFuncBench tool loop of the study it was trained for (``--preset cpu --dat
 given: the same test records), per step and end to end, scored by position (``eval.tool_loop.loop_scores``), once
 as the study answers (a call answered since the user's message may be repeated where a call is due) and once with
 ``avoid_repeats`` (a turn never repeats a call already answered: ``tokmem.chat_batch``), the rule the server and
-``tokmem.chat`` apply under ``tool_choice="auto"``.  The bank and its answers are the one difference.
+``tokmem.chat`` apply under ``tool_choice="auto"``; ``--context-contrast A`` adds a rule: the arguments decoded
+with context-aware decoding of strength A (``DecodeConfig.context_contrast``).  The bank and its answers are the one
+difference.  ``--step-only``: per step only (the outcomes too), no end-to-end run.
 
     OMP_NUM_THREADS=2 python benchmarks/reanswer_loop.py results/loop-ab-qwen0.5b-banks/calls.safetensors \
         --seed 0 --json results/repeats-qwen0.5b.json
+    OMP_NUM_THREADS=2 python benchmarks/reanswer_loop.py results/tails-smollm2-banks/chains.safetensors \
+        --seed 0 --step-only --context-contrast 0.5 --context-contrast 1 --json results/contrast-smollm2.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import tokmem
-from tokmem.eval.tool_loop import chat_answerer, loop_scores
+from tokmem.eval.steps import aligned_scores, outcomes
+from tokmem.eval.tool_loop import chat_answerer, loop_scores, step_predictions
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
 from tokmem.sequences import RESULT_TOKENS
@@ -25,7 +32,21 @@ from tokmem.studies.compositional_config import make_config
 from tokmem.studies.harness import progress_bar
 from tokmem.studies.tool_setup import tool_data
 
-RULES = {"as the study answers": None, "no repeats": True}
+RULES = {"as the study answers": {}, "no repeats": {"avoid_repeats": True}}  # chat_answerer's options
+
+
+def step_scores(answer, examples, bar, label: str) -> dict:
+    """``loop_scores`` per step only: the scores by position, the outcomes and each record's answers."""
+    bar.phase(f"{label}: answering {len(examples)} records step by step", len(examples))
+    steps, routes, _ = step_predictions(answer, examples, bar)
+    samples = [
+        {"query": e.query, "gold": [s.response for s in e.steps], "results": [s.result for s in e.steps], "step": p}
+        | {"routes": r}
+        for e, p, r in zip(examples, steps, routes)
+    ]
+    return {"step": aligned_scores([s["gold"] for s in samples], steps, routes), "outcomes": outcomes(samples)} | {
+        "samples": samples
+    }
 
 
 def main() -> None:
@@ -33,18 +54,40 @@ def main() -> None:
     parser.add_argument("bank")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", required=True)
-    parser.add_argument("--rule", action="append", choices=list(RULES), help="answer under these (default: all)")
+    parser.add_argument(
+        "--rule", action="append", choices=list(RULES), help="answer under these (default: all, unless contrasts)"
+    )
+    parser.add_argument(
+        "--context-contrast", type=float, action="append", default=[], metavar="A", help="answer with contrast A too"
+    )
+    parser.add_argument("--step-only", action="store_true", help="answer per step only, no end-to-end run")
     args = parser.parse_args()
+    rules = {label: RULES[label] for label in args.rule or ([] if args.context_contrast else RULES)}
+    rules |= {f"context contrast {a:g}": {"context_contrast": a} for a in args.context_contrast}
     model = tokmem.load(args.bank, device="cpu")
     config = make_config("cpu", dataset="complexfuncbench", backbone=model.backbone.name.split("+")[0], seed=args.seed)
     data = tool_data(config, (1, config.tools))
     decode = replace(config.decode(), threshold=0.0)  # the study's TokMem: a call is due at every step
     bar = progress_bar(True)
     result = {"bank": args.bank, "seed": args.seed, "machine": machine(), "rules": {}}
-    for label in args.rule or RULES:
-        avoid = RULES[label]
-        answer = chat_answerer(model, decode, RESULT_TOKENS, avoid_repeats=avoid)
-        scores = loop_scores(answer, data.test, config.max_calls, bar, label, memory=True)
+    if Path(args.json).is_file():  # resumable: the rules answered for this bank and seed are kept, not run again
+        found = json.loads(Path(args.json).read_text())
+        if (found["bank"], found["seed"]) != (args.bank, args.seed):
+            parser.error(
+                f"{args.json} holds the answers of {found['bank']} (seed {found['seed']}): choose another file"
+            )
+        result["rules"] = found["rules"]
+    for label, rule in rules.items():
+        if label in result["rules"]:
+            continue
+        contrast = rule.get("context_contrast", 0.0)
+        answer = chat_answerer(
+            model, replace(decode, context_contrast=contrast), RESULT_TOKENS, rule.get("avoid_repeats")
+        )
+        if args.step_only:
+            scores = step_scores(answer, data.test, bar, label)
+        else:
+            scores = loop_scores(answer, data.test, config.max_calls, bar, label, memory=True)
         result["rules"][label] = scores
         write_json_atomic(args.json, result)
         step = scores["step"]

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import itertools
 import json
+from functools import partial
 from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import DynamicCache
 
 from tokmem.batch import join_caches, left_pad
-from tokmem.decode import DecodeConfig, decode_rows, to_generation
+from tokmem.decode import DecodeConfig, contrasted_logits, decode_rows, to_generation
 from tokmem.errors import DataError, cut, listed
 from tokmem.sequences import (
     RESULT_TOKENS,
@@ -183,7 +184,7 @@ def _answer(model, ids, turns, caches, tools, tool_choice, config, answered) -> 
 def _decode(model, ids, caches, allowed, forced, config, schemas) -> list[tuple[list[int], bool]]:
     """(tokens up to EOS, whether the plain backbone answered) per conversation of ``ids``, decoded in one batch on
     what each cache holds; every cache is updated to its conversation and answer."""
-    if model.bank.context_follows_memory:
+    if model.bank.context_follows_memory or config.context_contrast:
         return _decode_with_context(model, ids, caches, allowed, forced, config, schemas)
     return _decode_batch(model, ids, caches, allowed, forced, config, schemas)
 
@@ -193,7 +194,8 @@ def _decode_with_context(model, ids, caches, allowed, forced, config, schemas) -
     in two passes: the first token (routing: a memory token, or the plain backbone's first word); then, after each
     chosen tool's memory token and its context (as training laid them out), its arguments, and for the plain rows
     their answer with the bank masked.  One call a turn: the arguments end the turn (a next call's context would have
-    to be laid out too)."""
+    to be laid out too).  Under ``config.context_contrast`` the second pass decodes beside bare twins
+    (``_decode_contrasted``)."""
     routed = _decode_batch(model, ids, caches, allowed, forced, replace(config, max_new_tokens=1), schemas)
     memory = [tokens[0] if starts_calls(model, tokens[0], plain) else -1 for tokens, plain in routed]
     plain_rows = torch.tensor([token < 0 for token in memory], device=allowed.device)
@@ -201,13 +203,39 @@ def _decode_with_context(model, ids, caches, allowed, forced, config, schemas) -
     shown = [row + context_after(model, token) for row, token in zip(ids, memory)]
     begun = torch.tensor(memory, device=model.device)
     first_pass = [cache.prefilled for cache in caches]
-    decoded = _decode_batch(model, shown, caches, allowed, -1, replace(config, max_steps=1), schemas, begun)
+    second = _decode_contrasted if config.context_contrast else _decode_batch
+    decoded = second(model, shown, caches, allowed, -1, replace(config, max_steps=1), schemas, begun)
     for cache, prefilled in zip(caches, first_pass):
         cache.prefilled += prefilled  # the tokens both passes encoded
     return [
         (([token] if token >= 0 else []) + tokens, plain)
         for token, (tokens, _), (_, plain) in zip(memory, decoded, routed)
     ]
+
+
+def _decode_contrasted(model, ids, caches, allowed, forced, config, schemas, begun) -> list[tuple[list[int], bool]]:
+    """``_decode_batch`` with context-aware decoding (``decode.contrasted_logits``): beside each conversation, a
+    twin of it without the conversation (an empty user message, then the same memory token and context) is fed the
+    same tokens, and each token is picked from the two rows' logits contrasted.  Greedy only (a sampled twin could
+    pick another token)."""
+    if config.temperature > 0:
+        raise ValueError("context_contrast decodes greedily: set temperature to 0")
+    bare = conversation_ids(model, [{"role": "user", "content": ""}])
+    twins = [bare + context_after(model, memory) for memory in begun.tolist()]
+    check = partial(contrasted_logits, strength=config.context_contrast, active=begun >= 0)
+    rows = len(ids)
+    decoded = _decode_batch(
+        model,
+        ids + twins,
+        caches + [ChatCache() for _ in twins],
+        torch.cat([allowed, allowed]),
+        forced,
+        config,
+        schemas,
+        torch.cat([begun, begun]),
+        check,
+    )
+    return decoded[:rows]
 
 
 def context_after(model: TokMemModel, memory: int) -> list[int]:
@@ -221,8 +249,10 @@ def context_after(model: TokMemModel, memory: int) -> list[int]:
     return [memory, *model.tail_ids(memory), *shown]
 
 
-def _decode_batch(model, ids, caches, allowed, forced, config, schemas, begun=None) -> list[tuple[list[int], bool]]:
-    """``_decode`` in one pass (``begun``: see ``decode_rows``)."""
+def _decode_batch(
+    model, ids, caches, allowed, forced, config, schemas, begun=None, check=None
+) -> list[tuple[list[int], bool]]:
+    """``_decode`` in one pass (``begun``, ``check``: see ``decode_rows``)."""
     new, mask, kv = _batch_cache(model, caches, ids)
     rows = len(ids)
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
@@ -237,6 +267,7 @@ def _decode_batch(model, ids, caches, allowed, forced, config, schemas, begun=No
         allowed,
         schemas,
         begun=begun,
+        check=check,
     )
     decoded = []
     for i, (cache, tokens) in enumerate(zip(caches, answers)):

@@ -56,6 +56,11 @@ class DecodeConfig:
         'let a schema-bound argument be a reference to an earlier call\'s result ("$var1.path$", the NESTFUL '
         "convention of chains written without results; tokmem.chat, which has results in context, never does)",
     )
+    context_contrast: float = option(
+        0.0,
+        "tokmem.chat only, greedy: context-aware decoding of a call's arguments (contrasted_logits): each token is "
+        "picked from (1 + a)·logits − a·logits without the conversation (a = this; 0 = off)",
+    )
 
 
 @dataclass
@@ -169,6 +174,8 @@ def generate(
     prefix kept from the caller's last call (``HeldPrefix``)."""
     model.bank.refuse_context("generate (chains written without results)")
     config = config or DecodeConfig()
+    if config.context_contrast:
+        raise ValueError("context_contrast: only tokmem.chat decodes with it (generate has no conversation to drop)")
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
     forced = None if procedure is None else model.memory_id(procedure)
     prompts = [q if _laid_out(q) else chat_prefix(model.backbone.tokenizer, q) for q in queries]
@@ -266,7 +273,9 @@ def _generate_batch(model, queries, prompts, config, forced, generator, shared) 
     ]
 
 
-def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None, schemas=None, stops=(), begun=None):
+def decode_rows(
+    model, ids, mask, cache, config, forced, generator, allowed=None, schemas=None, stops=(), begun=None, check=None
+):
     """Encode ``ids`` (the new tokens of each row, after what ``cache`` holds; ``mask`` covers both) and decode each row
     until a stopping rule ends it (EOS, and ``stops``: objects of ``tokmem.stops``) or ``config.max_new_tokens``: the
     rows' token lists (EOS included; a row done before the others is filled with EOS), their memory mass, which rows
@@ -276,20 +285,20 @@ def decode_rows(model, ids, mask, cache, config, forced, generator, allowed=None
     ``forced``: per row a memory id to start with, or -1 (route).  ``allowed``: (rows, bank rows) bool, the memory
     tokens each row may use at all (default: every one); a row with none answers as the plain backbone.  ``schemas``:
     per bank row, the tool schema to decode under instead of the bank's (``argument_grammar``).  ``begun``: see
-    ``Rules`` (``tokmem.chat``'s second pass for a bank that shows schemas).
+    ``Rules`` (``tokmem.chat``'s second pass for a bank that shows schemas); ``check``: see ``prefill``.
     """
     banks = Banks(*model.memory_matrices(), allowed)
     full = lambda value: torch.full((len(ids),), value, device=ids.device)  # noqa: E731
     rules = Rules(full(config.threshold), forced, full(config.max_steps), full(config.temperature), full(1.0), begun)
     grammar = argument_grammar(model, len(ids), config, schemas)
-    batch, mass = prefill(model, ids, mask, cache, banks, rules, generator, grammar)
+    batch, mass = prefill(model, ids, mask, cache, banks, rules, generator, grammar, check=check)
     stops = [EndOfSequence(model.backbone.eos_token_id), *stops]
     done = stopped(stops, batch.last)
     generated = [batch.last]
     for _ in range(config.max_new_tokens - 1):
         if done.all():
             break
-        generated.append(step(model, batch, banks, generator, done=done))
+        generated.append(step(model, batch, banks, generator, done=done, check=check))
         done |= stopped(stops, generated[-1])
     return torch.stack(generated, dim=1).tolist(), mass, batch.plain, batch.cache, batch.mask
 
@@ -334,7 +343,7 @@ def prefill(model, ids, mask, cache, banks: Banks, rules: Rules, generator, gram
     first answer token by the routing rule (``first_token_logits``; a whole-response ``grammar`` binds a text
     answer's first token): (the ``DecodeBatch`` whose ``last`` is that token, each row's memory mass).
     ``generators``: see ``pick``; ``check``: a hook that sees (and may change) the logits first (the server's
-    guard against NaN)."""
+    guard against NaN, ``contrasted_logits``)."""
     position_ids = positions(mask)[:, mask.shape[1] - ids.shape[1] :]
     hidden, cache = model.hidden(ids, mask, position_ids, cache, banks.steer)
     logits = banks.logits(model, hidden)
@@ -373,6 +382,20 @@ def step(model, batch: DecodeBatch, banks: Banks, generator, generators=None, do
     batch.mask, batch.last, batch.position = mask, token, batch.position + 1
     batch.steps = batch.steps + model.is_memory(token).long()
     return token
+
+
+def contrasted_logits(logits: torch.Tensor, strength: float, active: torch.Tensor) -> torch.Tensor:
+    """Context-aware decoding's logits (Shi et al., 2024, "Trusting Your Evidence"), a ``check`` hook: the first half
+    of the rows read their conversation, the second half are their twins without it (the same memory token and
+    arguments so far after an empty user message).  Each ``active`` row's logits become ``(1 + strength)·own −
+    strength·twin``: what the conversation makes likelier than the tool's memory token alone does gains, what the
+    memory token suggests by habit loses.  Its twin gets the same logits, so that greedy decoding feeds both the same
+    token.  A column either row has at -inf (masked) keeps the row's own logit."""
+    rows = len(logits) // 2
+    own, twin = logits[:rows], logits[rows:]
+    mixed = torch.where(torch.isfinite(own) & torch.isfinite(twin), own + strength * (own - twin), own)
+    mixed = torch.where(active.unsqueeze(-1), mixed, own)
+    return torch.cat([mixed, mixed])
 
 
 def argument_grammar(model: TokMemModel, rows: int, config: DecodeConfig, schemas: list | None = None):

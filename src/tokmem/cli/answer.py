@@ -36,7 +36,7 @@ def add_commands(commands) -> None:
 
 
 def _decode_options(parser) -> None:
-    add_options(parser, DecodeConfig, skip=("seed",))
+    add_options(parser, DecodeConfig, skip=("seed", "context_contrast"))  # contrast: tokmem.chat's alone, measured first
     add_common(parser)
 
 
