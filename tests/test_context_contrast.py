@@ -2,6 +2,7 @@
 argument token from the conversation's logits contrasted with those of a twin that has the same memory token but
 no conversation (``decode.contrasted_logits``)."""
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -27,19 +28,25 @@ def tools(lively_backbone):
     return city_count_model(lively_backbone)
 
 
-def test_contrasted_logits_move_each_active_row_away_from_its_twin_and_give_the_twin_the_same():
+def test_contrasted_logits_move_each_active_row_from_its_twin_by_their_divergence_and_give_the_twin_the_same():
     inf = float("inf")
-    own = torch.tensor([[1.0, 2.0, -inf], [0.0, 1.0, 2.0]])
-    twin = torch.tensor([[2.0, 0.0, 0.0], [5.0, 5.0, 5.0]])
-    mixed = contrasted_logits(torch.cat([own, twin]), strength=1.0, active=torch.tensor([True, False]))
-    assert mixed[0].tolist() == [0.0, 4.0, -inf]  # 2·own − twin; a masked column stays masked
-    assert mixed[1].tolist() == own[1].tolist()  # not active: its own logits
-    assert torch.equal(mixed[2:], mixed[:2])
+    own = torch.tensor([[1.0, 2.0, -inf], [0.0, 1.0, 2.0], [3.0, 0.0, 1.0]])
+    twin = torch.tensor([[2.0, 0.0, -inf], [5.0, 5.0, 5.0], [3.0, 0.0, 1.0]])
+    mixed = contrasted_logits(torch.cat([own, twin]), strength=2.0, active=torch.tensor([True, False, True]))
+    p, q = own[0, :2].softmax(-1), twin[0, :2].softmax(-1)
+    m = (p + q) / 2
+    bits = float(((p * (p / m).log2()).sum() + (q * (q / m).log2()).sum()) / 2)
+    assert 0 < bits < 1
+    assert torch.allclose(mixed[0, :2], own[0, :2] + 2.0 * bits * (own[0, :2] - twin[0, :2]))
+    assert mixed[0, 2] == -inf  # masked in both: stays masked
+    assert torch.equal(mixed[1], own[1])  # not active: its own logits
+    assert torch.equal(mixed[2], own[2])  # the twin predicts the same: nothing to contrast
+    assert torch.equal(mixed[3:], mixed[:3])
 
 
 def reference_arguments(model, messages, tool: str, strength: float) -> str:
     """The call's arguments decoded without a cache, one full forward pass a token for the conversation and for the
-    bare twin, each token the grammar-allowed argmax of the contrasted logits."""
+    bare twin, each token the grammar-allowed argmax of the logits contrasted by their divergence in bits."""
     memory = model.memory_id(tool)
     rows = [
         conversation_ids(model, messages) + [memory],
@@ -56,7 +63,10 @@ def reference_arguments(model, messages, tool: str, strength: float) -> str:
             mask = torch.ones_like(ids)
             last.append(model.logits(model.hidden(ids, mask, positions(mask), steer=steer)[0][:, -1], index).float())
         own, twin = last
-        logits = own + strength * (own - twin)
+        p, q = own.softmax(-1), twin.softmax(-1)
+        m = (p + q) / 2
+        bits = (torch.special.xlogy(p, p / m).sum() + torch.special.xlogy(q, q / m).sum()) / 2 / math.log(2)
+        logits = own + strength * float(bits) * (own - twin)
         grammar.constrain(logits)
         logits[:, model.vocab_size :] = float("-inf")  # one call a turn
         token = int(logits.argmax())

@@ -22,6 +22,7 @@ assistant header) with vocabulary tokens only: the studies that place the rows d
 from __future__ import annotations
 
 import copy
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -59,7 +60,7 @@ class DecodeConfig:
     context_contrast: float = option(
         0.0,
         "tokmem.chat only, greedy: context-aware decoding of a call's arguments (contrasted_logits): each token is "
-        "picked from (1 + a)·logits − a·logits without the conversation (a = this; 0 = off)",
+        "picked from (1 + a)·logits − a·logits without the conversation, a = this × the two's divergence (0 = off)",
     )
 
 
@@ -385,17 +386,27 @@ def step(model, batch: DecodeBatch, banks: Banks, generator, generators=None, do
 
 
 def contrasted_logits(logits: torch.Tensor, strength: float, active: torch.Tensor) -> torch.Tensor:
-    """Context-aware decoding's logits (Shi et al., 2024, "Trusting Your Evidence"), a ``check`` hook: the first half
-    of the rows read their conversation, the second half are their twins without it (the same memory token and
-    arguments so far after an empty user message).  Each ``active`` row's logits become ``(1 + strength)·own −
-    strength·twin``: what the conversation makes likelier than the tool's memory token alone does gains, what the
-    memory token suggests by habit loses.  Its twin gets the same logits, so that greedy decoding feeds both the same
-    token.  A column either row has at -inf (masked) keeps the row's own logit."""
+    """Context-aware decoding's logits, a ``check`` hook: the first half of the rows read their conversation, the
+    second half are their twins without it (the same memory token and arguments so far after an empty user message).
+    Each ``active`` row's logits become ``(1 + a)·own − a·twin``: what the conversation makes likelier than the tool's
+    memory token alone does gains, what the memory token suggests by habit loses.  ``a`` is ``strength`` times the
+    two rows' Jensen-Shannon divergence (in bits, 0..1) at that token (AdaCAD, Wang et al., 2024): where both
+    predict the same (the rest of a word being copied), nothing changes; a fixed ``a`` (CAD, Shi et al., 2024)
+    garbled the copies (``Portland`` → ``Portregon``).  The twin gets the same logits, so that greedy decoding feeds
+    both the same token.  A column either row has at -inf (masked) keeps the row's own logit."""
     rows = len(logits) // 2
     own, twin = logits[:rows], logits[rows:]
-    mixed = torch.where(torch.isfinite(own) & torch.isfinite(twin), own + strength * (own - twin), own)
-    mixed = torch.where(active.unsqueeze(-1), mixed, own)
+    a = strength * _divergence(own, twin) * active
+    mixed = torch.where(torch.isfinite(own) & torch.isfinite(twin), own + a.unsqueeze(-1) * (own - twin), own)
     return torch.cat([mixed, mixed])
+
+
+def _divergence(own: torch.Tensor, twin: torch.Tensor) -> torch.Tensor:
+    """Per row, the Jensen-Shannon divergence in bits (0..1) of the distributions of two rows of logits."""
+    p, q = own.softmax(-1), twin.softmax(-1)
+    m = (p + q) / 2
+    kl = lambda x: torch.special.xlogy(x, x).sum(-1) - torch.special.xlogy(x, m).sum(-1)  # noqa: E731
+    return ((kl(p) + kl(q)) / 2 / math.log(2)).clamp(0, 1)
 
 
 def argument_grammar(model: TokMemModel, rows: int, config: DecodeConfig, schemas: list | None = None):

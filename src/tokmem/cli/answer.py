@@ -36,7 +36,8 @@ def add_commands(commands) -> None:
 
 
 def _decode_options(parser) -> None:
-    add_options(parser, DecodeConfig, skip=("seed", "context_contrast"))  # contrast: tokmem.chat's alone, measured first
+    # context_contrast: an option of tokmem.chat's alone (generate refuses it), not offered until it earns a place
+    add_options(parser, DecodeConfig, skip=("seed", "context_contrast"))
     add_common(parser)
 
 
