@@ -23,8 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import tokmem
-from tokmem.eval.steps import aligned_scores, outcomes
-from tokmem.eval.tool_loop import chat_answerer, loop_scores, step_predictions
+from tokmem.eval.tool_loop import chat_answerer, loop_scores
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
 from tokmem.sequences import RESULT_TOKENS
@@ -33,20 +32,6 @@ from tokmem.studies.harness import progress_bar
 from tokmem.studies.tool_setup import tool_data
 
 RULES = {"as the study answers": {}, "no repeats": {"avoid_repeats": True}}  # chat_answerer's options
-
-
-def step_scores(answer, examples, bar, label: str) -> dict:
-    """``loop_scores`` per step only: the scores by position, the outcomes and each record's answers."""
-    bar.phase(f"{label}: answering {len(examples)} records step by step", len(examples))
-    steps, routes, _ = step_predictions(answer, examples, bar)
-    samples = [
-        {"query": e.query, "gold": [s.response for s in e.steps], "results": [s.result for s in e.steps], "step": p}
-        | {"routes": r}
-        for e, p, r in zip(examples, steps, routes)
-    ]
-    return {"step": aligned_scores([s["gold"] for s in samples], steps, routes), "outcomes": outcomes(samples)} | {
-        "samples": samples
-    }
 
 
 def main() -> None:
@@ -84,10 +69,7 @@ def main() -> None:
         answer = chat_answerer(
             model, replace(decode, context_contrast=contrast), RESULT_TOKENS, rule.get("avoid_repeats")
         )
-        if args.step_only:
-            scores = step_scores(answer, data.test, bar, label)
-        else:
-            scores = loop_scores(answer, data.test, config.max_calls, bar, label, memory=True)
+        scores = loop_scores(answer, data.test, config.max_calls, bar, label, True, end_to_end=not args.step_only)
         result["rules"][label] = scores
         write_json_atomic(args.json, result)
         step = scores["step"]

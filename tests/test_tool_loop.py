@@ -141,3 +141,33 @@ def test_tokmem_per_step_calls_a_tool_of_its_bank_at_every_step(backbone):
 )
 def test_only_a_json_call_goes_on_to_the_executor(text, expected):
     assert json_call(text) == expected
+
+
+def answer_with(wrong_at: int):
+    """An answerer that makes each step's gold call, but calls the record's first tool again at step ``wrong_at``."""
+
+    def answer(examples, histories, caches, choice):
+        calls = []
+        for example, history in zip(examples, histories):
+            step = example.steps[0 if len(history) == wrong_at else len(history)]
+            calls.append((step.response, json.loads(step.response)["name"]))
+        return calls, 0
+
+    return answer
+
+
+def test_scores_per_step_only_count_each_answer_against_its_own_steps_gold_call_with_the_outcomes():
+    from helpers import city_count_chain
+
+    from tokmem.eval import tool_loop
+
+    chain = city_count_chain()
+    score = lambda answer: tool_loop.loop_scores(answer, [chain], 3, progress_bar(False), "x", True, end_to_end=False)  # noqa: E731
+    right = score(answer_with(-1))
+    assert right["step"]["exact_steps"]["all"] == 2
+    assert right["outcomes"]["steps"]["exact"] == 2
+    assert "end_to_end" not in right and "end_to_end" not in right["samples"][0]
+    repeated = score(answer_with(1))
+    assert repeated["step"]["exact_steps"]["all"] == 1
+    assert repeated["samples"][0]["step"] == [chain.steps[0].response] * 2
+    assert repeated["outcomes"]["steps"]["exact"] == 1 and sum(repeated["outcomes"]["steps"].values()) == 2

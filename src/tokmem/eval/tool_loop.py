@@ -173,17 +173,22 @@ def loop_predictions(answer: Answerer, examples: list[Example], max_calls: int, 
     return predicted
 
 
-def loop_scores(answer: Answerer, examples: list[Example], max_calls: int, bar, name: str, memory: bool) -> dict:
+def loop_scores(
+    answer: Answerer, examples: list[Example], max_calls: int, bar, name: str, memory: bool, end_to_end: bool = True
+) -> dict:
     """The answers per step and end to end, scored (``scored_samples``), the cost of a call answered per step (each
     step answers one gold call: ``metrics.answering_cost``) and every record's answers, to read what fails (per step
     aligned with the gold calls, null where no call was made).  ``name`` labels the progress ``bar``'s phases;
-    ``memory``: the answerer has memory tokens, whose choices are kept and scored as routing."""
+    ``memory``: the answerer has memory tokens, whose choices are kept and scored as routing; ``end_to_end`` False:
+    per step only (half the time: a decoding A/B that reads the per-step outcomes)."""
     bar.phase(f"{name}: answering {len(examples)} records step by step", len(examples))
     start = time.perf_counter()
     steps, routes, prompt_tokens = step_predictions(answer, examples, bar)
     cost = metrics.answering_cost(prompt_tokens, time.perf_counter() - start, sum(len(e.steps) for e in examples))
-    bar.phase(f"{name}: running {len(examples)} records end to end", len(examples))
-    loops = loop_predictions(answer, examples, max_calls, bar)
+    loops = [None] * len(examples)
+    if end_to_end:
+        bar.phase(f"{name}: running {len(examples)} records end to end", len(examples))
+        loops = loop_predictions(answer, examples, max_calls, bar)
     samples = [
         {
             "query": e.query,
@@ -191,7 +196,7 @@ def loop_scores(answer: Answerer, examples: list[Example], max_calls: int, bar, 
             "results": [s.result for s in e.steps],
             "step": p,
             **({"routes": r} if memory else {}),
-            "end_to_end": q,
+            **({"end_to_end": q} if end_to_end else {}),
         }
         for e, p, r, q in zip(examples, steps, routes, loops)
     ]
@@ -199,19 +204,25 @@ def loop_scores(answer: Answerer, examples: list[Example], max_calls: int, bar, 
 
 
 def scored_samples(samples: list[dict], memory: bool) -> dict:
-    """A tool loop's scores from its samples (what ``loop_scores`` keeps): per step and end to end by position, the
-    pooled F1 besides, and the per-step outcomes; ``memory``: the samples carry the memory tokens' ``routes``."""
+    """A tool loop's scores from its samples (what ``loop_scores`` keeps): per step and end to end by position (where
+    the samples have end-to-end answers), the pooled F1 besides, and the per-step outcomes; ``memory``: the samples
+    carry the memory tokens' ``routes``."""
     gold = [s["gold"] for s in samples]
     routes = [s["routes"] for s in samples] if memory else None
-    return {
+    scores = {
         "step": aligned_scores(gold, [s["step"] for s in samples], routes),
-        "end_to_end": aligned_scores(gold, [s["end_to_end"] for s in samples]),
         "step_pooled": metrics.call_text_scores(
             gold, [made(s["step"]) for s in samples], routes and [made(r) for r in routes]
         ),
-        "end_to_end_pooled": metrics.call_text_scores(gold, [s["end_to_end"] for s in samples]),
         "outcomes": outcomes(samples),
     }
+    if all("end_to_end" in s for s in samples):
+        loops = [s["end_to_end"] for s in samples]
+        scores |= {
+            "end_to_end": aligned_scores(gold, loops),
+            "end_to_end_pooled": metrics.call_text_scores(gold, loops),
+        }
+    return scores
 
 
 class _Quiet:
