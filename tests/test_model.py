@@ -239,3 +239,42 @@ def test_suffixes_pack_when_padding_costs_more_than_the_attention_across_rows_an
     assert pays([3, 5, 12, 63], [150, 170, 160, 180])  # SNI: short uneven answers after long queries
     assert not pays([1100, 1080], [200, 210])  # a tool loop's records: long suffixes, little padding
     assert not pays([7, 7], [20, 20])  # no padding at all
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    """The built-in backbone, for its real tokenizer (tiny-random's writes JSON one character a token)."""
+    return tokmem.load_backbone("smollm2-135m", device="cpu")
+
+
+def test_the_key_choice_weight_falls_on_a_values_end_and_the_next_keys_first_token_only(smollm):
+    model = tokmem.create(smollm)
+    tokenizer = smollm.tokenizer
+    arguments = '{"query":"Paris, France","adults":2,"sort_by":"price"}'
+    ids = tokenizer(arguments, add_special_tokens=False)["input_ids"]
+    labels = torch.tensor([[IGNORE, *ids]])
+    weights = model.key_choice_weights(labels, 4.0)[0, 1:]
+    weighted = [tokenizer.decode([i]) for i, w in zip(ids, weights.tolist()) if w == 4.0]
+    assert weighted == ['","', "ad", ',"', "sort", '"}']  # the comma inside "Paris, France" is not one
+    assert set(weights.tolist()) == {1.0, 4.0}
+
+
+def test_a_choice_weight_weighs_those_labels_in_the_mean_loss_and_one_leaves_it_unchanged(smollm):
+    model = tokmem.create(smollm)
+    model.bank.add(["search"], smollm.mean_embedding(), kinds=["tool"])
+    example = Example(
+        "Hotels in Paris for two", (Step("search", '{"name":"search","arguments":{"city":"Paris","n":2}}'),)
+    )
+    batch = collate([encode(example, smollm.tokenizer, model.memory_id, 1024, tools={"search"})], 0)
+    hidden, _ = model.hidden(batch["input_ids"], batch["attention_mask"])
+    labels = batch["labels"][:, 1:]
+    where = labels != IGNORE
+    losses = torch.nn.functional.cross_entropy(
+        model.logits(hidden[:, :-1][where]).float(), labels[where], reduction="none"
+    )
+    weights = model.key_choice_weights(labels, 3.0)[where]
+    assert (weights == 3).sum() == 3  # the value's end that goes on, the next key, the close
+    weighted, count = model.loss(batch, choice_weight=3.0)
+    assert weighted.item() == pytest.approx((losses * weights).mean().item(), rel=1e-4)
+    assert model.loss(batch)[0].item() == pytest.approx(losses.mean().item(), rel=1e-4) != weighted.item()
+    assert count == int(where.sum())

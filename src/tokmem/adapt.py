@@ -146,6 +146,7 @@ def adaptation_key(backbone: Backbone, examples: list[Example], config: AdaptCon
         k: v
         for k, v in asdict(train_config).items()
         if k not in ("progress", "checkpoint", "checkpoint_every", "bf16", "prefix_cache_gib")
+        and (k, v) != ("choice_weight", TrainConfig.choice_weight)  # added later: keys kept from before
     }
     lora = {
         k: v for k, v in asdict(config).items() if (k, v) != ("memory_tokens", MEMORY_TOKENS)

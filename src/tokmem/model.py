@@ -17,7 +17,7 @@ from tokmem.backbones import DEFAULT_BACKBONE, Backbone
 from tokmem.bank import MEMORY_TOKENS, MemoryBank
 from tokmem.errors import BankError
 from tokmem.prefix_store import PrefixStore
-from tokmem.sequences import ANSWER, IGNORE, positions
+from tokmem.sequences import ANSWER, CLOSE, IGNORE, NEXT_KEY, key_choice_kinds, positions
 from tokmem import suffix_passes
 
 
@@ -31,6 +31,7 @@ class TokMemModel(nn.Module):
         self.row_steer: nn.Parameter | None = None
         self.row_tail: nn.Parameter | None = None
         self._rows: torch.Tensor | None = None
+        self._key_choice_kinds: torch.Tensor | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -142,9 +143,10 @@ class TokMemModel(nn.Module):
         return self.hidden(ids, mask, positions(mask), DynamicCache(config=self.lm.config), steer)[1]
 
     def loss(
-        self, batch: dict, prefixes: PrefixStore | None = None, segments: bool = False
+        self, batch: dict, prefixes: PrefixStore | None = None, segments: bool = False, choice_weight: float = 1.0
     ) -> tuple[torch.Tensor, int]:
-        """Mean next-token loss over labelled positions only (memory, response and EOS tokens).
+        """Mean next-token loss over labelled positions only (memory, response and EOS tokens); ``choice_weight``:
+        the weight of the labels where a call decides its key set (``key_choice_weights``), the others' 1.
 
         Vocabulary logits are computed only at positions that have a label.  With a frozen backbone the
         query prefix does not depend on the bank (the first memory token comes after it), so it runs
@@ -162,8 +164,22 @@ class TokMemModel(nn.Module):
             hidden, _ = self.hidden(batch["input_ids"], batch["attention_mask"], steer=steer)
             hidden, labels = hidden[:, :-1], labels[:, 1:]
         where = labels != IGNORE
+        weights = None if choice_weight == 1 else self.key_choice_weights(labels, choice_weight)[where]
         logits = self.logits(hidden[where], index)
-        return next_token_loss(logits.float(), labels[where], self.vocab_size), int(where.sum())
+        return next_token_loss(logits.float(), labels[where], self.vocab_size, weights), int(where.sum())
+
+    def key_choice_weights(self, labels: torch.Tensor, weight: float) -> torch.Tensor:
+        """``weight`` at the labels (batch, positions) where a call decides which keys it carries, 1 elsewhere: a
+        value's end that goes on to another key or closes the object (``sequences.key_choice_kinds``), and the label
+        after one that goes on (the next key's first token: which key).  The few tokens of a call that decide its key
+        set, among the dozens that copy its values."""
+        if self._key_choice_kinds is None:
+            self._key_choice_kinds = key_choice_kinds(self.backbone.tokenizer, self.vocab_size).to(labels.device)
+        words = (labels >= 0) & (labels < self.vocab_size)
+        kinds = torch.where(words, self._key_choice_kinds[labels.clamp(0, self.vocab_size - 1)], 0)
+        after_next_key = nn.functional.pad(kinds[:, :-1] == NEXT_KEY, (1, 0)) & (labels != IGNORE)
+        choice = (kinds == NEXT_KEY) | (kinds == CLOSE) | after_next_key
+        return 1 + (weight - 1) * choice.float()
 
     @property
     def layers_sharded(self) -> bool:
@@ -172,15 +188,19 @@ class TokMemModel(nn.Module):
         return distributed.layers_sharded(self.lm)
 
 
-def next_token_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Mean cross-entropy of ``labels`` under ``logits`` (over vocab ∪ bank); at an ``ANSWER`` label the target is
-    every vocabulary token together, -log P(vocabulary): the answer in words, not which words."""
+def next_token_loss(
+    logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mean cross-entropy of ``labels`` under ``logits`` (over vocab ∪ bank), each label's times its weight where
+    ``weights`` are given; at an ``ANSWER`` label the target is every vocabulary token together, -log P(vocabulary):
+    the answer in words, not which words."""
     answer = labels == ANSWER
-    if not answer.any():
+    if not answer.any() and weights is None:
         return nn.functional.cross_entropy(logits, labels)
     target = logits.gather(1, labels.clamp(min=0).unsqueeze(1)).squeeze(1)
     target = target.masked_scatter(answer, logits[answer, :vocab_size].logsumexp(-1))
-    return (logits.logsumexp(-1) - target).mean()
+    losses = logits.logsumexp(-1) - target
+    return (losses if weights is None else losses * weights).mean()
 
 
 def embed_ids(ids: torch.Tensor, vocab_size: int, embed_words, steer: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
@@ -257,6 +258,20 @@ def tool_call_ids(
     written = tokenizer(text, add_special_tokens=False)["input_ids"]
     context = [*tail, *(shown_schema_ids(tokenizer, schema) if show_schema and schema is not None else [])]
     return CallContext(memory_id, context, written) if context else [memory_id, *written]
+
+
+NEXT_KEY, CLOSE = 1, 2  # ``key_choice_kinds``: a token that goes on to another key, one that closes the object
+_NEXT_KEY, _CLOSE = re.compile(r'\s*"?,"\s*'), re.compile(r'\s*"?}\s*')
+
+
+def key_choice_kinds(tokenizer, size: int) -> torch.Tensor:
+    """For each of ``size`` ids, where a call's compact JSON arguments decide their key set: ``NEXT_KEY`` for a token
+    that ends a value and goes on to another key (``","``, ``,"``), ``CLOSE`` for one that ends the object (``"}``,
+    ``}``), 0 for any other (a comma inside a string is a token of its own, 0).  Read off the tokens' text, so it
+    holds for any tokenizer that writes JSON's punctuation so."""
+    texts = tokenizer.batch_decode([[i] for i in range(min(size, len(tokenizer)))])
+    kinds = [NEXT_KEY if _NEXT_KEY.fullmatch(t) else CLOSE if _CLOSE.fullmatch(t) else 0 for t in texts]
+    return torch.tensor(kinds + [0] * (size - len(kinds)), dtype=torch.long)
 
 
 def shown_schema_ids(tokenizer, schema: dict) -> list[int]:

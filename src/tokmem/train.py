@@ -86,6 +86,11 @@ class TrainConfig:
         "the order a tool row's arguments are trained and decoded in: the training calls' (calls), its catalog "
         "schema's (schema), or each call's own, decoded in any order the calls wrote (given)",
     )
+    choice_weight: float = option(
+        1.0,
+        "loss weight of the few argument tokens where a call decides which keys it carries (a value's end that goes "
+        "on to another key or closes the object, and the next key's first token); the others weigh 1",
+    )
     result_tokens: int = option(RESULT_TOKENS, "a step's tool result in the sequence is cut to this many tokens")
     segment_backprop: bool = option(
         False,
@@ -125,6 +130,8 @@ class TrainConfig:
                 raise TokMemError(
                     f"unknown {field_name} '{getattr(self, field_name)}': choose from {', '.join(allowed)}"
                 )
+        if not self.choice_weight > 0:
+            raise TokMemError(f"choice_weight is a loss weight, above 0: got {self.choice_weight}")
         if not 0 <= self.warmup < 1:
             raise TokMemError(f"warmup is a fraction of the steps, in [0, 1): got {self.warmup}")
 
@@ -424,7 +431,7 @@ def _step(model, optimizer, chunk, config, report, filler: Encoded, prefixes: Pr
     for batch, weight in zip(batches, weights):
         batch = to_device(batch, model.device)
         with step_context(model.device, config.bf16):
-            loss, count = model.loss(batch, prefixes, config.segment_backprop)
+            loss, count = model.loss(batch, prefixes, config.segment_backprop, config.choice_weight)
         (loss * (weight * count / targets)).backward()
         total += weight * loss.item() * count / targets
         report.tokens += int(weight * batch["attention_mask"].sum())

@@ -121,6 +121,9 @@ class MethodSettings:
         "tool loops: TokMem back-propagates each call (memory token, arguments) on its own, the results read without "
         "gradients (an approximation)",
     )
+    choice_weight: float = nested(
+        T, "choice_weight", "loss weight of the argument tokens where a call decides its keys (every trained method)"
+    )
     batch_size: int = nested(T, "batch_size", "training examples per step")
     max_length: int = nested(T, "max_length")
     max_new_tokens: int = nested(D, "max_new_tokens")

@@ -114,12 +114,13 @@ def prepare_backbones(
         return {"base": base}, None
     examples = adaptation_examples(config)
     # the temporary rows are dropped after the phase, never renormalised, and have no schemas, so no key order binds
-    # them (so adaptations cached before keep their key)
+    # them (so adaptations cached before keep their key); the phase is the same whatever the new rows' loss weights
     rows = replace(
         config.train(),
         epochs=config.adapt_epochs,
         renorm_every_step=False,
         key_order=TrainConfig.key_order,
+        choice_weight=TrainConfig.choice_weight,
         progress=progress,
     )
     start = time.perf_counter()
