@@ -236,6 +236,18 @@ def test_malformed_training_file_names_file_and_line(data, capsys):
     assert not (data / "b.safetensors").exists()
 
 
+@pytest.mark.parametrize(
+    "command", [("train", "--backbone", "no-such-backbone"), ("add", "--bank", "missing.safetensors")]
+)
+def test_a_bad_training_setting_is_refused_before_the_backbone_or_bank_loads(data, capsys, command):
+    """Neither the unknown backbone nor the missing bank is reached: the setting is checked first."""
+    args = (*command, "--data", data / "first.jsonl", "--out", data / "b.safetensors", "--choice-weight", "0")
+    assert tokmem(*args, "--quiet") == 2
+    err = capsys.readouterr().err
+    assert "choice_weight is a loss weight, above 0: got 0" in err and "Traceback" not in err
+    assert not (data / "b.safetensors").exists()
+
+
 def test_training_warns_how_many_sequences_max_length_truncated_and_how(data, capsys):
     """At 24 tokens a short answer loses only query tokens; a long one is cut as well."""
     short = [Example(f"Reverse {w}.", (Step("reverse", w[::-1]),)) for w in WORDS[:3]]

@@ -114,7 +114,9 @@ def _train_config(args, out_path, examples, new_rows: int) -> TrainConfig:
     )
 
 
-def _learn_and_save(model, args, out_path) -> None:
+def _learn_and_save(load_model, args, out_path) -> None:
+    """Reads the data and checks the settings before ``load_model`` loads the backbone, so that bad input is refused
+    at once."""
     from tokmem.data import load_catalog, load_examples
     from tokmem.data.procedures import load_schemas
     from tokmem.train import learn
@@ -122,6 +124,8 @@ def _learn_and_save(model, args, out_path) -> None:
     examples = load_examples(args.data)
     descriptions = load_catalog(args.catalog) if args.catalog else None
     schemas = load_schemas(args.catalog) if args.catalog else None
+    _train_config(args, out_path, examples, new_rows=0)
+    model = load_model()
     new_rows = len({p for e in examples for p in e.procedures} - set(model.bank.names))
     config = _train_config(args, out_path, examples, new_rows)
     if distributed.is_main():
@@ -169,7 +173,7 @@ def cmd_train(args) -> None:
     from tokmem.model import create
 
     _learn_and_save(
-        create(
+        lambda: create(
             args.backbone,
             decoupled=args.decoupled,
             shows_schemas=args.show_schemas,
@@ -184,7 +188,7 @@ def cmd_train(args) -> None:
 def cmd_add(args) -> None:
     from tokmem.model import load
 
-    _learn_and_save(load(args.bank, **_load_options(args)), args, args.out or args.bank)
+    _learn_and_save(lambda: load(args.bank, **_load_options(args)), args, args.out or args.bank)
 
 
 def _load_options(args) -> dict:
