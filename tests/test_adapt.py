@@ -158,8 +158,9 @@ def test_the_second_cached_adaptation_with_the_same_inputs_loads_the_first(backb
         lambda examples, config, rows: (examples, config, options(max_steps=2, init="orthogonal")),
         lambda examples, config, rows: (examples, AdaptConfig(lr=1e-2, memory_tokens=2), rows),
         lambda examples, config, rows: (examples, config, options(max_steps=2, choice_weight=4.0)),
+        lambda examples, config, rows: (examples, config, options(max_steps=2, route_weight=4.0)),
     ],
-    ids=["data", "lora", "rows", "memory-tokens", "choice-weight"],
+    ids=["data", "lora", "rows", "memory-tokens", "choice-weight", "route-weight"],
 )
 def test_the_adaptation_key_changes_with_the_data_and_every_setting(backbone, adaptation_examples, change):
     key = adaptation_key(backbone, adaptation_examples, FAST, options(max_steps=2))

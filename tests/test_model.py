@@ -259,7 +259,15 @@ def test_the_key_choice_weight_falls_on_a_values_end_and_the_next_keys_first_tok
     assert set(weights.tolist()) == {1.0, 4.0}
 
 
-def test_a_choice_weight_weighs_those_labels_in_the_mean_loss_and_one_leaves_it_unchanged(smollm):
+@pytest.mark.parametrize(
+    "choice_weight, route_weight, weighted_labels",
+    [(3.0, 1.0, {3.0: 3}), (1.0, 5.0, {5.0: 1}), (3.0, 5.0, {3.0: 3, 5.0: 1})],
+    ids=["key-choice", "route", "both"],
+)
+def test_loss_weights_weigh_their_labels_in_the_mean_loss_and_one_leaves_it_unchanged(
+    smollm, choice_weight, route_weight, weighted_labels
+):
+    """Key choice: the value's end that goes on, the next key, the close; route: the one memory token."""
     model = tokmem.create(smollm)
     model.bank.add(["search"], smollm.mean_embedding(), kinds=["tool"])
     example = Example(
@@ -272,9 +280,11 @@ def test_a_choice_weight_weighs_those_labels_in_the_mean_loss_and_one_leaves_it_
     losses = torch.nn.functional.cross_entropy(
         model.logits(hidden[:, :-1][where]).float(), labels[where], reduction="none"
     )
-    weights = model.key_choice_weights(labels, 3.0)[where]
-    assert (weights == 3).sum() == 3  # the value's end that goes on, the next key, the close
-    weighted, count = model.loss(batch, choice_weight=3.0)
+    weights = model.label_weights(labels, choice_weight, route_weight)[where]
+    assert {w: int((weights == w).sum()) for w in weights.unique().tolist() if w != 1} == weighted_labels
+    if route_weight != 1:
+        assert labels[where][weights == route_weight].tolist() == [model.memory_id("search")]
+    weighted, count = model.loss(batch, choice_weight=choice_weight, route_weight=route_weight)
     assert weighted.item() == pytest.approx((losses * weights).mean().item(), rel=1e-4)
     assert model.loss(batch)[0].item() == pytest.approx(losses.mean().item(), rel=1e-4) != weighted.item()
     assert count == int(where.sum())

@@ -34,7 +34,7 @@ from tokmem.data.procedures import Example
 from tokmem.errors import BackboneError
 from tokmem.lora import LoRASettings, inject, lora_parameters
 from tokmem.model import TokMemModel
-from tokmem.train import TrainConfig, initial_rows, row_kinds, row_texts, train
+from tokmem.train import LOSS_WEIGHTS, TrainConfig, initial_rows, row_kinds, row_texts, train
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def adaptation_key(backbone: Backbone, examples: list[Example], config: AdaptCon
         k: v
         for k, v in asdict(train_config).items()
         if k not in ("progress", "checkpoint", "checkpoint_every", "bf16", "prefix_cache_gib")
-        and (k, v) != ("choice_weight", TrainConfig.choice_weight)  # added later: keys kept from before
+        and not (k in LOSS_WEIGHTS and v == getattr(TrainConfig, k))  # added later: keys kept from before
     }
     lora = {
         k: v for k, v in asdict(config).items() if (k, v) != ("memory_tokens", MEMORY_TOKENS)

@@ -143,10 +143,16 @@ class TokMemModel(nn.Module):
         return self.hidden(ids, mask, positions(mask), DynamicCache(config=self.lm.config), steer)[1]
 
     def loss(
-        self, batch: dict, prefixes: PrefixStore | None = None, segments: bool = False, choice_weight: float = 1.0
+        self,
+        batch: dict,
+        prefixes: PrefixStore | None = None,
+        segments: bool = False,
+        choice_weight: float = 1.0,
+        route_weight: float = 1.0,
     ) -> tuple[torch.Tensor, int]:
-        """Mean next-token loss over labelled positions only (memory, response and EOS tokens); ``choice_weight``:
-        the weight of the labels where a call decides its key set (``key_choice_weights``), the others' 1.
+        """Mean next-token loss over labelled positions only (memory, response and EOS tokens), each label's times
+        its weight (``label_weights``: ``choice_weight`` where a call decides its key set, ``route_weight`` at a
+        memory token, 1 elsewhere).
 
         Vocabulary logits are computed only at positions that have a label.  With a frozen backbone the
         query prefix does not depend on the bank (the first memory token comes after it), so it runs
@@ -164,9 +170,16 @@ class TokMemModel(nn.Module):
             hidden, _ = self.hidden(batch["input_ids"], batch["attention_mask"], steer=steer)
             hidden, labels = hidden[:, :-1], labels[:, 1:]
         where = labels != IGNORE
-        weights = None if choice_weight == 1 else self.key_choice_weights(labels, choice_weight)[where]
+        weighted = (choice_weight, route_weight) != (1, 1)
+        weights = self.label_weights(labels, choice_weight, route_weight)[where] if weighted else None
         logits = self.logits(hidden[where], index)
         return next_token_loss(logits.float(), labels[where], self.vocab_size, weights), int(where.sum())
+
+    def label_weights(self, labels: torch.Tensor, choice_weight: float, route_weight: float) -> torch.Tensor:
+        """Each label's (batch, positions) weight in the loss: ``route_weight`` at a memory token (the routing: one
+        label a call), ``choice_weight`` where a call decides its key set (``key_choice_weights``), 1 elsewhere."""
+        routes = 1 + (route_weight - 1) * (labels >= self.vocab_size).float()
+        return routes * self.key_choice_weights(labels, choice_weight)
 
     def key_choice_weights(self, labels: torch.Tensor, weight: float) -> torch.Tensor:
         """``weight`` at the labels (batch, positions) where a call decides which keys it carries, 1 elsewhere: a

@@ -35,6 +35,7 @@ RenormTarget = Literal["old_rows", "tokens"]
 RenormSide = Literal["index", "steer"]
 INITS, SCHEDULES, TOOL_SEGMENTS = get_args(Init), get_args(Schedule), get_args(ToolSegments)
 KEY_ORDERS, RENORM_TARGETS, RENORM_SIDES = get_args(KeyOrder), get_args(RenormTarget), get_args(RenormSide)
+LOSS_WEIGHTS = ("choice_weight", "route_weight")  # TrainConfig's weights of some labels in the loss, 1 by default
 
 
 @dataclass
@@ -91,6 +92,11 @@ class TrainConfig:
         "loss weight of the few argument tokens where a call decides which keys it carries (a value's end that goes "
         "on to another key or closes the object, and the next key's first token); the others weigh 1",
     )
+    route_weight: float = option(
+        1.0,
+        "loss weight of the memory-token labels (which procedure or tool comes next: the routing), the others weigh "
+        "1: a call has one such label among the dozens of its arguments",
+    )
     result_tokens: int = option(RESULT_TOKENS, "a step's tool result in the sequence is cut to this many tokens")
     segment_backprop: bool = option(
         False,
@@ -130,8 +136,9 @@ class TrainConfig:
                 raise TokMemError(
                     f"unknown {field_name} '{getattr(self, field_name)}': choose from {', '.join(allowed)}"
                 )
-        if not self.choice_weight > 0:
-            raise TokMemError(f"choice_weight is a loss weight, above 0: got {self.choice_weight}")
+        for field_name in LOSS_WEIGHTS:
+            if not getattr(self, field_name) > 0:
+                raise TokMemError(f"{field_name} is a loss weight, above 0: got {getattr(self, field_name)}")
         if not 0 <= self.warmup < 1:
             raise TokMemError(f"warmup is a fraction of the steps, in [0, 1): got {self.warmup}")
 
@@ -431,7 +438,9 @@ def _step(model, optimizer, chunk, config, report, filler: Encoded, prefixes: Pr
     for batch, weight in zip(batches, weights):
         batch = to_device(batch, model.device)
         with step_context(model.device, config.bf16):
-            loss, count = model.loss(batch, prefixes, config.segment_backprop, config.choice_weight)
+            loss, count = model.loss(
+                batch, prefixes, config.segment_backprop, config.choice_weight, config.route_weight
+            )
         (loss * (weight * count / targets)).backward()
         total += weight * loss.item() * count / targets
         report.tokens += int(weight * batch["attention_mask"].sum())

@@ -124,6 +124,7 @@ class MethodSettings:
     choice_weight: float = nested(
         T, "choice_weight", "loss weight of the argument tokens where a call decides its keys (every trained method)"
     )
+    route_weight: float = nested(T, "route_weight", "loss weight of TokMem's memory-token labels (the routing)")
     batch_size: int = nested(T, "batch_size", "training examples per step")
     max_length: int = nested(T, "max_length")
     max_new_tokens: int = nested(D, "max_new_tokens")

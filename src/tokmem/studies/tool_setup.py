@@ -22,7 +22,7 @@ from tokmem.methods.native import NativeTools
 from tokmem.methods.tokmem import TokMem, UnfrozenTokMem
 from tokmem.methods.tools import ICL, ToolRAG
 from tokmem.studies.compositional_config import CompositionalConfig
-from tokmem.train import TrainConfig
+from tokmem.train import LOSS_WEIGHTS, TrainConfig
 
 TOKMEM_LABELS = {
     "tokmem-noadapt": "TokMem (w/o adapt)",
@@ -120,7 +120,7 @@ def prepare_backbones(
         epochs=config.adapt_epochs,
         renorm_every_step=False,
         key_order=TrainConfig.key_order,
-        choice_weight=TrainConfig.choice_weight,
+        **{name: getattr(TrainConfig, name) for name in LOSS_WEIGHTS},
         progress=progress,
     )
     start = time.perf_counter()
