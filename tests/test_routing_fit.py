@@ -5,7 +5,6 @@ from helpers import load_script, random_rows
 import tokmem
 from tokmem import DecodeConfig, Example, Step
 from tokmem.eval.tool_loop import conversation
-from tokmem.studies.harness import progress_bar
 
 routing_fit = load_script("routing_fit")
 
@@ -52,13 +51,15 @@ def test_each_step_routes_to_the_tool_chat_calls_first_under_required_with_the_g
     assert seen == {"city", "count"}  # the rows route differently: the agreement is not one constant answer
 
 
-def test_the_routing_is_counted_right_by_the_calls_place(lively_backbone):
+def test_the_routing_is_counted_right_by_the_calls_place():
+    counted = routing_fit.by_place(chosen=[0, 1, 1, 0, 2], gold=[0, 1, 0, 0, 1], places=[1, 2, 1, 2, 3])
+    assert counted == {"right": 3, "steps": 5, "by place": {"1": "1 of 2", "2": "2 of 2", "3": "0 of 1"}}
+
+
+def test_rows_refit_on_the_states_route_each_to_its_gold_tool_where_the_banks_rows_did_not(lively_backbone):
     model = bank(lively_backbone, 0)
-    names = routing_fit.routed(model, CHAIN)
-    counted = routing_fit.routing_by_place(model, [CHAIN, CHAIN], progress_bar(False), "test")
-    right = [int(name == step.procedure) for name, step in zip(names, CHAIN.steps)]
-    assert counted == {
-        "right": 2 * sum(right),
-        "steps": 4,
-        "by place": {"1": f"{2 * right[0]} of 2", "2": f"{2 * right[1]} of 2"},
-    }
+    states = routing_fit.step_states(model, CHAIN)
+    swapped = [1 - model.bank.names.index(step.procedure) for step in CHAIN.steps]  # each step the other tool
+    assert routing_fit.chosen_rows(model, states, model.memory_matrices()[0]) != swapped
+    refit = routing_fit.refit_rows(model, states, swapped, steps=300)
+    assert routing_fit.chosen_rows(model, states, refit) == swapped
