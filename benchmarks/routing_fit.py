@@ -22,8 +22,10 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from bank_sides import sides  # a script beside this one (its folder is on the path when run)
 
 import tokmem
+from tokmem.bank import MemoryBank
 from tokmem.chat import conversation_ids, tool_routing
 from tokmem.eval.tool_loop import conversation
 from tokmem.io import write_json_atomic
@@ -100,7 +102,15 @@ def main() -> None:
     parser.add_argument("banks", nargs="+")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", required=True)
+    parser.add_argument(
+        "--save-refit",
+        metavar="OUT",
+        help="one bank: save it decoupled, the refit rows as its index side and its own rows steering "
+        "(to answer with, reanswer_loop.py)",
+    )
     args = parser.parse_args()
+    if args.save_refit and len(args.banks) != 1:
+        parser.error("--save-refit takes one bank")
     result = json.loads(Path(args.json).read_text()) if Path(args.json).is_file() else {"banks": {}}
     result |= {"seed": args.seed, "machine": machine()}
     bar = progress_bar(True)
@@ -114,6 +124,10 @@ def main() -> None:
         splits = {"train": data.train, "test": data.test}
         found = {split: split_states(model, examples, bar, split) for split, examples in splits.items()}
         refit = refit_rows(model, *found["train"][:2])
+        if args.save_refit:
+            routing = MemoryBank.load(bank)
+            routing.index = refit.to(routing.index.dtype)
+            print(f"wrote {sides(routing, MemoryBank.load(bank)).save(args.save_refit)}")
         result["banks"][bank] = {
             f"{split}, {rows}": by_place(chosen_rows(model, states, index), gold, places)
             for rows, index in (("the bank's rows", model.memory_matrices()[0]), ("rows refit on train", refit))
