@@ -101,8 +101,8 @@ def example_messages(example) -> list[dict]:
     return messages
 
 
-def write_tool_bank(backbone, path, shows_schemas: bool = False):
-    """Save a bank with two tool rows with schemas (city, count) and a text row (chat); returns its model."""
+def tool_bank(backbone, shows_schemas: bool = False, seed: int = 0):
+    """A model whose bank has two tool rows with schemas (city, count) and a text row (chat), rows random."""
     import tokmem
 
     model = tokmem.create(backbone, shows_schemas=shows_schemas)
@@ -112,7 +112,13 @@ def write_tool_bank(backbone, path, shows_schemas: bool = False):
         kinds=["tool", "tool", "text"],
         schemas=[CITY, COUNT, None],
     )
-    random_rows(model.bank, scale=0.7)
+    random_rows(model.bank, seed, scale=0.7)
+    return model
+
+
+def write_tool_bank(backbone, path, shows_schemas: bool = False):
+    """Save ``tool_bank``; returns its model."""
+    model = tool_bank(backbone, shows_schemas)
     model.bank.save(path)
     return model
 

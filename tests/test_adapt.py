@@ -166,6 +166,7 @@ def test_the_adaptation_key_changes_with_the_data_and_every_setting(backbone, ad
     key = adaptation_key(backbone, adaptation_examples, FAST, options(max_steps=2))
     assert adaptation_key(backbone, *change(adaptation_examples, FAST, options(max_steps=2))) != key
     assert adaptation_key(backbone, adaptation_examples, FAST, options(max_steps=2, progress=True)) == key
+    assert adaptation_key(backbone, adaptation_examples, FAST, options(max_steps=2, refit_index=True)) == key
 
 
 def test_tokmem_adapt_saves_an_adapted_backbone_that_loads_by_its_directory(tmp_path, capsys):

@@ -21,7 +21,7 @@ import json
 import logging
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -99,7 +99,7 @@ def _train_with_temporary_rows(backbone, lora_model, examples, train_config, lor
         initial_rows(backbone, row_texts(names), train_config.init, train_config.seed),
         kinds=row_kinds(names, examples, train_config),
     )
-    report = train(model, examples, train_config, param_groups=[lora_group])
+    report = train(model, examples, replace(train_config, refit_index=False), param_groups=[lora_group])
     log.info("adaptation on %d procedures: %s", len(model.bank), report.summary())
 
 
@@ -138,14 +138,15 @@ def _write_backbone(backbone: Backbone, target: Path) -> None:
 
 def adaptation_key(backbone: Backbone, examples: list[Example], config: AdaptConfig, train_config: TrainConfig) -> str:
     """What makes an adapted backbone: the base model's fingerprint, the data and every training setting
-    (not the progress or checkpoint options).  Two adaptations with the same key give the same model."""
+    (not the progress or checkpoint options, nor ``refit_index``: the temporary rows are never refit).  Two
+    adaptations with the same key give the same model."""
     digest = hashlib.sha256(backbone.fingerprint().encode())
     for example in examples:
         digest.update(json.dumps(example.to_json(), sort_keys=True, ensure_ascii=False).encode())
     rows = {
         k: v
         for k, v in asdict(train_config).items()
-        if k not in ("progress", "checkpoint", "checkpoint_every", "bf16", "prefix_cache_gib")
+        if k not in ("progress", "checkpoint", "checkpoint_every", "bf16", "prefix_cache_gib", "refit_index")
         and not (k in LOSS_WEIGHTS and v == getattr(TrainConfig, k))  # added later: keys kept from before
     }
     lora = {

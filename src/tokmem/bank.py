@@ -175,6 +175,12 @@ class MemoryBank:
     def freeze(self) -> None:
         self.trainable[:] = False
 
+    def decouple(self) -> None:
+        """Give a coupled bank an input side of its own, a copy of its one matrix, so that its index side can change
+        without changing what its memory tokens steer (``tokmem.refit``); a decoupled bank stays as it is."""
+        if not self.decoupled:
+            self.steer = self.index.clone()
+
     def remove(self, name: str) -> None:
         keep = torch.tensor([n != name for n in self.names])
         row = self.row(name)

@@ -25,6 +25,7 @@ from tokmem.schemas import learned_schema
 from tokmem.sequences import RESULT_TOKENS, Encoded, TruncationCount, collate, encode, to_device
 from tokmem.model import TokMemModel
 from tokmem.prefix_store import PrefixStore, default_budget
+from tokmem.refit import refit_index, routing_states
 
 
 Init = Literal["mean", "orthogonal", "name"]
@@ -97,6 +98,12 @@ class TrainConfig:
         "loss weight of the memory-token labels (which procedure or tool comes next: the routing), the others weigh "
         "1: a call has one such label among the dozens of its arguments",
     )
+    refit_index: bool = option(
+        False,
+        "after training, refit the new rows' routing side on the states their training examples reach, and keep "
+        "the bank decoupled (its trained rows steer): one pass of the backbone, no gradients through it "
+        "(tokmem.refit)",
+    )
     result_tokens: int = option(RESULT_TOKENS, "a step's tool result in the sequence is cut to this many tokens")
     segment_backprop: bool = option(
         False,
@@ -156,6 +163,7 @@ class TrainReport:
     new_procedures: list[str] = field(default_factory=list)
     renorm_target: float | None = None
     prefix_cache_bytes: int = 0
+    refit: dict | None = None  # ``refit_index``'s: the training calls routed right before and after
 
     @property
     def tokens_per_s(self) -> float:
@@ -178,6 +186,7 @@ class TrainReport:
             "new_procedures": self.new_procedures,
             "renorm_target": self.renorm_target,
             "prefix_cache_bytes": self.prefix_cache_bytes,
+            "refit": self.refit,
         }
 
 
@@ -269,17 +278,32 @@ def renorm_target(model: TokMemModel, config: TrainConfig) -> float | None:
 def train(
     model: TokMemModel, examples: list[Example], config: TrainConfig | None = None, param_groups=(), on_step=None
 ) -> TrainReport:
+    """Fit the bank's trainable rows on ``examples`` (laid out by ``encode_examples``); with ``refit_index``, then
+    refit their index side on the states those examples reach (``tokmem.refit``).  ``param_groups`` and ``on_step``:
+    as in ``fit``."""
     config = config or TrainConfig()
     _require_trainable_rows(model)  # before laying out: an empty bank cannot encode the procedures
     report = TrainReport()
+    encoded = encode_examples(model, examples, config, report.truncated)
+    fit(model, encoded, config, report, on_step=on_step, param_groups=param_groups)
+    if config.refit_index:
+        progress = config.progress and distributed.is_main()
+        report.refit = refit_index(model, routing_states(model, encoded, config.batch_size, progress))
+    return report
+
+
+def encode_examples(
+    model: TokMemModel, examples: list[Example], config: TrainConfig, truncated: TruncationCount | None = None
+) -> list[Encoded]:
+    """``examples`` laid out the TokMem way for ``model``'s bank, as ``config`` cuts them."""
     tools = model.bank.tool_schemas()
-    encoded = [
+    return [
         encode(
             e,
             model.backbone.tokenizer,
             model.memory_id,
             config.max_length,
-            report.truncated,
+            truncated,
             tools,
             config.result_tokens,
             model.bank.shows_schemas,
@@ -287,7 +311,6 @@ def train(
         )
         for e in examples
     ]
-    return fit(model, encoded, config, report, on_step=on_step, param_groups=param_groups)
 
 
 def fit(

@@ -141,6 +141,11 @@ def _learn_and_save(load_model, args, out_path) -> None:
         f"learned {len(report.new_procedures)} new procedures ({len(model.bank)} in the bank) from {len(examples)} examples: "
         f"{summary['steps']} steps, {summary['seconds']} s, {summary['tokens_per_s']} tokens/s, final loss {summary['final_loss']:.3f}"
     )
+    if report.refit:
+        console.print(
+            f"routing side refit on the training states: {report.refit['routed_after']} of {report.refit['states']} "
+            f"memory tokens routed right (before: {report.refit['routed_before']})"
+        )
     if report.truncated:
         warning = report.truncated.describe(len(examples), args.max_length)
         console.print(f"[yellow]warning: {warning}; raise --max-length to keep them whole[/yellow]", highlight=False)

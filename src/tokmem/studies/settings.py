@@ -125,6 +125,9 @@ class MethodSettings:
         T, "choice_weight", "loss weight of the argument tokens where a call decides its keys (every trained method)"
     )
     route_weight: float = nested(T, "route_weight", "loss weight of TokMem's memory-token labels (the routing)")
+    refit_index: bool = nested(
+        T, "refit_index", "TokMem's new rows' routing side refit on their training states after each round (decoupled)"
+    )
     batch_size: int = nested(T, "batch_size", "training examples per step")
     max_length: int = nested(T, "max_length")
     max_new_tokens: int = nested(D, "max_new_tokens")
