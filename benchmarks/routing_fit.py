@@ -7,11 +7,14 @@ steps whose memory token names the gold call's tool, by the call's place in its 
 training records and wrong on the test records is a generalisation gap (more records or a prior would help); wrong
 on both, a fitting one.  Then the index rows are refit on the training records' states (``tokmem.refit``, what
 ``tokmem train --refit-index`` does after training: the input rows, and so the states, unchanged) and route both
-splits again: whether the states separate the tools at all, and how far such rows carry to new records.  No
+splits again: whether the states separate the tools at all, and how far such rows carry to new records.  Last, each
+split routed as under ``tool_choice="auto"`` without a threshold: the vocabulary competing (the best of the words
+and the bank's rows), the answers in words after a last result counted too (their target: the words).  No
 decoding past the memory token; the backbone reads each record once (``tokmem.refit.routing_states``).
 
     OMP_NUM_THREADS=2 python benchmarks/routing_fit.py results/tails-qwen0.5b-banks/chains.safetensors \
-        --seed 0 --json results/routing-fit-qwen0.5b.json
+        --seed 0 --json results/index-refit-qwen0.5b.json \
+        --save-refit results/tails-qwen0.5b-banks/chains-index-refit.safetensors
 """
 
 from __future__ import annotations
@@ -96,11 +99,20 @@ def main() -> None:
             model.bank.freeze()
             print(f"wrote {model.bank.save(args.save_refit)}")
         found = {split: (calls(read[split]), call_places(model, encoded[split])) for split in read}
-        result["banks"][bank] = {"refit on the training states": refit} | {
-            f"{split}, {rows}": by_place(chosen_rows(model, states, index), states.rows.tolist(), places)
-            for rows, index in (("the bank's rows", own), ("rows refit on train", model.bank.index))
-            for split, (states, places) in found.items()
-        }
+        rows = (("the bank's rows", own), ("rows refit on train", model.bank.index))
+        result["banks"][bank] = (
+            {"refit on the training states": refit}
+            | {
+                f"{split}, {name}": by_place(chosen_rows(model, states, index), states.rows.tolist(), places)
+                for name, index in rows
+                for split, (states, places) in found.items()
+            }
+            | {
+                f"{split}, {name}, against the words": f"{read[split].routed(index)} of {len(read[split].rows)}"
+                for name, index in rows
+                for split in read
+            }
+        )
         write_json_atomic(args.json, result)
         print(bank, json.dumps(result["banks"][bank]))
 
