@@ -66,10 +66,13 @@ def routing_states(
     return RoutingStates(*(torch.cat(found[name]) for name in ("states", "rows", "words")))
 
 
-def fit_index(found: RoutingStates, index: torch.Tensor, rows: torch.Tensor, steps: int = REFIT_STEPS) -> torch.Tensor:
+def fit_index(
+    found: RoutingStates, index: torch.Tensor, rows: torch.Tensor, steps: int = REFIT_STEPS, device="cpu"
+) -> torch.Tensor:
     """``index`` (all rows, d) with its ``rows`` refit on ``found`` (the others fixed, in the softmax): Adam at
-    ``REFIT_LR``, full batch, from their present values."""
-    index = index.detach().float().cpu()
+    ``REFIT_LR``, full batch, from their present values, on ``device``; returned on the CPU."""
+    found = RoutingStates(*(t.to(device) for t in (found.states, found.rows, found.words)))
+    index, rows = index.detach().float().to(device), rows.to(device)
     fitted = index[rows].clone().requires_grad_(True)
     optimizer = torch.optim.Adam([fitted], lr=REFIT_LR)
     targets = found.rows + 1
@@ -78,7 +81,7 @@ def fit_index(found: RoutingStates, index: torch.Tensor, rows: torch.Tensor, ste
         logits = found.logits(index.index_copy(0, rows, fitted))
         torch.nn.functional.cross_entropy(logits, targets).backward()
         optimizer.step()
-    return index.index_copy(0, rows, fitted.detach())
+    return index.index_copy(0, rows, fitted.detach()).cpu()
 
 
 def refit_index(model: TokMemModel, found: RoutingStates) -> dict:
@@ -88,7 +91,7 @@ def refit_index(model: TokMemModel, found: RoutingStates) -> dict:
     bank = model.bank
     rows = bank.trainable_rows()
     before = found.routed(bank.index)
-    index = fit_index(found, bank.index, rows)
+    index = fit_index(found, bank.index, rows, device=model.device)
     bank.decouple()
     bank.index[rows] = index[rows]
     return {"states": len(found.rows), "routed_before": before, "routed_after": found.routed(bank.index)}
