@@ -40,7 +40,7 @@ def chosen_rows(model, found: RoutingStates, index: torch.Tensor) -> list[int]:
     """The tool row each call's state routes to under index rows ``index``: ``tokmem.chat``'s choice under
     ``tool_choice="required"`` (the vocabulary and text rows left out)."""
     tools = tool_routing(model, None, "required", 0.0)[0].cpu()
-    return (found.states @ index.float().T).masked_fill(~tools, float("-inf")).argmax(-1).tolist()
+    return found.logits(index.float())[:, 1:].masked_fill(~tools, float("-inf")).argmax(-1).tolist()
 
 
 def by_place(chosen: list[int], gold: list[int], places: list[int]) -> dict:

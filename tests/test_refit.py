@@ -3,6 +3,7 @@ sequences reach, the steering left as trained."""
 
 from dataclasses import replace
 
+import pytest
 import torch
 from helpers import CITY, COUNT, tool_bank
 
@@ -67,19 +68,21 @@ def test_each_calls_label_is_its_row_and_an_answer_after_the_last_result_is_the_
     assert found.states.shape == (6, lively_backbone.hidden_size) and found.words.shape == (6,)
 
 
-def test_refit_routes_every_training_call_and_keeps_what_the_rows_steer(lively_backbone):
-    model = tool_bank(lively_backbone)
+@pytest.mark.parametrize("seed", range(4))
+def test_refit_routes_every_training_call_and_keeps_what_the_rows_steer(lively_backbone, seed):
+    model = tool_bank(lively_backbone, seed=seed)
     model.bank.freeze()
     model.bank.trainable[:2] = True  # the tools are this round's rows; the text row is old, and stays
     steer, chat_row = model.bank.index.clone(), model.bank.index[2].clone()
     found = routing_states(model, encode_examples(model, CHAINS, TrainConfig()), progress=False)
     report = refit_index(model, found)
-    assert report["states"] == 6 and report["routed_before"] < 6 and report["routed_after"] == 6
+    assert report["states"] == 6 and report["routed_after"] > report["routed_before"]
+    calls = found.rows >= 0  # an answer in words may stay with the old text row, which the refit does not move
+    assert torch.equal(found.logits(model.bank.index).argmax(1)[calls], found.rows[calls] + 1)
     assert model.bank.decoupled
     assert torch.equal(model.bank.steer, steer)  # the memory tokens steer the arguments as trained
     assert torch.equal(model.bank.index[2], chat_row)
     assert not torch.equal(model.bank.index[:2], steer[:2])
-    assert found.routed(model.bank.index) == 6
 
 
 def test_learn_with_refit_index_leaves_a_decoupled_bank_whose_states_route_right(lively_backbone):
