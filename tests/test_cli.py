@@ -183,7 +183,7 @@ def test_train_with_show_schemas_writes_a_bank_that_says_it_shows_them(data, cap
     assert "shows its tools schemas" in capsys.readouterr().out
 
 
-def test_train_with_refit_index_refits_the_routing_side_of_a_coupled_bank_and_says_how_it_routes(data, capsys):
+def test_train_refits_the_routing_side_by_default_even_of_a_coupled_bank_and_says_how_it_routes(data, capsys):
     path = data / "refit.safetensors"
     command = (
         "train",
@@ -197,15 +197,17 @@ def test_train_with_refit_index_refits_the_routing_side_of_a_coupled_bank_and_sa
         "--json",
         data / "r.json",
     )
-    assert tokmem(*command, "--no-decoupled", "--refit-index", "--backbone", "tiny-random", "--device", "cpu") == 0
+    assert tokmem(*command, "--no-decoupled", "--backbone", "tiny-random", "--device", "cpu") == 0
     refit = json.loads((data / "r.json").read_text())["train"]["refit"]
     assert refit["states"] == 12 and refit["routed_after"] == 12
     out = " ".join(capsys.readouterr().out.split())
     assert f"12 of 12 memory tokens routed right (before: {refit['routed_before']})" in out
     plain = data / "plain.safetensors"
-    assert tokmem(*command[:6], plain, "--quiet", "--no-decoupled", "--backbone", "tiny-random", "--device", "cpu") == 0
+    no_refit = ("--no-refit-index", "--no-decoupled", "--backbone", "tiny-random", "--device", "cpu")
+    assert tokmem(*command[:6], plain, "--quiet", *no_refit) == 0
     bank, trained = MemoryBank.load(path), MemoryBank.load(plain)
     assert bank.decoupled and bank.steer.equal(trained.index) and not bank.index.equal(trained.index)
+    assert not trained.decoupled  # --no-refit-index: the rows as trained, the matrix asked for
 
 
 def test_train_with_memory_tokens_writes_a_bank_of_that_many_a_tool_and_refuses_text_procedures(data, capsys):
