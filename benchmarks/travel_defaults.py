@@ -142,6 +142,7 @@ def table_run(dtype: str, seed: int, folder: Path) -> dict:
         "dtype": str(model.backbone.model.dtype).removeprefix("torch."),
         "updates": train["steps"],
         "train_seconds": train["seconds"],
+        "refit": train.get("refit"),  # the routing side refit's counts (``train.PICKED_RECIPE``), None without it
         "heldout_routing": scores["routing_accuracy"],
         "heldout_fallbacks": scores["open_set_fallbacks"],
         "calls_per_step": scores["calls_per_step"],
