@@ -199,7 +199,7 @@ def test_train_refits_the_routing_side_by_default_even_of_a_coupled_bank_and_say
     )
     assert tokmem(*command, "--no-decoupled", "--backbone", "tiny-random", "--device", "cpu") == 0
     refit = json.loads((data / "r.json").read_text())["train"]["refit"]
-    assert refit["states"] == 12 and refit["routed_after"] == 12
+    assert refit["states"] == 12 and refit["routed_after"] == 12 and refit["seconds"] > 0
     out = " ".join(capsys.readouterr().out.split())
     assert f"12 of 12 memory tokens routed right (before: {refit['routed_before']})" in out
     plain = data / "plain.safetensors"

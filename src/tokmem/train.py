@@ -289,8 +289,9 @@ def train(
     encoded = encode_examples(model, examples, config, report.truncated)
     fit(model, encoded, config, report, on_step=on_step, param_groups=param_groups)
     if config.refit_index:
-        progress = config.progress and distributed.is_main()
+        progress, start = config.progress and distributed.is_main(), time.perf_counter()
         report.refit = refit_index(model, routing_states(model, encoded, config.batch_size, progress))
+        report.refit["seconds"] = round(time.perf_counter() - start, 2)  # apart from training's
     return report
 
 

@@ -144,7 +144,7 @@ def _learn_and_save(load_model, args, out_path) -> None:
     if report.refit:
         console.print(
             f"routing side refit on the training states: {report.refit['routed_after']} of {report.refit['states']} "
-            f"memory tokens routed right (before: {report.refit['routed_before']})"
+            f"memory tokens routed right (before: {report.refit['routed_before']}), {report.refit['seconds']} s"
         )
     if report.truncated:
         warning = report.truncated.describe(len(examples), args.max_length)
