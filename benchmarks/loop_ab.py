@@ -130,6 +130,7 @@ def run_variant(name: str, settings: dict, args, found: dict, save) -> dict:
         seconds = learn_round(method, data.train, f"{len(data.train)} queries ({name})", args.bar)
         keep(method, kept)
         entry = {"settings": settings, "updates": method.updates, "train_seconds": round(seconds, 1)}
+        entry |= {"learn_report": method.learn_report} if method.learn_report else {}
         entry |= {"adaptation": adaptation} if adaptation else {}
         save(entry)
     reordered = reordered_tools(data.tools, data.train)

@@ -1,7 +1,8 @@
 """The index refit (tokmem.refit, ``TrainConfig.refit_index``): the routing side fitted to the states the training
 sequences reach, the steering left as trained."""
 
-from dataclasses import replace
+import time
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -11,7 +12,9 @@ import tokmem
 from tokmem import DecodeConfig, Example, Step
 from tokmem.chat import tool_routing
 from tokmem.eval.tool_loop import conversation
+from tokmem.methods.tokmem import TokMem
 from tokmem.refit import refit_index, routing_states
+from tokmem.studies.harness import MethodResult
 from tokmem.train import TrainConfig, encode_examples
 
 CHAINS = [
@@ -96,3 +99,15 @@ def test_learn_with_refit_index_leaves_a_decoupled_bank_whose_states_route_right
     unrefit = tokmem.create(lively_backbone)
     tokmem.learn(unrefit, CHAINS, replace(config, refit_index=False), schemas={"city": CITY, "count": COUNT})
     assert torch.equal(model.bank.steer, unrefit.bank.index)  # the same training; only the routing side refit
+
+
+def test_a_study_records_the_refit_of_tokmems_last_round_and_nothing_without_one(lively_backbone):
+    config = TrainConfig(max_steps=2, batch_size=2, progress=False, refit_index=True, lr=1e-2)
+    schemas = {"city": CITY, "count": COUNT}
+    method = TokMem(lively_backbone, config, schemas=schemas)
+    method.learn(CHAINS)
+    recorded = asdict(MethodResult.of(method, time.perf_counter()))["learn_report"]
+    assert recorded["refit"]["states"] == 6 and recorded["refit"]["routed_after"] == 6
+    plain = TokMem(lively_backbone, replace(config, refit_index=False), schemas=schemas)
+    plain.learn(CHAINS)
+    assert MethodResult.of(plain, time.perf_counter()).learn_report is None

@@ -70,7 +70,8 @@ class TokMem(Method):
         return self.model.bank.parameter_count()
 
     def learn(self, examples: list[Example]) -> None:
-        tokmem.learn(self.model, examples, self.train_config, on_step=self.report_step, schemas=self.schemas)
+        report = tokmem.learn(self.model, examples, self.train_config, on_step=self.report_step, schemas=self.schemas)
+        self.learn_report = {"refit": report.refit} if report.refit else None
 
     def answer(self, queries: list[str]) -> list[Answer]:
         generations = generate(self.model, queries, self.decode_config)

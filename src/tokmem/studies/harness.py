@@ -58,12 +58,13 @@ class MethodResult:
     updates: int  # optimiser steps taken so far: the budget methods are compared at
     trainable_params: int
     eval_seconds: float  # answering the test queries
+    learn_report: dict | None = None  # ``Method.learn_report``: e.g. TokMem's routing refit, training calls routed
 
     @classmethod
     def of(cls, method: Method, started: float) -> MethodResult:
         """``method`` as it stands, having answered since ``started`` (a ``time.perf_counter()``)."""
         seconds = round(time.perf_counter() - started, 2)
-        return cls(method.label, method.updates, method.trainable_params(), seconds)
+        return cls(method.label, method.updates, method.trainable_params(), seconds, method.learn_report)
 
 
 def progress_bar(progress: bool) -> PhaseBars:
