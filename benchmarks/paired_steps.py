@@ -30,6 +30,8 @@ GROUPS = ("methods", "variants", "rules")  # where a study, a loop_ab.py and a r
 def answers(spec: str) -> list[dict]:
     """The samples (``{"query", "gold", "step"}``) of ``FILE:NAME`` (see the module docstring)."""
     path, _, name = spec.partition(":") if not Path(spec).is_file() else (spec, "", "")
+    if not Path(path).is_file():
+        raise SystemExit(f"{path}: no such result file")
     result = json.loads(Path(path).read_text())
     found = next((result[group] for group in GROUPS if group in result), None)
     if found is None:

@@ -56,6 +56,8 @@ def test_answers_are_read_from_a_study_a_loop_ab_or_a_reanswer_file_by_name(tmp_
     single = tmp_path / "single.json"
     single.write_text(json.dumps({"rules": {"as the study answers": {"samples": samples}}}))
     assert paired_steps.answers(str(single)) == samples
+    with pytest.raises(SystemExit, match="no such result file"):
+        paired_steps.answers(f"{tmp_path / 'missing.json'}:lora")
     (tmp_path / "none.json").write_text("{}")
     with pytest.raises(SystemExit, match="no answers"):
         paired_steps.answers(str(tmp_path / "none.json"))
