@@ -111,3 +111,14 @@ def test_a_study_records_the_refit_of_tokmems_last_round_and_nothing_without_one
     plain = TokMem(lively_backbone, replace(config, refit_index=False), schemas=schemas)
     plain.learn(CHAINS)
     assert MethodResult.of(plain, time.perf_counter()).learn_report is None
+
+
+def test_a_study_records_the_training_sequences_max_length_cut(lively_backbone):
+    """A study's TokMem row says when its records did not fit (the tokmem+schema row once trained on 61 of 120
+    records cut down to one query token, unseen)."""
+    config = TrainConfig(max_steps=1, batch_size=2, progress=False, max_length=24)
+    method = TokMem(lively_backbone, config, schemas={"city": CITY, "count": COUNT})
+    method.learn(CHAINS)
+    cut = MethodResult.of(method, time.perf_counter()).learn_report["truncated"]
+    assert cut["sequences"] == len(CHAINS) and cut["queries"] + cut["responses"] >= len(CHAINS)
+    assert "refit" not in method.learn_report

@@ -66,30 +66,49 @@ def test_without_memory_tokens_the_segments_are_one_per_line_as_the_response_rea
     assert tokenizer.decode(encoded.input_ids[len(prefix) : -1]) == CHAIN.response
 
 
-def test_truncation_cuts_the_query_from_the_left_and_keeps_the_targets(tokenizer):
-    full = encode(CHAIN, tokenizer, MEMORY.get, max_length=1024)
-    prefix = chat_prefix(tokenizer, CHAIN.query)
-    target = full.input_ids[len(prefix) :]
-    count = TruncationCount()
-    encoded = encode(CHAIN, tokenizer, MEMORY.get, max_length=len(target) + 3, truncated=count)
-    assert encoded.input_ids == prefix[-3:] + target
-    assert encoded.labels == [IGNORE] * 3 + target
-    assert (count.queries, count.responses, count.examples) == (1, 0, ["chain"])
+LONG_QUERY = Example("Reverse water. " * 20, (Step("reverse", "retaw"),), id="long query")
+LONG_TARGET = Example("Reverse water.", (Step("reverse", "retaw " * 40),), id="long target")
 
 
-@pytest.mark.parametrize("spare", [0, 1, 5])
-def test_targets_too_long_alone_are_cut_at_the_end_and_one_query_token_stays(tokenizer, spare):
-    full = encode(CHAIN, tokenizer, MEMORY.get, max_length=1024)
-    prefix = chat_prefix(tokenizer, CHAIN.query)
-    target = full.input_ids[len(prefix) :]
-    max_length = len(target) - spare
+def layout(tokenizer, example):
+    """The example's query tokens and target tokens, uncut."""
+    prefix = chat_prefix(tokenizer, example.query)
+    return prefix, encode(example, tokenizer, MEMORY.get, max_length=4096).input_ids[len(prefix) :]
+
+
+def test_a_long_query_is_cut_from_the_left_and_the_targets_kept_whole(tokenizer):
+    prefix, target = layout(tokenizer, LONG_QUERY)
+    max_length = 2 * len(target) + 4  # the targets take less than half: the query gets the rest
     count = TruncationCount()
-    encoded = encode(CHAIN, tokenizer, MEMORY.get, max_length=max_length, truncated=count)
-    assert len(encoded.input_ids) == max_length
-    assert encoded.input_ids == prefix[-1:] + target[: max_length - 1]
-    assert encoded.labels == [IGNORE] + target[: max_length - 1]
-    assert tokenizer.eos_token_id not in encoded.input_ids
-    assert (count.queries, count.responses) == (1, 1)
+    encoded = encode(LONG_QUERY, tokenizer, MEMORY.get, max_length=max_length, truncated=count)
+    kept = max_length - len(target)
+    assert len(prefix) > kept and encoded.input_ids == prefix[-kept:] + target
+    assert encoded.labels == [IGNORE] * kept + target
+    assert (count.sequences, count.queries, count.responses, count.examples) == (1, 1, 0, ["long query"])
+
+
+def test_the_query_keeps_half_the_window_and_targets_too_long_lose_their_end(tokenizer):
+    """A target learnt with no query before it teaches noise: the query keeps half of max_length, whatever the
+    targets' length (before, one token stayed)."""
+    example = replace(LONG_QUERY, steps=LONG_TARGET.steps)
+    prefix, target = layout(tokenizer, example)
+    count = TruncationCount()
+    encoded = encode(example, tokenizer, MEMORY.get, max_length=40, truncated=count)
+    assert len(prefix) > 20 and len(target) > 20
+    assert encoded.input_ids == prefix[-20:] + target[:20]
+    assert encoded.labels == [IGNORE] * 20 + target[:20]
+    assert tokenizer.eos_token_id not in encoded.input_ids[20:]  # the targets lost their EOS
+    assert (count.sequences, count.queries, count.responses) == (1, 1, 1)
+
+
+def test_a_short_query_stays_whole_when_only_the_targets_are_cut(tokenizer):
+    prefix, target = layout(tokenizer, LONG_TARGET)
+    max_length = 2 * len(prefix) + 2
+    count = TruncationCount()
+    encoded = encode(LONG_TARGET, tokenizer, MEMORY.get, max_length=max_length, truncated=count)
+    assert len(target) > max_length - len(prefix)
+    assert encoded.input_ids == prefix + target[: max_length - len(prefix)]
+    assert (count.sequences, count.queries, count.responses) == (1, 0, 1)
 
 
 def test_a_sequence_that_fits_is_not_counted_as_truncated(tokenizer):

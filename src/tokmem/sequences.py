@@ -30,9 +30,10 @@ are written.  Either is a ``CallContext``.
 messages): ``encode`` lays out an example's steps through it, and decoding (``tokmem.chat``) a conversation's turns,
 so a bank meets at run time exactly the tokens it was trained on.
 
-Truncation policy (when the sequence exceeds ``max_length``): the targets are kept whole and the
-query is cut from the left (its oldest tokens go first, at least one token stays); if the targets
-alone are too long, they are cut at the end as well (the EOS is lost).  Both are counted.
+Truncation policy (when the sequence exceeds ``max_length``): the query is cut from the left (its oldest tokens go
+first) so that the targets stay whole, but it keeps at least half of ``max_length`` (or all of itself, if shorter):
+targets learnt without their query teach nothing but noise (a first tool call with no request before it).  Targets
+that do not fit beside that are cut at the end (the EOS is lost).  Both are counted.
 """
 
 from __future__ import annotations
@@ -290,20 +291,24 @@ class Encoded:
 
 @dataclass
 class TruncationCount:
+    """Training sequences longer than ``max_length``: how many, how many lost the start of their query and how many
+    the end of their targets (a sequence may lose both), and their ids."""
+
+    sequences: int = 0
     queries: int = 0
     responses: int = 0
     examples: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.queries or self.responses)
+        return bool(self.sequences)
 
     def describe(self, total: int, max_length: int) -> str:
         """One line for a training summary: how many of ``total`` sequences were cut, and where."""
         shown = ", ".join(self.examples[:3]) + (", …" if len(self.examples) > 3 else "")
         return (
-            f"{self.queries} of {total} training sequences were longer than {max_length} tokens ({shown}): "
-            f"{self.queries - self.responses} lost the start of their query (responses kept whole), "
-            f"{self.responses} also lost the end of their responses (cut mid-answer, no EOS)"
+            f"{self.sequences} of {total} training sequences were longer than {max_length} tokens ({shown}): "
+            f"{self.queries} lost the start of their query, "
+            f"{self.responses} the end of their responses (cut mid-answer, no EOS)"
         )
 
 
@@ -344,15 +349,14 @@ def encode(
         if example.answer is None and memory_id is not None and example.ends_with_result:
             labels[-1] = ANSWER  # after a last result with no answer: learn to answer in words, not which words
 
-    cut_query = len(prefix) + len(target) > max_length
-    cut_response = len(target) > max_length - 1
-    if cut_response:
-        target, labels = target[: max_length - 1], labels[: max_length - 1]
-    if cut_query:
-        prefix = prefix[len(prefix) - (max_length - len(target)) :]
-    if truncated is not None and cut_query:
-        truncated.queries += 1
-        truncated.responses += int(cut_response)
+    kept_query = min(len(prefix), max(max_length - len(target), max_length // 2, 1))
+    cut = (kept_query < len(prefix), len(target) > max_length - kept_query)
+    target, labels = target[: max_length - kept_query], labels[: max_length - kept_query]
+    prefix = prefix[len(prefix) - kept_query :]
+    if truncated is not None and any(cut):
+        truncated.sequences += 1
+        truncated.queries += int(cut[0])
+        truncated.responses += int(cut[1])
         truncated.examples.append(example.id or example.query[:40])
     return Encoded(prefix + target, [IGNORE] * len(prefix) + labels)
 

@@ -48,7 +48,9 @@ class TrainConfig:
     epochs: int = option(1, "passes over the training examples")
     batch_size: int = option(4, "examples per micro-batch")
     grad_accum: int = option(1, "micro-batches per optimiser step")
-    max_length: int = option(1024, "longest training sequence in tokens (longer queries are cut from the left)")
+    max_length: int = option(
+        1024, "longest training sequence in tokens (a longer one loses its query's start, then its targets' end)"
+    )
     max_steps: int | None = option(None, "stop after this many optimiser steps")
     seed: int = option(0, "seed of the data order and the new rows")
     renormalize: bool = option(
@@ -181,6 +183,7 @@ class TrainReport:
             "seconds": round(self.seconds, 2),
             "tokens_per_s": round(self.tokens_per_s, 1),
             "final_loss": self.losses[-1] if self.losses else None,
+            "truncated_sequences": self.truncated.sequences,
             "truncated_queries": self.truncated.queries,
             "truncated_responses": self.truncated.responses,
             "new_procedures": self.new_procedures,

@@ -9,7 +9,7 @@ threshold is 0).  By default an answer stops after one segment (atomic recall); 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import tokmem
@@ -71,7 +71,10 @@ class TokMem(Method):
 
     def learn(self, examples: list[Example]) -> None:
         report = tokmem.learn(self.model, examples, self.train_config, on_step=self.report_step, schemas=self.schemas)
-        self.learn_report = {"refit": report.refit} if report.refit else None
+        truncated = asdict(report.truncated) if report.truncated else None  # a study must not cut sequences unseen
+        self.learn_report = {
+            key: value for key, value in (("refit", report.refit), ("truncated", truncated)) if value
+        } or None
 
     def answer(self, queries: list[str]) -> list[Answer]:
         generations = generate(self.model, queries, self.decode_config)
