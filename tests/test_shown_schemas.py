@@ -2,17 +2,23 @@
 (context), the arguments — in training, in a conversation's history, and in decoding (``tokmem.chat``)."""
 
 import asyncio
+import functools
 import json
+from pathlib import Path
 
 import pytest
 from helpers import CITY, call, city_count_chain, city_count_model, example_messages, serve, write_bank, write_tool_bank
 
 import tokmem
 from tokmem import ChatCache, DecodeConfig, Example, Step
+from tokmem.backbones import load_backbone
 from tokmem.bank import MemoryBank
 from tokmem.chat import conversation_ids
-from tokmem.errors import BankError
-from tokmem.sequences import IGNORE, encode, shown_schema_ids
+from tokmem.errors import BackboneError, BankError
+from tokmem.schemas import learned_schema
+from tokmem.sequences import IGNORE, TruncationCount, encode, shown_schema_ids
+from tokmem.studies.compositional_config import make_config
+from tokmem.studies.tool_setup import tool_data
 
 CONFIG = DecodeConfig(max_new_tokens=40, references=False)
 CHAIN = city_count_chain()
@@ -184,3 +190,31 @@ def test_eval_scores_a_bank_that_shows_schemas_in_the_tool_loop_and_refuses_exam
     unanswered = Example("Weather in Rome?", (Step("city", '{"name":"city","arguments":{"city":"Rome"}}'),))
     with pytest.raises(DataError, match="1 of 2 examples are not tool calls with a result at every step"):
         evaluate(shown, [CHAIN, unanswered])
+
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "function-calling"
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} is absent")
+@pytest.mark.parametrize("backbone_name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+def test_the_tool_loop_preset_keeps_every_training_record_whole_with_or_without_schemas(backbone_name):
+    """At 1536 tokens the 0.5B's tokmem+schema records were cut (72 of 120), most down to one query token: the
+    tool-loop preset's ``max_length`` must hold its records in either layout, at seeds 0-2."""
+    try:
+        tokenizer = load_backbone(backbone_name, device="cpu").tokenizer
+    except BackboneError as err:  # the Qwen packages are optional (make qwen)
+        pytest.skip(str(err))
+    for seed in range(3):
+        study = functools.partial(make_config, "cpu", dataset="complexfuncbench", backbone=backbone_name, seed=seed)
+        data = tool_data(study(), (1, study().tools))
+        for shown in (False, True):
+            train = study(show_schemas=shown).train()
+            schemas = {  # as the study's bank keeps them
+                name: learned_schema(tool.get("parameters"), name, data.train, train.key_order)
+                for name, tool in data.tools.items()
+            }
+            ids = {name: len(tokenizer) + k for k, name in enumerate(schemas)}
+            cut = TruncationCount()
+            for example in data.train:
+                encode(example, tokenizer, ids.get, train.max_length, cut, schemas, train.result_tokens, shown)
+            assert not cut, f"seed {seed}, shown {shown}: {cut.describe(len(data.train), train.max_length)}"
