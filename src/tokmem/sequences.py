@@ -312,6 +312,12 @@ class TruncationCount:
         )
 
 
+def query_tokens_kept(query: int, targets: int, max_length: int) -> int:
+    """How many of a query's ``query`` tokens (its last) a sequence of ``targets`` target tokens keeps within
+    ``max_length``: all that fit beside the whole targets, but at least half the window (the truncation policy)."""
+    return min(query, max(max_length - targets, max_length // 2, 1))
+
+
 def encode(
     example: Example,
     tokenizer,
@@ -349,7 +355,7 @@ def encode(
         if example.answer is None and memory_id is not None and example.ends_with_result:
             labels[-1] = ANSWER  # after a last result with no answer: learn to answer in words, not which words
 
-    kept_query = min(len(prefix), max(max_length - len(target), max_length // 2, 1))
+    kept_query = query_tokens_kept(len(prefix), len(target), max_length)
     cut = (kept_query < len(prefix), len(target) > max_length - kept_query)
     target, labels = target[: max_length - kept_query], labels[: max_length - kept_query]
     prefix = prefix[len(prefix) - kept_query :]
