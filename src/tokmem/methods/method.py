@@ -38,9 +38,7 @@ class Method:
     learns = True  # False: the answers never change, so a study may reuse a task's earlier scores
     epochs = 0  # passes over a round's examples (0: learning trains nothing), for a study's progress bar
     updates = 0  # optimiser steps taken so far, over every round: the budget a study compares methods at
-    learn_report: dict | None = (
-        None  # what its last round's training reported beyond the updates (TokMem: the refit, sequences cut)
-    )
+    learn_report: dict | None = None  # its last round's training beyond the updates (TokMem: refit, sequences cut)
     on_step: Callable[[float], None] | None = None  # set by a study to follow a round: gets the fraction done
     decode_config = DecodeConfig()  # how it answers (its new tokens, its batch): each method sets its study's
 
