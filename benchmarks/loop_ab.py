@@ -16,7 +16,8 @@ Each row has the per-step scores by position (``eval.steps``), the outcomes, the
 lists keys out of the calls' order counted apart, and the bank's row norms beside the backbone's token norm.  Each
 bank is kept beside the results (``<json stem>-banks/<variant>.safetensors``) to answer again without training
 (``reanswer_loop.py``).  Resumable: a variant answered in ``--json`` is not run again; one trained (its updates and
-seconds in ``--json``, its bank kept) is answered without training again; ``--answer-again`` answers the variants named
+seconds in ``--json``, its bank kept) is answered without training again; a TokMem bank interrupted while training
+goes on from its last step (``TrainConfig.resume``); ``--answer-again`` answers the variants named
 again from their kept banks (after a decoding fix: each entry says when it was ``answered``).
 
     OMP_NUM_THREADS=2 python benchmarks/loop_ab.py --seed 0 --backbone qwen2.5-coder-0.5b \
@@ -30,7 +31,7 @@ import json
 import re
 import time
 from collections import Counter
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -53,6 +54,7 @@ from tokmem.studies.compositional_config import CompositionalConfig
 from tokmem.studies.harness import learn_round, progress_bar
 from tokmem.studies.tool_loop import step_predictions
 from tokmem.studies.tool_setup import build_method, prepare_backbones, tool_data
+from tokmem.train_state import remove as remove_training_state
 
 KEY_ORDERS = ("calls:key_order=calls", "schema:key_order=schema")
 METHOD = "tokmem-noadapt"  # a variant's method unless its ``methods`` name another (``tokmem``: with adaptation)
@@ -127,8 +129,12 @@ def run_variant(name: str, settings: dict, args, found: dict, save) -> dict:
     if "train_seconds" in found and restore(method, kept):
         entry = found
     else:
+        checkpoint = resumable(method, kept)
         seconds = learn_round(method, data.train, f"{len(data.train)} queries ({name})", args.bar)
         keep(method, kept)
+        if checkpoint:
+            checkpoint.unlink()
+            remove_training_state(checkpoint)
         entry = {"settings": settings, "updates": method.updates, "train_seconds": round(seconds, 1)}
         entry |= {"learn_report": method.learn_report} if method.learn_report else {}
         entry |= {"adaptation": adaptation} if adaptation else {}
@@ -143,6 +149,17 @@ def run_variant(name: str, settings: dict, args, found: dict, save) -> dict:
         "answered": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         **per_step(method, data, reordered, args.bar),
     }
+
+
+def resumable(method, kept: Path) -> Path | None:
+    """A TokMem bank's training checkpointed after every step beside ``kept`` (``<kept>-checkpoint.safetensors``)
+    and resumed from there when a run was interrupted; the checkpoint's path (None for other methods)."""
+    if not isinstance(method, TokMem):
+        return None
+    checkpoint = kept.with_name(f"{kept.name}-checkpoint.safetensors")
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    method.train_config = replace(method.train_config, checkpoint=str(checkpoint), checkpoint_every=1, resume=True)
+    return checkpoint
 
 
 def keep(method, kept: Path) -> None:

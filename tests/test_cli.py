@@ -119,6 +119,24 @@ def test_add_grows_the_bank_and_keeps_old_rows(data):
     assert after.norms()[2].item() == pytest.approx(before.norms().mean().item(), rel=1e-4)
 
 
+def test_a_checkpointed_training_leaves_only_its_bank_once_it_ends(data):
+    bank = data / "bank.safetensors"
+    command = ("train", "--epochs", 1, "--data", data / "first.jsonl", "--out", bank, "--backbone", "tiny-random")
+    assert tokmem(*command, "--checkpoint-every", 1, "--resume", "--quiet", "--json", data / "t.json") == 0
+    assert MemoryBank.load(bank).names == ["reverse", "upper"]
+    assert json.loads((data / "t.json").read_text())["train"]["resumed_from_step"] == 0
+    assert not list(data.glob("*.train-state.pt"))
+
+
+def test_add_refuses_to_checkpoint_over_the_bank_it_grows(data, capsys):
+    path = train_bank(data)
+    before = path.read_bytes()
+    add = ("add", "--bank", path, "--data", data / "second.jsonl", "--device", "cpu", "--quiet")
+    assert tokmem(*add, "--checkpoint-every", 1) == 2
+    assert "give --out, or it would overwrite --bank" in " ".join(capsys.readouterr().err.split())
+    assert path.read_bytes() == before
+
+
 def test_run_and_eval_report_json(data):
     path = train_bank(data)
     assert (

@@ -160,6 +160,58 @@ def test_checkpoint_writes_a_loadable_bank_of_the_live_rows(model, examples, tmp
     assert not torch.equal(checkpoint.index[0], backbone.mean_embedding())
 
 
+class Interrupted(Exception):
+    pass
+
+
+def interrupt_at(step: int):
+    def on_step(done: int, total: int) -> None:
+        if done == step:
+            raise Interrupted
+
+    return on_step
+
+
+def test_an_interrupted_training_resumed_from_its_checkpoint_ends_where_an_uninterrupted_one_does(
+    backbone, examples, tmp_path
+):
+    settings = dict(batch_size=2, epochs=2, lr=0.05, schedule="linear", renorm_every_step=True)
+    uninterrupted_model = tokmem.create(backbone, decoupled=True)
+    uninterrupted = tokmem.learn(uninterrupted_model, examples, config(**settings))
+    checkpoint = dict(checkpoint=str(tmp_path / "bank.safetensors"), checkpoint_every=2, resume=True)
+    with pytest.raises(Interrupted):  # after step 3: the state kept is step 2's
+        tokmem.learn(
+            tokmem.create(backbone, decoupled=True), examples, config(**settings, **checkpoint), on_step=interrupt_at(3)
+        )
+    assert (tmp_path / "bank.safetensors.train-state.pt").is_file()
+    steps_after_resuming = []
+    resumed_model = tokmem.create(backbone, decoupled=True)
+    resumed = tokmem.learn(
+        resumed_model,
+        examples,
+        config(**settings, **checkpoint),
+        on_step=lambda done, _: steps_after_resuming.append(done),
+    )
+    assert steps_after_resuming[0] == 3 and resumed.steps == uninterrupted.steps == steps_after_resuming[-1]
+    assert resumed.losses == pytest.approx(uninterrupted.losses, rel=1e-4)
+    assert resumed.examples == uninterrupted.examples and resumed.tokens == uninterrupted.tokens
+    for side in ("index", "steer"):
+        torch.testing.assert_close(getattr(resumed_model.bank, side), getattr(uninterrupted_model.bank, side))
+
+
+def test_resuming_refuses_a_state_another_training_saved(backbone, examples, tmp_path):
+    checkpoint = dict(batch_size=2, checkpoint=str(tmp_path / "bank.safetensors"), checkpoint_every=1, resume=True)
+    with pytest.raises(Interrupted):
+        tokmem.learn(tokmem.create(backbone), examples, config(lr=0.05, **checkpoint), on_step=interrupt_at(1))
+    with pytest.raises(TokMemError, match="bank.safetensors.train-state.pt was saved by another training"):
+        tokmem.learn(tokmem.create(backbone), examples, config(lr=0.01, **checkpoint))
+
+
+def test_resuming_needs_checkpoints_to_resume_from():
+    with pytest.raises(TokMemError, match="resume goes on from the checkpoints checkpoint_every saves"):
+        config(resume=True)
+
+
 @pytest.mark.parametrize("frozen_rows", [0, 2])
 def test_training_without_trainable_rows_is_refused(model, examples, backbone, frozen_rows):
     model.bank.add(["reverse", "upper"][:frozen_rows], backbone.mean_embedding())

@@ -35,6 +35,7 @@ from tokmem.errors import BackboneError
 from tokmem.lora import LoRASettings, inject, lora_parameters
 from tokmem.model import TokMemModel
 from tokmem.train import LOSS_WEIGHTS, TrainConfig, initial_rows, row_kinds, row_texts, train
+from tokmem.train_state import RUN_ONLY
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ def adaptation_key(backbone: Backbone, examples: list[Example], config: AdaptCon
     rows = {
         k: v
         for k, v in asdict(train_config).items()
-        if k not in ("progress", "checkpoint", "checkpoint_every", "bf16", "prefix_cache_gib", "refit_index")
+        if k not in (*RUN_ONLY, "bf16", "refit_index")  # the run's, and settings that do not change it
         and not (k in LOSS_WEIGHTS and v == getattr(TrainConfig, k))  # added later: keys kept from before
     }
     lora = {

@@ -26,6 +26,7 @@ from tokmem.sequences import RESULT_TOKENS, Encoded, TruncationCount, collate, e
 from tokmem.model import TokMemModel
 from tokmem.prefix_store import PrefixStore, default_budget
 from tokmem.refit import refit_index, routing_states
+from tokmem.train_state import TrainingState
 
 
 Init = Literal["mean", "orthogonal", "name"]
@@ -129,7 +130,14 @@ class TrainConfig:
     )
     progress: bool = True
     checkpoint: str | None = None  # save the bank here every ``checkpoint_every`` optimiser steps
-    checkpoint_every: int = option(0, "save the bank every N optimiser steps")
+    checkpoint_every: int = option(
+        0, "save the bank every N optimiser steps, and beside it what --resume needs to go on from there"
+    )
+    resume: bool = option(
+        False,
+        "go on from the last checkpoint of an interrupted training with the same settings and data (the rows, the "
+        "optimiser and the schedule where they were), to the result an uninterrupted one gives",
+    )
 
     def __post_init__(self):
         allowed_values = (
@@ -150,6 +158,10 @@ class TrainConfig:
                 raise TokMemError(f"{field_name} is a loss weight, above 0: got {getattr(self, field_name)}")
         if not 0 <= self.warmup < 1:
             raise TokMemError(f"warmup is a fraction of the steps, in [0, 1): got {self.warmup}")
+        if self.resume and not self.checkpoint_every:
+            raise TokMemError("resume goes on from the checkpoints checkpoint_every saves: give both")
+        if self.resume and self.fsdp:
+            raise TokMemError("resume does not load a sharded (fsdp) training's state: train without fsdp")
 
 
 @dataclass
@@ -166,6 +178,7 @@ class TrainReport:
     renorm_target: float | None = None
     prefix_cache_bytes: int = 0
     refit: dict | None = None  # ``refit_index``'s: the training calls routed right before and after
+    resumed_from: int = 0  # ``resume``: the steps an interrupted run had taken (their seconds are in ``seconds``)
 
     @property
     def tokens_per_s(self) -> float:
@@ -190,6 +203,7 @@ class TrainReport:
             "renorm_target": self.renorm_target,
             "prefix_cache_bytes": self.prefix_cache_bytes,
             "refit": self.refit,
+            "resumed_from_step": self.resumed_from,
         }
 
 
@@ -352,11 +366,13 @@ def fit(
     prefixes = prefix_store(model, config, steps)
     rows = model.unfreeze_rows() if model.bank.trainable.any() else []
     optimizer, scheduler = optimizer_and_schedule([*([{"params": rows}] if rows else []), *param_groups], config, total)
+    state = TrainingState.of(config, steps, encoded, optimizer, scheduler) if config.checkpoint else None
+    done = report.resumed_from = state.restore(report) if config.resume else 0
     quiet = not (config.progress and distributed.is_main())
-    bar = tqdm(total=total, desc="training memory", unit="step", disable=quiet, dynamic_ncols=True)
-    start = time.perf_counter()
+    bar = tqdm(total=total, initial=done, desc="training memory", unit="step", disable=quiet, dynamic_ncols=True)
+    start = time.perf_counter() - report.seconds
     try:
-        for step in steps:
+        for step in steps[done:]:
             chunk = distributed.shard([encoded[i] for i in step])
             loss = _step(model, optimizer, chunk, config, report, encoded[step[0]], prefixes)
             scheduler.step()
@@ -365,9 +381,9 @@ def fit(
             report.seconds = time.perf_counter() - start
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{report.tokens_per_s:.0f}")
             bar.update()
+            _checkpoint(model, config, report, state)
             if on_step is not None:
                 on_step(report.steps, total)
-            _checkpoint(model, config, report.steps)
     finally:
         bar.close()
         report.prefix_cache_bytes = prefixes.used if prefixes else 0
@@ -376,12 +392,14 @@ def fit(
     return report
 
 
-def _checkpoint(model: TokMemModel, config: TrainConfig, steps: int) -> None:
-    """The bank saved to ``config.checkpoint`` every ``checkpoint_every`` steps (by the main process)."""
-    if config.checkpoint and config.checkpoint_every and steps % config.checkpoint_every == 0:
+def _checkpoint(model: TokMemModel, config: TrainConfig, report: TrainReport, state: TrainingState | None) -> None:
+    """Every ``checkpoint_every`` steps (by the main process): the bank saved to ``config.checkpoint``, and beside
+    it the training state ``resume`` goes on from."""
+    if state and config.checkpoint_every and report.steps % config.checkpoint_every == 0:
         model.write_rows()
         if distributed.is_main():
             model.bank.save(config.checkpoint)
+        state.save(report)
 
 
 def prefix_store(model: TokMemModel, config: TrainConfig, steps: list[list[int]]) -> PrefixStore | None:

@@ -15,6 +15,7 @@ from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
 from tokmem.report import console, machine, print_fallbacks, write_json
 from tokmem.train import PICKED_RECIPE, UPDATES_PER_ROW, TrainConfig, picked_config
+from tokmem.train_state import remove as remove_training_state
 
 ADAPT_ROWS = ("epochs", "batch_size", "max_length")  # adapt's options of the temporary rows, beside --rows-lr, --seed
 
@@ -136,6 +137,7 @@ def _learn_and_save(load_model, args, out_path) -> None:
     if not distributed.is_main():  # under torchrun / accelerate every rank holds the same bank: one writes it
         return
     model.bank.save(out_path)
+    remove_training_state(out_path)  # the checkpoints' (nothing is left to resume)
     summary = report.summary()
     console.print(
         f"learned {len(report.new_procedures)} new procedures ({len(model.bank)} in the bank) from {len(examples)} examples: "
@@ -193,6 +195,8 @@ def cmd_train(args) -> None:
 def cmd_add(args) -> None:
     from tokmem.model import load
 
+    if args.checkpoint_every and not args.out:
+        raise TokMemError("--checkpoint-every saves the bank as it trains: give --out, or it would overwrite --bank")
     _learn_and_save(lambda: load(args.bank, **_load_options(args)), args, args.out or args.bank)
 
 

@@ -72,8 +72,13 @@ class TokMem(Method):
     def learn(self, examples: list[Example]) -> None:
         report = tokmem.learn(self.model, examples, self.train_config, on_step=self.report_step, schemas=self.schemas)
         truncated = asdict(report.truncated) if report.truncated else None  # a study must not cut sequences unseen
+        resumed = (
+            {"from_step": report.resumed_from, "seconds": round(report.seconds, 1)} if report.resumed_from else None
+        )
         self.learn_report = {
-            key: value for key, value in (("refit", report.refit), ("truncated", truncated)) if value
+            key: value
+            for key, value in (("refit", report.refit), ("truncated", truncated), ("resumed", resumed))
+            if value
         } or None
 
     def answer(self, queries: list[str]) -> list[Answer]:
