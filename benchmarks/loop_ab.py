@@ -42,6 +42,7 @@ from loop_answers import (
 )  # a script beside this one (its folder is on the path when run)
 
 from tokmem.bank import MemoryBank
+from tokmem.bank_format import metadata_path
 from tokmem.cli.options import add_backbone
 from tokmem.eval import metrics
 from tokmem.eval.steps import OUTCOMES, aligned_scores, outcome, outcomes
@@ -132,9 +133,7 @@ def run_variant(name: str, settings: dict, args, found: dict, save) -> dict:
         checkpoint = resumable(method, kept)
         seconds = learn_round(method, data.train, f"{len(data.train)} queries ({name})", args.bar)
         keep(method, kept)
-        if checkpoint:
-            checkpoint.unlink()
-            remove_training_state(checkpoint)
+        drop_checkpoint(checkpoint)
         entry = {"settings": settings, "updates": method.updates, "train_seconds": round(seconds, 1)}
         entry |= {"learn_report": method.learn_report} if method.learn_report else {}
         entry |= {"adaptation": adaptation} if adaptation else {}
@@ -160,6 +159,14 @@ def resumable(method, kept: Path) -> Path | None:
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     method.train_config = replace(method.train_config, checkpoint=str(checkpoint), checkpoint_every=1, resume=True)
     return checkpoint
+
+
+def drop_checkpoint(checkpoint: Path | None) -> None:
+    """Remove what ``resumable`` checkpointed (the bank file pair and its training state) once the bank is kept."""
+    if checkpoint:
+        for path in (checkpoint, metadata_path(checkpoint)):
+            path.unlink(missing_ok=True)
+        remove_training_state(checkpoint)
 
 
 def keep(method, kept: Path) -> None:

@@ -51,3 +51,16 @@ def test_what_a_variant_learned_is_kept_and_restored_for_tokmem_banks_and_lora_a
         else:
             assert all(torch.equal(fresh.adapter.weights[k], v) for k, v in learned.adapter.weights.items())
             assert fresh.updates == learned.updates > 0
+
+
+def test_a_tokmem_variant_is_checkpointed_while_it_trains_and_its_checkpoint_dropped_once_kept(backbone, tmp_path):
+    examples = [Example(f"say {k}", (Step("say", f"word {k}"),)) for k in range(4)]
+    method, kept = TokMem(backbone, TrainConfig(epochs=1, batch_size=2, max_length=32)), tmp_path / "banks" / "calls"
+    checkpoint = loop_ab.resumable(method, kept)
+    assert loop_ab.resumable(LoRA(backbone), kept) is None
+    method.learn(examples)
+    written = sorted(p.name for p in kept.parent.iterdir())
+    assert written == [f"calls-checkpoint.safetensors{end}" for end in ("", ".json", ".train-state.pt")]
+    loop_ab.keep(method, kept)
+    loop_ab.drop_checkpoint(checkpoint)
+    assert sorted(p.name for p in kept.parent.iterdir()) == ["calls.safetensors", "calls.safetensors.json"]
