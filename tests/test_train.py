@@ -207,9 +207,10 @@ def test_resuming_refuses_a_state_another_training_saved(backbone, examples, tmp
         tokmem.learn(tokmem.create(backbone), examples, config(lr=0.01, **checkpoint))
 
 
-def test_resuming_needs_checkpoints_to_resume_from():
-    with pytest.raises(TokMemError, match="resume goes on from the checkpoints checkpoint_every saves"):
-        config(resume=True)
+@pytest.mark.parametrize("checkpoint", [dict(), dict(checkpoint="bank.safetensors"), dict(checkpoint_every=1)])
+def test_resuming_needs_checkpoints_to_resume_from(checkpoint):
+    with pytest.raises(TokMemError, match="resume goes on from the checkpoints checkpoint_every saves to checkpoint"):
+        config(resume=True, **checkpoint)
 
 
 @pytest.mark.parametrize("frozen_rows", [0, 2])

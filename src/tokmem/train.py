@@ -158,8 +158,8 @@ class TrainConfig:
                 raise TokMemError(f"{field_name} is a loss weight, above 0: got {getattr(self, field_name)}")
         if not 0 <= self.warmup < 1:
             raise TokMemError(f"warmup is a fraction of the steps, in [0, 1): got {self.warmup}")
-        if self.resume and not self.checkpoint_every:
-            raise TokMemError("resume goes on from the checkpoints checkpoint_every saves: give both")
+        if self.resume and not (self.checkpoint and self.checkpoint_every):
+            raise TokMemError("resume goes on from the checkpoints checkpoint_every saves to checkpoint: give both")
         if self.resume and self.fsdp:
             raise TokMemError("resume does not load a sharded (fsdp) training's state: train without fsdp")
 
