@@ -366,7 +366,8 @@ def fit(
     prefixes = prefix_store(model, config, steps)
     rows = model.unfreeze_rows() if model.bank.trainable.any() else []
     optimizer, scheduler = optimizer_and_schedule([*([{"params": rows}] if rows else []), *param_groups], config, total)
-    state = TrainingState.of(config, steps, encoded, optimizer, scheduler) if config.checkpoint else None
+    checkpointed = config.checkpoint and config.checkpoint_every
+    state = TrainingState.of(config, steps, encoded, optimizer, scheduler) if checkpointed else None
     done = report.resumed_from = state.restore(report) if config.resume else 0
     quiet = not (config.progress and distributed.is_main())
     bar = tqdm(total=total, initial=done, desc="training memory", unit="step", disable=quiet, dynamic_ncols=True)
@@ -395,7 +396,7 @@ def fit(
 def _checkpoint(model: TokMemModel, config: TrainConfig, report: TrainReport, state: TrainingState | None) -> None:
     """Every ``checkpoint_every`` steps (by the main process): the bank saved to ``config.checkpoint``, and beside
     it the training state ``resume`` goes on from."""
-    if state and config.checkpoint_every and report.steps % config.checkpoint_every == 0:
+    if state and report.steps % config.checkpoint_every == 0:
         model.write_rows()
         if distributed.is_main():
             model.bank.save(config.checkpoint)

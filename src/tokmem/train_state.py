@@ -48,11 +48,12 @@ class TrainingState:
 
     @classmethod
     def of(cls, config, steps: list[list[int]], encoded, optimizer, scheduler) -> TrainingState:
-        return cls(state_path(config.checkpoint), fingerprint(config, steps, encoded, optimizer), optimizer, scheduler)
+        params = trained_tensors(optimizer)
+        return cls(state_path(config.checkpoint), fingerprint(config, steps, encoded, params), optimizer, scheduler)
 
     @property
     def params(self) -> list[torch.Tensor]:
-        return [p for group in self.optimizer.param_groups for p in group["params"]]
+        return trained_tensors(self.optimizer)
 
     def save(self, report) -> None:
         """Write the state after ``report.steps`` steps (by the main process; atomically)."""
@@ -94,11 +95,16 @@ class TrainingState:
         return report.steps
 
 
-def fingerprint(config, steps: list[list[int]], encoded, optimizer) -> str:
+def trained_tensors(optimizer) -> list[torch.Tensor]:
+    """Every tensor ``optimizer`` trains, group by group."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def fingerprint(config, steps: list[list[int]], encoded, params: list[torch.Tensor]) -> str:
     """What makes a training's result: its settings (not those of the run: progress, checkpoints), its optimiser
     steps' examples, the sequences and the trained tensors' shapes."""
     settings = {k: v for k, v in asdict(config).items() if k not in RUN_ONLY}
-    shapes = [list(p.shape) for group in optimizer.param_groups for p in group["params"]]
+    shapes = [list(p.shape) for p in params]
     digest = hashlib.sha256(json.dumps([settings, steps, shapes], sort_keys=True, default=str).encode())
     for sequence in encoded:
         digest.update(json.dumps([sequence.input_ids, sequence.labels]).encode())
