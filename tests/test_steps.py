@@ -131,3 +131,16 @@ def test_a_wrong_tool_is_counted_by_where_it_stands_in_the_record_a_stage_skippe
         "an earlier step's": 1,  # Find again where Rent was due (not a verbatim repeat)
         "not in the record": 1,
     }
+
+
+def test_a_wrong_key_set_is_counted_by_the_keys_it_left_out_and_added():
+    record = {
+        "query": "Rent car C7 for 2 days, cheapest first.",
+        "gold": [call("Rent", car="C7", days=2, sort="price"), call("Rent", car="C7", days=2, sort="price")],
+        "results": ["{}", "{}"],
+        "step": [call("Rent", car="C7", days=2), call("Rent", car="C7", sort="price", insurance=True)],
+    }
+    assert outcomes([record])["wrong key sets, by key"] == {
+        "left out": {"sort": 1, "days": 1},
+        "added": {"insurance": 1},
+    }

@@ -105,6 +105,17 @@ def call_scores_table(title: str, calls: dict) -> Table:
     return table
 
 
+def outcome_lines(outcomes: dict) -> list[str]:
+    """What the per-step answers got wrong (``eval.steps.outcomes``) in a line, then, where some key sets were
+    wrong, the keys left out and added (a user's hint: which optional keys the training data should show more)."""
+    lines = ["per-step answers: " + ", ".join(f"{kind} {n}" for kind, n in outcomes["steps"].items())]
+    keys = {change: by for change, by in outcomes["wrong key sets, by key"].items() if by}
+    if keys:
+        said = (f"{change} " + ", ".join(f"{key} ({n})" for key, n in by.items()) for change, by in keys.items())
+        lines.append("wrong key sets: " + "; ".join(said))
+    return lines
+
+
 def trace_table(title: str, rows: list[dict], limit: int = 6) -> Table:
     table = Table(title=title, show_lines=True)
     for column in ("query", "trace (procedure → segment)", "reference"):

@@ -8,6 +8,7 @@ from tokmem.report import (
     call_scores_table,
     console,
     machine,
+    outcome_lines,
     percent,
     print_fallbacks,
     scores_table,
@@ -81,8 +82,7 @@ def cmd_eval(args) -> None:
     if result["calls_per_step"]:
         title = "tool calls per step, each answer against its step's gold call, gold calls and results before"
         console.print(call_scores_table(f"{title} (F1 over steps, 0–100)", result["calls_per_step"]))
-        found = result["step_outcomes"]["steps"]
-        console.print("per-step answers: " + ", ".join(f"{kind} {n}" for kind, n in found.items()), highlight=False)
+        console.print("\n".join(outcome_lines(result["step_outcomes"])), highlight=False)
     if result["calls"]:
         whole = (
             "end to end, each call answered with its recorded result" if result["calls_per_step"] else "whole answers"

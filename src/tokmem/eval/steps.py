@@ -9,7 +9,8 @@ Unlike the pooled F1 (``metrics.call_scores``, a record's answers as one multise
 call earns nothing here.
 
 ``outcomes`` says what each per-step answer got wrong (``OUTCOMES``), where a wrong tool stands in the record
-(``PLACES``: a later step's tool is a stage skipped, an earlier step's one stayed at), and where each gold value of a
+(``PLACES``: a later step's tool is a stage skipped, an earlier step's one stayed at), which keys a wrong key set left
+out or added (by key: mostly the optional ones a query implies, a sort or a filter), and where each gold value of a
 step could be read (``source``: the query, the last result, an older one, nowhere) and whether the answer had it;
 ``gold_value_sources`` counts the same sources over a data set's own calls (what it teaches to copy).
 """
@@ -130,8 +131,9 @@ def outcomes(records: Sequence[dict]) -> dict:
     """The per-step answers of ``records`` (``{"query", "gold", "results", "step"}``: a tool-loop sample with the gold
     steps' results) counted by ``outcome``; ``wrong values`` also by the sources of the wrong values (a step counts
     under each source it got wrong); and ``values``: every gold value of a step whose tool was right, by source,
-    right or wrong (the copying the steps need); ``wrong tools, by place``: where each wrong tool stands (``place``)."""
-    steps, wrong_by_source, values, places = Counter(), Counter(), Counter(), Counter()
+    right or wrong (the copying the steps need); ``wrong tools, by place``: where each wrong tool stands (``place``);
+    ``wrong key sets, by key``: how often each key was left out of or added to a wrong key set, most often first."""
+    steps, wrong_by_source, values, places, keys = Counter(), Counter(), Counter(), Counter(), Counter()
     for record in records:
         tools = [read_call(text)[0] for text in record["gold"]]
         for k, (gold_text, answer) in enumerate(zip(record["gold"], record["step"])):
@@ -143,6 +145,9 @@ def outcomes(records: Sequence[dict]) -> dict:
             if call[0] != gold[0]:
                 continue
             given, wrong_sources = dict(call[1]), set()
+            if kind == "wrong key set":
+                keys.update(("left out", key) for key in dict(gold[1]).keys() - given.keys())
+                keys.update(("added", key) for key in given.keys() - dict(gold[1]).keys())
             for key, value in gold[1]:
                 where = source(value, record["query"], record["results"][:k])
                 right = key in given and given[key] == value
@@ -155,4 +160,7 @@ def outcomes(records: Sequence[dict]) -> dict:
         "wrong tools, by place": {where: places[where] for where in PLACES},
         "wrong values, by source": {where: wrong_by_source[where] for where in SOURCES},
         "values of the right tool": {w: {"right": values[w, "right"], "wrong": values[w, "wrong"]} for w in SOURCES},
+        "wrong key sets, by key": {
+            change: {key: n for (c, key), n in keys.most_common() if c == change} for change in ("left out", "added")
+        },
     }
