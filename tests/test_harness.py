@@ -44,6 +44,19 @@ def test_labels_samples_updates_and_parameters_stay_as_the_first_seed_gives_them
     assert tokmem["samples"] == [{"predicted": ["call 0"]}] and combined["data"] == {"train": 10}
 
 
+def test_the_keys_wrong_key_sets_got_wrong_are_tallied_over_every_seed_a_key_missing_from_one_counting_zero():
+    def with_keys(seed: int, left_out: dict) -> dict:
+        result = seed_result(seed, 50.0)
+        result["methods"]["tokmem"]["outcomes"] = {"wrong key sets, by key": {"left out": left_out, "added": {}}}
+        return result
+
+    combined = aggregate_seeds([with_keys(0, {"sort": 2}), with_keys(1, {"sort": 1, "adults": 3})], ("methods",))
+    keys = combined["methods"]["tokmem"]["outcomes"]["wrong key sets, by key"]
+    assert keys["left out"]["sort"]["per_seed"] == [2, 1]
+    assert keys["left out"]["adults"]["per_seed"] == [0, 3]
+    assert keys["added"] == {}
+
+
 def test_one_seed_has_no_spread_and_its_table_cell_is_the_plain_number():
     def score(*f1s):
         runs = [seed_result(seed, f1) for seed, f1 in enumerate(f1s)]

@@ -151,6 +151,8 @@ PLAIN = (
     "num_tasks",
     "train_per_task",
 )  # the same in every seed: kept as numbers
+# counts by name (``eval.steps.outcomes``' wrong key sets, by key): a name one seed's tally lacks counts 0 there
+TALLIES = ("left out", "added")
 
 
 def aggregate_seeds(results: list[dict], keys: tuple[str, ...]) -> dict:
@@ -176,6 +178,9 @@ def _combine(values: list, key: str | None = None):
         if key in PLAIN and all(v == first for v in values):
             return first
         return seed_spread(values)
+    if isinstance(first, dict) and key in TALLIES:
+        names = dict.fromkeys(name for tally in values for name in tally)
+        return {name: seed_spread([tally.get(name, 0) for tally in values]) for name in names}
     if isinstance(first, dict):
         return {
             k: _combine([v[k] for v in values], k) for k in first if all(isinstance(v, dict) and k in v for v in values)
