@@ -146,8 +146,9 @@ def outcomes(records: Sequence[dict]) -> dict:
                 continue
             given, wrong_sources = dict(call[1]), set()
             if kind == "wrong key set":
-                keys.update(("left out", key) for key in dict(gold[1]).keys() - given.keys())
-                keys.update(("added", key) for key in given.keys() - dict(gold[1]).keys())
+                wanted = dict(gold[1]).keys()
+                keys.update(("left out", key) for key in wanted - given.keys())
+                keys.update(("added", key) for key in given.keys() - wanted)
             for key, value in gold[1]:
                 where = source(value, record["query"], record["results"][:k])
                 right = key in given and given[key] == value
