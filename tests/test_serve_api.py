@@ -261,10 +261,6 @@ def corrupt(kind, lively_backbone, backbone, tmp_path) -> tuple[str, bytes, byte
         meta["descriptions"].append("")
         meta["schemas"].append(None)
         metadata = json.dumps(meta).encode()
-    elif kind == "tails":  # several memory tokens a tool: the engine does not lay out tails yet
-        tails = tokmem.create(lively_backbone, memory_tokens=2)
-        tails.bank.add(["city"], lively_backbone.mean_embedding(), kinds=["tool"])
-        tensors, metadata = bank_files(tails.bank.save(path))
     elif kind == "nan":
         model.bank.index[1, 3] = float("nan")
         from safetensors.torch import save
@@ -285,7 +281,6 @@ def corrupt(kind, lively_backbone, backbone, tmp_path) -> tuple[str, bytes, byte
         ("not-json", 400, "corrupted metadata"),
         ("shape", 400, "has shape (2, 64), the metadata says (3, 64)"),
         ("nan", 400, "NaN/Inf"),
-        ("tails", 400, "2 memory tokens a tool: the server does not decode such a bank yet"),
         ("wrong-backbone", 400, "was trained for backbone 'tiny-random'"),
     ],
 )

@@ -1,13 +1,12 @@
 """A bank that shows schemas (``tokmem+schema``): each tool call laid out as memory token, the tool's schema
 (context), the arguments — in training, in a conversation's history, and in decoding (``tokmem.chat``)."""
 
-import asyncio
 import functools
 import json
 from pathlib import Path
 
 import pytest
-from helpers import CITY, call, city_count_chain, city_count_model, example_messages, serve, write_bank, write_tool_bank
+from helpers import CITY, city_count_chain, city_count_model, example_messages
 
 import tokmem
 from tokmem import ChatCache, DecodeConfig, Example, Step
@@ -110,73 +109,6 @@ def test_a_bank_file_whose_shows_schemas_is_not_true_or_false_is_refused_naming_
 def test_training_a_bank_that_shows_schemas_lowers_its_loss(shown):
     report = tokmem.train(shown, [CHAIN] * 4, tokmem.TrainConfig(epochs=6, batch_size=2, lr=5e-2))
     assert report.losses[-1] < report.losses[0]
-
-
-SERVED_CASES = [
-    {},
-    {"tool_choice": "required"},
-    {"tool_choice": "none"},
-    {"tool_choice": {"type": "function", "function": {"name": "count"}}},
-]
-
-
-def test_the_server_answers_a_bank_that_shows_schemas_as_tokmem_chat_does_with_other_banks_in_flight(
-    lively_backbone, tmp_path
-):
-    model = write_tool_bank(lively_backbone, tmp_path / "shown.safetensors", shows_schemas=True)
-    plain = write_bank(lively_backbone, tmp_path / "alpha.safetensors", rows=3)
-    app, engine = serve(lively_backbone, tmp_path, max_new_tokens=64)
-    history = [
-        *QUERY,
-        call_message("a", "city", {"city": "Rome"}),
-        {"role": "tool", "tool_call_id": "a", "content": "sunny"},
-    ]
-
-    async def scenario(client, http):
-        asks = [
-            client.chat.completions.create(model="shown", messages=messages, max_tokens=40, **options)
-            for messages in (QUERY, history)
-            for options in SERVED_CASES
-        ]
-        others = [
-            client.chat.completions.create(model="alpha", messages=QUERY, max_tokens=10, extra_body={"threshold": 0.0})
-            for _ in range(2)
-        ]
-        return await asyncio.gather(*asks, *others, streamed(client))
-
-    async def streamed(client):
-        options = dict(model="shown", messages=QUERY, max_tokens=40, tool_choice="required")
-        async with client.chat.completions.stream(**options) as stream:
-            return await stream.get_final_completion()
-
-    engine.start()
-    try:
-        responses = call(app, scenario)
-    finally:
-        engine.stop()
-    expected = [
-        tokmem.chat(model, messages, config=CONFIG, **options)
-        for messages in (QUERY, history)
-        for options in SERVED_CASES
-    ]
-    for response, reply in zip(responses, expected):
-        message = response.choices[0].message
-        calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
-        assert (message.content, calls) == (reply.content, [(c.name, c.arguments) for c in reply.tool_calls])
-    assert any(reply.tool_calls for reply in expected) and any(reply.content for reply in expected)
-    reference = tokmem.generate(plain, [QUERY[0]["content"]], DecodeConfig(max_new_tokens=10, threshold=0.0))[0]
-    assert [r.choices[0].message.content for r in responses[len(expected) : -1]] == [reference.text] * 2
-    streamed_calls = [(c.function.name, c.function.arguments) for c in responses[-1].choices[0].message.tool_calls]
-    assert streamed_calls == [(c.name, c.arguments) for c in expected[1].tool_calls]  # QUERY, tool_choice required
-
-
-def call_message(call_id, name, arguments) -> dict:
-    function = {"name": name, "arguments": json.dumps(arguments)}
-    return {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [{"id": call_id, "type": "function", "function": function}],
-    }
 
 
 def test_eval_scores_a_bank_that_shows_schemas_in_the_tool_loop_and_refuses_examples_without_results(shown):

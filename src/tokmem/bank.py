@@ -234,16 +234,12 @@ class MemoryBank:
         if self.shows_schemas:
             raise BankError(
                 f"this bank shows its tools' schemas before their arguments (tokmem+schema): {decoder} does not "
-                "decode such a bank yet (tokmem.chat does)"
+                "decode such a bank yet (tokmem.chat and tokmem serve do)"
             )
-        self.refuse_tails(decoder)
-
-    def refuse_tails(self, decoder: str) -> None:
-        """A ``BankError`` if this bank has several memory tokens a tool: ``decoder`` does not lay out their tails."""
         if self.memory_tokens > 1:
             raise BankError(
                 f"this bank has {self.memory_tokens} memory tokens a tool: {decoder} does not decode such a bank yet "
-                "(tokmem.chat does)"
+                "(tokmem.chat and tokmem serve do)"
             )
 
     # ---- renormalisation ----------------------------------------------------------------

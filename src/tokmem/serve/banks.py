@@ -71,7 +71,7 @@ class BankVersion:
     revision: str  # digest of the two files: the same content gives the same revision
     model: TokMemModel  # the shared backbone with this bank (procedure names, memory ids, traces)
     index: torch.Tensor  # (rows, d) on the device, in the backbone's dtype
-    steer: torch.Tensor
+    steer: torch.Tensor  # (rows + tails, d): the input rows, then a bank's tails (``TokMemModel.memory_matrices``)
     stamp: tuple  # the two files' (size, mtime) when loaded (a composition: its parts' revisions); another: changed
     grammars: dict  # references (True/False) -> per row, its tool's compiled argument grammar or None
 
@@ -153,12 +153,10 @@ class BankRegistry:
         with self._lock:
             version = self._resident.get(name)
             if version is None or version.stamp != revisions:
-                version = BankVersion(
+                version = _version(
                     name,
                     JOIN.join(revisions),
                     compose([part.model for part in parts], names),
-                    torch.cat([part.index for part in parts]),
-                    torch.cat([part.steer for part in parts]),
                     revisions,
                     {ref: [g for part in parts for g in part.grammars[ref]] for ref in (True, False)},
                 )
@@ -173,7 +171,6 @@ class BankRegistry:
             bank = MemoryBank.from_bytes(
                 tensors, metadata, backbone=self._identity, where=path.name, require_backbone=True
             )
-            bank.refuse_tails("the server")
             grammars = self._compile(bank, self.grammars)
         except (BankError, SchemaError) as err:
             raise BankError(f"upload of bank '{name}': {err}") from None
@@ -193,7 +190,9 @@ class BankRegistry:
                 raise BankWriteError(
                     f"bank '{name}' could not be written ({type(err).__name__}); nothing changed"
                 ) from err
-            version = self._version(name, bank, revision(tensors, metadata), grammars, stamp(path))
+            version = _version(
+                name, revision(tensors, metadata), TokMemModel(self.backbone, bank), stamp(path), grammars
+            )
             self._keep(version)
             return version
 
@@ -218,24 +217,11 @@ class BankRegistry:
         tensors, metadata = path.read_bytes(), metadata_path(path).read_bytes()
         try:
             bank = MemoryBank.from_bytes(tensors, metadata, backbone=self._identity, where=path.name)
-            bank.refuse_tails("the server")
             grammars = self._compile(bank, self.own_grammars)
         except (BankError, SchemaError) as err:
             log.error("bank '%s' in %s does not validate: %s", name, self.directory, err)
             raise BankUnusable(f"bank '{name}' on this server does not validate (see the server log)") from None
-        return self._version(name, bank, revision(tensors, metadata), grammars, when)
-
-    def _version(self, name: str, bank: MemoryBank, digest: str, grammars: dict, when) -> BankVersion:
-        device, dtype = self.backbone.device, self.backbone.model.dtype
-        return BankVersion(
-            name,
-            digest,
-            TokMemModel(self.backbone, bank),
-            bank.index.to(device, dtype),
-            bank.steer_matrix.to(device, dtype),
-            when,
-            grammars,
-        )
+        return _version(name, revision(tensors, metadata), TokMemModel(self.backbone, bank), when, grammars)
 
     def _keep(self, version: BankVersion) -> None:
         """Make ``version`` resident, the most recently used (the least recently used leave)."""
@@ -243,6 +229,15 @@ class BankRegistry:
         self._resident.move_to_end(version.name)
         while len(self._resident) > self.max_resident:
             self._resident.popitem(last=False)
+
+
+def _version(name: str, digest: str, model: TokMemModel, when, grammars: dict) -> BankVersion:
+    """The version of ``model``'s bank, its rows laid out as the model embeds and scores them
+    (``TokMemModel.memory_matrices``: the tails of a bank of several memory tokens a tool after its rows), on the
+    backbone's device and in its dtype."""
+    dtype = model.backbone.model.dtype
+    index, steer = (matrix.to(dtype) for matrix in model.memory_matrices())
+    return BankVersion(name, digest, model, index, steer, when, grammars)
 
 
 def check_name(name: str) -> None:

@@ -21,9 +21,10 @@ answers in its JSON from the first token (``tokmem.grammar``; every grammar comp
 engine: never here): the batch keeps one ``ArgumentGrammar`` whose rows follow the batch's rows, its masks applied
 as one tensor op per step, as ``decode`` does offline.
 
-A row of a bank that shows schemas (``MemoryBank.shows_schemas``) that chose a tool with its first token leaves the
-batch and joins it again prefilled with that memory token and the tool's schema after its prompt, its arguments
-next (``Request.with_schema_shown``): ``tokmem.chat``'s second pass, so the server answers as ``tokmem.chat`` does.
+A row of a bank whose memory tokens are followed by context (``MemoryBank.context_follows_memory``: several memory
+tokens a tool, a shown schema) that chose a tool with its first token leaves the batch and joins it again prefilled
+with that memory token and its context (``chat.context_after``: the tail, the schema) after its prompt, its arguments
+next (``Request.with_context_after``): ``tokmem.chat``'s second pass, so the server answers as ``tokmem.chat`` does.
 
 Sampling (temperature > 0) takes each row's ``top_p``; a request with a ``seed`` draws from its own generator, so
 it samples the same answer whatever else is in the batch.  A text answer that reaches one of its request's ``stop``
@@ -88,13 +89,14 @@ class Request:
     response: object = None  # the compiled grammar a text answer decodes under from its first token (response_format)
     references: bool = DecodeConfig.references  # schema-bound arguments may be references (off for a chat)
     timeout: float | None = None  # seconds from submission
-    begun: int = -1  # a bank that shows schemas: the tool whose memory token and schema end the prompt (see Rules)
+    begun: int = -1  # the tool whose memory token and its context end the prompt, its arguments next (see Rules)
 
-    def with_schema_shown(self, memory: int) -> "Request":
-        """This request once its first token chose tool ``memory`` of a bank that shows schemas: the prompt goes on
-        with the memory token and the tool's schema, the arguments come next, and no other call (as ``tokmem.chat``)."""
-        shown = context_after(self.bank.model, memory)
-        return replace(self, prompt=self.prompt + shown, begun=memory, max_steps=1, forced=-1)
+    def with_context_after(self, memory: int) -> "Request":
+        """This request once its first token chose tool ``memory`` of a bank whose memory tokens are followed by
+        context: the prompt goes on with the memory token and its context (tail, schema), the arguments come next,
+        and no other call (as ``tokmem.chat``)."""
+        after = context_after(self.bank.model, memory)
+        return replace(self, prompt=self.prompt + after, begun=memory, max_steps=1, forced=-1)
 
     def tool_grammars(self) -> list:
         """Per bank row, the compiled grammar its tool's arguments decode under (None: unconstrained)."""
@@ -162,12 +164,12 @@ class Handle:
         else:
             self._notify()
 
-    def shows_schema_next(self) -> bool:
-        """Whether the answer has just chosen a tool of a bank that shows schemas, whose schema is not yet shown."""
+    def lays_out_context_next(self) -> bool:
+        """Whether the answer has just chosen a tool whose memory token is followed by context not yet laid out."""
         model = self.request.bank.model
         return (
             not self.finished
-            and model.bank.shows_schemas
+            and model.bank.context_follows_memory
             and self.request.begun < 0
             and len(self.tokens) == 1
             and starts_calls(model, self.tokens[0], self.plain)
@@ -224,23 +226,28 @@ class _Batch:
 
 
 def bank_tables(banks: list[BankVersion], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(index, steer, valid) with one row per batch row: its bank's rows padded to the widest bank.
-
-    The distinct banks are stacked once and gathered by a padded index table (one gather, no loop
-    over rows or banks in tensor code).
-    """
+    """(index, steer, valid) with one row per batch row: its bank's rows padded to the widest bank (``steer`` to the
+    widest input side: a bank's tails come after its rows); ``valid``: the index columns that are rows, not padding."""
     distinct = list({id(b): b for b in banks}.values())
     slot = {id(b): i for i, b in enumerate(distinct)}
-    sizes = torch.tensor([b.rows for b in distinct], device=device)
-    blank = distinct[0].index.new_zeros(1, distinct[0].index.shape[-1])  # what padding columns gather
-    stacked_index = torch.cat([b.index for b in distinct] + [blank])
-    stacked_steer = torch.cat([b.steer for b in distinct] + [blank])
     which = torch.tensor([slot[id(b)] for b in banks], device=device)
+    index, valid = padded_table([b.index for b in distinct], which)
+    steer, _ = padded_table([b.steer for b in distinct], which)
+    return index, steer, valid
+
+
+def padded_table(matrices: list[torch.Tensor], which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(batch rows, widest matrix, d): per batch row the matrix ``which`` names, zero-padded, and its valid columns.
+    The matrices are stacked once and gathered by a padded index table (one gather, no loop over rows or banks)."""
+    device = which.device
+    sizes = torch.tensor([len(m) for m in matrices], device=device)
+    blank = matrices[0].new_zeros(1, matrices[0].shape[-1])  # what padding columns gather
+    stacked = torch.cat(matrices + [blank])
     columns = torch.arange(int(sizes.max()), device=device)
     valid = columns < sizes[which].unsqueeze(-1)
     offsets = sizes.cumsum(0) - sizes
-    gather = torch.where(valid, offsets[which].unsqueeze(-1) + columns, len(stacked_index) - 1)
-    return stacked_index[gather], stacked_steer[gather], valid
+    gather = torch.where(valid, offsets[which].unsqueeze(-1) + columns, len(stacked) - 1)
+    return stacked[gather], valid
 
 
 def request_tables(requests: list[Request], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -326,7 +333,7 @@ class Engine:
         self._drop_stopped()
         self._admit()
         self._drop_stopped()  # rows that ended at their first token
-        self._show_schemas()
+        self._lay_out_context()
         if self.batch is not None:
             self._decode()
         return self.batch is not None or bool(self.pending)
@@ -379,18 +386,18 @@ class Engine:
             self.batch = joined if self.batch is None else self.batch.join(joined)
         self.admitting = []
 
-    def _show_schemas(self) -> None:
-        """Rows whose first token chose a tool of a bank that shows schemas leave the batch and join it again
-        prefilled with the tool's memory token and schema after their prompt, their arguments next: ``tokmem.chat``'s
-        second pass."""
-        moving = [i for i, h in enumerate(self.batch.handles) if h.shows_schema_next()] if self.batch else []
+    def _lay_out_context(self) -> None:
+        """Rows whose first token chose a tool whose memory token is followed by context leave the batch and join it
+        again prefilled with the memory token and its context (tail, schema) after their prompt, their arguments next:
+        ``tokmem.chat``'s second pass."""
+        moving = [i for i, h in enumerate(self.batch.handles) if h.lays_out_context_next()] if self.batch else []
         if not moving:
             return
         handles = [self.batch.handles[i] for i in moving]
         keep = [i for i in range(len(self.batch)) if i not in moving]
         self.batch = self.batch.select(keep) if keep else None
         for handle in handles:
-            handle.request = handle.request.with_schema_shown(handle.tokens[0])
+            handle.request = handle.request.with_context_after(handle.tokens[0])
         joined = self._prefill_isolated(handles)
         if joined is not None:
             self.batch = joined if self.batch is None else self.batch.join(joined)
