@@ -172,6 +172,15 @@ def serve(backbone, directory, engine_options=None, **settings):
     return create_app(BankRegistry(backbone, directory, budget=config.schema_budget), engine, config), engine
 
 
+def call_running(app, engine, scenario):
+    """``call`` with the engine running, stopped after (whatever the scenario raised)."""
+    engine.start()
+    try:
+        return call(app, scenario)
+    finally:
+        engine.stop()
+
+
 def call(app, scenario, api_key="unused"):
     """Run ``scenario(client, http)`` against the app: an openai client and a raw httpx one."""
     import asyncio

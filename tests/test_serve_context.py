@@ -7,7 +7,7 @@ import asyncio
 import json
 
 import pytest
-from helpers import call, city_count_chain, city_count_model, example_messages, random_rows, serve, write_bank
+from helpers import call_running, city_count_chain, city_count_model, example_messages, random_rows, serve, write_bank
 
 import tokmem
 from tokmem import DecodeConfig
@@ -76,11 +76,7 @@ def test_the_server_answers_a_bank_with_context_after_its_memory_tokens_as_tokme
         async with client.chat.completions.stream(**options) as stream:
             return await stream.get_final_completion()
 
-    engine.start()
-    try:
-        responses = call(app, scenario)
-    finally:
-        engine.stop()
+    responses = call_running(app, engine, scenario)
     expected = expected_replies(model, cases)
     assert replies(responses[: len(cases)]) == expected
     assert any(calls for _, calls in expected) and any(content for content, _ in expected)
@@ -113,11 +109,7 @@ def test_a_composition_of_banks_with_tails_reads_each_tools_own_tail(lively_back
         ]
         return await asyncio.gather(*asks)
 
-    engine.start()
-    try:
-        responses = call(app, scenario)
-    finally:
-        engine.stop()
+    responses = call_running(app, engine, scenario)
     expected = expected_replies(composed, cases)
     assert replies(responses) == expected
     assert [calls[0][0] for _, calls in expected] == ["city", "count"] * 2
