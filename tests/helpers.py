@@ -134,12 +134,13 @@ PINGED = [  # a call of ``ping_bank``'s tool and its result
 ]
 
 
-def ping_bank(backbone):
+def ping_bank(backbone, **form):
     """A bank of one tool without parameters (``ping``): with the open-set threshold at 0 every turn calls it, always
-    with ``{}``, so a turn after its result (``PINGED``) would call it again with the same arguments."""
+    with ``{}``, so a turn after its result (``PINGED``) would call it again with the same arguments.  ``form``: the
+    bank's (``tokmem.create``'s ``memory_tokens``, ...)."""
     import tokmem
 
-    model = tokmem.create(backbone)
+    model = tokmem.create(backbone, **form)
     model.bank.add(["ping"], backbone.mean_embedding(), kinds=["tool"], schemas=[{"type": "object", "properties": {}}])
     return model
 

@@ -7,7 +7,16 @@ import asyncio
 import json
 
 import pytest
-from helpers import call_running, city_count_chain, city_count_model, example_messages, random_rows, serve, write_bank
+from helpers import (
+    call_running,
+    city_count_chain,
+    city_count_model,
+    example_messages,
+    ping_bank,
+    random_rows,
+    serve,
+    write_bank,
+)
 
 import tokmem
 from tokmem import DecodeConfig
@@ -86,10 +95,7 @@ def test_the_server_answers_a_bank_with_context_after_its_memory_tokens_as_tokme
 
 
 def test_a_composition_of_banks_with_tails_reads_each_tools_own_tail(lively_backbone, tmp_path):
-    ping = tokmem.create(lively_backbone, memory_tokens=2)
-    ping.bank.add(
-        ["ping"], lively_backbone.mean_embedding(), kinds=["tool"], schemas=[{"type": "object", "properties": {}}]
-    )
+    ping = ping_bank(lively_backbone, memory_tokens=2)
     random_rows(ping.bank, seed=1, scale=0.7)
     ping.bank.save(tmp_path / "ping.safetensors")
     weather = city_count_model(lively_backbone, memory_tokens=2)
