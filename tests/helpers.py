@@ -34,13 +34,16 @@ def travel_script(name: str):
 
 
 def random_rows(bank, seed: int = 0, scale: float = 1.0) -> None:
-    """Give every row of the bank distinct random values (index and, for DC, a different steer; tails too)."""
+    """Give every row of the bank distinct random values (index and, for DC, a different steer; tails and shared rows
+    too)."""
     generator = torch.Generator().manual_seed(seed)
     bank.index = torch.randn(bank.index.shape, generator=generator) * scale
     if bank.decoupled:
         bank.steer = torch.randn(bank.steer.shape, generator=generator) * scale
     if bank.memory_tokens > 1:
         bank.tail = torch.randn(bank.tail.shape, generator=generator) * scale
+    if bank.shared_tokens:
+        bank.shared = torch.randn(bank.shared.shape, generator=generator) * scale
 
 
 # banks the server tests serve: name -> (rows, decoupled); rows are random, scaled so that memory tokens
@@ -66,7 +69,7 @@ COUNT = {"type": "object", "properties": {"n": {"type": "integer"}}, "required":
 
 def city_count_model(backbone, **form):
     """A model with the two tools city and count (their schemas kept), its rows random; ``form``: the bank's
-    (``tokmem.create``'s ``shows_schemas``, ``memory_tokens``)."""
+    (``tokmem.create``'s ``shows_schemas``, ``memory_tokens``, ``shared_tokens``)."""
     import tokmem
 
     model = tokmem.create(backbone, **form)

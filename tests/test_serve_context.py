@@ -39,7 +39,11 @@ SERVED_CASES = [
     {"tool_choice": "none"},
     {"tool_choice": {"type": "function", "function": {"name": "count"}}},
 ]
-FORMS = {"shown": {"shows_schemas": True}, "tails": {"memory_tokens": 2}}
+FORMS = {
+    "shown": {"shows_schemas": True},
+    "tails": {"memory_tokens": 2},
+    "shared": {"memory_tokens": 2, "shared_tokens": 1},
+}
 
 
 def replies(responses) -> list[tuple]:

@@ -50,7 +50,9 @@ class AdaptConfig(LoRASettings):
     alpha: int | None = option(32, "LoRA alpha")
     dropout: float = option(0.1, "LoRA dropout (0 is several times faster on CPU)")
     memory_tokens: int = option(
-        MEMORY_TOKENS, "the temporary rows' memory tokens a tool: as many as the bank trained on the adapted backbone"
+        MEMORY_TOKENS,
+        "the temporary rows' memory tokens a tool: as many rows a call as the bank trained on the adapted backbone "
+        "lays out after each memory token, plus one (its memory tokens and shared rows)",
     )
 
 

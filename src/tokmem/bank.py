@@ -14,7 +14,11 @@ between its memory token and its arguments (``tokmem.sequences.CallContext``), a
 A bank of several *memory tokens* a procedure (``memory_tokens`` k > 1, tools only) gives each tool k - 1 more input
 rows, its ``tail``: always laid out right after its memory token, never predicted (no LM-head side), they are more
 room to steer the tool's arguments than one row, for k - 1 more rows of parameters.  The memory token still routes
-alone.
+alone.  A bank may also have *shared rows* (``shared_tokens``, tools only): input rows every tool reads after its own
+memory tokens, trained on every tool's calls, so that what the tools' arguments have in common (which optional keys
+are written, how values are copied) is learnt from all of them rather than from each tool's few calls.  They train
+only in the bank's first round (``shared_trainable``): a tool added later reads them as they are, so adding tools
+never changes how the old ones are steered.
 
 On disk a bank is ``<path>`` (safetensors) plus ``<path>.json`` (metadata), as ``tokmem.bank_format`` lays them
 out and checks them when read; the two files are written together (``tokmem.io.write_files``).
@@ -32,7 +36,9 @@ from tokmem.bank_format import (
     FORMAT_VERSION,
     KINDS,
     MAX_MEMORY_TOKENS,
+    MAX_SHARED_TOKENS,
     MEMORY_TOKENS,
+    SHARED_VERSION,
     TAILS_VERSION,
     existing_metadata,
     metadata_path,
@@ -56,9 +62,12 @@ class MemoryBank:
         backbone: dict | None = None,
         shows_schemas: bool = False,
         memory_tokens: int = MEMORY_TOKENS,
+        shared_tokens: int = 0,
     ):
         if not 1 <= memory_tokens <= MAX_MEMORY_TOKENS:
             raise BankError(f"memory_tokens must be from 1 to {MAX_MEMORY_TOKENS}, not {memory_tokens}")
+        if not 0 <= shared_tokens <= MAX_SHARED_TOKENS:
+            raise BankError(f"shared_tokens must be from 0 to {MAX_SHARED_TOKENS}, not {shared_tokens}")
         self.hidden_size, self.shows_schemas = hidden_size, shows_schemas
         self.names: list[str] = []  # edited only here, with _index_names() after each change
         self._rows: dict[str, int] = {}
@@ -68,6 +77,7 @@ class MemoryBank:
         self.index = torch.empty(0, hidden_size)
         self.steer = torch.empty(0, hidden_size) if decoupled else None
         self.tail = torch.empty(0, memory_tokens - 1, hidden_size)  # per procedure, its input rows after the first
+        self.shared = torch.zeros(shared_tokens, hidden_size)  # input rows every tool reads after its own
         self.trainable = torch.empty(0, dtype=torch.bool)
         self.backbone = backbone or {}
 
@@ -82,10 +92,21 @@ class MemoryBank:
         return 1 + self.tail.shape[1]
 
     @property
+    def shared_tokens(self) -> int:
+        """How many input rows every tool shares, read after its own memory tokens."""
+        return self.shared.shape[0]
+
+    @property
+    def shared_trainable(self) -> bool:
+        """Whether the shared rows train now: in the bank's first round only (every row trainable)."""
+        return self.shared_tokens > 0 and len(self) > 0 and bool(self.trainable.all())
+
+    @property
     def context_follows_memory(self) -> bool:
         """Whether a tool's memory token is followed by tokens the model reads but does not write before its
-        arguments (its tail, its shown schema): decoders lay those out after routing (``tokmem.chat``)."""
-        return self.shows_schemas or self.memory_tokens > 1
+        arguments (its tail, the shared rows, its shown schema): decoders lay those out after routing
+        (``tokmem.chat``)."""
+        return self.shows_schemas or self.memory_tokens > 1 or self.shared_tokens > 0
 
     @property
     def steer_matrix(self) -> torch.Tensor:
@@ -129,7 +150,8 @@ class MemoryBank:
 
     def parameter_count(self, trainable_only: bool = False) -> int:
         rows = int(self.trainable.sum()) if trainable_only else len(self)
-        return rows * self.hidden_size * (self.memory_tokens + int(self.decoupled))
+        shared = self.shared_tokens if self.shared_trainable or not trainable_only else 0
+        return (rows * (self.memory_tokens + int(self.decoupled)) + shared) * self.hidden_size
 
     # ---- editing --------------------------------------------------------------------------
     def add(self, names, init: torch.Tensor, descriptions=None, kinds=None, schemas=None) -> list[int]:
@@ -145,10 +167,9 @@ class MemoryBank:
         kinds = list(kinds) if kinds is not None else ["text"] * len(names)
         for kind in kinds:
             _check_kind(kind)
-        if self.memory_tokens > 1 and "text" in kinds:
+        if self.context_rows() and "text" in kinds:
             raise BankError(
-                f"a bank of {self.memory_tokens} memory tokens a procedure holds tools only; "
-                f"'{names[kinds.index('text')]}' is a text procedure"
+                f"a bank with {self.context_rows()} holds tools only; '{names[kinds.index('text')]}' is a text procedure"
             )
         for name in names:
             _check_name(name)
@@ -160,6 +181,8 @@ class MemoryBank:
             )
         rows = init.detach().float().cpu().expand(len(names), -1).clone()
         start = len(self)
+        if start == 0:  # a new bank: its shared rows start where its first rows do, on average
+            self.shared = rows.mean(0).expand(self.shared_tokens, -1).clone()
         self.names += names
         self.descriptions += descriptions
         self.kinds += kinds
@@ -171,6 +194,12 @@ class MemoryBank:
         self.tail = torch.cat([self.tail, rows.unsqueeze(1).expand(-1, self.tail.shape[1], -1).clone()])
         self.trainable = torch.cat([self.trainable, torch.ones(len(names), dtype=torch.bool)])
         return list(range(start, len(self)))
+
+    def context_rows(self) -> str:
+        """The rows each tool's memory token is followed by, in words ('' for none): banks with them hold tools only."""
+        parts = [f"{self.memory_tokens} memory tokens a tool"] if self.memory_tokens > 1 else []
+        parts += [f"{self.shared_tokens} shared rows"] if self.shared_tokens else []
+        return " and ".join(parts)
 
     def freeze(self) -> None:
         self.trainable[:] = False
@@ -209,6 +238,11 @@ class MemoryBank:
             raise BankError(
                 f"cannot merge a bank of {other.memory_tokens} memory tokens a procedure into one of {self.memory_tokens}"
             )
+        if self.shared_tokens or other.shared_tokens:
+            raise BankError(
+                "cannot merge banks with shared rows: each bank's shared rows were trained for its own tools "
+                "(add the tools to one bank with tokmem train instead)"
+            )
         if other.backbone.get("fingerprint") != self.backbone.get("fingerprint"):
             raise BankError(
                 f"cannot merge banks trained for different backbones "
@@ -236,9 +270,9 @@ class MemoryBank:
                 f"this bank shows its tools' schemas before their arguments (tokmem+schema): {decoder} does not "
                 "decode such a bank yet (tokmem.chat and tokmem serve do)"
             )
-        if self.memory_tokens > 1:
+        if self.context_rows():
             raise BankError(
-                f"this bank has {self.memory_tokens} memory tokens a tool: {decoder} does not decode such a bank yet "
+                f"this bank has {self.context_rows()}: {decoder} does not decode such a bank yet "
                 "(tokmem.chat and tokmem serve do)"
             )
 
@@ -276,12 +310,13 @@ class MemoryBank:
         norms = self.norms()
         return {
             "format": FORMAT,
-            "format_version": FORMAT_VERSION if self.memory_tokens == 1 else TAILS_VERSION,
+            "format_version": self._format_version(),
             "hidden_size": self.hidden_size,
             "num_rows": len(self),
             "decoupled": self.decoupled,
             "shows_schemas": self.shows_schemas,
             "memory_tokens": self.memory_tokens,
+            "shared_tokens": self.shared_tokens,
             "dtype": "float32",
             "names": self.names,
             "descriptions": self.descriptions,
@@ -296,16 +331,20 @@ class MemoryBank:
             },
         }
 
+    def _format_version(self) -> int:
+        """The oldest format that holds this bank: a reader that cannot lay out its rows refuses it."""
+        return SHARED_VERSION if self.shared_tokens else TAILS_VERSION if self.memory_tokens > 1 else FORMAT_VERSION
+
     def save(self, path) -> Path:
         """Write ``path`` and ``path.json`` together and atomically (``write_files``)."""
         path = Path(path)
-        if not all(torch.isfinite(m).all() for m in (self.index, self.steer_matrix, self.tail)):
+        if not all(torch.isfinite(m).all() for m in (self.index, self.steer_matrix, self.tail, self.shared)):
             raise BankError(f"refusing to save {path}: the bank has NaN/Inf rows (training diverged?)")
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.metadata(), indent=2, ensure_ascii=False)
         write_files(
             {
-                path: lambda tmp: save_tensors(tmp, self.index, self.steer, self.tail),
+                path: lambda tmp: save_tensors(tmp, self.index, self.steer, self.tail, self.shared),
                 metadata_path(path): lambda tmp: Path(tmp).write_text(text, encoding="utf-8"),
             }
         )
@@ -335,12 +374,13 @@ class MemoryBank:
             backbone=meta.get("backbone") or {},
             shows_schemas=meta.get("shows_schemas", False),  # absent before banks could show schemas
             memory_tokens=meta.get("memory_tokens", MEMORY_TOKENS),  # absent before a procedure could have several
+            shared_tokens=meta.get("shared_tokens", 0),  # absent before banks could have shared rows
         )
         bank.names = list(meta["names"])
         bank._index_names()
         bank.descriptions = list(meta.get("descriptions") or [""] * len(bank.names))
         bank.kinds = list(meta.get("kinds") or ["text"] * len(bank.names))
-        bank.index, bank.steer, bank.tail = read_tensors(tensors, where, meta)
+        bank.index, bank.steer, bank.tail, bank.shared = read_tensors(tensors, where, meta)
         bank.trainable = torch.zeros(len(bank.names), dtype=torch.bool)
         bank.schemas = list(meta.get("schemas") or [None] * len(bank.names))  # none before schemas were kept
         if backbone is not None:
@@ -359,7 +399,8 @@ def check_backbone(bank: MemoryBank, backbone, path="<bank>") -> None:
         )
     limit = ROW_NORM_FACTOR * backbone.embedding_norm()
     tail = [("tail", bank.tail)] if bank.memory_tokens > 1 else []
-    for key, matrix in [("index", bank.index), ("steer", bank.steer_matrix), *tail]:
+    shared = [("shared", bank.shared)] if bank.shared_tokens else []
+    for key, matrix in [("index", bank.index), ("steer", bank.steer_matrix), *tail, *shared]:
         norms = matrix.norm(dim=-1)
         norms = norms.amax(-1) if norms.dim() > 1 else norms  # a tail's: per procedure, its largest
         large = (norms > limit).nonzero().flatten().tolist()

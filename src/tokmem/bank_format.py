@@ -1,10 +1,11 @@
 """The bank file format: what a bank's two files hold, and the checks of what is read from them.
 
 A bank is ``<path>`` (safetensors, tensors only, never pickle: ``index``, and ``steer`` for a decoupled bank, float32,
-one row a procedure; ``tail`` for a bank of several memory tokens a procedure, (procedures, tokens - 1, width))
-plus ``<path>.json`` (format version, names, descriptions, kinds, schemas, dims, DC flag, memory tokens, backbone
+one row a procedure; ``tail`` for a bank of several memory tokens a procedure, (procedures, tokens - 1, width);
+``shared`` for a bank with shared rows, (shared tokens, width)) plus ``<path>.json`` (format version, names, descriptions, kinds, schemas, dims, DC flag, memory tokens, backbone
 identity, norm statistics).  Version 1 files (before kinds) load with every row ``text``; version 3 is a bank with
-tails (written so only then, so that a tokmem that cannot lay them out refuses it rather than answer without them).
+tails (written so only then, so that a tokmem that cannot lay them out refuses it rather than answer without them),
+version 4 one with shared rows (the same reason).
 Every metadata field is checked by one small function (``FIELD_CHECKS``) before anything is built from it, so a bad
 file or upload gets one clear error, never a traceback.
 """
@@ -24,12 +25,14 @@ from tokmem.errors import BankError
 FORMAT = "tokmem-bank"
 FORMAT_VERSION = 2
 TAILS_VERSION = 3  # a bank of several memory tokens a procedure: a reader that knows no tails must refuse it
-READABLE_VERSIONS = (1, 2, 3)
+SHARED_VERSION = 4  # a bank with shared rows: a reader that knows none must refuse it
+READABLE_VERSIONS = (1, 2, 3, 4)
 KINDS = ("text", "tool")
 MAX_NAME_CHARS = 128  # a procedure name's length
 MAX_HIDDEN_SIZE = 2**16
 MEMORY_TOKENS = 1  # a procedure's memory tokens, by default and in files from before the field: one (the paper's)
 MAX_MEMORY_TOKENS = 64  # a procedure's memory tokens, at most
+MAX_SHARED_TOKENS = 64  # a bank's shared rows, at most
 
 
 def metadata_path(path) -> Path:
@@ -58,19 +61,25 @@ def existing_metadata(path: Path) -> Path:
     return meta_file
 
 
-def save_tensors(tmp: str, index: torch.Tensor, steer: torch.Tensor | None, tail: torch.Tensor) -> None:
+def save_tensors(
+    tmp: str, index: torch.Tensor, steer: torch.Tensor | None, tail: torch.Tensor, shared: torch.Tensor
+) -> None:
     """Write a bank's rows to the safetensors file ``tmp``: ``index``, ``steer`` when the bank is decoupled, ``tail``
-    when it has several memory tokens a procedure."""
+    when it has several memory tokens a procedure, ``shared`` when it has shared rows."""
     tensors = {"index": index.contiguous()}
     if steer is not None:
         tensors["steer"] = steer.contiguous()
     if tail.shape[1]:
         tensors["tail"] = tail.contiguous()
+    if shared.shape[0]:
+        tensors["shared"] = shared.contiguous()
     save_file(tensors, tmp, metadata={"format": FORMAT})
 
 
-def read_tensors(data: bytes, path: Path, meta: dict) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """The ``index``, (decoupled banks) ``steer`` and ``tail`` rows of a safetensors file's bytes, each checked
+def read_tensors(
+    data: bytes, path: Path, meta: dict
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """The ``index``, (decoupled banks) ``steer``, ``tail`` and ``shared`` rows of a safetensors file's bytes, each checked
     against the metadata ``meta`` (shape, dtype, finite values); errors name ``path``."""
     try:
         tensors = load(data)
@@ -80,7 +89,9 @@ def read_tensors(data: bytes, path: Path, meta: dict) -> tuple[torch.Tensor, tor
     index = _checked(tensors, "index", path, meta, (rows, width))
     steer = _checked(tensors, "steer", path, meta, (rows, width)) if meta["decoupled"] else None
     tail = _checked(tensors, "tail", path, meta, (rows, tails, width)) if tails else torch.empty(rows, 0, width)
-    return index, steer, tail
+    shared_tokens = meta.get("shared_tokens", 0)
+    shared = _checked(tensors, "shared", path, meta, (shared_tokens, width)) if shared_tokens else torch.empty(0, width)
+    return index, steer, tail, shared
 
 
 def read_metadata(text: bytes, meta_file: Path) -> dict:
@@ -159,6 +170,13 @@ def _memory_tokens(meta: dict) -> str | None:
     return None
 
 
+def _shared_tokens(meta: dict) -> str | None:
+    tokens = meta.get("shared_tokens", 0)
+    if type(tokens) is not int or not 0 <= tokens <= MAX_SHARED_TOKENS:
+        return f"field 'shared_tokens' must be a whole number from 0 to {MAX_SHARED_TOKENS}, not {tokens!r:.40}"
+    return None
+
+
 def _names(meta: dict) -> str | None:
     names = meta.get("names")
     if not isinstance(names, list):
@@ -215,6 +233,7 @@ FIELD_CHECKS: tuple[Callable[[dict], str | None], ...] = (
     _decoupled,
     _shows_schemas,
     _memory_tokens,
+    _shared_tokens,
     _names,
     _descriptions,
     _kinds,
@@ -233,6 +252,6 @@ def _checked(tensors: dict, key: str, path: Path, meta: dict, expected: tuple[in
         raise BankError(f"{path}: tensor '{key}' has dtype {tensor.dtype}, expected float32")
     bad = (~torch.isfinite(tensor)).flatten(1).any(dim=1).nonzero().flatten().tolist()
     if bad:
-        names = [meta["names"][i] for i in bad[:5]]
-        raise BankError(f"{path}: tensor '{key}' has NaN/Inf values in rows {bad[:5]} ({', '.join(names)})")
+        named = "" if key == "shared" else f" ({', '.join(meta['names'][i] for i in bad[:5])})"  # shared rows: no names
+        raise BankError(f"{path}: tensor '{key}' has NaN/Inf values in rows {bad[:5]}{named}")
     return tensor

@@ -1,7 +1,7 @@
 """TokMemModel: a frozen backbone plus a memory bank.
 
 Memory token ids are ``vocab_size + row``; a bank of several memory tokens a procedure puts its tails after the rows
-(``tail_ids``): ``vocab_size + rows + row * (tokens - 1) + j``.  The vocabulary is never resized and the embedding
+(``tail_ids``): ``vocab_size + rows + row * (tokens - 1) + j``, and its shared rows after the tails.  The vocabulary is never resized and the embedding
 matrix never unfrozen: memory ids are looked up in the bank, and the LM head's logits are
 extended with ``h · Mᵀ``.  During training, the bank's trainable rows are the only parameters.
 """
@@ -30,6 +30,7 @@ class TokMemModel(nn.Module):
         self.row_index: nn.Parameter | None = None
         self.row_steer: nn.Parameter | None = None
         self.row_tail: nn.Parameter | None = None
+        self.row_shared: nn.Parameter | None = None
         self._rows: torch.Tensor | None = None
         self._key_choice_kinds: torch.Tensor | None = None
 
@@ -45,11 +46,13 @@ class TokMemModel(nn.Module):
         return self.vocab_size + self.bank.row(name)
 
     def tail_ids(self, memory: int) -> list[int]:
-        """The ids of the tail that follows memory token ``memory`` (none in a bank of one memory token a
-        procedure): input rows only, laid out after it, never predicted."""
+        """The ids that follow memory token ``memory``: its tail (none in a bank of one memory token a procedure),
+        then the bank's shared rows (none in a bank without): input rows only, never predicted."""
         width = self.bank.memory_tokens - 1
-        start = self.vocab_size + len(self.bank) + (memory - self.vocab_size) * width
-        return list(range(start, start + width))
+        tails = self.vocab_size + len(self.bank)
+        start = tails + (memory - self.vocab_size) * width
+        shared = tails + len(self.bank) * width
+        return [*range(start, start + width), *range(shared, shared + self.bank.shared_tokens)]
 
     def is_memory(self, ids: torch.Tensor) -> torch.Tensor:
         return ids >= self.vocab_size
@@ -63,7 +66,9 @@ class TokMemModel(nn.Module):
             self.row_steer = nn.Parameter(self.bank.steer[self._rows.cpu()].to(self.device))
         if self.bank.memory_tokens > 1:
             self.row_tail = nn.Parameter(self.bank.tail[self._rows.cpu()].to(self.device))
-        return [p for p in (self.row_index, self.row_steer, self.row_tail) if p is not None]
+        if self.bank.shared_trainable:
+            self.row_shared = nn.Parameter(self.bank.shared.to(self.device, copy=True))
+        return [p for p in (self.row_index, self.row_steer, self.row_tail, self.row_shared) if p is not None]
 
     def write_rows(self) -> None:
         """Copy the live trainable rows into the bank (e.g. for a checkpoint); training goes on."""
@@ -73,11 +78,13 @@ class TokMemModel(nn.Module):
             self.bank.steer[rows] = self.row_steer.detach().float().cpu()
         if self.row_tail is not None:
             self.bank.tail[rows] = self.row_tail.detach().float().cpu()
+        if self.row_shared is not None:
+            self.bank.shared = self.row_shared.detach().float().cpu()
 
     def commit_rows(self) -> None:
         """Write the trained rows back into the bank and drop the parameters."""
         self.write_rows()
-        self.row_index = self.row_steer = self.row_tail = self._rows = None
+        self.row_index = self.row_steer = self.row_tail = self.row_shared = self._rows = None
 
     @torch.no_grad()
     def renormalize_live_rows(self, target: float, eps: float = 1e-8, side: str = "index") -> None:
@@ -88,11 +95,14 @@ class TokMemModel(nn.Module):
 
     def memory_matrices(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(index, steer) over all rows on the model's device, with trainable rows as live parameters; a bank of
-        several memory tokens a procedure has its tails after the rows in ``steer`` (``tail_ids``)."""
+        several memory tokens a procedure has its tails after the rows in ``steer``, and its shared rows after them
+        (``tail_ids``)."""
         index = self._with_rows(self.bank.index, self.row_index)
         steer = self._with_rows(self.bank.steer, self.row_steer) if self.bank.decoupled else index
-        if self.bank.memory_tokens > 1:
-            steer = torch.cat([steer, self._with_rows(self.bank.tail, self.row_tail).flatten(0, 1)])
+        if self.bank.context_rows():
+            tails = self._with_rows(self.bank.tail, self.row_tail).flatten(0, 1)
+            shared = self.bank.shared.to(self.device) if self.row_shared is None else self.row_shared
+            steer = torch.cat([steer, tails, shared])
         return index, steer
 
     def _with_rows(self, matrix: torch.Tensor, rows: nn.Parameter | None) -> torch.Tensor:
@@ -240,16 +250,17 @@ def create(
     decoupled: bool = False,
     shows_schemas: bool = False,
     memory_tokens: int = MEMORY_TOKENS,
+    shared_tokens: int = 0,
     **load_options,
 ) -> TokMemModel:
     """A model with an empty bank tied to ``backbone`` (a spec or a loaded Backbone); ``decoupled``,
-    ``shows_schemas``, ``memory_tokens``: the bank's form (``MemoryBank``)."""
+    ``shows_schemas``, ``memory_tokens``, ``shared_tokens``: the bank's form (``MemoryBank``)."""
     from tokmem.backbones import load_backbone
 
     if isinstance(backbone, str):
         backbone = load_backbone(backbone, **load_options)
     identity = {"name": backbone.name, "fingerprint": backbone.fingerprint()}
-    bank = MemoryBank(backbone.hidden_size, decoupled, identity, shows_schemas, memory_tokens)
+    bank = MemoryBank(backbone.hidden_size, decoupled, identity, shows_schemas, memory_tokens, shared_tokens)
     return TokMemModel(backbone, bank)
 
 

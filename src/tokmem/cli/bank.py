@@ -39,7 +39,7 @@ def cmd_bank_show(args) -> None:
         f"[bold]{args.bank}[/bold]: {len(bank)} procedures, width {bank.hidden_size}, "
         f"{'decoupled (index + steer)' if bank.decoupled else 'coupled'}"
         f"{', shows its tools schemas' if bank.shows_schemas else ''}"
-        f"{f', {bank.memory_tokens} memory tokens a tool' if bank.memory_tokens > 1 else ''}, backbone {bank.backbone.get('name')} "
+        f"{f', {bank.context_rows()}' if bank.context_rows() else ''}, backbone {bank.backbone.get('name')} "
         f"({bank.backbone.get('fingerprint')}), {bank.parameter_count():,} parameters"
     )
     table = Table()

@@ -50,7 +50,14 @@ def add_commands(commands) -> None:
         type=int,
         default=MEMORY_TOKENS,
         help="memory tokens a tool: the first routes, the others (its tail) follow it as context for the arguments, "
-        "one row of parameters each (tools only; tokmem.chat decodes such a bank, the server and vLLM not yet)",
+        "one row of parameters each (tools only; tokmem.chat and tokmem serve decode such a bank, vLLM not yet)",
+    )
+    train.add_argument(
+        "--shared-tokens",
+        type=int,
+        default=0,
+        help="rows every tool reads after its own memory tokens, trained on all the tools' calls in this first "
+        "round and frozen after (tools only; tokmem.chat and tokmem serve decode such a bank, vLLM not yet)",
     )
     _training_options(train)
     train.set_defaults(handler=cmd_train)
@@ -185,6 +192,7 @@ def cmd_train(args) -> None:
             decoupled=args.decoupled,
             shows_schemas=args.show_schemas,
             memory_tokens=args.memory_tokens,
+            shared_tokens=args.shared_tokens,
             **_load_options(args),
         ),
         args,

@@ -42,15 +42,16 @@ class TokMem(Method):
         schemas: dict[str, dict] | None = None,
         shows_schemas: bool = False,
         memory_tokens: int = MEMORY_TOKENS,
+        shared_tokens: int = 0,
     ):
         """``decode``: how it answers (default: one segment an answer, atomic recall; every query routes: the
         open-set threshold is set to 0).  ``schemas``: tool name → its arguments' JSON schema, kept with the tool's
         row (``decode.schema``: decode the arguments under it); ``shows_schemas``: a bank that also shows it between
         the memory token and the arguments (``tokmem+schema``, answered through ``tokmem.chat``); ``memory_tokens``: a
-        tool's memory tokens (``MemoryBank``)."""
+        tool's memory tokens; ``shared_tokens``: the rows every tool reads after its own (``MemoryBank``)."""
         self.name, self.label = ("tokmem-dc", "TokMem+DC") if decoupled else ("tokmem", "TokMem")
         self.name, self.label = name or self.name, label or self.label
-        self.model = tokmem.create(backbone, decoupled, shows_schemas, memory_tokens)
+        self.model = tokmem.create(backbone, decoupled, shows_schemas, memory_tokens, shared_tokens)
         self.train_config = replace(train or TrainConfig(), progress=False)
         self.epochs = self.train_config.epochs
         self.decode_config = replace(decode or DecodeConfig(max_steps=1), threshold=0.0)

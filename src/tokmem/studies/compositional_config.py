@@ -144,6 +144,11 @@ class CompositionalConfig(MethodSettings):
         "TokMem's memory tokens a tool: the first routes, the others (its tail) follow it as context for the "
         "arguments (the tool loop only)",
     )
+    shared_tokens: int = option(
+        0,
+        "rows every tool of TokMem's banks reads after its own memory tokens, trained on all the tools' calls in the "
+        "bank's first round (the tool loop only)",
+    )
 
     def resolved(self) -> "CompositionalConfig":
         """Fill the defaults that depend on the study and the data; check the rest."""
@@ -167,6 +172,7 @@ class CompositionalConfig(MethodSettings):
             ("--show-schemas", self.show_schemas),
             ("--name-results", self.name_results),
             ("--memory-tokens", self.memory_tokens != MEMORY_TOKENS),
+            ("--shared-tokens", self.shared_tokens != 0),
         )
         for flag, chosen in chosen_flags:
             if chosen and not self.tool_loop():
@@ -179,9 +185,10 @@ class CompositionalConfig(MethodSettings):
 
     def adaptation(self) -> AdaptConfig:
         """The adaptation phase's LoRA: fine-tuning's rank and weight decay, its own lr and dropout; its temporary
-        rows in the layout TokMem's will have (``memory_tokens``)."""
+        rows in the layout TokMem's will have: as many rows after each memory token (``memory_tokens``, then
+        ``shared_tokens``; the temporary rows are each tool's own, the adapted backbone learns the layout)."""
         lora = dict(rank=self.lora_rank, weight_decay=self.lora_weight_decay)
-        return built(self, AdaptConfig, **lora, memory_tokens=self.memory_tokens)
+        return built(self, AdaptConfig, **lora, memory_tokens=self.memory_tokens + self.shared_tokens)
 
     def tool_loop(self) -> bool:
         """Whether the study measures the tool loop (results in context; ``tokmem.studies.tool_loop``)."""

@@ -146,7 +146,9 @@ def build_method(name: str, config: CompositionalConfig, backbones: dict, tools:
     label = TOKMEM_LABELS.get(name)
     label = f"{label[:-1]}; schema shown)" if label and config.show_schemas else label
     memory = dict(decode=decode, name=name, label=label, schemas=schemas, decoupled=config.decoupled)
-    memory |= dict(shows_schemas=config.show_schemas, memory_tokens=config.memory_tokens)
+    memory |= dict(
+        shows_schemas=config.show_schemas, memory_tokens=config.memory_tokens, shared_tokens=config.shared_tokens
+    )
     refresh_every = max(1, (config.tools or len(tools)) // config.rounds)
     replay = ReplaySettings(config.replay_ratio, config.replay_buffer, refresh_every)
     factories = {
