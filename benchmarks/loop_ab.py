@@ -9,7 +9,8 @@ renorm_target=tokens`` (rows renormalised to a token's norm after every step, th
 tokmem_lr=5e-3`` (the paper's lr), ``dc-steer:decoupled=true,renorm_every_step=true,renorm_target=tokens,
 renorm_side=steer`` (a decoupled bank whose steer rows are held at a token's norm, its index rows free),
 ``shown:show_schemas=true`` (tokmem+schema: the chosen tool's schema between its memory token and its arguments),
-``tails:memory_tokens=2`` (two memory tokens a tool: the second, the tail, steers the arguments).  The settings
+``tails:memory_tokens=2`` (two memory tokens a tool: the second, the tail, steers the arguments), ``shared1:
+shared_tokens=1`` (a row every tool reads after its memory token, trained on all the tools' calls).  The settings
 are the one difference between variants of a file.
 
 Each row has the per-step scores by position (``eval.steps``), the outcomes, the outcomes of the tools whose spec

@@ -228,18 +228,27 @@ def test_train_refits_the_routing_side_by_default_even_of_a_coupled_bank_and_say
     assert not trained.decoupled  # --no-refit-index: the rows as trained, the matrix asked for
 
 
-def test_train_with_memory_tokens_writes_a_bank_of_that_many_a_tool_and_refuses_text_procedures(data, capsys):
+@pytest.mark.parametrize(
+    ("flag", "form", "shown"),
+    [
+        ("--memory-tokens", "memory_tokens", "2 memory tokens a tool"),
+        ("--shared-tokens", "shared_tokens", "2 shared rows"),
+    ],
+)
+def test_train_with_memory_tokens_or_shared_rows_writes_a_bank_of_that_form_and_refuses_text_procedures(
+    data, capsys, flag, form, shown
+):
     calls = [
         Example(f"Weather in {c}.", (Step("city", f'{{"name":"city","arguments":{{"city":"{c}"}}}}'),)) for c in WORDS
     ]
     save_examples(calls, data / "calls.jsonl")
     path = data / "tails.safetensors"
-    command = ("train", "--epochs", 1, "--out", path, "--memory-tokens", 2, "--quiet", "--backbone", "tiny-random")
+    command = ("train", "--epochs", 1, "--out", path, flag, 2, "--quiet", "--backbone", "tiny-random")
     assert tokmem(*command, "--data", data / "calls.jsonl", "--device", "cpu") == 0
-    assert MemoryBank.load(path).memory_tokens == 2
+    assert getattr(MemoryBank.load(path), form) == 2
     capsys.readouterr()
     assert tokmem("bank", "show", path) == 0
-    assert "2 memory tokens a tool" in capsys.readouterr().out
+    assert shown in capsys.readouterr().out
     assert tokmem(*command, "--data", data / "first.jsonl", "--device", "cpu") == 2
     err = capsys.readouterr().err
     assert "holds tools only; 'reverse' is a text procedure" in err and "Traceback" not in err

@@ -198,7 +198,7 @@ class MemoryBank:
     def context_rows(self) -> str:
         """The rows each tool's memory token is followed by, in words ('' for none): banks with them hold tools only."""
         parts = [f"{self.memory_tokens} memory tokens a tool"] if self.memory_tokens > 1 else []
-        parts += [f"{self.shared_tokens} shared rows"] if self.shared_tokens else []
+        parts += [f"{self.shared_tokens} shared row{'s' * (self.shared_tokens > 1)}"] if self.shared_tokens else []
         return " and ".join(parts)
 
     def freeze(self) -> None:
