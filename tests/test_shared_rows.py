@@ -103,6 +103,8 @@ def test_a_bank_with_shared_rows_refuses_text_procedures_merging_and_the_decoder
     other = MemoryBank(shared.bank.hidden_size, backbone=shared.bank.backbone, memory_tokens=2, shared_tokens=1)
     with pytest.raises(BankError, match="cannot merge banks with shared rows"):
         shared.bank.merge(other)
+    with pytest.raises(BankError, match="cannot merge banks with shared rows"):
+        tokmem.compose([shared, tokmem.create(shared.backbone)])
     with pytest.raises(
         BankError, match="2 memory tokens a tool and 1 shared row: generate .* does not decode such a bank"
     ):
