@@ -156,6 +156,22 @@ def write_served_banks(backbone, directory) -> dict:
     }
 
 
+def edited_bank_file(bank, path, change):
+    """``bank`` saved to ``path``, then its files rewritten with ``change(metadata, tensors)`` applied (a file as a
+    bug or a hand edit would leave it); returns ``path``."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    bank.save(path)
+    meta_path = path.with_suffix(".safetensors.json")
+    tensors, meta = load_file(path), json.loads(meta_path.read_text())
+    change(meta, tensors)
+    save_file(tensors, path)
+    meta_path.write_text(json.dumps(meta))
+    return path
+
+
 def bank_files(path) -> tuple[bytes, bytes]:
     """(safetensors, JSON) bytes of a saved bank: what an upload sends."""
     from tokmem.bank_format import metadata_path

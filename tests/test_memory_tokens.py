@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from helpers import city_count_chain, city_count_model, example_messages
+from helpers import city_count_chain, city_count_model, edited_bank_file, example_messages
 
 import tokmem
 from tokmem import ChatCache, DecodeConfig
@@ -114,13 +114,5 @@ def test_a_bank_of_several_memory_tokens_refuses_text_procedures_other_forms_and
     ],
 )
 def test_a_bank_file_whose_tails_disagree_with_its_metadata_is_refused_naming_the_field(tails, tmp_path, change, error):
-    from safetensors.torch import load_file, save_file
-
-    path = tails.bank.save(tmp_path / "tails.safetensors")
-    meta_path = path.with_suffix(".safetensors.json")
-    tensors, meta = load_file(path), json.loads(meta_path.read_text())
-    change(meta, tensors)
-    save_file(tensors, path)
-    meta_path.write_text(json.dumps(meta))
     with pytest.raises(BankError, match=error):
-        MemoryBank.load(path)
+        MemoryBank.load(edited_bank_file(tails.bank, tmp_path / "tails.safetensors", change))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from helpers import city_count_chain, city_count_model, example_messages
+from helpers import city_count_chain, city_count_model, edited_bank_file, example_messages
 
 import tokmem
 from tokmem import ChatCache, DecodeConfig, Example, Step
@@ -131,13 +131,5 @@ def test_a_bank_with_shared_rows_refuses_text_procedures_merging_and_the_decoder
 def test_a_bank_file_whose_shared_rows_disagree_with_its_metadata_is_refused_naming_the_field(
     shared, tmp_path, change, error
 ):
-    from safetensors.torch import load_file, save_file
-
-    path = shared.bank.save(tmp_path / "shared.safetensors")
-    meta_path = path.with_suffix(".safetensors.json")
-    tensors, meta = load_file(path), json.loads(meta_path.read_text())
-    change(meta, tensors)
-    save_file(tensors, path)
-    meta_path.write_text(json.dumps(meta))
     with pytest.raises(BankError, match=error):
-        MemoryBank.load(path)
+        MemoryBank.load(edited_bank_file(shared.bank, tmp_path / "shared.safetensors", change))
