@@ -51,8 +51,8 @@ class AdaptConfig(LoRASettings):
     dropout: float = option(0.1, "LoRA dropout (0 is several times faster on CPU)")
     memory_tokens: int = option(
         MEMORY_TOKENS,
-        "the temporary rows' memory tokens a tool: as many rows a call as the bank trained on the adapted backbone "
-        "lays out after each memory token, plus one (its memory tokens and shared rows)",
+        "the temporary rows' memory tokens a tool: as many as the rows a call of the bank trained on the adapted "
+        "backbone lays out from its memory token to its arguments (its memory tokens, then its shared rows)",
     )
 
 

@@ -38,6 +38,7 @@ from tokmem.bank_format import (
     MAX_MEMORY_TOKENS,
     MAX_SHARED_TOKENS,
     MEMORY_TOKENS,
+    SHARED_TOKENS,
     SHARED_VERSION,
     TAILS_VERSION,
     existing_metadata,
@@ -62,7 +63,7 @@ class MemoryBank:
         backbone: dict | None = None,
         shows_schemas: bool = False,
         memory_tokens: int = MEMORY_TOKENS,
-        shared_tokens: int = 0,
+        shared_tokens: int = SHARED_TOKENS,
     ):
         if not 1 <= memory_tokens <= MAX_MEMORY_TOKENS:
             raise BankError(f"memory_tokens must be from 1 to {MAX_MEMORY_TOKENS}, not {memory_tokens}")
@@ -374,7 +375,7 @@ class MemoryBank:
             backbone=meta.get("backbone") or {},
             shows_schemas=meta.get("shows_schemas", False),  # absent before banks could show schemas
             memory_tokens=meta.get("memory_tokens", MEMORY_TOKENS),  # absent before a procedure could have several
-            shared_tokens=meta.get("shared_tokens", 0),  # absent before banks could have shared rows
+            shared_tokens=meta.get("shared_tokens", SHARED_TOKENS),  # absent before banks could have shared rows
         )
         bank.names = list(meta["names"])
         bank._index_names()

@@ -32,6 +32,7 @@ MAX_NAME_CHARS = 128  # a procedure name's length
 MAX_HIDDEN_SIZE = 2**16
 MEMORY_TOKENS = 1  # a procedure's memory tokens, by default and in files from before the field: one (the paper's)
 MAX_MEMORY_TOKENS = 64  # a procedure's memory tokens, at most
+SHARED_TOKENS = 0  # a bank's shared rows, by default and in files from before the field: none (the paper's)
 MAX_SHARED_TOKENS = 64  # a bank's shared rows, at most
 
 
@@ -89,7 +90,7 @@ def read_tensors(
     index = _checked(tensors, "index", path, meta, (rows, width))
     steer = _checked(tensors, "steer", path, meta, (rows, width)) if meta["decoupled"] else None
     tail = _checked(tensors, "tail", path, meta, (rows, tails, width)) if tails else torch.empty(rows, 0, width)
-    shared_tokens = meta.get("shared_tokens", 0)
+    shared_tokens = meta.get("shared_tokens", SHARED_TOKENS)
     shared = _checked(tensors, "shared", path, meta, (shared_tokens, width)) if shared_tokens else torch.empty(0, width)
     return index, steer, tail, shared
 
@@ -171,7 +172,7 @@ def _memory_tokens(meta: dict) -> str | None:
 
 
 def _shared_tokens(meta: dict) -> str | None:
-    tokens = meta.get("shared_tokens", 0)
+    tokens = meta.get("shared_tokens", SHARED_TOKENS)
     if type(tokens) is not int or not 0 <= tokens <= MAX_SHARED_TOKENS:
         return f"field 'shared_tokens' must be a whole number from 0 to {MAX_SHARED_TOKENS}, not {tokens!r:.40}"
     return None

@@ -14,7 +14,7 @@ from transformers import DynamicCache
 
 from tokmem import distributed
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone
-from tokmem.bank import MEMORY_TOKENS, MemoryBank
+from tokmem.bank import MEMORY_TOKENS, SHARED_TOKENS, MemoryBank
 from tokmem.errors import BankError
 from tokmem.prefix_store import PrefixStore
 from tokmem.sequences import ANSWER, CLOSE, IGNORE, NEXT_KEY, key_choice_kinds, positions
@@ -99,7 +99,7 @@ class TokMemModel(nn.Module):
         (``tail_ids``)."""
         index = self._with_rows(self.bank.index, self.row_index)
         steer = self._with_rows(self.bank.steer, self.row_steer) if self.bank.decoupled else index
-        if self.bank.context_rows():
+        if self.bank.memory_tokens > 1 or self.bank.shared_tokens:
             tails = self._with_rows(self.bank.tail, self.row_tail).flatten(0, 1)
             shared = self.bank.shared.to(self.device) if self.row_shared is None else self.row_shared
             steer = torch.cat([steer, tails, shared])
@@ -250,7 +250,7 @@ def create(
     decoupled: bool = False,
     shows_schemas: bool = False,
     memory_tokens: int = MEMORY_TOKENS,
-    shared_tokens: int = 0,
+    shared_tokens: int = SHARED_TOKENS,
     **load_options,
 ) -> TokMemModel:
     """A model with an empty bank tied to ``backbone`` (a spec or a loaded Backbone); ``decoupled``,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tokmem import distributed
 from tokmem.adapt import AdaptConfig
-from tokmem.bank import MEMORY_TOKENS
+from tokmem.bank import MEMORY_TOKENS, SHARED_TOKENS
 from tokmem.backbones import default_device, default_dtype
 from tokmem.cli.options import add_backbone, add_common, add_options, values
 from tokmem.data.tool_datasets import ADAPTATION_SAMPLES
@@ -55,7 +55,7 @@ def add_commands(commands) -> None:
     train.add_argument(
         "--shared-tokens",
         type=int,
-        default=0,
+        default=SHARED_TOKENS,
         help="rows every tool reads after its own memory tokens, trained on all the tools' calls in this first "
         "round and frozen after (tools only; tokmem.chat and tokmem serve decode such a bank, vLLM not yet)",
     )

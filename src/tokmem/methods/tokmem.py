@@ -14,7 +14,7 @@ from pathlib import Path
 
 import tokmem
 from tokmem.backbones import Backbone
-from tokmem.bank import MEMORY_TOKENS, MemoryBank
+from tokmem.bank import MEMORY_TOKENS, SHARED_TOKENS, MemoryBank
 from tokmem.io import read_json, write_json_atomic
 from tokmem.methods.method import Answer, Method
 from tokmem.data.procedures import Example
@@ -42,7 +42,7 @@ class TokMem(Method):
         schemas: dict[str, dict] | None = None,
         shows_schemas: bool = False,
         memory_tokens: int = MEMORY_TOKENS,
-        shared_tokens: int = 0,
+        shared_tokens: int = SHARED_TOKENS,
     ):
         """``decode``: how it answers (default: one segment an answer, atomic recall; every query routes: the
         open-set threshold is set to 0).  ``schemas``: tool name → its arguments' JSON schema, kept with the tool's

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tokmem.adapt import AdaptConfig
-from tokmem.bank import MEMORY_TOKENS
+from tokmem.bank import MEMORY_TOKENS, SHARED_TOKENS
 from tokmem.config import built, nested, option
 from tokmem.data.tool_catalog import split_tools
 from tokmem.decode import DecodeConfig
@@ -145,7 +145,7 @@ class CompositionalConfig(MethodSettings):
         "arguments (the tool loop only)",
     )
     shared_tokens: int = option(
-        0,
+        SHARED_TOKENS,
         "rows every tool of TokMem's banks reads after its own memory tokens, trained on all the tools' calls in the "
         "bank's first round (the tool loop only)",
     )
@@ -172,7 +172,7 @@ class CompositionalConfig(MethodSettings):
             ("--show-schemas", self.show_schemas),
             ("--name-results", self.name_results),
             ("--memory-tokens", self.memory_tokens != MEMORY_TOKENS),
-            ("--shared-tokens", self.shared_tokens != 0),
+            ("--shared-tokens", self.shared_tokens != SHARED_TOKENS),
         )
         for flag, chosen in chosen_flags:
             if chosen and not self.tool_loop():
