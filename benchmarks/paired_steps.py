@@ -9,6 +9,10 @@ exact says how likely a split that uneven would be if neither method were better
 Each side is ``FILE:NAME``: a study's result file and a method (``methods``), a ``loop_ab.py`` file and a variant
 (``variants``), or a ``reanswer_loop.py`` file and a rule (``rules``); ``FILE`` alone when it holds one.
 
+Several pairs (one a seed: ``A0 B0 A1 B1 ...``) are counted each and then pooled: every step of every seed is a pair
+of answers to one gold call, so the pooled McNemar test says whether the first method is ahead over the seeds
+together, where one seed's 80 steps rarely can.
+
     python benchmarks/paired_steps.py results/index-refit-answers-qwen0.5b.json \
         results/loop-cfb-qwen0.5b.json:lora --json results/paired-refit-lora-qwen0.5b.json
 """
@@ -52,6 +56,11 @@ def mcnemar(only_first: int, only_second: int) -> float:
 
 def paired(first: list[dict], second: list[dict]) -> dict:
     """Both runs' outcomes of each step, counted: every pair of outcomes, and the exact steps split four ways."""
+    return counts(outcome_pairs(first, second))
+
+
+def outcome_pairs(first: list[dict], second: list[dict]) -> Counter:
+    """(the first run's outcome, the second's) → steps, over the records both runs answered."""
     by_query = {sample["query"]: sample for sample in second}
     missing = [sample["query"] for sample in first if sample["query"] not in by_query]
     if missing or len(first) != len(second):
@@ -64,6 +73,11 @@ def paired(first: list[dict], second: list[dict]) -> dict:
         for k, gold in enumerate(sample["gold"]):
             earlier = sample["gold"][:k]
             pairs[outcome(gold, sample["step"][k], earlier), outcome(gold, other["step"][k], earlier)] += 1
+    return pairs
+
+
+def counts(pairs: Counter) -> dict:
+    """The exact steps split four ways, the McNemar p-value and every pair of outcomes, from ``outcome_pairs``."""
     only_first = sum(n for (a, b), n in pairs.items() if a == "exact" != b)
     only_second = sum(n for (a, b), n in pairs.items() if b == "exact" != a)
     return {
@@ -77,6 +91,12 @@ def paired(first: list[dict], second: list[dict]) -> dict:
     }
 
 
+def pooled(runs: list[tuple[list[dict], list[dict]]]) -> dict:
+    """Each pair of runs counted (``paired``), and all their steps counted together."""
+    each = [outcome_pairs(first, second) for first, second in runs]
+    return {"pairs": [counts(pairs) for pairs in each], "pooled": counts(sum(each, Counter()))}
+
+
 def table(counted: dict, first: str, second: str) -> str:
     """The pairs of outcomes as a markdown table: the first run's outcome a row, the second's a column."""
     pairs = counted["outcomes (first, second)"]
@@ -86,21 +106,42 @@ def table(counted: dict, first: str, second: str) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("first", help="FILE[:NAME]")
-    parser.add_argument("second", help="FILE[:NAME]")
-    parser.add_argument("--json", help="also write the counts here")
-    args = parser.parse_args()
-    counted = paired(answers(args.first), answers(args.second))
-    print(table(counted, args.first, args.second))
-    print(
-        f"\nexact: both {counted['both exact']}, only {args.first} {counted['only the first exact']}, "
-        f"only {args.second} {counted['only the second exact']}, neither {counted['neither exact']} "
+def line(counted: dict, first: str, second: str) -> str:
+    return (
+        f"exact: both {counted['both exact']}, only {first} {counted['only the first exact']}, "
+        f"only {second} {counted['only the second exact']}, neither {counted['neither exact']} "
         f"of {counted['steps']} steps; McNemar p = {counted['mcnemar p']:.3g}"
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", metavar="FILE[:NAME]", help="the first and second run of each pair, in turn")
+    parser.add_argument("--json", help="also write the counts here")
+    args = parser.parse_args()
+    if len(args.runs) % 2:
+        parser.error(f"runs come in pairs (first, second), got {len(args.runs)}")
+    names = list(zip(args.runs[::2], args.runs[1::2]))
+    if len(names) == 1:
+        counted = paired(answers(names[0][0]), answers(names[0][1]))
+        print(table(counted, *names[0]) + "\n\n" + line(counted, *names[0]))
+        written = {"first": names[0][0], "second": names[0][1], **counted}
+    else:
+        result = pooled([(answers(first), answers(second)) for first, second in names])
+        for (first, second), counted in zip(names, result["pairs"]):
+            print(line(counted, first, second))
+        print(
+            "\n"
+            + table(result["pooled"], "first", "second")
+            + "\n\npooled "
+            + line(result["pooled"], "first", "second")
+        )
+        written = {
+            "pairs": [{"first": a, "second": b, **c} for (a, b), c in zip(names, result["pairs"])],
+            "pooled": result["pooled"],
+        }
     if args.json:
-        write_json_atomic(args.json, {"first": args.first, "second": args.second, **counted})
+        write_json_atomic(args.json, written)
 
 
 if __name__ == "__main__":

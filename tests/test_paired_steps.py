@@ -61,3 +61,37 @@ def test_answers_are_read_from_a_study_a_loop_ab_or_a_reanswer_file_by_name(tmp_
     (tmp_path / "none.json").write_text("{}")
     with pytest.raises(SystemExit, match="no answers"):
         paired_steps.answers(str(tmp_path / "none.json"))
+
+
+def test_several_seeds_are_counted_each_and_pooled_step_by_step():
+    seed0 = ([record("a", FIND, RENT)], [record("a", FIND, None)])
+    seed1 = ([record("b", FIND, RENT)], [record("b", RENT, None)])
+    result = paired_steps.pooled([seed0, seed1])
+    assert [c["only the first exact"] for c in result["pairs"]] == [1, 2]
+    pooled = result["pooled"]
+    assert (pooled["steps"], pooled["both exact"], pooled["only the first exact"], pooled["only the second exact"]) == (
+        4,
+        1,
+        3,
+        0,
+    )
+    assert pooled["mcnemar p"] == pytest.approx(paired_steps.mcnemar(3, 0))
+    assert pooled["outcomes (first, second)"]["exact / no call"] == 2
+
+
+def test_the_command_line_takes_runs_in_pairs_and_writes_the_pooled_counts(tmp_path, monkeypatch, capsys):
+    runs = []
+    for seed, samples in enumerate(([record("a", FIND, RENT)], [record("b", FIND, RENT)])):
+        path = tmp_path / f"seed{seed}.json"
+        path.write_text(json.dumps({"variants": {"tokmem": {"samples": samples}, "lora": {"samples": samples}}}))
+        runs += [f"{path}:tokmem", f"{path}:lora"]
+    monkeypatch.setattr("sys.argv", ["paired_steps.py", *runs, "--json", str(tmp_path / "out.json")])
+    paired_steps.main()
+    written = json.loads((tmp_path / "out.json").read_text())
+    assert [pair["first"] for pair in written["pairs"]] == runs[::2]
+    assert written["pooled"]["both exact"] == 4
+    assert "pooled exact: both 4" in capsys.readouterr().out
+    monkeypatch.setattr("sys.argv", ["paired_steps.py", *runs[:3]])
+    with pytest.raises(SystemExit):
+        paired_steps.main()
+    assert "runs come in pairs" in capsys.readouterr().err
