@@ -1,10 +1,11 @@
 """The server decodes banks whose memory tokens are followed by context — a tool's tail (several memory tokens a
-tool), its shown schema (tokmem+schema) — as ``tokmem.chat`` does: a row that chose such a tool joins the batch again
-prefilled with the memory token and its context, beside other banks' rows in flight; a composition of such banks
-keeps each tool's own tail."""
+tool), the shared rows, its shown schema (tokmem+schema) — as ``tokmem.chat`` does, beside other banks' rows in
+flight: tails and shared rows fed after each memory token, a shown schema by a row that joins the batch again
+prefilled with it; a composition of such banks keeps each tool's own tail."""
 
 import asyncio
 import json
+from dataclasses import replace
 
 import pytest
 from helpers import (
@@ -57,9 +58,9 @@ def replies(responses) -> list[tuple]:
     ]
 
 
-def expected_replies(model, cases) -> list[tuple]:
+def expected_replies(model, cases, config=CONFIG) -> list[tuple]:
     """``replies`` as ``tokmem.chat`` answers each (messages, options) of ``cases``."""
-    answers = [tokmem.chat(model, messages, config=CONFIG, **options) for messages, options in cases]
+    answers = [tokmem.chat(model, messages, config=config, **options) for messages, options in cases]
     return [(a.content, [(c.name, c.arguments) for c in a.tool_calls]) for a in answers]
 
 
@@ -84,8 +85,8 @@ def test_the_server_answers_a_bank_with_context_after_its_memory_tokens_as_tokme
         ]
         return await asyncio.gather(*asks, *others, streamed(client))
 
-    async def streamed(client):
-        options = dict(model=form, messages=QUERY, max_tokens=40, tool_choice="required")
+    async def streamed(client):  # one call (the stream helper refuses an answer cut by max_tokens)
+        options = dict(model=form, messages=QUERY, max_tokens=40, tool_choice="required", parallel_tool_calls=False)
         async with client.chat.completions.stream(**options) as stream:
             return await stream.get_final_completion()
 
@@ -95,7 +96,8 @@ def test_the_server_answers_a_bank_with_context_after_its_memory_tokens_as_tokme
     assert any(calls for _, calls in expected) and any(content for content, _ in expected)
     reference = tokmem.generate(plain, [QUERY[0]["content"]], DecodeConfig(max_new_tokens=10, threshold=0.0))[0]
     assert [r.choices[0].message.content for r in responses[len(cases) : -1]] == [reference.text] * 2
-    assert replies(responses[-1:]) == [expected[1]]  # QUERY, tool_choice required
+    one_call = replace(CONFIG, max_steps=1)
+    assert replies(responses[-1:]) == expected_replies(model, [(QUERY, {"tool_choice": "required"})], one_call)
 
 
 def test_a_composition_of_banks_with_tails_reads_each_tools_own_tail(lively_backbone, tmp_path):

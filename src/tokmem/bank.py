@@ -103,13 +103,6 @@ class MemoryBank:
         return self.shared_tokens > 0 and len(self) > 0 and bool(self.trainable.all())
 
     @property
-    def context_follows_memory(self) -> bool:
-        """Whether a tool's memory token is followed by tokens the model reads but does not write before its
-        arguments (its tail, the shared rows, its shown schema): decoders lay those out after routing
-        (``tokmem.chat``)."""
-        return self.shows_schemas or self.memory_tokens > 1 or self.shared_tokens > 0
-
-    @property
     def steer_matrix(self) -> torch.Tensor:
         """The input-side rows: ``steer`` for DC, else the shared matrix."""
         return self.steer if self.decoupled else self.index
@@ -263,18 +256,13 @@ class MemoryBank:
         self.tail = torch.cat([self.tail, other.tail])
         self.trainable = torch.cat([self.trainable, other.trainable])
 
-    def refuse_context(self, decoder: str) -> None:
-        """A ``BankError`` if a tool's memory token is followed by context (``context_follows_memory``): ``decoder``
-        lays out a call as memory token then arguments."""
+    def refuse_shown_schemas(self, decoder: str) -> None:
+        """A ``BankError`` if the bank shows its tools' schemas between their memory tokens and their arguments:
+        ``decoder`` cannot lay a schema out after routing (``tokmem.chat`` and ``tokmem serve`` can)."""
         if self.shows_schemas:
             raise BankError(
                 f"this bank shows its tools' schemas before their arguments (tokmem+schema): {decoder} does not "
                 "decode such a bank yet (tokmem.chat and tokmem serve do)"
-            )
-        if self.context_rows():
-            raise BankError(
-                f"this bank has {self.context_rows()}: {decoder} does not decode such a bank yet "
-                "(tokmem.chat and tokmem serve do)"
             )
 
     # ---- renormalisation ----------------------------------------------------------------

@@ -184,14 +184,14 @@ def _answer(model, ids, turns, caches, tools, tool_choice, config, answered) -> 
 def _decode(model, ids, caches, allowed, forced, config, schemas) -> list[tuple[list[int], bool]]:
     """(tokens up to EOS, whether the plain backbone answered) per conversation of ``ids``, decoded in one batch on
     what each cache holds; every cache is updated to its conversation and answer."""
-    if model.bank.context_follows_memory or config.context_contrast:
+    if model.bank.shows_schemas or config.context_contrast:
         return _decode_with_context(model, ids, caches, allowed, forced, config, schemas)
     return _decode_batch(model, ids, caches, allowed, forced, config, schemas)
 
 
 def _decode_with_context(model, ids, caches, allowed, forced, config, schemas) -> list[tuple[list[int], bool]]:
-    """``_decode`` for a bank whose tools' memory tokens are followed by context (their tails, their shown schemas),
-    in two passes: the first token (routing: a memory token, or the plain backbone's first word); then, after each
+    """``_decode`` for a bank whose tools' schemas are shown between their memory tokens and their arguments, in two
+    passes: the first token (routing: a memory token, or the plain backbone's first word); then, after each
     chosen tool's memory token and its context (as training laid them out), its arguments, and for the plain rows
     their answer with the bank masked.  One call a turn: the arguments end the turn (a next call's context would have
     to be laid out too).  Under ``config.context_contrast`` the second pass decodes beside bare twins
@@ -557,7 +557,7 @@ def reply_from(model: TokMemModel, tokens: list[int], plain: bool, turn: int) ->
     ``call_<turn>_<k>``) when the turn starts with a tool row's memory token."""
     vocab, eos, tokenizer = model.vocab_size, model.backbone.eos_token_id, model.backbone.tokenizer
     finish = "stop" if tokens[-1] == eos else "length"
-    tokens = tokens[:-1] if tokens[-1] == eos else tokens
+    tokens = model.without_context(tokens[:-1] if tokens[-1] == eos else tokens)
     if not tokens or not starts_calls(model, tokens[0], plain):
         return Reply(to_generation(model, "", tokens, 0.0, not plain).text, [], finish)
     starts = [k for k, token in enumerate(tokens) if token >= vocab]

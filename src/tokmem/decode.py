@@ -13,7 +13,8 @@ them, each with its own stopping rules (``tokmem.stops`` here; a served request'
 
 After a tool row's memory token, where the bank keeps the tool's JSON schema, the arguments decode under it
 (``tokmem.grammar``; ``DecodeConfig(schema=False)`` switches that off): each row its own grammar, the masks
-applied as one tensor op; once a row's JSON closes only EOS or another memory token may follow.
+applied as one tensor op; once a row's JSON closes only EOS or another memory token may follow.  A bank with tails
+or shared rows has them fed after each memory token, one a step, before the arguments (``tokmem.context_ids``).
 
 ``complete`` continues contexts laid out elsewhere (rows before the query, a memory token before the
 assistant header) with vocabulary tokens only: the studies that place the rows differently decode with it.
@@ -31,6 +32,7 @@ from transformers import DynamicCache
 
 from tokmem.batch import DecodeBatch, left_pad
 from tokmem.config import option
+from tokmem.context_ids import ContextLayout
 from tokmem.data.procedures import assemble_call
 from tokmem.sequences import chat_prefix, positions
 from tokmem.model import TokMemModel
@@ -173,7 +175,7 @@ def generate(
     """Answer each query (or chat conversation, or prompt the caller laid out itself as token ids: a chat template's
     tools, native tool calling); ``procedure`` forces that memory token (routing skipped); ``held``: the shared
     prefix kept from the caller's last call (``HeldPrefix``)."""
-    model.bank.refuse_context("generate (chains written without results)")
+    model.bank.refuse_shown_schemas("generate (chains written without results)")
     config = config or DecodeConfig()
     if config.context_contrast:
         raise ValueError("context_contrast: only tokmem.chat decodes with it (generate has no conversation to drop)")
@@ -288,7 +290,7 @@ def decode_rows(
     per bank row, the tool schema to decode under instead of the bank's (``argument_grammar``).  ``begun``: see
     ``Rules`` (``tokmem.chat``'s second pass for a bank that shows schemas); ``check``: see ``prefill``.
     """
-    banks = Banks(*model.memory_matrices(), allowed)
+    banks = Banks(*model.memory_matrices(), allowed, ContextLayout.of([model.bank], ids.device))
     full = lambda value: torch.full((len(ids),), value, device=ids.device)  # noqa: E731
     rules = Rules(full(config.threshold), forced, full(config.max_steps), full(config.temperature), full(1.0), begun)
     grammar = argument_grammar(model, len(ids), config, schemas)
@@ -308,11 +310,24 @@ def decode_rows(
 class Banks:
     """The memory rows a batch decodes with: ``index`` and ``steer`` (bank rows, d), shared by every row, or (rows,
     widest bank, d), each row its own bank (the server); ``valid`` (rows, bank rows): the memory rows each row may use
-    (None: every one; required with per-row banks, where it also marks their padding)."""
+    (None: every one; required with per-row banks, where it also marks their padding); ``context``: where the
+    banks' context ids sit, forced after each memory token (None: no bank has any)."""
 
     index: torch.Tensor
     steer: torch.Tensor
     valid: torch.Tensor | None = None
+    context: ContextLayout | None = None
+
+    def routes(self, token: torch.Tensor, vocab: int) -> torch.Tensor:
+        """Whether each row's token is a memory token that routes (a segment), not a context id."""
+        return token >= vocab if self.context is None else self.context.routes(token, vocab)
+
+    def forced_context(self, token: torch.Tensor, last: torch.Tensor, vocab: int) -> torch.Tensor:
+        """``token`` where no context id must follow ``last`` (the token just fed), else that id."""
+        if self.context is None:
+            return token
+        following = self.context.after(last, vocab)
+        return torch.where(following >= 0, following, token)
 
     def logits(self, model: TokMemModel, hidden: torch.Tensor) -> torch.Tensor:
         """The logits over vocab ∪ bank at each row's last position (float), the memory rows a row may not use at -inf."""
@@ -357,15 +372,16 @@ def prefill(model, ids, mask, cache, banks: Banks, rules: Rules, generator, gram
         grammar.begin(begun.tolist())
         grammar.constrain(logits)
     token = pick(logits, rules.temperature, generator, rules.top_p, generators)
-    steps = model.is_memory(token).long() + (begun >= 0).long()  # a begun row's memory token is its first segment
+    steps = banks.routes(token, model.vocab_size).long() + (begun >= 0).long()  # a begun row's: its first segment
     state = [token, steps, plain & (begun < 0), rules.max_steps, rules.temperature, rules.top_p]
     return DecodeBatch(cache, mask, position_ids[:, -1] + 1, *state, grammar), mass
 
 
 def step(model, batch: DecodeBatch, banks: Banks, generator, generators=None, done=None, check=None) -> torch.Tensor:
-    """Feed each row's last token and pick its next one (the chaining rule: ``next_tokens``; the grammar's masks);
-    ``batch`` moves on by one column.  ``done``: rows that have finished but stay in the batch (fed padding, masked,
-    given EOS); ``generators``, ``check``: see ``prefill``."""
+    """Feed each row's last token and pick its next one (the chaining rule: ``next_tokens``; the grammar's masks;
+    after a memory token its context ids, ``Banks.forced_context``); ``batch`` moves on by one column.  ``done``: rows
+    that have finished but stay in the batch (fed padding, masked, given EOS); ``generators``, ``check``: see
+    ``prefill``."""
     fed, column = batch.last, torch.ones_like(batch.last)
     if done is not None:
         fed, column = fed.masked_fill(done, model.backbone.tokenizer.pad_token_id), (~done).long()
@@ -378,10 +394,11 @@ def step(model, batch: DecodeBatch, banks: Banks, generator, generators=None, do
         batch.grammar.constrain(logits)
     blocked = batch.plain | (batch.steps >= batch.max_steps)
     token = next_tokens(logits, model.vocab_size, blocked, batch.temperature, generator, batch.top_p, generators)
+    token = banks.forced_context(token, batch.last, model.vocab_size)
     if done is not None:
         token = token.masked_fill(done, model.backbone.eos_token_id)
     batch.mask, batch.last, batch.position = mask, token, batch.position + 1
-    batch.steps = batch.steps + model.is_memory(token).long()
+    batch.steps = batch.steps + banks.routes(token, model.vocab_size).long()
     return token
 
 
@@ -428,7 +445,7 @@ def to_generation(model, query, row, mass, routed) -> Generation:
     segment is its generated arguments, returned as the whole call (``assemble_call``)."""
     vocab, eos, tokenizer, bank = model.vocab_size, model.backbone.eos_token_id, model.backbone.tokenizer, model.bank
     segments: list[tuple[int | None, list[int]]] = [] if routed else [(None, [])]
-    for token in row:
+    for token in model.without_context(row):
         if token == eos:
             break
         if token >= vocab:

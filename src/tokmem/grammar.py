@@ -198,11 +198,12 @@ class ArgumentGrammar:
         return grammar
 
     def advance(self, tokens: torch.Tensor) -> None:
-        """Feed each row's new token: a memory token starts its tool's grammar (or none); EOS ends the row's."""
+        """Feed each row's new token: a memory token starts its tool's grammar (or none); EOS ends the row's; a
+        context id after a memory token (``tokmem.context_ids``: past the row's bank rows) changes nothing."""
         tokens = tokens.tolist()
         for i, token in enumerate(tokens):
             self.started[i] = True
-            if token >= self.vocab:
+            if self.vocab <= token < self.vocab + len(self.grammars[i]):
                 self._start_tool(i, token)
             elif token == self.eos:
                 self.matchers[i] = None

@@ -1,7 +1,7 @@
 """TokMemModel: a frozen backbone plus a memory bank.
 
-Memory token ids are ``vocab_size + row``; a bank of several memory tokens a procedure puts its tails after the rows
-(``tail_ids``): ``vocab_size + rows + row * (tokens - 1) + j``, and its shared rows after the tails.  The vocabulary is never resized and the embedding
+Memory token ids are ``vocab_size + row``; a bank's tails and shared rows have ids after its rows
+(``tokmem.context_ids``).  The vocabulary is never resized and the embedding
 matrix never unfrozen: memory ids are looked up in the bank, and the LM head's logits are
 extended with ``h · Mᵀ``.  During training, the bank's trainable rows are the only parameters.
 """
@@ -15,6 +15,7 @@ from transformers import DynamicCache
 from tokmem import distributed
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone
 from tokmem.bank import MEMORY_TOKENS, SHARED_TOKENS, MemoryBank
+from tokmem.context_ids import input_rows, tail_ids
 from tokmem.errors import BankError
 from tokmem.prefix_store import PrefixStore
 from tokmem.sequences import ANSWER, CLOSE, IGNORE, NEXT_KEY, key_choice_kinds, positions
@@ -48,14 +49,17 @@ class TokMemModel(nn.Module):
     def tail_ids(self, memory: int) -> list[int]:
         """The ids that follow memory token ``memory``: its tail (none in a bank of one memory token a procedure),
         then the bank's shared rows (none in a bank without): input rows only, never predicted."""
-        width = self.bank.memory_tokens - 1
-        tails = self.vocab_size + len(self.bank)
-        start = tails + (memory - self.vocab_size) * width
-        shared = tails + len(self.bank) * width
-        return [*range(start, start + width), *range(shared, shared + self.bank.shared_tokens)]
+        bank = self.bank
+        return tail_ids(self.vocab_size, len(bank), bank.memory_tokens - 1, bank.shared_tokens, memory)
 
     def is_memory(self, ids: torch.Tensor) -> torch.Tensor:
         return ids >= self.vocab_size
+
+    def without_context(self, tokens: list[int]) -> list[int]:
+        """An answer's tokens without the context ids its decoder laid out after each memory token (its tail, the
+        shared rows): what the model wrote."""
+        end = self.vocab_size + len(self.bank)
+        return [token for token in tokens if token < end]
 
     # ---- trainable rows ---------------------------------------------------------------------------
     def unfreeze_rows(self) -> list[nn.Parameter]:
@@ -100,9 +104,9 @@ class TokMemModel(nn.Module):
         index = self._with_rows(self.bank.index, self.row_index)
         steer = self._with_rows(self.bank.steer, self.row_steer) if self.bank.decoupled else index
         if self.bank.memory_tokens > 1 or self.bank.shared_tokens:
-            tails = self._with_rows(self.bank.tail, self.row_tail).flatten(0, 1)
+            tail = self._with_rows(self.bank.tail, self.row_tail)
             shared = self.bank.shared.to(self.device) if self.row_shared is None else self.row_shared
-            steer = torch.cat([steer, tails, shared])
+            steer = input_rows(steer, tail, shared)
         return index, steer
 
     def _with_rows(self, matrix: torch.Tensor, rows: nn.Parameter | None) -> torch.Tensor:

@@ -6,7 +6,9 @@ import types
 import numpy as np
 import pytest
 import torch
-from helpers import write_bank
+from helpers import random_rows, write_bank
+
+import tokmem
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 
@@ -14,16 +16,22 @@ from tokmem.vllm import extra_args, slots
 from tokmem.vllm.processor import TokMemLogitsProcessor
 
 NEG = float("-inf")
+SLOTS = 16
 
 
 @pytest.fixture
 def setup(vllm_backbone, tmp_path):
-    """A processor over a fresh slot table, and two banks: a (2 rows, slots 0–1 once placed) and b (3 rows)."""
+    """A processor over a fresh slot table, and three banks: a (2 rows, slots 0–1 once placed), b (3 rows) and c (2
+    tools with a tail and a shared row each: 5 slots, rows first)."""
     vocab = vllm_backbone.vocab_size
-    slots.install(slots.SlotTable(8, vllm_backbone.hidden_size, vocab))
-    paths = {name: tmp_path / f"{name}.safetensors" for name in "ab"}
+    slots.install(slots.SlotTable(SLOTS, vllm_backbone.hidden_size, vocab))
+    paths = {name: tmp_path / f"{name}.safetensors" for name in "abc"}
     for seed, (name, rows) in enumerate({"a": 2, "b": 3}.items()):
         write_bank(vllm_backbone, paths[name], rows=rows, seed=seed)
+    context = tokmem.create(vllm_backbone, memory_tokens=2, shared_tokens=1)
+    context.bank.add(["t0", "t1"], vllm_backbone.mean_embedding(), kinds=["tool", "tool"])
+    random_rows(context.bank, seed=2)
+    context.bank.save(paths["c"])
     config = types.SimpleNamespace(
         model_config=types.SimpleNamespace(
             get_vocab_size=lambda: vocab, hf_config=types.SimpleNamespace(eos_token_id=vllm_backbone.eos_token_id)
@@ -43,7 +51,7 @@ def v1_config(processor):
 
 
 def allowed_slots(processor, vocab, rows: int) -> list[list[int]]:
-    logits = processor.apply(torch.zeros(rows, vocab + 8))
+    logits = processor.apply(torch.zeros(rows, vocab + SLOTS))
     return [(row[vocab:] > NEG).nonzero().flatten().tolist() for row in logits]
 
 
@@ -80,9 +88,28 @@ def test_a_request_whose_bank_cannot_be_placed_may_only_end(setup, tmp_path, cap
     processor, paths, vocab = setup
     gone = tmp_path / "gone.safetensors"  # checked by the front end, deleted before the worker placed it
     processor.update_state(BatchUpdate(1, [], [(0, SamplingParams(extra_args=extra_args(gone)), None, [])], []))
-    logits = processor.apply(torch.zeros(1, vocab + 8))
+    logits = processor.apply(torch.zeros(1, vocab + SLOTS))
     assert (logits[0] > NEG).nonzero().flatten().tolist() == [processor.eos[0]]
     assert "gone.safetensors" in caplog.text
+
+
+def test_after_a_memory_token_its_tail_then_the_shared_row_are_forced_and_only_memory_tokens_count_as_steps(setup):
+    processor, paths, vocab = setup
+    output = [vocab + 1]  # c's row 1: its tail is slot 2 + 1, the shared row slot 4
+    added = [(0, SamplingParams(extra_args=extra_args(paths["c"], max_steps=2)), None, output)]
+    processor.update_state(BatchUpdate(1, [], added, []))
+    for forced in (3, 4):
+        logits = processor.apply(torch.zeros(1, vocab + SLOTS))
+        assert (logits[0] > NEG).nonzero().flatten().tolist() == [vocab + forced]
+        output.append(vocab + forced)
+        processor.update_state(None)
+    assert allowed_slots(processor, vocab, 1) == [[0, 1]]  # one call so far (max_steps 2): the rows route again
+    output.append(vocab + 0)
+    processor.update_state(None)
+    assert allowed_slots(processor, vocab, 1) == [[2]]  # row 0's tail alone
+    output.extend([vocab + 2, vocab + 4, 7])
+    processor.update_state(None)
+    assert allowed_slots(processor, vocab, 1) == [[]]  # two calls: max_steps reached
 
 
 # ---- Model Runner V2: the same rules through its interface ---------------------------------------------------
@@ -130,7 +157,7 @@ def test_model_runner_v2_masks_as_v1_does_for_the_same_requests_and_outputs(setu
     rng = random.Random(seed)
     requests, prompts, outputs = [], [], []
     for _ in range(10):
-        bank = rng.choice([None, "a", "b"])
+        bank = rng.choice([None, "a", "b", "c"])
         options = {} if bank is None else extra_args(paths[bank], threshold=rng.random(), max_steps=rng.randint(1, 3))
         if bank == "b" and rng.random() < 0.3:
             options = extra_args(paths["b"], procedure="p1")
@@ -145,7 +172,7 @@ def test_model_runner_v2_masks_as_v1_does_for_the_same_requests_and_outputs(setu
     req_states, tokens = v2_processor(vocab, prompts, outputs)
     v2 = TokMemLogitsProcessor(v1_config(v1), req_states)
     assert all(v2.add_request(slot, params) for slot, params in enumerate(requests))
-    logits = torch.randn(len(order), vocab + 8, generator=torch.Generator().manual_seed(seed))
+    logits = torch.randn(len(order), vocab + SLOTS, generator=torch.Generator().manual_seed(seed))
     lengths = [len(p) + len(o) for p, o in zip(prompts, outputs)]
     expected = v1.apply(logits.clone())
     assert torch.equal(v2.apply(logits.clone(), v2_context(req_states, tokens, order, lengths)), expected)

@@ -50,14 +50,14 @@ def add_commands(commands) -> None:
         type=int,
         default=MEMORY_TOKENS,
         help="memory tokens a tool: the first routes, the others (its tail) follow it as context for the arguments, "
-        "one row of parameters each (tools only; tokmem.chat and tokmem serve decode such a bank, vLLM not yet)",
+        "one row of parameters each (tools only)",
     )
     train.add_argument(
         "--shared-tokens",
         type=int,
         default=SHARED_TOKENS,
         help="rows every tool reads after its own memory tokens, trained on all the tools' calls in this first "
-        "round and frozen after (tools only; tokmem.chat and tokmem serve decode such a bank, vLLM not yet)",
+        "round and frozen after (tools only)",
     )
     _training_options(train)
     train.set_defaults(handler=cmd_train)

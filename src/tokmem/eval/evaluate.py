@@ -66,16 +66,14 @@ def evaluate(
 
 
 def _generations(model: TokMemModel, examples, looped: list[int], loop: dict | None, config) -> list[Generation]:
-    """Each example's whole answer (``generate``).  A bank whose memory tokens are followed by context (tails, shown
-    schemas) answers through ``tokmem.chat`` only: every example must run the tool loop, and its answer is the loop's
-    end-to-end calls."""
-    if not model.bank.context_follows_memory:
+    """Each example's whole answer (``generate``).  A bank that shows its tools' schemas answers through
+    ``tokmem.chat`` only: every example must run the tool loop, and its answer is the loop's end-to-end calls."""
+    if not model.bank.shows_schemas:
         return generate(model, [e.query for e in examples], config)
     if len(looped) < len(examples):
         raise DataError(
             f"{len(examples) - len(looped)} of {len(examples)} examples are not tool calls with a result at every "
-            "step: a bank that shows its tools' schemas or has several memory tokens a tool is evaluated in the tool "
-            "loop only"
+            "step: a bank that shows its tools' schemas is evaluated in the tool loop only"
         )
     return [
         Generation(

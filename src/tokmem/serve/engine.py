@@ -21,10 +21,11 @@ answers in its JSON from the first token (``tokmem.grammar``; every grammar comp
 engine: never here): the batch keeps one ``ArgumentGrammar`` whose rows follow the batch's rows, its masks applied
 as one tensor op per step, as ``decode`` does offline.
 
-A row of a bank whose memory tokens are followed by context (``MemoryBank.context_follows_memory``: several memory
-tokens a tool, a shown schema) that chose a tool with its first token leaves the batch and joins it again prefilled
-with that memory token and its context (``chat.context_after``: the tail, the schema) after its prompt, its arguments
-next (``Request.with_context_after``): ``tokmem.chat``'s second pass, so the server answers as ``tokmem.chat`` does.
+A bank's tails and shared rows are fed after each memory token as ``decode.step`` feeds them (``Banks.context``,
+each row its own bank's layout).  A row of a bank that shows its tools' schemas (tokmem+schema) that chose a tool
+with its first token leaves the batch and joins it again prefilled with that memory token and its context
+(``chat.context_after``: the tail, the schema) after its prompt, its arguments next (``Request.with_context_after``):
+``tokmem.chat``'s second pass, so the server answers as ``tokmem.chat`` does.
 
 Sampling (temperature > 0) takes each row's ``top_p``; a request with a ``seed`` draws from its own generator, so
 it samples the same answer whatever else is in the batch.  A text answer that reaches one of its request's ``stop``
@@ -53,6 +54,7 @@ from transformers import DynamicCache
 
 from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
+from tokmem.context_ids import ContextLayout
 from tokmem.batch import DecodeBatch, left_pad
 from tokmem.decode import Banks, DecodeConfig, Generation, Rules, prefill, step, to_generation
 from tokmem.errors import BackboneError, TokMemError
@@ -92,8 +94,8 @@ class Request:
     begun: int = -1  # the tool whose memory token and its context end the prompt, its arguments next (see Rules)
 
     def with_context_after(self, memory: int) -> "Request":
-        """This request once its first token chose tool ``memory`` of a bank whose memory tokens are followed by
-        context: the prompt goes on with the memory token and its context (tail, schema), the arguments come next,
+        """This request once its first token chose tool ``memory`` of a bank that shows its tools' schemas: the
+        prompt goes on with the memory token and its context (tail, schema), the arguments come next,
         and no other call (as ``tokmem.chat``)."""
         after = context_after(self.bank.model, memory)
         return replace(self, prompt=self.prompt + after, begun=memory, max_steps=1, forced=-1)
@@ -165,11 +167,11 @@ class Handle:
             self._notify()
 
     def lays_out_context_next(self) -> bool:
-        """Whether the answer has just chosen a tool whose memory token is followed by context not yet laid out."""
+        """Whether the answer has just chosen a tool whose shown schema is not yet laid out."""
         model = self.request.bank.model
         return (
             not self.finished
-            and model.bank.context_follows_memory
+            and model.bank.shows_schemas
             and self.request.begun < 0
             and len(self.tokens) == 1
             and starts_calls(model, self.tokens[0], self.plain)
@@ -203,7 +205,7 @@ class _Batch:
     banks: Banks = field(init=False)  # (rows, widest bank, d): each row its own bank, padded
 
     def __post_init__(self):
-        self.banks = Banks(*request_tables([h.request for h in self.handles], self.rows.mask.device))
+        self.banks = request_tables([h.request for h in self.handles], self.rows.mask.device)
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -250,12 +252,13 @@ def padded_table(matrices: list[torch.Tensor], which: torch.Tensor) -> tuple[tor
     return stacked[gather], valid
 
 
-def request_tables(requests: list[Request], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def request_tables(requests: list[Request], device) -> Banks:
     """``bank_tables`` of the requests' banks, each row's ``valid`` columns also limited to what its request
-    allows (one padded tensor, no loop in tensor code)."""
+    allows (one padded tensor, no loop in tensor code), and where their context ids sit."""
     index, steer, valid = bank_tables([r.bank for r in requests], device)
     allowed = [r.allowed.to(device) if r.allowed is not None else valid.new_ones(r.bank.rows) for r in requests]
-    return index, steer, valid & pad_sequence(allowed, batch_first=True)
+    context = ContextLayout.of([r.bank.model.bank for r in requests], device)
+    return Banks(index, steer, valid & pad_sequence(allowed, batch_first=True), context)
 
 
 def argument_grammar(requests: list[Request], always: bool = False):
@@ -427,7 +430,7 @@ class Engine:
                 for name in ("threshold", "forced", "max_steps", "temperature", "top_p", "begun")
             )
         )
-        banks = Banks(*request_tables(requests, device))
+        banks = request_tables(requests, device)
         rows, mass = prefill(
             model,
             ids,

@@ -61,7 +61,7 @@ class IncrementalText:
 
     def _feed(self, tokens: list[int]) -> None:
         vocab, eos = self.model.vocab_size, self.model.backbone.eos_token_id
-        for token in tokens[self.seen :]:
+        for token in self.model.without_context(tokens[self.seen :]):
             if self.ended or token == eos:
                 self.ended = True
             elif token >= vocab:

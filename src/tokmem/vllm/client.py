@@ -71,4 +71,5 @@ def cache_salt(bank) -> str:
 def procedures(token_ids: list[int], vocab: int, placement: dict) -> list[str]:
     """The procedures an answer's memory ids name, given its bank's ``placement`` in the worker (one value of
     ``llm.collective_rpc("tokmem_placements")[0]``, read while the bank is still placed)."""
-    return [placement["names"][t - vocab - placement["offset"]] for t in token_ids if t >= vocab]
+    rows = [t - vocab - placement["offset"] for t in token_ids]
+    return [placement["names"][row] for row in rows if 0 <= row < len(placement["names"])]  # context ids: no names

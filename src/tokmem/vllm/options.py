@@ -62,7 +62,7 @@ class Options:
         if not Path(self.bank).is_file():
             raise OptionError(f"tokmem_bank: {self.bank}: bank file not found")
         bank = _load(bank_key(self.bank))
-        bank.refuse_context("the vLLM plugin")
+        bank.refuse_shown_schemas("the vLLM plugin")
         if self.procedure is not None:
             bank.row(self.procedure)
         return bank

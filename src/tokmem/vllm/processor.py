@@ -7,7 +7,9 @@ Each step, for every row of the batch:
     so the memory mass is taken before temperature): a memory token, or the plain backbone, or the
     forced procedure;
   - later, memory tokens only after a routed first token and while fewer than ``max_steps``
-    (``decode.next_token_logits``'s rule: a blocked row keeps no slot at all).
+    (``decode.next_token_logits``'s rule: a blocked row keeps no slot at all);
+  - after a memory token of a bank with tails or shared rows, those ids, one a step (``tokmem.context_ids``, the rule
+    ``decode.step`` applies): every other column of the row at -inf.
 A row's state (routed or plain, memory tokens so far) is read from its output tokens, so preempted and resumed
 requests carry on correctly.
 
@@ -29,6 +31,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.logits_processor import LogitsProcessor as BatchProcessor
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as SlotProcessor
 
+from tokmem.context_ids import ContextLayout
 from tokmem.decode import first_token_logits
 from tokmem.errors import TokMemError
 from tokmem.vllm import slots
@@ -64,6 +67,10 @@ class _Request:
         if self.placement is not None:
             slots.SlotTable.release(self.placement)
 
+    def routes(self, token: int, vocab: int) -> bool:
+        """Whether ``token`` is one of its bank's memory tokens that route (a segment), not a context id."""
+        return self.placement is not None and 0 <= token - vocab - self.placement.offset < self.placement.rows
+
 
 @dataclass
 class _Row:
@@ -84,15 +91,15 @@ class _Row:
         new = self.output[self.seen :]
         if new and self.seen == 0:
             self.plain = new[0] < vocab
-        self.steps += sum(token >= vocab for token in new)
+        self.steps += sum(self.request.routes(token, vocab) for token in new)
         self.seen = len(self.output)
 
 
 @dataclass
 class _State:
     """Per batch row: at its first output position (host); the slots it may emit, ``[offset, end)`` (empty where
-    memory is blocked); the open-set threshold; the forced memory id (-1: none); and the rows whose bank could not
-    be placed (host)."""
+    memory is blocked); the open-set threshold; the forced memory id (-1: none); the rows whose bank could not
+    be placed (host); the token fed now (-1: none) and where its bank's context ids sit (None: no bank has any)."""
 
     first: torch.Tensor
     offset: torch.Tensor
@@ -101,6 +108,8 @@ class _State:
     forced: torch.Tensor
     widest: int  # the most slots a row keeps
     unplaced: list[int]
+    last: torch.Tensor
+    context: ContextLayout | None
 
 
 class TokMemLogitsProcessor(BatchProcessor, SlotProcessor):
@@ -168,6 +177,8 @@ class TokMemLogitsProcessor(BatchProcessor, SlotProcessor):
             ),
             int(count.max()) if batch else 0,
             [i for i, row in self.rows.items() if row.request.placement is None and i < batch],
+            torch.tensor([row.output[-1] if row and row.output else -1 for row in placed]),
+            _context([row.request if row else None for row in placed]),
         )
 
     # ---- Model Runner V2 -------------------------------------------------------------------------------------
@@ -193,7 +204,8 @@ class TokMemLogitsProcessor(BatchProcessor, SlotProcessor):
         made = torch.as_tensor(ctx.seq_lens_upper_bound_np - self.req_states.prompt_len.np[ctx.idx_mapping_np])
         offset = torch.tensor([r.placement.offset if r else 0 for r in placed])
         count = torch.tensor([r.placement.rows if r else 0 for r in placed])
-        blocked = self._blocked(ctx, made, torch.tensor([r.options.max_steps if r else 1 for r in placed]))
+        max_steps = torch.tensor([r.options.max_steps if r else 1 for r in placed])
+        blocked = self._blocked(ctx, made, max_steps, offset, count)
         return _State(
             torch.tensor([bool(r) for r in placed]) & (made <= 0),
             offset,
@@ -202,12 +214,17 @@ class TokMemLogitsProcessor(BatchProcessor, SlotProcessor):
             torch.tensor([self.vocab + r.forced if r and r.forced >= 0 else -1 for r in placed]),
             int(count.max()) if batch else 0,
             [i for i, r in enumerate(requests) if r is not None and r.placement is None],
+            ctx.input_ids,
+            _context(placed),
         )
 
-    def _blocked(self, ctx, made: torch.Tensor, max_steps: torch.Tensor) -> torch.Tensor:
+    def _blocked(self, ctx, made, max_steps, offset, rows) -> torch.Tensor:
         """Per row, on the device: memory blocked at the next position (a plain first output token, or
-        ``max_steps`` memory tokens so far); rows with no output yet are not blocked."""
+        ``max_steps`` memory tokens that route so far: ids in ``[offset, offset + rows)`` of the slots); rows with
+        no output yet are not blocked."""
         device = ctx.input_ids.device
+        low = self.vocab + offset.to(device).unsqueeze(-1)
+        routes = lambda ids: (ids >= low) & (ids < low + rows.to(device).unsqueeze(-1))  # noqa: E731
         width = max(int(made.max()) - 1, 1) if len(made) else 1  # host values: no device sync
         made = made.to(device)
         start = torch.as_tensor(self.req_states.prompt_len.np[ctx.idx_mapping_np], device=device).unsqueeze(-1)
@@ -216,7 +233,7 @@ class TokMemLogitsProcessor(BatchProcessor, SlotProcessor):
         columns = (start + steps).clamp(max=self.req_states.all_token_ids.gpu.shape[1] - 1)
         history = self.req_states.all_token_ids.gpu[ctx.idx_mapping.long().unsqueeze(-1), columns]
         last = ctx.input_ids
-        memory = ((history >= self.vocab) & earlier).sum(-1) + (last >= self.vocab).long()
+        memory = (routes(history) & earlier).sum(-1) + routes(last.unsqueeze(-1)).squeeze(-1).long()
         first = torch.where(made > 1, history[:, 0], last)
         return (made > 0) & ((first < self.vocab) | (memory >= max_steps.to(device)))
 
@@ -224,7 +241,8 @@ class TokMemLogitsProcessor(BatchProcessor, SlotProcessor):
     def apply(self, logits: torch.Tensor, ctx=None) -> torch.Tensor:
         """Each row keeps only the slots ``[offset, end)``: its bank's, or none where memory is blocked
         (``decode.next_token_logits``'s rule, folded into the range so the whole batch costs one in-place mask);
-        rows at their first position then get ``decode.first_token_logits``."""
+        rows at their first position then get ``decode.first_token_logits``; rows after a memory token of a bank
+        with context ids, the next of those alone."""
         state = self._batch_state(len(logits)) if ctx is None else self._slot_state(len(logits), ctx)
         offset, end, threshold, forced = (
             t.to(logits.device, non_blocking=True) for t in (state.offset, state.end, state.threshold, state.forced)
@@ -233,6 +251,9 @@ class TokMemLogitsProcessor(BatchProcessor, SlotProcessor):
         if state.first.any():  # rows at their first position (known on the host)
             at = state.first.nonzero().squeeze(-1).to(logits.device)
             logits[at] = first_token_logits(logits[at], self.vocab, threshold[at], end[at] > offset[at], forced[at])[0]
+        if state.context is not None:
+            context = state.context.to(logits.device)
+            _force(logits, context.after(state.last.to(logits.device), self.vocab))
         return self._end_unplaced(logits, state.unplaced)
 
     def _end_unplaced(self, logits: torch.Tensor, unplaced: list[int]) -> torch.Tensor:
@@ -242,6 +263,24 @@ class TokMemLogitsProcessor(BatchProcessor, SlotProcessor):
             logits[unplaced] = float("-inf")
             logits[torch.tensor(unplaced).unsqueeze(-1), torch.tensor(self.eos)] = keep
         return logits
+
+
+def _context(requests: list[_Request | None]) -> ContextLayout | None:
+    """Where each row's bank (placed; None: no bank) has its context ids in the slots, or None where none has any."""
+    banks = [r.placement.bank if r else None for r in requests]
+    if not any(b is not None and (b.memory_tokens > 1 or b.shared_tokens) for b in banks):
+        return None
+    value = lambda field: torch.tensor([field(b) if b is not None else 0 for b in banks])  # noqa: E731
+    offsets = torch.tensor([r.placement.offset if r else 0 for r in requests])
+    return ContextLayout(value(len), value(lambda b: b.memory_tokens - 1), value(lambda b: b.shared_tokens), offsets)
+
+
+def _force(logits: torch.Tensor, following: torch.Tensor) -> None:
+    """Each row whose ``following`` is an id (not -1) keeps that column alone (in place, branch-free)."""
+    forced = (following >= 0).unsqueeze(-1)
+    column = following.clamp(min=0).unsqueeze(-1)
+    logits.masked_fill_(forced, float("-inf"))
+    logits.scatter_(1, column, torch.where(forced, 0.0, logits.gather(1, column)))
 
 
 def _keep_slots(memory: torch.Tensor, offset: torch.Tensor, count: torch.Tensor, widest: int) -> None:

@@ -1,7 +1,8 @@
 """The memory slots of one vLLM worker: a fixed table of S rows above the vocabulary, and the banks in it.
 
 Slot ``s`` is token id ``vocab + s``.  A bank of n rows takes n consecutive slots; its memory ids in
-that worker are ``vocab + offset + row``.  The tables never change shape (S is fixed when the model is
+that worker are ``vocab + offset + row``.  A bank with tails or shared rows takes their ids too, right after its rows
+(``tokmem.context_ids``): input rows only, their index side zero (never routed: the logits processor forces them).  The tables never change shape (S is fixed when the model is
 built), rows are copied in place, so a compiled or graph-captured forward stays valid.  Banks no running
 request uses stay placed until their slots are needed, then the least recently used go first.
 
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 
 from tokmem.bank import MemoryBank
+from tokmem.context_ids import input_rows
 from tokmem.errors import TokMemError
 
 DEFAULT_SLOTS = 4096
@@ -38,11 +40,17 @@ class Placement:
 
     @property
     def rows(self) -> int:
+        """The bank's rows: the slots that route."""
         return len(self.bank)
 
     @property
     def end(self) -> int:
-        return self.offset + self.rows
+        return self.offset + slots_of(self.bank)
+
+
+def slots_of(bank: MemoryBank) -> int:
+    """The slots a bank takes: its rows, their tails and its shared rows."""
+    return len(bank) * bank.memory_tokens + bank.shared_tokens
 
 
 def bank_key(path) -> tuple[str, int, int]:
@@ -78,7 +86,7 @@ class SlotTable:
                 raise TokMemError(
                     f"{key[0]}: the bank's rows have width {bank.hidden_size}, this model's hidden size is {self.hidden_size}"
                 )
-            placement = Placement(self._free_offset(len(bank), key[0]), bank)
+            placement = Placement(self._free_offset(slots_of(bank), key[0]), bank)
             self._write(placement)
             self.placed[key] = placement
         self.placed.move_to_end(key)
@@ -89,32 +97,36 @@ class SlotTable:
     def release(placement: Placement) -> None:
         placement.users -= 1
 
-    def _free_offset(self, rows: int, where: str) -> int:
-        """The first offset with ``rows`` free slots after it, evicting unused banks (least recent first) until one exists."""
+    def _free_offset(self, needed: int, where: str) -> int:
+        """The first offset with ``needed`` free slots after it, evicting unused banks (least recent first) until one
+        exists."""
         while True:
-            offset = self._first_gap(rows)
+            offset = self._first_gap(needed)
             if offset is not None:
                 return offset
             unused = next((key for key, p in self.placed.items() if p.users == 0), None)
             if unused is None:
                 raise SlotsFull(
-                    f"{where}: {rows} rows do not fit in the {self.slots} memory slots next to the banks in use "
+                    f"{where}: {needed} slots do not fit in the {self.slots} memory slots next to the banks in use "
                     "(start the model with more tokmem_slots)"
                 )
             del self.placed[unused]
 
-    def _first_gap(self, rows: int) -> int | None:
+    def _first_gap(self, needed: int) -> int | None:
         start = 0
         for placement in sorted(self.placed.values(), key=lambda p: p.offset):
-            if placement.offset - start >= rows:
+            if placement.offset - start >= needed:
                 return start
             start = placement.end
-        return start if self.slots - start >= rows else None
+        return start if self.slots - start >= needed else None
 
     def _write(self, placement: Placement) -> None:
-        where = slice(placement.offset, placement.end)
-        self.index[where] = placement.bank.index.to(self.index)
-        self.steer[where] = placement.bank.steer_matrix.to(self.steer)
+        bank, rows = placement.bank, slice(placement.offset, placement.offset + placement.rows)
+        self.index[placement.offset : placement.end] = 0
+        self.index[rows] = bank.index.to(self.index)
+        self.steer[placement.offset : placement.end] = input_rows(bank.steer_matrix, bank.tail, bank.shared).to(
+            self.steer
+        )
 
 
 _table: SlotTable | None = None
