@@ -58,6 +58,24 @@ def test_generate_chains_the_calls_of_a_bank_with_context_rows_as_chat_answers(l
     assert len(chat.tool_calls) >= 1 and all(s.procedure in ("city", "count") for s in generated.trace)
 
 
+@pytest.mark.parametrize("form", FORMS)
+def test_a_call_after_forced_context_ids_is_what_one_pass_over_the_whole_laid_out_call_predicts(lively_backbone, form):
+    """The context fed one id a step reads as it would prefilled (as training lays it out): each argument token
+    decoded after it is the greedy choice of a single forward pass over the conversation and the call."""
+    model = city_count_model(lively_backbone, **form)
+    config = DecodeConfig(max_new_tokens=24, max_steps=1, schema=False, references=False)
+    cache = tokmem.ChatCache()
+    tokmem.chat(model, example_messages(city_count_chain())[:1], tool_choice="required", config=config, cache=cache)
+    ids = torch.tensor([cache.ids])
+    hidden, _ = model.hidden(ids, torch.ones_like(ids))
+    predicted = model.logits(hidden[0])[:, : model.vocab_size].argmax(-1)  # one memory token a turn: words only after
+    memory = next(k for k, token in enumerate(cache.ids) if token >= model.vocab_size)
+    arguments = memory + 1 + len(model.tail_ids(cache.ids[memory]))
+    assert cache.ids[memory + 1 : arguments] == model.tail_ids(cache.ids[memory])
+    assert predicted[arguments - 1 : -1].tolist() == cache.ids[arguments:]
+    assert len(cache.ids) - arguments >= 5  # the arguments were decoded: the comparison covers them
+
+
 def test_generate_still_refuses_a_bank_that_shows_its_schemas(lively_backbone):
     model = city_count_model(lively_backbone, shows_schemas=True)
     with pytest.raises(BankError, match="shows its tools' schemas .* generate .* does not decode such a bank"):
