@@ -26,6 +26,11 @@ def input_rows(steer: torch.Tensor, tail: torch.Tensor, shared: torch.Tensor) ->
     return torch.cat([steer, tail.flatten(0, 1), shared])
 
 
+def id_count(bank) -> int:
+    """How many ids a bank (``MemoryBank``) has above the vocabulary: its rows, their tails, its shared rows."""
+    return len(bank) * bank.memory_tokens + bank.shared_tokens
+
+
 def tail_ids(vocab: int, rows: int, width: int, shared: int, memory: int) -> list[int]:
     """The context ids that follow memory token ``memory`` of a bank of ``rows`` rows, tails of ``width`` ids and
     ``shared`` shared rows: its tail, then the shared rows."""
@@ -45,13 +50,14 @@ class ContextLayout:
     offset: torch.Tensor | int = 0
 
     @classmethod
-    def of(cls, banks: list, device) -> ContextLayout | None:
-        """The layout of each row's bank (``MemoryBank``s, one a row, or one for every row), or None where no bank
-        has context rows (nothing is ever forced)."""
-        if not any(b.memory_tokens > 1 or b.shared_tokens for b in banks):
+    def of(cls, banks: list, device, offsets: list[int] | None = None) -> ContextLayout | None:
+        """The layout of each row's bank (``MemoryBank``s, one a row or one for every row; None: a row without a
+        bank, nothing forced), at ``offsets`` (default 0), or None where no bank has context rows."""
+        if not any(b is not None and b.context_rows() for b in banks):
             return None
-        values = lambda field: torch.tensor([field(b) for b in banks], device=device)  # noqa: E731
-        return cls(values(len), values(lambda b: b.memory_tokens - 1), values(lambda b: b.shared_tokens))
+        values = lambda field: torch.tensor([0 if b is None else field(b) for b in banks], device=device)  # noqa: E731
+        offset = 0 if offsets is None else torch.tensor(offsets, device=device)
+        return cls(values(len), values(lambda b: b.memory_tokens - 1), values(lambda b: b.shared_tokens), offset)
 
     def to(self, device) -> ContextLayout:
         return ContextLayout(*(torch.as_tensor(v).to(device, non_blocking=True) for v in vars(self).values()))

@@ -267,12 +267,10 @@ class TokMemLogitsProcessor(BatchProcessor, SlotProcessor):
 
 def _context(requests: list[_Request | None]) -> ContextLayout | None:
     """Where each row's bank (placed; None: no bank) has its context ids in the slots, or None where none has any."""
-    banks = [r.placement.bank if r else None for r in requests]
-    if not any(b is not None and (b.memory_tokens > 1 or b.shared_tokens) for b in banks):
-        return None
-    value = lambda field: torch.tensor([field(b) if b is not None else 0 for b in banks])  # noqa: E731
-    offsets = torch.tensor([r.placement.offset if r else 0 for r in requests])
-    return ContextLayout(value(len), value(lambda b: b.memory_tokens - 1), value(lambda b: b.shared_tokens), offsets)
+    placements = [r.placement if r else None for r in requests]
+    return ContextLayout.of(
+        [p.bank if p else None for p in placements], "cpu", [p.offset if p else 0 for p in placements]
+    )
 
 
 def _force(logits: torch.Tensor, following: torch.Tensor) -> None:

@@ -1,8 +1,9 @@
 """The memory slots of one vLLM worker: a fixed table of S rows above the vocabulary, and the banks in it.
 
 Slot ``s`` is token id ``vocab + s``.  A bank of n rows takes n consecutive slots; its memory ids in
-that worker are ``vocab + offset + row``.  A bank with tails or shared rows takes their ids too, right after its rows
-(``tokmem.context_ids``): input rows only, their index side zero (never routed: the logits processor forces them).  The tables never change shape (S is fixed when the model is
+that worker are ``vocab + offset + row``.  A bank with tails or shared rows takes their ids too, right after its
+rows (``tokmem.context_ids``): input rows only, their index side zero (never routed: the logits processor forces
+them).  The tables never change shape (S is fixed when the model is
 built), rows are copied in place, so a compiled or graph-captured forward stays valid.  Banks no running
 request uses stay placed until their slots are needed, then the least recently used go first.
 
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 
 from tokmem.bank import MemoryBank
-from tokmem.context_ids import input_rows
+from tokmem.context_ids import id_count, input_rows
 from tokmem.errors import TokMemError
 
 DEFAULT_SLOTS = 4096
@@ -45,12 +46,7 @@ class Placement:
 
     @property
     def end(self) -> int:
-        return self.offset + slots_of(self.bank)
-
-
-def slots_of(bank: MemoryBank) -> int:
-    """The slots a bank takes: its rows, their tails and its shared rows."""
-    return len(bank) * bank.memory_tokens + bank.shared_tokens
+        return self.offset + id_count(self.bank)
 
 
 def bank_key(path) -> tuple[str, int, int]:
@@ -86,7 +82,7 @@ class SlotTable:
                 raise TokMemError(
                     f"{key[0]}: the bank's rows have width {bank.hidden_size}, this model's hidden size is {self.hidden_size}"
                 )
-            placement = Placement(self._free_offset(slots_of(bank), key[0]), bank)
+            placement = Placement(self._free_offset(id_count(bank), key[0]), bank)
             self._write(placement)
             self.placed[key] = placement
         self.placed.move_to_end(key)
