@@ -39,6 +39,13 @@ def tail_ids(vocab: int, rows: int, width: int, shared: int, memory: int) -> lis
     return [*range(start, start + width), *range(first_shared, first_shared + shared)]
 
 
+def routes(ids, vocab: int, rows, offset=0):
+    """Whether each id (a tensor, or one int) is a memory token that routes (one of ``rows`` rows at ``offset``), not
+    a context id or a word."""
+    j = ids - vocab - offset
+    return (j >= 0) & (j < rows)
+
+
 @dataclass
 class ContextLayout:
     """Per batch row (tensors, or one value for every row): its bank's ``rows``, tail ``width`` (memory tokens a
@@ -79,5 +86,4 @@ class ContextLayout:
 
     def routes(self, ids: torch.Tensor, vocab: int) -> torch.Tensor:
         """Whether each id is a memory token that routes (a row's), not a context id."""
-        j = ids - vocab - self.offset
-        return (j >= 0) & (j < self.rows)
+        return routes(ids, vocab, self.rows, self.offset)

@@ -103,7 +103,7 @@ class TokMemModel(nn.Module):
         (``tail_ids``)."""
         index = self._with_rows(self.bank.index, self.row_index)
         steer = self._with_rows(self.bank.steer, self.row_steer) if self.bank.decoupled else index
-        if self.bank.memory_tokens > 1 or self.bank.shared_tokens:
+        if self.bank.context_rows():
             tail = self._with_rows(self.bank.tail, self.row_tail)
             shared = self.bank.shared.to(self.device) if self.row_shared is None else self.row_shared
             steer = input_rows(steer, tail, shared)

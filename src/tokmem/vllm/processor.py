@@ -31,7 +31,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.logits_processor import LogitsProcessor as BatchProcessor
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as SlotProcessor
 
-from tokmem.context_ids import ContextLayout
+from tokmem.context_ids import ContextLayout, routes
 from tokmem.decode import first_token_logits
 from tokmem.errors import TokMemError
 from tokmem.vllm import slots
@@ -69,7 +69,7 @@ class _Request:
 
     def routes(self, token: int, vocab: int) -> bool:
         """Whether ``token`` is one of its bank's memory tokens that route (a segment), not a context id."""
-        return self.placement is not None and 0 <= token - vocab - self.placement.offset < self.placement.rows
+        return self.placement is not None and routes(token, vocab, self.placement.rows, self.placement.offset)
 
 
 @dataclass
@@ -223,8 +223,7 @@ class TokMemLogitsProcessor(BatchProcessor, SlotProcessor):
         ``max_steps`` memory tokens that route so far: ids in ``[offset, offset + rows)`` of the slots); rows with
         no output yet are not blocked."""
         device = ctx.input_ids.device
-        low = self.vocab + offset.to(device).unsqueeze(-1)
-        routes = lambda ids: (ids >= low) & (ids < low + rows.to(device).unsqueeze(-1))  # noqa: E731
+        offset, rows = offset.to(device).unsqueeze(-1), rows.to(device).unsqueeze(-1)
         width = max(int(made.max()) - 1, 1) if len(made) else 1  # host values: no device sync
         made = made.to(device)
         start = torch.as_tensor(self.req_states.prompt_len.np[ctx.idx_mapping_np], device=device).unsqueeze(-1)
@@ -233,7 +232,8 @@ class TokMemLogitsProcessor(BatchProcessor, SlotProcessor):
         columns = (start + steps).clamp(max=self.req_states.all_token_ids.gpu.shape[1] - 1)
         history = self.req_states.all_token_ids.gpu[ctx.idx_mapping.long().unsqueeze(-1), columns]
         last = ctx.input_ids
-        memory = (routes(history) & earlier).sum(-1) + routes(last.unsqueeze(-1)).squeeze(-1).long()
+        routed = lambda ids: routes(ids, self.vocab, rows, offset)  # noqa: E731
+        memory = (routed(history) & earlier).sum(-1) + routed(last.unsqueeze(-1)).squeeze(-1).long()
         first = torch.where(made > 1, history[:, 0], last)
         return (made > 0) & ((first < self.vocab) | (memory >= max_steps.to(device)))
 
