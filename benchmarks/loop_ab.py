@@ -43,7 +43,6 @@ from loop_answers import (
 )  # a script beside this one (its folder is on the path when run)
 
 from tokmem.bank import MemoryBank
-from tokmem.bank_format import metadata_path
 from tokmem.cli.options import add_backbone
 from tokmem.eval import metrics
 from tokmem.eval.steps import OUTCOMES, aligned_scores, outcome, outcomes
@@ -56,7 +55,7 @@ from tokmem.studies.compositional_config import CompositionalConfig
 from tokmem.studies.harness import learn_round, progress_bar
 from tokmem.studies.tool_loop import step_predictions
 from tokmem.studies.tool_setup import build_method, prepare_backbones, tool_data
-from tokmem.train_state import remove as remove_training_state
+from tokmem.train_state import remove_checkpoint
 
 KEY_ORDERS = ("calls:key_order=calls", "schema:key_order=schema")
 METHOD = "tokmem-noadapt"  # a variant's method unless its ``methods`` name another (``tokmem``: with adaptation)
@@ -165,9 +164,7 @@ def resumable(method, kept: Path) -> Path | None:
 def drop_checkpoint(checkpoint: Path | None) -> None:
     """Remove what ``resumable`` checkpointed (the bank file pair and its training state) once the bank is kept."""
     if checkpoint:
-        for path in (checkpoint, metadata_path(checkpoint)):
-            path.unlink(missing_ok=True)
-        remove_training_state(checkpoint)
+        remove_checkpoint(checkpoint)
 
 
 def keep(method, kept: Path) -> None:

@@ -33,6 +33,20 @@ def travel_script(name: str):
     return module
 
 
+class Interrupted(Exception):
+    pass
+
+
+def interrupt_at(step: int):
+    """An ``on_step`` callback that stops a training after its ``step``-th optimiser step."""
+
+    def on_step(done: int, total: int) -> None:
+        if done == step:
+            raise Interrupted
+
+    return on_step
+
+
 def random_rows(bank, seed: int = 0, scale: float = 1.0) -> None:
     """Give every row of the bank distinct random values (index and, for DC, a different steer; tails and shared rows
     too)."""

@@ -1,10 +1,12 @@
 """The adaptation phase: LoRA merged into a copy of the backbone, temporary rows dropped, identity recorded."""
 
 import copy
+import importlib
 import json
 
 import pytest
 import torch
+from helpers import Interrupted, interrupt_at
 from peft import PeftModel
 from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -150,6 +152,43 @@ def test_the_second_cached_adaptation_with_the_same_inputs_loads_the_first(backb
     assert again.fingerprint() == first.fingerprint() != backbone.fingerprint()
 
 
+def test_an_interrupted_adaptation_resumed_from_its_checkpoint_merges_the_uninterrupted_weights(
+    backbone, adaptation_examples, tmp_path
+):
+    rows = options(batch_size=1, checkpoint=str(tmp_path / "phase.safetensors"), checkpoint_every=2, resume=True)
+    whole = adapt(backbone, adaptation_examples, FAST, options(batch_size=1))
+    with pytest.raises(Interrupted):  # after step 3: the state kept is step 2's
+        adapt(backbone, adaptation_examples, FAST, rows, on_step=interrupt_at(3))
+    assert (tmp_path / "phase.safetensors.train-state.pt").is_file()
+    steps = []
+    resumed = adapt(backbone, adaptation_examples, FAST, rows, on_step=lambda done, _: steps.append(done))
+    assert steps[0] == 3 and len(steps) > 1
+    torch.testing.assert_close(resumed.model.state_dict(), whole.model.state_dict())
+    assert resumed.fingerprint() == whole.fingerprint()
+    assert list(tmp_path.iterdir()) == []  # the checkpoint goes once the adaptation is merged
+
+
+def test_a_cached_adaptation_interrupted_goes_on_from_its_checkpoint_at_the_next_call(
+    backbone, adaptation_examples, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(importlib.import_module("tokmem.adapt"), "CACHE_CHECKPOINT_EVERY", 1)
+    rows = options(batch_size=1)
+    whole, _, _ = cached_adapt(backbone, adaptation_examples, FAST, rows, tmp_path / "whole")
+    with pytest.raises(Interrupted):
+        cached_adapt(backbone, adaptation_examples, FAST, rows, tmp_path / "cut", on_step=interrupt_at(2))
+    key = adaptation_key(backbone, adaptation_examples, FAST, rows)
+    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == [
+        f"{key}.checkpoint.safetensors{end}" for end in ("", ".json", ".train-state.pt")
+    ]
+    steps = []
+    resumed, directory, cached = cached_adapt(
+        backbone, adaptation_examples, FAST, rows, tmp_path / "cut", on_step=lambda done, _: steps.append(done)
+    )
+    assert not cached and steps[0] == 3
+    assert resumed.fingerprint() == whole.fingerprint()
+    assert directory.name == key and [p.name for p in (tmp_path / "cut").iterdir()] == [key]
+
+
 @pytest.mark.parametrize(
     "change",
     [
@@ -186,6 +225,8 @@ def test_tokmem_adapt_saves_an_adapted_backbone_that_loads_by_its_directory(tmp_
                 "--device",
                 "cpu",
                 "--quiet",
+                "--checkpoint-every",
+                "5",
                 "--json",
                 str(tmp_path / "adapt.json"),
             ]
@@ -194,5 +235,12 @@ def test_tokmem_adapt_saves_an_adapted_backbone_that_loads_by_its_directory(tmp_
     )
     info = json.loads((tmp_path / "adapt.json").read_text())
     assert info["examples"] == 60 and load_backbone(str(out)).fingerprint() == info["fingerprint"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapt.json", "adapted"]  # the checkpoints removed
     assert main(["adapt", "--backbone", "tiny-random", "--out", str(out)]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+def test_tokmem_adapt_resumes_only_from_checkpoints_it_saves(tmp_path, capsys):
+    assert main(["adapt", "--backbone", "tiny-random", "--out", str(tmp_path / "adapted"), "--resume"]) == 2
+    assert "resume goes on from the checkpoints" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

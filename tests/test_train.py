@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers import Interrupted, interrupt_at
 
 import tokmem
 from tokmem import Example, Step, TrainConfig
@@ -158,18 +159,6 @@ def test_checkpoint_writes_a_loadable_bank_of_the_live_rows(model, examples, tmp
     assert checkpoint.names == ["reverse", "upper"]
     assert torch.equal(checkpoint.index, model.bank.index)  # written after the last step
     assert not torch.equal(checkpoint.index[0], backbone.mean_embedding())
-
-
-class Interrupted(Exception):
-    pass
-
-
-def interrupt_at(step: int):
-    def on_step(done: int, total: int) -> None:
-        if done == step:
-            raise Interrupted
-
-    return on_step
 
 
 def test_an_interrupted_training_resumed_from_its_checkpoint_ends_where_an_uninterrupted_one_does(

@@ -35,9 +35,13 @@ from tokmem.errors import BackboneError
 from tokmem.lora import LoRASettings, inject, lora_parameters
 from tokmem.model import TokMemModel
 from tokmem.train import LOSS_WEIGHTS, TrainConfig, initial_rows, row_kinds, row_texts, train
-from tokmem.train_state import RUN_ONLY
+from tokmem.train_state import RUN_ONLY, remove_checkpoint
 
 log = logging.getLogger(__name__)
+
+# A cached adaptation's checkpoints: an interruption loses at most this many steps (13 s each for the 0.5B on 2 CPU
+# cores), and a fast device spends little on writing the state (the LoRA weights and their moments, ~7 MB for the 0.5B).
+CACHE_CHECKPOINT_EVERY = 10
 
 
 @dataclass
@@ -63,12 +67,16 @@ def adapt(
     train_config: TrainConfig | None = None,
     save_to=None,
     inplace: bool = False,
+    on_step=None,
 ) -> Backbone:
     """The backbone adapted on ``examples`` of held-out procedures, merged and frozen.
 
     ``inplace=False`` adapts a copy and leaves ``backbone`` as it was (at the cost of a second copy
     in memory); ``inplace=True`` merges into ``backbone``'s own model.  ``save_to``: a new directory to
     save the adapted model and tokenizer in, which then names the returned backbone.
+    ``train_config``'s ``checkpoint``, ``checkpoint_every`` and ``resume`` checkpoint the phase (the temporary rows
+    and the LoRA weights, with their optimiser) as they do a training, and the checkpoint is removed once the
+    adaptation is merged; ``on_step(done, total)`` is called after each optimiser step (``tokmem.train``'s).
     """
     config = config or AdaptConfig()
     train_config = train_config or TrainConfig()
@@ -80,16 +88,22 @@ def adapt(
     tuner = inject(model, config, backbone.name)
     lora = list(lora_parameters(model).values())
     model.train()  # LoRA dropout; ``freeze`` below puts the merged model back in eval mode
-    _train_with_temporary_rows(backbone, model, examples, train_config, config.param_group(lora), config.memory_tokens)
+    group = config.param_group(lora)
+    _train_with_temporary_rows(backbone, model, examples, train_config, group, config.memory_tokens, on_step)
     digest = _digest(base_fingerprint, lora)
     merged = tuner.merge_and_unload()
     freeze(merged)
     setattr(merged.config, ADAPTATION_KEY, digest)
     adapted = Backbone(f"{backbone.name}+adapted-{digest[:8]}", merged, backbone.tokenizer)
-    return adapted if save_to is None else save_backbone(adapted, save_to)
+    adapted = adapted if save_to is None else save_backbone(adapted, save_to)
+    if train_config.checkpoint and distributed.is_main():
+        remove_checkpoint(train_config.checkpoint)
+    return adapted
 
 
-def _train_with_temporary_rows(backbone, lora_model, examples, train_config, lora_group, memory_tokens) -> None:
+def _train_with_temporary_rows(
+    backbone, lora_model, examples, train_config, lora_group, memory_tokens, on_step=None
+) -> None:
     """Train a fresh bank of every procedure in ``examples`` together with the LoRA weights; the bank is dropped.
 
     ``lora_model`` is the transformers model with the LoRA layers injected (``tokmem.lora.inject``).
@@ -102,7 +116,9 @@ def _train_with_temporary_rows(backbone, lora_model, examples, train_config, lor
         initial_rows(backbone, row_texts(names), train_config.init, train_config.seed),
         kinds=row_kinds(names, examples, train_config),
     )
-    report = train(model, examples, replace(train_config, refit_index=False), param_groups=[lora_group])
+    report = train(
+        model, examples, replace(train_config, refit_index=False), param_groups=[lora_group], on_step=on_step
+    )
     log.info("adaptation on %d procedures: %s", len(model.bank), report.summary())
 
 
@@ -165,12 +181,17 @@ def cached_adapt(
     config: AdaptConfig | None = None,
     train_config: TrainConfig | None = None,
     cache=None,
+    on_step=None,
 ) -> tuple[Backbone, Path, bool]:
     """``adapt`` once per key (``adaptation_key``): the adapted backbone is saved under ``cache`` (default
-    ``<tokmem cache>/adapted``) and later calls with the same backbone, data and settings load it.
+    ``<tokmem cache>/adapted``) and later calls with the same backbone, data and settings load it.  Until it is,
+    the phase is checkpointed beside it every ``CACHE_CHECKPOINT_EVERY`` steps (``<key>.checkpoint.safetensors``),
+    and a call after an interrupted one goes on from there (``on_step``: as in ``adapt``).
     Returns the backbone, its directory and whether it came from the cache."""
     config, train_config = config or AdaptConfig(), train_config or TrainConfig()
     directory = Path(cache or cache_dir() / "adapted") / adaptation_key(backbone, examples, config, train_config)
     if directory.is_dir():
         return load_backbone(str(directory), device=str(backbone.device)), directory, True
-    return adapt(backbone, examples, config, train_config, save_to=directory), directory, False
+    checkpoint = directory.with_name(f"{directory.name}.checkpoint.safetensors")
+    resumable = replace(train_config, checkpoint=str(checkpoint), checkpoint_every=CACHE_CHECKPOINT_EVERY, resume=True)
+    return adapt(backbone, examples, config, resumable, save_to=directory, on_step=on_step), directory, False

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from tokmem import distributed
+from tokmem.bank_format import metadata_path
 from tokmem.errors import TokMemError
 from tokmem.io import atomic_write
 
@@ -34,6 +35,14 @@ def state_path(checkpoint) -> Path:
 def remove(checkpoint) -> None:
     """Drop the training state beside ``checkpoint`` (once the trained bank is saved: nothing left to resume)."""
     state_path(checkpoint).unlink(missing_ok=True)
+
+
+def remove_checkpoint(checkpoint) -> None:
+    """Drop a checkpoint whose bank is not the result (its two files) and its training state: once the training it
+    checkpointed has ended, kept elsewhere (an adaptation's merged backbone, a study's kept bank)."""
+    for path in (Path(checkpoint), metadata_path(checkpoint)):
+        path.unlink(missing_ok=True)
+    remove(checkpoint)
 
 
 @dataclass

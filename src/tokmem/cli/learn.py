@@ -18,6 +18,7 @@ from tokmem.train import PICKED_RECIPE, UPDATES_PER_ROW, TrainConfig, picked_con
 from tokmem.train_state import remove as remove_training_state
 
 ADAPT_ROWS = ("epochs", "batch_size", "max_length")  # adapt's options of the temporary rows, beside --rows-lr, --seed
+ADAPT_CHECKPOINTS = ("checkpoint_every", "resume")  # adapt's, saved beside --out (``adapt_checkpoint``)
 
 
 def add_commands(commands) -> None:
@@ -76,7 +77,9 @@ def _add_adapt(commands) -> None:
         "adapt",
         help="the adaptation phase: teach a backbone to read and chain memory tokens, saved as a new backbone",
         description="LoRA trains with temporary memory rows on held-out procedures, is merged into the backbone and the "
-        "rows are dropped. Default data: the built-in adaptation tools.",
+        "rows are dropped. Default data: the built-in adaptation tools. With --checkpoint-every N the phase (the "
+        "LoRA weights and the rows) is saved beside --out as OUT.checkpoint.safetensors, which --resume goes on from "
+        "and which is removed once the adapted backbone is saved.",
     )
     add_backbone(adapt)
     adapt.add_argument(
@@ -94,6 +97,7 @@ def _add_adapt(commands) -> None:
     add_options(adapt, AdaptConfig)
     add_options(adapt, TrainConfig, names=("lr",), prefix="rows_")
     add_options(adapt, TrainConfig, names=ADAPT_ROWS)
+    add_options(adapt, TrainConfig, names=ADAPT_CHECKPOINTS)
     add_common(adapt)
     adapt.set_defaults(handler=cmd_adapt)
 
@@ -216,6 +220,11 @@ def _load_options(args) -> dict:
     return {"device": "cpu", "dtype": default_dtype(default_device())}
 
 
+def adapt_checkpoint(out) -> str:
+    """Where ``tokmem adapt --checkpoint-every`` saves the phase: beside the directory it will write."""
+    return f"{Path(out)}.checkpoint.safetensors"
+
+
 def cmd_adapt(args) -> None:
     from tokmem.adapt import adapt
     from tokmem.backbones import load_backbone
@@ -227,7 +236,8 @@ def cmd_adapt(args) -> None:
     examples = load_examples(args.data) if args.data else adaptation_examples(args.samples, seed=args.seed)
     rows = TrainConfig(
         **values(args, TrainConfig, prefix="rows_", names=("lr",)),
-        **values(args, TrainConfig, names=(*ADAPT_ROWS, "seed")),
+        **values(args, TrainConfig, names=(*ADAPT_ROWS, *ADAPT_CHECKPOINTS, "seed")),
+        checkpoint=adapt_checkpoint(args.out) if args.checkpoint_every else None,
         progress=not args.quiet,
     )
     backbone = load_backbone(args.backbone, device=args.device)
