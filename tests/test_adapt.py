@@ -17,6 +17,7 @@ from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
 from tokmem.cli import main
 from tokmem.data.tool_catalog import split_tools
+from tokmem.data.tool_chains import TOOLS as TOOL_CHAIN_TOOLS
 from tokmem.data.tool_datasets import tool_examples
 from tokmem.errors import BackboneError, BankError
 
@@ -238,6 +239,16 @@ def test_tokmem_adapt_saves_an_adapted_backbone_that_loads_by_its_directory(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapt.json", "adapted"]  # the checkpoints removed
     assert main(["adapt", "--backbone", "tiny-random", "--out", str(out)]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+def test_tokmem_adapt_adapts_on_the_built_in_tool_chains_when_asked(tmp_path):
+    out, report = tmp_path / "adapted", tmp_path / "adapt.json"
+    command = ["adapt", "--backbone", "tiny-random", "--out", str(out), "--builtin", "chains", "--samples", "6"]
+    assert main([*command, "--max-length", "256", "--device", "cpu", "--quiet", "--json", str(report)]) == 0
+    info = json.loads(report.read_text())
+    assert info["data"] == "built-in chains" and info["examples"] == 6
+    assert info["procedures"] <= len(TOOL_CHAIN_TOOLS)
+    assert load_backbone(str(out)).fingerprint() == info["fingerprint"]
 
 
 def test_tokmem_adapt_resumes_only_from_checkpoints_it_saves(tmp_path, capsys):

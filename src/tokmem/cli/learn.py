@@ -19,6 +19,7 @@ from tokmem.train_state import remove as remove_training_state
 
 ADAPT_ROWS = ("epochs", "batch_size", "max_length")  # adapt's options of the temporary rows, beside --rows-lr, --seed
 ADAPT_CHECKPOINTS = ("checkpoint_every", "resume")  # adapt's, saved beside --out (``adapt_checkpoint``)
+BUILTIN_ADAPTATION = ("tools", "chains")  # tokmem adapt's data without --data (``builtin_adaptation``)
 
 
 def add_commands(commands) -> None:
@@ -77,7 +78,7 @@ def _add_adapt(commands) -> None:
         "adapt",
         help="the adaptation phase: teach a backbone to read and chain memory tokens, saved as a new backbone",
         description="LoRA trains with temporary memory rows on held-out procedures, is merged into the backbone and the "
-        "rows are dropped. Default data: the built-in adaptation tools. With --checkpoint-every N the phase (the "
+        "rows are dropped. Default data: the built-in adaptation tools (--builtin). With --checkpoint-every N the phase (the "
         "LoRA weights and the rows) is saved beside --out as OUT.checkpoint.safetensors, which --resume goes on from "
         "and which is removed once the adapted backbone is saved.",
     )
@@ -85,14 +86,21 @@ def _add_adapt(commands) -> None:
     adapt.add_argument(
         "--out", required=True, help="new directory for the adapted backbone (use it as --backbone later)"
     )
+    adapt.add_argument("--data", help="procedures JSONL of held-out procedures (default: the built-in data, --builtin)")
     adapt.add_argument(
-        "--data", help="procedures JSONL of held-out procedures (default: the built-in adaptation tools)"
+        "--builtin",
+        choices=BUILTIN_ADAPTATION,
+        default="tools",
+        help="built-in data without --data: 'tools', the reference code's set (single and composed calls over 25 "
+        "built-in adaptation tools, no results); 'chains', synthetic tool chains whose later calls copy ids out of "
+        "earlier calls' results (12 tools of their own; what a tool loop with results in context adapted best on, "
+        "docs/studies.md)",
     )
     adapt.add_argument(
         "--samples",
         type=int,
         default=ADAPTATION_SAMPLES,
-        help="built-in data: queries in all (50 single-tool samples a tool)",
+        help="built-in data: queries in all ('tools': 50 single-tool samples a tool, then composed ones)",
     )
     add_options(adapt, AdaptConfig)
     add_options(adapt, TrainConfig, names=("lr",), prefix="rows_")
@@ -220,6 +228,14 @@ def _load_options(args) -> dict:
     return {"device": "cpu", "dtype": default_dtype(default_device())}
 
 
+def builtin_adaptation(name: str, samples: int, seed: int) -> list:
+    """``samples`` queries of the built-in adaptation data ``name`` (`BUILTIN_ADAPTATION`), seeded."""
+    from tokmem.data.tool_chains import tool_chains
+    from tokmem.data.tool_datasets import adaptation_examples
+
+    return tool_chains(samples, seed) if name == "chains" else adaptation_examples(samples, seed=seed)
+
+
 def adapt_checkpoint(out) -> str:
     """Where ``tokmem adapt --checkpoint-every`` saves the phase: beside the directory it will write."""
     return f"{Path(out)}.checkpoint.safetensors"
@@ -229,11 +245,10 @@ def cmd_adapt(args) -> None:
     from tokmem.adapt import adapt
     from tokmem.backbones import load_backbone
     from tokmem.data import load_examples
-    from tokmem.data.tool_datasets import adaptation_examples
 
     if Path(args.out).exists():
         raise TokMemError(f"{args.out} already exists: give --out a new directory")
-    examples = load_examples(args.data) if args.data else adaptation_examples(args.samples, seed=args.seed)
+    examples = load_examples(args.data) if args.data else builtin_adaptation(args.builtin, args.samples, args.seed)
     rows = TrainConfig(
         **values(args, TrainConfig, prefix="rows_", names=("lr",)),
         **values(args, TrainConfig, names=(*ADAPT_ROWS, *ADAPT_CHECKPOINTS, "seed")),
@@ -255,6 +270,7 @@ def cmd_adapt(args) -> None:
             {
                 "backbone": adapted.name,
                 "base": args.backbone,
+                "data": args.data or f"built-in {args.builtin}",
                 "examples": len(examples),
                 "procedures": procedures,
                 "fingerprint": adapted.fingerprint(),
