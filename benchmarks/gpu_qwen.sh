@@ -21,8 +21,9 @@
 # one backbone's steps run while the other's pieces travel; a later `studies` call waits for them and packs all.
 # `smoke` (after small.tgz): the CUDA tests and tiny studies. Done so far (results/*qwen*): cfb-s*, cfb8-s*,
 # cfb15-s0-*, atomic-s*, catalog-s0-*, TokMem's before its bank's schemas took the training calls' key order; next:
-# ONLY='^cfb(8|shown|tails2|shared1)?refit-' (the routing side refit after training: the first lever to run, 3 seeds,
-# 120 and 480 updates, with the chosen tool's schema shown, two memory tokens a tool, a shared row),
+# ONLY='^cfb(8|shown|tails2|shared1)?refit-|^cfbshared1chains' (the routing side refit after training: the first
+# lever to run, 3 seeds, 120 and 480 updates, with the chosen tool's schema shown, two memory tokens a tool, a shared
+# row, the shared row adapted on 480 chains),
 # ONLY='^cfbtok8?-s[0-2]-' (TokMem with rows at a token's norm, 120 and 480 updates), ONLY='^cfb(dc|own|toklr)-'
 # (the next levers, 3 seeds), ONLY='^cfb(bfclx|flights|chains[0-9]+|givenflights)-' (held-out adaptation in the
 # target's format, and the calls' own key orders on it),
@@ -202,6 +203,9 @@ for seed in 0 1 2; do  # the routing side refit on the training states after tra
   # one row every tool shares after its memory token, with the refit (against cfbrefit and cfbtails2refit)
   step cfbshared1refit-s$seed-tokmem compositional $cfb --seed $seed --methods tokmem --shared-tokens 1 --refit-index \
     --json "$runs/cfbshared1refit-s$seed-tokmem.json"
+  # the same adapted on four times the chains (480: 240 LoRA steps; against cfbshared1refit)
+  step cfbshared1chains480-s$seed-tokmem compositional $cfb --seed $seed --methods tokmem --shared-tokens 1 \
+    --refit-index --adapt-multi 480 --json "$runs/cfbshared1chains480-s$seed-tokmem.json"
 done
 for seed in 0 1 2; do  # each call trained in its own key order, the grammar taking any order the calls wrote
   # (--key-order given: docs/studies.md, "Why the optional keys"), adapted on the flight tools (against cfbflights-*)
