@@ -241,10 +241,12 @@ def test_tokmem_adapt_saves_an_adapted_backbone_that_loads_by_its_directory(tmp_
     assert "already exists" in capsys.readouterr().err
 
 
-def test_tokmem_adapt_adapts_on_the_built_in_tool_chains_when_asked(tmp_path):
+def test_tokmem_adapt_adapts_on_the_built_in_tool_chains_with_the_tool_loop_studys_settings(tmp_path):
+    """docs/tools.md's command (the study's LoRA lr and dropout, rows' lr and schedule, batch), smaller."""
     out, report = tmp_path / "adapted", tmp_path / "adapt.json"
     command = ["adapt", "--backbone", "tiny-random", "--out", str(out), "--builtin", "chains", "--samples", "6"]
-    assert main([*command, "--max-length", "256", "--device", "cpu", "--quiet", "--json", str(report)]) == 0
+    study = ["--lr", "1e-3", "--dropout", "0", "--rows-lr", "2e-2", "--lr-schedule", "linear", "--batch-size", "2"]
+    assert main([*command, *study, "--max-length", "256", "--device", "cpu", "--quiet", "--json", str(report)]) == 0
     info = json.loads(report.read_text())
     assert info["data"] == "built-in chains" and info["examples"] == 6
     assert info["procedures"] <= len(TOOL_CHAIN_TOOLS)
