@@ -3,6 +3,9 @@
 import copy
 import importlib
 import json
+import re
+import shlex
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,11 +18,14 @@ from tokmem import TrainConfig, load_backbone
 from tokmem.adapt import AdaptConfig, adapt, adaptation_key, cached_adapt, save_backbone
 from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
-from tokmem.cli import main
+from tokmem.cli import build_parser, main
+from tokmem.cli.learn import adapt_settings
 from tokmem.data.tool_catalog import split_tools
 from tokmem.data.tool_chains import TOOLS as TOOL_CHAIN_TOOLS
 from tokmem.data.tool_datasets import tool_examples
 from tokmem.errors import BackboneError, BankError
+from tokmem.studies.compositional_config import QWEN_05B, make_config
+from tokmem.studies.tool_setup import adaptation_rows
 
 QV = ("q_proj", "v_proj")
 FAST = AdaptConfig(lr=1e-2)
@@ -241,16 +247,37 @@ def test_tokmem_adapt_saves_an_adapted_backbone_that_loads_by_its_directory(tmp_
     assert "already exists" in capsys.readouterr().err
 
 
-def test_tokmem_adapt_adapts_on_the_built_in_tool_chains_with_the_tool_loop_studys_settings(tmp_path):
-    """docs/tools.md's command (the study's LoRA lr and dropout, rows' lr and schedule, batch), smaller."""
+def documented_adapt_command() -> list[str]:
+    """docs/tools.md's ``tokmem adapt`` command for a tool loop (its continued lines joined), without ``tokmem``."""
+    text = (Path(__file__).parents[1] / "docs" / "tools.md").read_text()
+    found = re.search(r"^tokmem adapt .*$", text.replace("\\\n", ""), re.MULTILINE)
+    return shlex.split(found.group(0))[1:]
+
+
+def test_tokmem_adapt_runs_the_documented_command_on_the_built_in_tool_chains(tmp_path):
+    """docs/tools.md's command, smaller (an option given again: argparse takes the last)."""
     out, report = tmp_path / "adapted", tmp_path / "adapt.json"
-    command = ["adapt", "--backbone", "tiny-random", "--out", str(out), "--builtin", "chains", "--samples", "6"]
-    study = ["--lr", "1e-3", "--dropout", "0", "--rows-lr", "2e-2", "--lr-schedule", "linear", "--batch-size", "2"]
-    assert main([*command, *study, "--max-length", "256", "--device", "cpu", "--quiet", "--json", str(report)]) == 0
+    smaller = ["--backbone", "tiny-random", "--out", str(out), "--samples", "6", "--max-length", "256"]
+    command = [*documented_adapt_command(), *smaller, "--device", "cpu", "--quiet", "--json", str(report)]
+    assert main(command) == 0
     info = json.loads(report.read_text())
     assert info["data"] == "built-in chains" and info["examples"] == 6
     assert info["procedures"] <= len(TOOL_CHAIN_TOOLS)
     assert load_backbone(str(out)).fingerprint() == info["fingerprint"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapt.json", "adapted"]  # its checkpoints removed
+
+
+def test_the_documented_adapt_command_adapts_as_the_tool_loop_study_does(backbone):
+    """The command docs/tools.md gives is the study's adaptation (the same cache key for the same data)."""
+    args = build_parser().parse_args(documented_adapt_command())
+    assert (args.builtin, args.backbone) == ("chains", QWEN_05B)
+    study = make_config("cpu", dataset="complexfuncbench", backbone=QWEN_05B, methods=("tokmem",)).resolved()
+    assert adaptation_key(backbone, [], *adapt_settings(args)) == adaptation_key(
+        backbone, [], study.adaptation(), adaptation_rows(study)
+    )
+    assert adaptation_key(backbone, [], AdaptConfig(), adapt_settings(args)[1]) != adaptation_key(
+        backbone, [], *adapt_settings(args)
+    )
 
 
 def test_tokmem_adapt_resumes_only_from_checkpoints_it_saves(tmp_path, capsys):

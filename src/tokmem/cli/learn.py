@@ -233,6 +233,17 @@ def _load_options(args) -> dict:
     return {"device": "cpu", "dtype": default_dtype(default_device())}
 
 
+def adapt_settings(args) -> tuple[AdaptConfig, TrainConfig]:
+    """``tokmem adapt``'s LoRA and temporary rows, from its options."""
+    rows = TrainConfig(
+        **values(args, TrainConfig, prefix="rows_", names=("lr",)),
+        **values(args, TrainConfig, names=(*ADAPT_ROWS, *ADAPT_CHECKPOINTS, "seed")),
+        checkpoint=adapt_checkpoint(args.out) if args.checkpoint_every else None,
+        progress=not args.quiet,
+    )
+    return AdaptConfig(**values(args, AdaptConfig)), rows
+
+
 def builtin_adaptation(name: str, samples: int, seed: int) -> list:
     """``samples`` queries of the built-in adaptation data ``name`` (`BUILTIN_ADAPTATION`), seeded."""
     from tokmem.data.tool_chains import tool_chains
@@ -254,14 +265,9 @@ def cmd_adapt(args) -> None:
     if Path(args.out).exists():
         raise TokMemError(f"{args.out} already exists: give --out a new directory")
     examples = load_examples(args.data) if args.data else builtin_adaptation(args.builtin, args.samples, args.seed)
-    rows = TrainConfig(
-        **values(args, TrainConfig, prefix="rows_", names=("lr",)),
-        **values(args, TrainConfig, names=(*ADAPT_ROWS, *ADAPT_CHECKPOINTS, "seed")),
-        checkpoint=adapt_checkpoint(args.out) if args.checkpoint_every else None,
-        progress=not args.quiet,
-    )
+    lora, rows = adapt_settings(args)
     backbone = load_backbone(args.backbone, device=args.device)
-    adapted = adapt(backbone, examples, AdaptConfig(**values(args, AdaptConfig)), rows, save_to=args.out, inplace=True)
+    adapted = adapt(backbone, examples, lora, rows, save_to=args.out, inplace=True)
     if not distributed.is_main():
         return
     procedures = len({p for e in examples for p in e.procedures})

@@ -104,6 +104,20 @@ def groups(config: CompositionalConfig) -> list[tuple[int, int]]:
     return [(first + 1, last) for first, last in zip(cuts, cuts[1:])]
 
 
+def adaptation_rows(config: CompositionalConfig) -> TrainConfig:
+    """How the adaptation phase trains its temporary rows (and, by the same schedule, the LoRA weights): as the
+    study's methods train, for ``adapt_epochs``.  The rows are dropped after the phase, never renormalised, and have no
+    schemas, so no key order binds them (adaptations cached before keep their key); the phase is the same whatever
+    the new rows' loss weights."""
+    return replace(
+        config.train(),
+        epochs=config.adapt_epochs,
+        renorm_every_step=False,
+        key_order=TrainConfig.key_order,
+        **{name: getattr(TrainConfig, name) for name in LOSS_WEIGHTS},
+    )
+
+
 def prepare_backbones(
     config: CompositionalConfig, backbone: Backbone | None, progress: bool
 ) -> tuple[dict, dict | None]:
@@ -113,16 +127,7 @@ def prepare_backbones(
     if not ADAPTED & set(config.methods):
         return {"base": base}, None
     examples = adaptation_examples(config)
-    # the temporary rows are dropped after the phase, never renormalised, and have no schemas, so no key order binds
-    # them (so adaptations cached before keep their key); the phase is the same whatever the new rows' loss weights
-    rows = replace(
-        config.train(),
-        epochs=config.adapt_epochs,
-        renorm_every_step=False,
-        key_order=TrainConfig.key_order,
-        **{name: getattr(TrainConfig, name) for name in LOSS_WEIGHTS},
-        progress=progress,
-    )
+    rows = replace(adaptation_rows(config), progress=progress)
     start = time.perf_counter()
     adapted, directory, cached = cached_adapt(base, examples, config.adaptation(), rows, config.adapt_cache)
     info = {
