@@ -17,13 +17,9 @@ from tokmem.report import console, machine, print_fallbacks, write_json
 from tokmem.train import PICKED_RECIPE, UPDATES_PER_ROW, TrainConfig, picked_config
 from tokmem.train_state import remove as remove_training_state
 
-ADAPT_ROWS = (
-    "epochs",
-    "batch_size",
-    "max_length",
-    "schedule",
-)  # adapt's options of the temporary rows, beside --rows-lr, --seed
-ADAPT_CHECKPOINTS = ("checkpoint_every", "resume")  # adapt's, saved beside --out (``adapt_checkpoint``)
+# tokmem adapt's options of the temporary rows (beside --rows-lr and --seed), and of its checkpoints (beside --out)
+ADAPT_ROWS = ("epochs", "batch_size", "max_length", "schedule")
+ADAPT_CHECKPOINTS = ("checkpoint_every", "resume")
 BUILTIN_ADAPTATION = ("tools", "chains")  # tokmem adapt's data without --data (``builtin_adaptation``)
 
 
