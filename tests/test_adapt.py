@@ -5,6 +5,7 @@ import importlib
 import json
 import re
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -277,6 +278,14 @@ def test_the_documented_adapt_command_adapts_as_the_tool_loop_study_does(backbon
     )
     assert adaptation_key(backbone, [], AdaptConfig(), adapt_settings(args)[1]) != adaptation_key(
         backbone, [], *adapt_settings(args)
+    )
+
+
+def test_study_variants_differing_only_in_the_rows_renormalisation_or_loss_weights_share_one_adaptation(backbone):
+    study = make_config("cpu", dataset="complexfuncbench", backbone=QWEN_05B, methods=("tokmem",)).resolved()
+    variant = replace(study, renorm_every_step=True, renorm_target="tokens", choice_weight=5.0)
+    assert adaptation_key(backbone, [], variant.adaptation(), adaptation_rows(variant)) == adaptation_key(
+        backbone, [], study.adaptation(), adaptation_rows(study)
     )
 
 

@@ -38,6 +38,7 @@ RenormSide = Literal["index", "steer"]
 INITS, SCHEDULES, TOOL_SEGMENTS = get_args(Init), get_args(Schedule), get_args(ToolSegments)
 KEY_ORDERS, RENORM_TARGETS, RENORM_SIDES = get_args(KeyOrder), get_args(RenormTarget), get_args(RenormSide)
 LOSS_WEIGHTS = ("choice_weight", "route_weight")  # TrainConfig's weights of some labels in the loss, 1 by default
+RENORM_SETTINGS = ("renormalize", "renorm_every_step", "renorm_target", "renorm_side")  # how new rows are rescaled
 
 
 @dataclass

@@ -22,7 +22,7 @@ from tokmem.methods.native import NativeTools
 from tokmem.methods.tokmem import TokMem, UnfrozenTokMem
 from tokmem.methods.tools import ICL, ToolRAG
 from tokmem.studies.compositional_config import CompositionalConfig
-from tokmem.train import LOSS_WEIGHTS, TrainConfig
+from tokmem.train import LOSS_WEIGHTS, RENORM_SETTINGS, TrainConfig
 
 TOKMEM_LABELS = {
     "tokmem-noadapt": "TokMem (w/o adapt)",
@@ -108,13 +108,12 @@ def adaptation_rows(config: CompositionalConfig) -> TrainConfig:
     """How the adaptation phase trains its temporary rows (and, by the same schedule, the LoRA weights): as the
     study's methods train, for ``adapt_epochs``.  The rows are dropped after the phase, never renormalised, and have no
     schemas, so no key order binds them (adaptations cached before keep their key); the phase is the same whatever
-    the new rows' loss weights."""
+    the new rows' loss weights and renormalisation."""
     return replace(
         config.train(),
         epochs=config.adapt_epochs,
-        renorm_every_step=False,
         key_order=TrainConfig.key_order,
-        **{name: getattr(TrainConfig, name) for name in LOSS_WEIGHTS},
+        **{name: getattr(TrainConfig, name) for name in (*LOSS_WEIGHTS, *RENORM_SETTINGS)},
     )
 
 
