@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 import torch
-from helpers import load_script
+from helpers import Interrupted, load_script
 
 from tokmem.data.procedures import Example, Step
 from tokmem.methods.lora import LoRA
@@ -64,3 +64,22 @@ def test_a_tokmem_variant_is_checkpointed_while_it_trains_and_its_checkpoint_dro
     loop_ab.keep(method, kept)
     loop_ab.drop_checkpoint(checkpoint)
     assert sorted(p.name for p in kept.parent.iterdir()) == ["calls.safetensors", "calls.safetensors.json"]
+
+
+def test_a_variant_resumed_after_an_interruption_counts_the_updates_taken_before_it(backbone, tmp_path):
+    examples = [Example(f"say {k}", (Step("say", f"word {k}"),)) for k in range(8)]  # 4 updates of batch 2
+    kept = tmp_path / "banks" / "calls"
+
+    def stop_halfway(fraction: float) -> None:
+        if fraction >= 0.5:
+            raise Interrupted
+
+    interrupted, resumed = (TokMem(backbone, TrainConfig(epochs=1, batch_size=2, max_length=32)) for _ in range(2))
+    loop_ab.resumable(interrupted, kept)
+    interrupted.on_step = stop_halfway
+    with pytest.raises(Interrupted):
+        interrupted.learn(examples)
+    loop_ab.resumable(resumed, kept)
+    resumed.learn(examples)
+    assert resumed.learn_report["resumed"]["from_step"] == 2
+    assert resumed.updates == 4

@@ -83,7 +83,7 @@ class LoRA(Method):
                 self.model,
                 encoded,
                 self.train_config,
-                on_step=self.report_step,
+                on_step=self.counting_steps(),
                 param_groups=[self.lora.param_group(params)],
                 steps=steps,
             )

@@ -42,11 +42,18 @@ class Method:
     on_step: Callable[[float], None] | None = None  # set by a study to follow a round: gets the fraction done
     decode_config = DecodeConfig()  # how it answers (its new tokens, its batch): each method sets its study's
 
-    def report_step(self, done: int, total: int) -> None:
-        """Called by ``learn`` after each optimiser step: counts the updates, and a long round shows progress."""
-        self.updates += 1
-        if self.on_step is not None:
-            self.on_step(done / total)
+    def counting_steps(self) -> Callable[[int, int], None]:
+        """The ``on_step(done, total)`` of one training round: ``updates`` becomes the updates before the round plus
+        the round's ``done`` — which counts, in a round resumed from a checkpoint, the steps taken before the
+        interruption too — and a long round shows progress."""
+        before = self.updates
+
+        def report(done: int, total: int) -> None:
+            self.updates = before + done
+            if self.on_step is not None:
+                self.on_step(done / total)
+
+        return report
 
     def trainable_params(self) -> int:
         return 0

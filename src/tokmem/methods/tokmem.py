@@ -71,7 +71,7 @@ class TokMem(Method):
         return self.model.bank.parameter_count()
 
     def learn(self, examples: list[Example]) -> None:
-        report = tokmem.learn(self.model, examples, self.train_config, on_step=self.report_step, schemas=self.schemas)
+        report = tokmem.learn(self.model, examples, self.train_config, on_step=self.counting_steps(), schemas=self.schemas)
         truncated = asdict(report.truncated) if report.truncated else None  # a study must not cut sequences unseen
         resumed = (
             {"from_step": report.resumed_from, "seconds": round(report.seconds, 1)} if report.resumed_from else None
@@ -128,7 +128,7 @@ class UnfrozenTokMem(TokMem):
                 examples,
                 self.train_config,
                 param_groups=[self.lora.param_group(params)],
-                on_step=self.report_step,
+                on_step=self.counting_steps(),
             )
 
     def answer(self, queries: list[str]) -> list[Answer]:
