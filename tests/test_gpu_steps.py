@@ -28,12 +28,15 @@ def steps() -> list[tuple[str, list[str]]]:
     return [(expand(name), shlex.split(expand(words))) for name, words in found]
 
 
+STEPS = steps()
+
+
 def test_the_script_has_its_study_steps():
-    names = [name for name, _ in steps()]
+    names = [name for name, _ in STEPS]
     assert len(names) > 20 and "cfbshared1refit-s0-tokmem" in names
 
 
-@pytest.mark.parametrize("name,arguments", steps(), ids=[name for name, _ in steps()])
+@pytest.mark.parametrize("name,arguments", STEPS, ids=[name for name, _ in STEPS])
 def test_each_study_step_is_a_bench_command_whose_settings_build(name, arguments):
     assert not [word for word in arguments if "$" in word], f"{name}: a shell variable the test does not expand"
     args = build_parser().parse_args(["bench", *arguments])

@@ -71,7 +71,9 @@ class TokMem(Method):
         return self.model.bank.parameter_count()
 
     def learn(self, examples: list[Example]) -> None:
-        report = tokmem.learn(self.model, examples, self.train_config, on_step=self.counting_steps(), schemas=self.schemas)
+        report = tokmem.learn(
+            self.model, examples, self.train_config, on_step=self.counting_steps(), schemas=self.schemas
+        )
         truncated = asdict(report.truncated) if report.truncated else None  # a study must not cut sequences unseen
         resumed = (
             {"from_step": report.resumed_from, "seconds": round(report.seconds, 1)} if report.resumed_from else None
