@@ -206,9 +206,6 @@ for seed in 0 1 2; do  # the routing side refit on the training states after tra
   # the same adapted on four times the chains (480: 240 LoRA steps; against cfbshared1refit)
   step cfbshared1chains480-s$seed-tokmem compositional $cfb --seed $seed --methods tokmem --shared-tokens 1 \
     --refit-index --adapt-multi 480 --json "$runs/cfbshared1chains480-s$seed-tokmem.json"
-  # the same with each tool's row held at a token's norm after every step (values and key sets; routing refit apart)
-  step cfbshared1tokrefit-s$seed-tokmem compositional $cfb --seed $seed --methods tokmem --shared-tokens 1 \
-    --refit-index --renorm-every-step --renorm-target tokens --json "$runs/cfbshared1tokrefit-s$seed-tokmem.json"
 done
 for seed in 0 1 2; do  # each call trained in its own key order, the grammar taking any order the calls wrote
   # (--key-order given: docs/studies.md, "Why the optional keys"), adapted on the flight tools (against cfbflights-*)
