@@ -5,8 +5,9 @@ ComplexFuncBench tool loop of the study it was trained for (``--preset cpu --dat
 given: the same test records), per step and end to end, scored by position (``eval.tool_loop.loop_scores``), once
 as the study answers (a call answered since the user's message may be repeated where a call is due) and once with
 ``avoid_repeats`` (a turn never repeats a call already answered: ``tokmem.chat_batch``), the rule the server and
-``tokmem.chat`` apply under ``tool_choice="auto"``; ``--context-contrast A`` adds a rule: the arguments decoded
-with context-aware decoding of strength A (``DecodeConfig.context_contrast``).  The bank and its answers are the one
+``tokmem.chat`` apply under ``tool_choice="auto"``, and ``free arguments``: the arguments decoded without their
+tool's grammar (``DecodeConfig.schema`` off: the keys the rows choose, unconstrained); ``--context-contrast A`` adds
+a rule: the arguments decoded with context-aware decoding of strength A (``DecodeConfig.context_contrast``).  The bank and its answers are the one
 difference.  ``--step-only``: per step only (the outcomes too), no end-to-end run.
 
     OMP_NUM_THREADS=2 python benchmarks/reanswer_loop.py results/loop-ab-qwen0.5b-banks/calls.safetensors \
@@ -31,7 +32,8 @@ from tokmem.studies.compositional_config import make_config
 from tokmem.studies.harness import progress_bar
 from tokmem.studies.tool_setup import tool_data
 
-RULES = {"as the study answers": {}, "no repeats": {"avoid_repeats": True}}  # chat_answerer's options
+# each rule: ``avoid_repeats`` (chat_answerer's option) and any DecodeConfig field the study's decoding changes
+RULES = {"as the study answers": {}, "no repeats": {"avoid_repeats": True}, "free arguments": {"schema": False}}
 
 
 def main() -> None:
@@ -40,14 +42,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", required=True)
     parser.add_argument(
-        "--rule", action="append", choices=list(RULES), help="answer under these (default: all, unless contrasts)"
+        "--rule", action="append", choices=list(RULES), help="answer under these (default: the first two, unless contrasts)"
     )
     parser.add_argument(
         "--context-contrast", type=float, action="append", default=[], metavar="A", help="answer with contrast A too"
     )
     parser.add_argument("--step-only", action="store_true", help="answer per step only, no end-to-end run")
     args = parser.parse_args()
-    rules = {label: RULES[label] for label in args.rule or ([] if args.context_contrast else RULES)}
+    defaults = [label for label in RULES if label != "free arguments"]
+    rules = {label: RULES[label] for label in args.rule or ([] if args.context_contrast else defaults)}
     rules |= {f"context contrast {a:g}": {"context_contrast": a} for a in args.context_contrast}
     model = tokmem.load(args.bank, device="cpu")
     config = make_config("cpu", dataset="complexfuncbench", backbone=model.backbone.name.split("+")[0], seed=args.seed)
@@ -65,10 +68,8 @@ def main() -> None:
     for label, rule in rules.items():
         if label in result["rules"]:
             continue
-        contrast = rule.get("context_contrast", 0.0)
-        answer = chat_answerer(
-            model, replace(decode, context_contrast=contrast), RESULT_TOKENS, rule.get("avoid_repeats")
-        )
+        changes = {key: value for key, value in rule.items() if key != "avoid_repeats"}
+        answer = chat_answerer(model, replace(decode, **changes), RESULT_TOKENS, rule.get("avoid_repeats"))
         scores = loop_scores(answer, data.test, config.max_calls, bar, label, True, end_to_end=not args.step_only)
         result["rules"][label] = scores
         write_json_atomic(args.json, result)
