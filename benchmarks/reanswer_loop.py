@@ -42,7 +42,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", required=True)
     parser.add_argument(
-        "--rule", action="append", choices=list(RULES), help="answer under these (default: the first two, unless contrasts)"
+        "--rule",
+        action="append",
+        choices=list(RULES),
+        help="answer under these (default: the first two, unless contrasts)",
     )
     parser.add_argument(
         "--context-contrast", type=float, action="append", default=[], metavar="A", help="answer with contrast A too"
