@@ -34,6 +34,7 @@ from tokmem.studies.tool_setup import tool_data
 
 # each rule: ``avoid_repeats`` (chat_answerer's option) and any DecodeConfig field the study's decoding changes
 RULES = {"as the study answers": {}, "no repeats": {"avoid_repeats": True}, "free arguments": {"schema": False}}
+DEFAULT_RULES = ("as the study answers", "no repeats")
 
 
 def main() -> None:
@@ -45,15 +46,14 @@ def main() -> None:
         "--rule",
         action="append",
         choices=list(RULES),
-        help="answer under these (default: the first two, unless contrasts)",
+        help=f"answer under these (default: {', '.join(DEFAULT_RULES)}, unless contrasts)",
     )
     parser.add_argument(
         "--context-contrast", type=float, action="append", default=[], metavar="A", help="answer with contrast A too"
     )
     parser.add_argument("--step-only", action="store_true", help="answer per step only, no end-to-end run")
     args = parser.parse_args()
-    defaults = [label for label in RULES if label != "free arguments"]
-    rules = {label: RULES[label] for label in args.rule or ([] if args.context_contrast else defaults)}
+    rules = {label: RULES[label] for label in args.rule or ([] if args.context_contrast else DEFAULT_RULES)}
     rules |= {f"context contrast {a:g}": {"context_contrast": a} for a in args.context_contrast}
     model = tokmem.load(args.bank, device="cpu")
     config = make_config("cpu", dataset="complexfuncbench", backbone=model.backbone.name.split("+")[0], seed=args.seed)
