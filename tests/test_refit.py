@@ -122,17 +122,3 @@ def test_a_study_records_the_training_sequences_max_length_cut(lively_backbone):
     cut = MethodResult.of(method, time.perf_counter()).learn_report["truncated"]
     assert cut["sequences"] == len(CHAINS) and cut["queries"] + cut["responses"] >= len(CHAINS)
     assert "refit" not in method.learn_report
-
-
-def test_the_round_renormalises_before_the_refit_so_the_refit_rows_keep_their_fitted_scale(lively_backbone):
-    """A round with a renormalisation target and the refit: the steering rows end at the target norm, the routing
-    side is the refit's (its report's routing is the bank's), not rescaled after it (which undid the refit's scale
-    against the vocabulary)."""
-    model = tokmem.create(lively_backbone)
-    config = TrainConfig(max_steps=2, batch_size=2, progress=False, refit_index=True, lr=1e-2, renorm_target="tokens")
-    report = tokmem.learn(model, CHAINS, config, schemas={"city": CITY, "count": COUNT})
-    token = lively_backbone.embedding_norm()
-    assert torch.allclose(model.bank.norms("steer"), torch.full((2,), token), rtol=1e-4)
-    assert not torch.allclose(model.bank.norms("index"), torch.full((2,), token), rtol=1e-2)
-    found = routing_states(model, encode_examples(model, CHAINS, config), progress=False)
-    assert found.routed(model.bank.index) == report.summary()["refit"]["routed_after"]

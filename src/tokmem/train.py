@@ -251,9 +251,8 @@ def learn(
     (a schema only on a tool row: it binds the arguments decoded after the row's memory token; its string arguments
     get bounds learned from these examples' values and its properties their calls' order, ``schemas.learned_schema``).
 
-    The new rows are renormalised to the old rows' mean norm after the round (before ``refit_index``'s refit, which
-    comes last), and with ``renorm_every_step`` after every optimiser step too.  ``param_groups`` and ``on_step``: as
-    in ``fit``.
+    The new rows are renormalised to the old rows' mean norm after the round, and with
+    ``renorm_every_step`` after every optimiser step too.  ``param_groups`` and ``on_step``: as in ``fit``.
     """
     config = config or TrainConfig()
     bank = model.bank
@@ -280,12 +279,10 @@ def learn(
         if on_step is not None:
             on_step(step, total)
 
-    def renormalized(report: TrainReport) -> None:
-        if config.renormalize and target is not None:
-            report.renorm_target = bank.renormalize(rows, config.eps, target, config.renorm_side)
-
-    report = train(model, examples, config, param_groups, after_step, settle=renormalized)
+    report = train(model, examples, config, param_groups, after_step)
     report.new_procedures = new
+    if config.renormalize and target is not None:
+        report.renorm_target = bank.renormalize(rows, config.eps, target, config.renorm_side)
     bank.freeze()
     return report
 
@@ -299,25 +296,16 @@ def renorm_target(model: TokMemModel, config: TrainConfig) -> float | None:
 
 
 def train(
-    model: TokMemModel,
-    examples: list[Example],
-    config: TrainConfig | None = None,
-    param_groups=(),
-    on_step=None,
-    settle=None,
+    model: TokMemModel, examples: list[Example], config: TrainConfig | None = None, param_groups=(), on_step=None
 ) -> TrainReport:
     """Fit the bank's trainable rows on ``examples`` (laid out by ``encode_examples``); with ``refit_index``, then
     refit their index side on the states those examples reach (``tokmem.refit``).  ``param_groups`` and ``on_step``:
-    as in ``fit``; ``settle(report)``: what changes the rows between the fit and the refit (a round's
-    renormalisation), so that the refit is last: it fits the routing side to the rows as they are kept, and a rescaling
-    after it would undo the scale it fitted against the vocabulary."""
+    as in ``fit``."""
     config = config or TrainConfig()
     _require_trainable_rows(model)  # before laying out: an empty bank cannot encode the procedures
     report = TrainReport()
     encoded = encode_examples(model, examples, config, report.truncated)
     fit(model, encoded, config, report, on_step=on_step, param_groups=param_groups)
-    if settle is not None:
-        settle(report)
     if config.refit_index:
         progress, start = config.progress and distributed.is_main(), time.perf_counter()
         report.refit = refit_index(model, routing_states(model, encoded, config.batch_size, progress))
