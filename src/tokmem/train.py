@@ -252,7 +252,11 @@ def learn(
     get bounds learned from these examples' values and its properties their calls' order, ``schemas.learned_schema``).
 
     The new rows are renormalised to the old rows' mean norm after the round, and with
-    ``renorm_every_step`` after every optimiser step too.  ``param_groups`` and ``on_step``: as in ``fit``.
+    ``renorm_every_step`` after every optimiser step too.  The round's renormalisation comes after ``refit_index``'s
+    refit, on purpose: the refit fits the routing rows' directions on this round's examples alone, and the
+    renormalisation then sets their norm, so that new rows do not outscore the old ones on the old rows' queries by
+    their norm (``tokmem add`` keeps a bank's new rows at its old rows' mean).  ``param_groups`` and ``on_step``: as
+    in ``fit``.
     """
     config = config or TrainConfig()
     bank = model.bank
