@@ -5,10 +5,11 @@ ComplexFuncBench tool loop of the study it was trained for (``--preset cpu --dat
 given: the same test records), per step and end to end, scored by position (``eval.tool_loop.loop_scores``), once
 as the study answers (a call answered since the user's message may be repeated where a call is due) and once with
 ``avoid_repeats`` (a turn never repeats a call already answered: ``tokmem.chat_batch``), the rule the server and
-``tokmem.chat`` apply under ``tool_choice="auto"``, and ``free arguments``: the arguments decoded without their
-tool's grammar (``DecodeConfig.schema`` off: the keys the rows choose, unconstrained); ``--context-contrast A`` adds
-a rule: the arguments decoded with context-aware decoding of strength A (``DecodeConfig.context_contrast``).  The bank and its answers are the one
-difference.  ``--step-only``: per step only (the outcomes too), no end-to-end run.
+``tokmem.chat`` apply under ``tool_choice="auto"``, and on request ``free arguments``: the arguments decoded without
+their tool's grammar (``DecodeConfig.schema`` off: the keys the rows choose, unconstrained); ``--context-contrast A``
+adds a rule: the arguments decoded with context-aware decoding of strength A (``DecodeConfig.context_contrast``).
+The bank and its answers are the one difference.  ``--step-only``: per step only (the outcomes too), no end-to-end
+run.
 
     OMP_NUM_THREADS=2 python benchmarks/reanswer_loop.py results/loop-ab-qwen0.5b-banks/calls.safetensors \
         --seed 0 --json results/repeats-qwen0.5b.json
