@@ -1,0 +1,160 @@
+"""Whether a call's key set can be read off the backbone's state where its tool is routed: a linear probe.
+
+The rows of a tool-loop bank add or leave out a tool's optional keys by habit (``sortBy`` on every
+``Search_Attractions`` call), where LoRA reads the query; four training levers aimed at that choice left it where it
+was (docs/studies.md, "Causes").  The routing side refit (``tokmem.refit``) showed that output rows fitted to the frozen
+states before each memory token route the tools as well as LoRA.  If the key set were as legible in those states,
+the choice could move there: a memory row a (tool, key set), routed and refit as tools are, the grammar then bound to
+that key set.  This measures that before building it, without training or decoding: the kept bank reads the study's
+training and test records once (``tokmem.refit.routing_states``' layout, gold calls and results before each call),
+and for each tool a multinomial logistic regression (scikit-learn, standardised states) is fitted on its training
+calls' states to their key sets, then asked for each test call of that tool.  Beside it: the tool's most frequent
+training key set (the habit), and the key sets the bank itself and another method decoded at those steps (their
+result files' samples, where they chose the right tool).  Two states: before the memory token (where a key-set row
+would be routed) and at it (where the row's arguments begin).
+
+    OMP_NUM_THREADS=2 python benchmarks/keyset_probe.py results/tails-qwen0.5b-s1-banks/shared1-refit.safetensors \
+        --seed 1 --answers results/tails-qwen0.5b-s1.json:shared1-refit \
+        --answers results/loop-cfb-qwen0.5b-seeds-runs/epochs2-seed1.json:lora --json results/keyset-probe-qwen0.5b-s1.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+
+import torch
+from paired_steps import answers  # a script beside this one (its folder is on the path when run)
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+import tokmem
+from tokmem.io import write_json_atomic
+from tokmem.report import machine
+from tokmem.sequences import collate, to_device
+from tokmem.studies.compositional_config import make_config
+from tokmem.studies.tool_setup import tool_data
+from tokmem.train import encode_examples
+
+PLACES = ("before", "at")  # the state before the memory token (routing), and at it (the arguments' start)
+
+
+@torch.no_grad()
+def call_states(model, encoded, batch_size: int) -> dict[str, torch.Tensor]:
+    """Each call's states (calls of record after record, in order): before its memory token and at it."""
+    pad, steer = model.backbone.tokenizer.pad_token_id, model.memory_matrices()[1]
+    found = {place: [] for place in PLACES}
+    for start in range(0, len(encoded), batch_size):
+        batch = to_device(collate(encoded[start : start + batch_size], pad), model.device)
+        hidden, _ = model.hidden(batch["input_ids"], batch["attention_mask"], steer=steer)
+        where = batch["labels"][:, 1:] >= model.vocab_size
+        found["before"].append(hidden[:, :-1][where].float().cpu())
+        found["at"].append(hidden[:, 1:][where].float().cpu())
+    return {place: torch.cat(states) for place, states in found.items()}
+
+
+def gold_calls(examples) -> list[tuple[str, frozenset]]:
+    """(tool, key set) of each call of ``examples``, in ``call_states``' order."""
+    calls = [json.loads(step.response) for example in examples for step in example.steps]
+    return [(call["name"], frozenset(call["arguments"])) for call in calls]
+
+
+def decoded_key_sets(spec: str, examples) -> list[frozenset | None]:
+    """The key set a result file's method decoded at each test call (None where it chose another tool or no JSON
+    call), in ``gold_calls``' order."""
+    by_query = {sample["query"]: sample["step"] for sample in answers(spec)}
+    decoded = []
+    for example in examples:
+        steps = by_query[example.query]
+        for k, step in enumerate(example.steps):
+            try:
+                call = json.loads(steps[k]) if k < len(steps) else None
+            except json.JSONDecodeError:
+                call = None
+            right = isinstance(call, dict) and call.get("name") == step.procedure
+            decoded.append(frozenset(call.get("arguments") or {}) if right else None)
+    return decoded
+
+
+def probe(train_states, train_calls, test_states, test_calls) -> list[frozenset]:
+    """Each test call's key set as its tool's probe predicts it (the tool's one training key set where it has
+    one; the habit where the tool has no training call)."""
+    predicted = []
+    fitted = {}
+    for tool in {tool for tool, _ in test_calls}:
+        rows = [i for i, (name, _) in enumerate(train_calls) if name == tool]
+        key_sets = sorted({train_calls[i][1] for i in rows}, key=sorted)
+        if len(key_sets) < 2:
+            fitted[tool] = key_sets[0] if key_sets else frozenset()
+            continue
+        labels = [key_sets.index(train_calls[i][1]) for i in rows]
+        classifier = make_pipeline(StandardScaler(), LogisticRegression(max_iter=5000))
+        fitted[tool] = (classifier.fit(train_states[rows].numpy(), labels), key_sets)
+    for state, (tool, _) in zip(test_states, test_calls):
+        if isinstance(fitted[tool], frozenset):
+            predicted.append(fitted[tool])
+        else:
+            classifier, key_sets = fitted[tool]
+            predicted.append(key_sets[int(classifier.predict(state.numpy()[None])[0])])
+    return predicted
+
+
+def habit(train_calls, test_calls) -> list[frozenset]:
+    """Each test call's tool's most frequent training key set."""
+    counts = {}
+    for tool, keys in train_calls:
+        counts.setdefault(tool, Counter())[keys] += 1
+    return [counts[tool].most_common(1)[0][0] if tool in counts else frozenset() for tool, _ in test_calls]
+
+
+def right(predicted, test_calls, among) -> str:
+    """How many predicted key sets equal the gold ones, of the calls ``among`` marks (a decoded None: wrong)."""
+    hits = sum(p == keys for p, (_, keys), keep in zip(predicted, test_calls, among) if keep)
+    return f"{hits} of {sum(among)}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("bank")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--answers", action="append", default=[], metavar="FILE:NAME", help="decoded key sets beside")
+    parser.add_argument("--json", required=True)
+    args = parser.parse_args()
+    model = tokmem.load(args.bank, device="cpu")
+    config = make_config("cpu", dataset="complexfuncbench", backbone=model.backbone.name.split("+")[0], seed=args.seed)
+    data = tool_data(config, (1, config.tools))
+    calls = {split: gold_calls(examples) for split, examples in (("train", data.train), ("test", data.test))}
+    states = {
+        split: call_states(model, encode_examples(model, examples, config.train()), config.batch_size)
+        for split, examples in (("train", data.train), ("test", data.test))
+    }
+    for split in calls:  # a call cut off by max_length has no state: the two lists would not line up
+        if len(calls[split]) != len(states[split]["before"]):
+            raise SystemExit(f"{split}: {len(calls[split])} calls but {len(states[split]['before'])} states")
+    test = calls["test"]
+    several = [len({keys for tool, keys in calls["train"] if tool == name}) > 1 for name, _ in test]
+    predicted = {"habit (the tool's most frequent training key set)": habit(calls["train"], test)}
+    for place in PLACES:
+        predicted[f"probe on the state {place} the memory token"] = probe(
+            states["train"][place], calls["train"], states["test"][place], test
+        )
+    subsets = {"all test calls": [True] * len(test)}
+    for spec in args.answers:
+        decoded = decoded_key_sets(spec, data.test)
+        predicted[f"{spec} as decoded"] = decoded
+        subsets[f"where {spec} chose the right tool"] = [d is not None for d in decoded]
+    result = {"bank": args.bank, "seed": args.seed, "machine": machine(), "key set right": {}}
+    for label, among in subsets.items():
+        for tools, keep in (
+            ("", among),
+            (", tools with several training key sets", [a and s for a, s in zip(among, several)]),
+        ):
+            result["key set right"][label + tools] = {name: right(keys, test, keep) for name, keys in predicted.items()}
+    write_json_atomic(args.json, result)
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
