@@ -23,18 +23,23 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
+from dataclasses import replace
+from pathlib import Path
 
 import torch
 from paired_steps import answers  # a script beside this one (its folder is on the path when run)
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
+from tqdm.auto import tqdm
 
 import tokmem
+from tokmem.eval.tool_loop import chat_answerer, loop_scores
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
-from tokmem.sequences import collate, to_device
+from tokmem.sequences import RESULT_TOKENS, collate, to_device
 from tokmem.studies.compositional_config import make_config
+from tokmem.studies.harness import progress_bar
 from tokmem.studies.tool_setup import tool_data
 from tokmem.train import encode_examples
 
@@ -46,7 +51,7 @@ def call_states(model, encoded, batch_size: int) -> dict[str, torch.Tensor]:
     """Each call's states (calls of record after record, in order): before its memory token and at it."""
     pad, steer = model.backbone.tokenizer.pad_token_id, model.memory_matrices()[1]
     found = {place: [] for place in PLACES}
-    for start in range(0, len(encoded), batch_size):
+    for start in tqdm(range(0, len(encoded), batch_size), desc="states", unit="batch"):
         batch = to_device(collate(encoded[start : start + batch_size], pad), model.device)
         hidden, _ = model.hidden(batch["input_ids"], batch["attention_mask"], steer=steer)
         where = batch["labels"][:, 1:] >= model.vocab_size
@@ -78,27 +83,66 @@ def decoded_key_sets(spec: str, examples) -> list[frozenset | None]:
     return decoded
 
 
+class KeySetProbe:
+    """Per tool, a multinomial logistic regression from a state to the tool's training key sets (standardised
+    states); a tool with one training key set (or none) predicts that one (the empty set)."""
+
+    def __init__(self, states: torch.Tensor, calls: list[tuple[str, frozenset]]):
+        self.fitted = {}
+        for tool in {tool for tool, _ in calls}:
+            rows = [i for i, (name, _) in enumerate(calls) if name == tool]
+            key_sets = sorted({calls[i][1] for i in rows}, key=sorted)
+            if len(key_sets) == 1:
+                self.fitted[tool] = key_sets[0]
+                continue
+            classifier = make_pipeline(StandardScaler(), LogisticRegression(max_iter=5000))
+            labels = [key_sets.index(calls[i][1]) for i in rows]
+            self.fitted[tool] = (classifier.fit(states[rows].numpy(), labels), key_sets)
+
+    def predict(self, tool: str, state: torch.Tensor) -> frozenset:
+        fitted = self.fitted.get(tool, frozenset())
+        if isinstance(fitted, frozenset):
+            return fitted
+        classifier, key_sets = fitted
+        return key_sets[int(classifier.predict(state.numpy()[None])[0])]
+
+
 def probe(train_states, train_calls, test_states, test_calls) -> list[frozenset]:
-    """Each test call's key set as its tool's probe predicts it (the tool's one training key set where it has
-    one; the habit where the tool has no training call)."""
-    predicted = []
-    fitted = {}
-    for tool in {tool for tool, _ in test_calls}:
-        rows = [i for i, (name, _) in enumerate(train_calls) if name == tool]
-        key_sets = sorted({train_calls[i][1] for i in rows}, key=sorted)
-        if len(key_sets) < 2:
-            fitted[tool] = key_sets[0] if key_sets else frozenset()
-            continue
-        labels = [key_sets.index(train_calls[i][1]) for i in rows]
-        classifier = make_pipeline(StandardScaler(), LogisticRegression(max_iter=5000))
-        fitted[tool] = (classifier.fit(train_states[rows].numpy(), labels), key_sets)
-    for state, (tool, _) in zip(test_states, test_calls):
-        if isinstance(fitted[tool], frozenset):
-            predicted.append(fitted[tool])
-        else:
-            classifier, key_sets = fitted[tool]
-            predicted.append(key_sets[int(classifier.predict(state.numpy()[None])[0])])
-    return predicted
+    """Each test call's key set as its tool's probe (fitted on the training calls) predicts it."""
+    fitted = KeySetProbe(train_states, train_calls)
+    return [fitted.predict(tool, state) for state, (tool, _) in zip(test_states, test_calls)]
+
+
+def bound_tool(name: str, schema: dict, keys: frozenset) -> dict:
+    """An OpenAI tool object whose ``parameters`` bind ``name``'s arguments to exactly ``keys`` (each required, no
+    other), over the bank's ``schema`` of it (``tokmem.chat.tool_schemas`` orders them as the tool learned)."""
+    properties = {key: spec for key, spec in schema["properties"].items() if key in keys}
+    parameters = {"type": "object", "properties": properties, "required": list(properties)}
+    return {"type": "function", "function": {"name": name, "parameters": {**parameters, "additionalProperties": False}}}
+
+
+def probe_answerer(model, config, fitted: KeySetProbe, states: torch.Tensor, examples) -> callable:
+    """The study's answers (``chat_answerer``) with each tool's arguments bound to the key set ``fitted`` reads off
+    the step's state before its memory token (``states``: ``call_states``' of ``examples``, gold calls before each:
+    the per-step layout), whichever tool the memory token then picks; one conversation at a time (each step has its
+    own schemas)."""
+    first, start = {}, 0  # each record's first call's place in ``states``
+    for example in examples:
+        first[example.query], start = start, start + len(example.steps)
+
+    def answer(due, histories, caches, choice):
+        calls, read = [], 0
+        for example, history, cache in zip(due, histories, caches):
+            state = states[first[example.query] + len(history)]
+            tools = [bound_tool(n, s, fitted.predict(n, state)) for n, s in model.bank.tool_schemas().items()]
+            (call,), tokens = chat_answerer(model, config, RESULT_TOKENS, tools=tools)(
+                [example], [history], [cache], choice
+            )
+            calls.append(call)
+            read += tokens
+        return calls, read
+
+    return answer
 
 
 def habit(train_calls, test_calls) -> list[frozenset]:
@@ -121,15 +165,24 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--answers", action="append", default=[], metavar="FILE:NAME", help="decoded key sets beside")
     parser.add_argument("--json", required=True)
+    parser.add_argument("--states", metavar="PT", help="keep the states read here (read them here when it exists)")
+    parser.add_argument(
+        "--answer", action="store_true", help="answer the test records per step with the probe's key sets bound"
+    )
     args = parser.parse_args()
     model = tokmem.load(args.bank, device="cpu")
     config = make_config("cpu", dataset="complexfuncbench", backbone=model.backbone.name.split("+")[0], seed=args.seed)
     data = tool_data(config, (1, config.tools))
     calls = {split: gold_calls(examples) for split, examples in (("train", data.train), ("test", data.test))}
-    states = {
-        split: call_states(model, encode_examples(model, examples, config.train()), config.batch_size)
-        for split, examples in (("train", data.train), ("test", data.test))
-    }
+    if args.states and Path(args.states).is_file():
+        states = torch.load(args.states)
+    else:
+        states = {
+            split: call_states(model, encode_examples(model, examples, config.train()), config.batch_size)
+            for split, examples in (("train", data.train), ("test", data.test))
+        }
+        if args.states:
+            torch.save(states, args.states)
     for split in calls:  # a call cut off by max_length has no state: the two lists would not line up
         if len(calls[split]) != len(states[split]["before"]):
             raise SystemExit(f"{split}: {len(calls[split])} calls but {len(states[split]['before'])} states")
@@ -152,8 +205,20 @@ def main() -> None:
             (", tools with several training key sets", [a and s for a, s in zip(among, several)]),
         ):
             result["key set right"][label + tools] = {name: right(keys, test, keep) for name, keys in predicted.items()}
-    write_json_atomic(args.json, result)
+    write_json_atomic(args.json, result)  # the probe's counts before the longer answering
     print(json.dumps(result, indent=1))
+    if args.answer:
+        fitted = KeySetProbe(states["train"]["before"], calls["train"])
+        answer = probe_answerer(
+            model, replace(config.decode(), threshold=0.0), fitted, states["test"]["before"], data.test
+        )
+        bar = progress_bar(True)
+        scores = loop_scores(answer, data.test, config.max_calls, bar, "key sets probed", True, end_to_end=False)
+        bar.close()
+        result["answered with the probe's key sets bound (state before the memory token)"] = scores
+        step = scores["step"]
+        print(f"answered: exact steps {step['exact_steps']['all']} of {step['steps']['all']}; {scores['outcomes']}")
+        write_json_atomic(args.json, result)
 
 
 if __name__ == "__main__":

@@ -58,3 +58,28 @@ def test_the_states_are_read_at_each_call_before_and_at_its_memory_token(backbon
     alone = keyset_probe.call_states(model, encoded[1:], batch_size=1)  # padding in a batch changes nothing
     assert torch.allclose(alone["at"], states["at"][2:], atol=1e-5)
     assert not torch.allclose(states["before"], states["at"])
+
+
+def test_each_step_decodes_exactly_the_key_set_the_probe_reads_off_its_state(lively_backbone):
+    schema = {
+        "type": "object",
+        "properties": {"id": {"type": "integer"}, "sortBy": {"type": "string", "enum": ["price"]}},
+        "required": ["id"],
+    }
+    model = tokmem.create(lively_backbone)
+    model.bank.add(["Search"], lively_backbone.mean_embedding(), kinds=["tool"], schemas=[schema])
+    sorted_state, plain_state = torch.eye(4)[0] * 3, -torch.eye(4)[0] * 3
+    fitted = keyset_probe.KeySetProbe(
+        torch.stack([sorted_state, plain_state] * 3), [("Search", SORTED), ("Search", PLAIN)] * 3
+    )
+    examples = [Example(q, (Step("Search", call_json("Search", {"id": 1})),)) for q in ("find one", "find two")]
+    answer = keyset_probe.probe_answerer(
+        model,
+        tokmem.DecodeConfig(max_new_tokens=96, threshold=0.0),
+        fitted,
+        torch.stack([sorted_state, plain_state]),
+        examples,
+    )
+    calls, read = answer(examples, [[], []], [tokmem.ChatCache(), tokmem.ChatCache()], "required")
+    assert [tool for _, tool in calls] == ["Search", "Search"] and read > 0
+    assert [frozenset(json.loads(call)["arguments"]) for call, _ in calls] == [SORTED, PLAIN]

@@ -43,13 +43,18 @@ Answerer = Callable[[list[Example], list[History], list[ChatCache], str], tuple[
 
 
 def chat_answerer(
-    model: TokMemModel, config: DecodeConfig, result_tokens: int = RESULT_TOKENS, avoid_repeats: bool | None = None
+    model: TokMemModel,
+    config: DecodeConfig,
+    result_tokens: int = RESULT_TOKENS,
+    avoid_repeats: bool | None = None,
+    tools: list | None = None,
 ) -> Answerer:
     """A trained bank's answers (``tokmem.chat_batch``): the call it makes and the tool its memory token chose, or
     ``(None, None)`` where it answers without a call.  Where a call is due (``required``) ``config`` decodes (its
     threshold may be 0: a call is forced anyway); where it may stop (``auto``), at the open-set rule's default
     threshold.  ``avoid_repeats``: ``chat_batch``'s (None: a call answered since the user's message is not repeated
-    under ``auto`` only; True: at every step too)."""
+    under ``auto`` only; True: at every step too); ``tools``: ``chat_batch``'s (OpenAI tool objects whose
+    ``parameters`` bind their arguments; None: the bank's tools and schemas)."""
 
     def answer(examples, histories, caches, choice):
         decode = config if choice == "required" else replace(config, threshold=DecodeConfig.threshold)
@@ -57,6 +62,7 @@ def chat_answerer(
         replies = chat_batch(
             model,
             conversations,
+            tools=tools,
             tool_choice=choice,
             config=decode,
             caches=caches,
