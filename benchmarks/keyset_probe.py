@@ -43,6 +43,7 @@ from tokmem.studies.harness import progress_bar
 from tokmem.studies.tool_setup import tool_data
 from tokmem.train import encode_examples
 
+BOUND = "key sets probed, bound"  # the answers with each step's arguments bound to the probe's key set
 PLACES = ("before", "at")  # the state before the memory token (routing), and at it (the arguments' start)
 
 
@@ -75,7 +76,7 @@ def decoded_key_sets(spec: str, examples) -> list[frozenset | None]:
         steps = by_query[example.query]
         for k, step in enumerate(example.steps):
             try:
-                call = json.loads(steps[k]) if k < len(steps) else None
+                call = json.loads(steps[k]) if k < len(steps) and steps[k] is not None else None
             except json.JSONDecodeError:
                 call = None
             right = isinstance(call, dict) and call.get("name") == step.procedure
@@ -215,7 +216,7 @@ def main() -> None:
         bar = progress_bar(True)
         scores = loop_scores(answer, data.test, config.max_calls, bar, "key sets probed", True, end_to_end=False)
         bar.close()
-        result["answered with the probe's key sets bound (state before the memory token)"] = scores
+        result["rules"] = {BOUND: scores}  # as reanswer_loop.py keeps a rule's answers (paired_steps.py reads them)
         step = scores["step"]
         print(f"answered: exact steps {step['exact_steps']['all']} of {step['steps']['all']}; {scores['outcomes']}")
         write_json_atomic(args.json, result)
