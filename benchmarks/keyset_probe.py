@@ -5,13 +5,15 @@ The rows of a tool-loop bank add or leave out a tool's optional keys by habit (`
 was (docs/studies.md, "Causes").  The routing side refit (``tokmem.refit``) showed that output rows fitted to the frozen
 states before each memory token route the tools as well as LoRA.  If the key set were as legible in those states,
 the choice could move there: a memory row a (tool, key set), routed and refit as tools are, the grammar then bound to
-that key set.  This measures that before building it, without training or decoding: the kept bank reads the study's
+that key set.  This measures that before building it, without training: the kept bank reads the study's
 training and test records once (``tokmem.refit.routing_states``' layout, gold calls and results before each call),
 and for each tool a multinomial logistic regression (scikit-learn, standardised states) is fitted on its training
 calls' states to their key sets, then asked for each test call of that tool.  Beside it: the tool's most frequent
 training key set (the habit), and the key sets the bank itself and another method decoded at those steps (their
 result files' samples, where they chose the right tool).  Two states: before the memory token (where a key-set row
-would be routed) and at it (where the row's arguments begin).
+would be routed: ``tokmem.refit.routing_states``' state, read here beside the next one) and at it (where the row's
+arguments begin).  ``--answer`` then answers each test step as the study does, its arguments bound to the key set
+the probe reads off the state before its memory token.
 
     OMP_NUM_THREADS=2 python benchmarks/keyset_probe.py results/tails-qwen0.5b-s1-banks/shared1-refit.safetensors \
         --seed 1 --answers results/tails-qwen0.5b-s1.json:shared1-refit \
@@ -34,6 +36,7 @@ from sklearn.preprocessing import StandardScaler
 from tqdm.auto import tqdm
 
 import tokmem
+from tokmem.eval import metrics
 from tokmem.eval.tool_loop import chat_answerer, loop_scores
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
@@ -61,10 +64,15 @@ def call_states(model, encoded, batch_size: int) -> dict[str, torch.Tensor]:
     return {place: torch.cat(states) for place, states in found.items()}
 
 
+def key_set(call: tuple | None) -> frozenset | None:
+    """The keys of a parsed call (``metrics.parse_call``'s ``(name, arguments)``), None for no call."""
+    return None if call is None else frozenset(key for key, _ in call[1])
+
+
 def gold_calls(examples) -> list[tuple[str, frozenset]]:
     """(tool, key set) of each call of ``examples``, in ``call_states``' order."""
-    calls = [json.loads(step.response) for example in examples for step in example.steps]
-    return [(call["name"], frozenset(call["arguments"])) for call in calls]
+    calls = metrics.gold_calls(step.response for example in examples for step in example.steps)
+    return [(call[0], key_set(call)) for call in calls]
 
 
 def decoded_key_sets(spec: str, examples) -> list[frozenset | None]:
@@ -75,12 +83,8 @@ def decoded_key_sets(spec: str, examples) -> list[frozenset | None]:
     for example in examples:
         steps = by_query[example.query]
         for k, step in enumerate(example.steps):
-            try:
-                call = json.loads(steps[k]) if k < len(steps) and steps[k] is not None else None
-            except json.JSONDecodeError:
-                call = None
-            right = isinstance(call, dict) and call.get("name") == step.procedure
-            decoded.append(frozenset(call.get("arguments") or {}) if right else None)
+            call = metrics.parse_call(steps[k]) if k < len(steps) and steps[k] is not None else None
+            decoded.append(key_set(call) if call and call[0] == step.procedure else None)
     return decoded
 
 
@@ -107,11 +111,9 @@ class KeySetProbe:
         classifier, key_sets = fitted
         return key_sets[int(classifier.predict(state.numpy()[None])[0])]
 
-
-def probe(train_states, train_calls, test_states, test_calls) -> list[frozenset]:
-    """Each test call's key set as its tool's probe (fitted on the training calls) predicts it."""
-    fitted = KeySetProbe(train_states, train_calls)
-    return [fitted.predict(tool, state) for state, (tool, _) in zip(test_states, test_calls)]
+    def predict_all(self, states: torch.Tensor, calls: list[tuple[str, frozenset]]) -> list[frozenset]:
+        """Each call's key set as its tool's probe reads it off its state."""
+        return [self.predict(tool, state) for state, (tool, _) in zip(states, calls)]
 
 
 def bound_tool(name: str, schema: dict, keys: frozenset) -> dict:
@@ -190,10 +192,9 @@ def main() -> None:
     test = calls["test"]
     several = [len({keys for tool, keys in calls["train"] if tool == name}) > 1 for name, _ in test]
     predicted = {"habit (the tool's most frequent training key set)": habit(calls["train"], test)}
-    for place in PLACES:
-        predicted[f"probe on the state {place} the memory token"] = probe(
-            states["train"][place], calls["train"], states["test"][place], test
-        )
+    probes = {place: KeySetProbe(states["train"][place], calls["train"]) for place in PLACES}
+    for place, fitted in probes.items():
+        predicted[f"probe on the state {place} the memory token"] = fitted.predict_all(states["test"][place], test)
     subsets = {"all test calls": [True] * len(test)}
     for spec in args.answers:
         decoded = decoded_key_sets(spec, data.test)
@@ -209,9 +210,8 @@ def main() -> None:
     write_json_atomic(args.json, result)  # the probe's counts before the longer answering
     print(json.dumps(result, indent=1))
     if args.answer:
-        fitted = KeySetProbe(states["train"]["before"], calls["train"])
         answer = probe_answerer(
-            model, replace(config.decode(), threshold=0.0), fitted, states["test"]["before"], data.test
+            model, replace(config.decode(), threshold=0.0), probes["before"], states["test"]["before"], data.test
         )
         bar = progress_bar(True)
         scores = loop_scores(answer, data.test, config.max_calls, bar, "key sets probed", True, end_to_end=False)

@@ -23,7 +23,7 @@ def test_the_probe_reads_a_key_set_a_direction_of_the_state_carries_where_the_ha
     states = torch.cat([states, torch.randn(2, 8)])
     test = [("Search", PLAIN), ("Search", SORTED), ("Rent", PLAIN), ("Search", PLAIN)]
     test_states = torch.stack([-4 * torch.eye(8)[0], 4 * torch.eye(8)[0], torch.zeros(8), -4 * torch.eye(8)[0]])
-    probed = keyset_probe.probe(states, train, test_states, test)
+    probed = keyset_probe.KeySetProbe(states, train).predict_all(test_states, test)
     assert probed == [PLAIN, SORTED, PLAIN, PLAIN]  # "Rent" has one training key set: that one
     assert keyset_probe.habit(train, test) == [SORTED, SORTED, PLAIN, SORTED]
     assert keyset_probe.right(probed, test, [True] * 4) == "4 of 4"
@@ -53,7 +53,7 @@ def test_the_states_are_read_at_each_call_before_and_at_its_memory_token(backbon
     ]
     encoded = encode_examples(model, examples, TrainConfig(max_length=256))
     states = keyset_probe.call_states(model, encoded, batch_size=2)
-    assert [tool for tool, _ in keyset_probe.gold_calls(examples)] == ["Search", "Rent", "Rent"]
+    assert keyset_probe.gold_calls(examples) == [("Search", PLAIN), ("Rent", PLAIN), ("Rent", PLAIN)]
     assert states["before"].shape == states["at"].shape == (3, backbone.model.config.hidden_size)
     alone = keyset_probe.call_states(model, encoded[1:], batch_size=1)  # padding in a batch changes nothing
     assert torch.allclose(alone["at"], states["at"][2:], atol=1e-5)
