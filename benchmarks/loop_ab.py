@@ -117,16 +117,39 @@ def file_config(seed: int) -> dict:
     return {"preset": "cpu", "dataset": "complexfuncbench", "method": METHOD, "seed": seed}
 
 
-def run_variant(name: str, settings: dict, args, found: dict, save) -> dict:
-    """One bank trained with ``settings`` (unless ``found`` says it was and its bank is kept) and answered;
-    ``save(entry)`` keeps the entry once trained."""
+def study(settings: dict, args):
+    """The study's data and the method ``settings`` make of it (untrained), and its backbone's adaptation."""
     config = variant_config(file_config(args.seed), args.backbone, settings)
     torch.manual_seed(config.seed)
     data = tool_data(config, (1, config.tools))
     backbones, adaptation = prepare_backbones(config, None, progress=True)
-    method = build_method(config.methods[0], config, backbones, data.tools)
-    kept = Path(args.json).with_name(f"{Path(args.json).stem}-banks") / name
-    backbone = method.model.backbone
+    return data, build_method(config.methods[0], config, backbones, data.tools), adaptation
+
+
+def kept_path(args, name: str) -> Path:
+    """Where a variant's bank (or LoRA adapter) is kept: ``<json stem>-banks/<name>``."""
+    return Path(args.json).with_name(f"{Path(args.json).stem}-banks") / name
+
+
+def answered(method, data, settings: dict, bar) -> dict:
+    """``per_step``'s answers with the settings, the rows' norms and when."""
+    reordered = reordered_tools(data.tools, data.train)
+    token = {"token": round(method.model.backbone.embedding_norm(), 6)}
+    norms = {"row_norms": row_norms(method.model.bank) | token} if isinstance(method, TokMem) else {}
+    return {
+        "settings": settings,
+        **norms,
+        "tools_whose_order_differs": sorted(reordered),
+        "answered": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        **per_step(method, data, reordered, bar),
+    }
+
+
+def run_variant(name: str, settings: dict, args, found: dict, save) -> dict:
+    """One bank trained with ``settings`` (unless ``found`` says it was and its bank is kept) and answered;
+    ``save(entry)`` keeps the entry once trained."""
+    data, method, adaptation = study(settings, args)
+    kept = kept_path(args, name)
     if "train_seconds" in found and restore(method, kept):
         entry = found
     else:
@@ -138,16 +161,7 @@ def run_variant(name: str, settings: dict, args, found: dict, save) -> dict:
         entry |= {"learn_report": method.learn_report} if method.learn_report else {}
         entry |= {"adaptation": adaptation} if adaptation else {}
         save(entry)
-    reordered = reordered_tools(data.tools, data.train)
-    token = {"token": round(backbone.embedding_norm(), 6)}
-    norms = {"row_norms": row_norms(method.model.bank) | token} if isinstance(method, TokMem) else {}
-    return entry | {
-        "settings": settings,
-        **norms,
-        "tools_whose_order_differs": sorted(reordered),
-        "answered": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        **per_step(method, data, reordered, args.bar),
-    }
+    return entry | answered(method, data, settings, args.bar)
 
 
 def resumable(method, kept: Path) -> Path | None:

@@ -20,6 +20,9 @@ are written, how values are copied) is learnt from all of them rather than from 
 only in the bank's first round (``shared_trainable``): a tool added later reads them as they are, so adding tools
 never changes how the old ones are steered.
 
+A tool row may have *key-set rows* (``key_sets``: ``tokmem.key_sets.KeySets``, fitted after training): its training
+calls' key sets, one chosen by the state that routed the tool, its arguments then bound to exactly those keys.
+
 On disk a bank is ``<path>`` (safetensors) plus ``<path>.json`` (metadata), as ``tokmem.bank_format`` lays them
 out and checks them when read; the two files are written together (``tokmem.io.write_files``).
 """
@@ -34,6 +37,7 @@ import torch
 from tokmem.bank_format import (
     FORMAT,
     FORMAT_VERSION,
+    KEY_SETS_VERSION,
     KINDS,
     MAX_MEMORY_TOKENS,
     MAX_SHARED_TOKENS,
@@ -51,6 +55,7 @@ from tokmem.bank_format import (
 )
 from tokmem.errors import BankError, cut, listed
 from tokmem.io import write_files
+from tokmem.key_sets import KeySets
 
 ROW_NORM_FACTOR = 1000.0  # rows may be at most this many times the backbone's mean embedding norm
 
@@ -75,6 +80,7 @@ class MemoryBank:
         self.descriptions: list[str] = []
         self.kinds: list[str] = []
         self.schemas: list[dict | None] = []  # per row: its tool's JSON schema, or None
+        self.key_sets: list[KeySets | None] = []  # per row: its tool's key-set rows, or None (tokmem.key_sets)
         self.index = torch.empty(0, hidden_size)
         self.steer = torch.empty(0, hidden_size) if decoupled else None
         self.tail = torch.empty(0, memory_tokens - 1, hidden_size)  # per procedure, its input rows after the first
@@ -145,7 +151,11 @@ class MemoryBank:
     def parameter_count(self, trainable_only: bool = False) -> int:
         rows = int(self.trainable.sum()) if trainable_only else len(self)
         shared = self.shared_tokens if self.shared_trainable or not trainable_only else 0
-        return (rows * (self.memory_tokens + int(self.decoupled)) + shared) * self.hidden_size
+        counted = self.trainable.tolist() if trainable_only else [True] * len(self)
+        key_sets = sum(len(k.keys) for k, c in zip(self.key_sets, counted) if k is not None and c)
+        return (rows * (self.memory_tokens + int(self.decoupled)) + shared) * self.hidden_size + key_sets * (
+            self.hidden_size + 1
+        )
 
     # ---- editing --------------------------------------------------------------------------
     def add(self, names, init: torch.Tensor, descriptions=None, kinds=None, schemas=None) -> list[int]:
@@ -181,6 +191,7 @@ class MemoryBank:
         self.descriptions += descriptions
         self.kinds += kinds
         self.schemas += schemas
+        self.key_sets += [None] * len(names)
         self._index_names()
         self.index = torch.cat([self.index, rows])
         if self.decoupled:
@@ -207,7 +218,7 @@ class MemoryBank:
     def remove(self, name: str) -> None:
         keep = torch.tensor([n != name for n in self.names])
         row = self.row(name)
-        del self.names[row], self.descriptions[row], self.kinds[row], self.schemas[row]
+        del self.names[row], self.descriptions[row], self.kinds[row], self.schemas[row], self.key_sets[row]
         self._index_names()
         self.index = self.index[keep]
         if self.decoupled:
@@ -249,6 +260,7 @@ class MemoryBank:
         self.descriptions += other.descriptions
         self.kinds += other.kinds
         self.schemas += other.schemas
+        self.key_sets += other.key_sets
         self._index_names()
         self.index = torch.cat([self.index, other.index])
         if self.decoupled:
@@ -311,6 +323,11 @@ class MemoryBank:
             "descriptions": self.descriptions,
             "kinds": self.kinds,
             "schemas": self.schemas,
+            **(
+                {"key_sets": [k and [list(keys) for keys in k.keys] for k in self.key_sets]}
+                if self.has_key_sets
+                else {}
+            ),
             "backbone": self.backbone,
             "norms": {
                 "mean": float(norms.mean()) if len(self) else None,
@@ -322,18 +339,28 @@ class MemoryBank:
 
     def _format_version(self) -> int:
         """The oldest format that holds this bank: a reader that cannot lay out its rows refuses it."""
+        if self.has_key_sets:
+            return KEY_SETS_VERSION
         return SHARED_VERSION if self.shared_tokens else TAILS_VERSION if self.memory_tokens > 1 else FORMAT_VERSION
+
+    @property
+    def has_key_sets(self) -> bool:
+        return any(k is not None for k in self.key_sets)
 
     def save(self, path) -> Path:
         """Write ``path`` and ``path.json`` together and atomically (``write_files``)."""
         path = Path(path)
-        if not all(torch.isfinite(m).all() for m in (self.index, self.steer_matrix, self.tail, self.shared)):
+        fitted = [k for k in self.key_sets if k is not None]
+        key_set_rows = [torch.cat([k.weight for k in fitted]), torch.cat([k.bias for k in fitted])] if fitted else []
+        if not all(
+            torch.isfinite(m).all() for m in (self.index, self.steer_matrix, self.tail, self.shared, *key_set_rows)
+        ):
             raise BankError(f"refusing to save {path}: the bank has NaN/Inf rows (training diverged?)")
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.metadata(), indent=2, ensure_ascii=False)
         write_files(
             {
-                path: lambda tmp: save_tensors(tmp, self.index, self.steer, self.tail, self.shared),
+                path: lambda tmp: save_tensors(tmp, self.index, self.steer, self.tail, self.shared, *key_set_rows),
                 metadata_path(path): lambda tmp: Path(tmp).write_text(text, encoding="utf-8"),
             }
         )
@@ -369,9 +396,10 @@ class MemoryBank:
         bank._index_names()
         bank.descriptions = list(meta.get("descriptions") or [""] * len(bank.names))
         bank.kinds = list(meta.get("kinds") or ["text"] * len(bank.names))
-        bank.index, bank.steer, bank.tail, bank.shared = read_tensors(tensors, where, meta)
+        bank.index, bank.steer, bank.tail, bank.shared, weight, bias = read_tensors(tensors, where, meta)
         bank.trainable = torch.zeros(len(bank.names), dtype=torch.bool)
         bank.schemas = list(meta.get("schemas") or [None] * len(bank.names))  # none before schemas were kept
+        bank.key_sets = _key_sets(meta.get("key_sets") or [None] * len(bank.names), weight, bias)
         if backbone is not None:
             check_backbone(bank, backbone, where)
         return bank
@@ -398,6 +426,17 @@ def check_backbone(bank: MemoryBank, backbone, path="<bank>") -> None:
                 f"{path}: tensor '{key}' has rows {large[:5]} with norms over {limit:.4g} ({ROW_NORM_FACTOR:g} times "
                 f"the backbone's mean embedding norm): such rows overflow the logits"
             )
+
+
+def _key_sets(keys: list, weight: torch.Tensor, bias: torch.Tensor) -> list[KeySets | None]:
+    """Per row, its ``KeySets`` from the metadata's key lists and the file's stacked rows (in row order)."""
+    found, start = [], 0
+    for row in keys:
+        found.append(
+            row and KeySets([tuple(k) for k in row], weight[start : start + len(row)], bias[start : start + len(row)])
+        )
+        start += len(row or ())
+    return found
 
 
 def _check_name(name) -> None:

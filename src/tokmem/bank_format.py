@@ -2,10 +2,11 @@
 
 A bank is ``<path>`` (safetensors, tensors only, never pickle: ``index``, and ``steer`` for a decoupled bank, float32,
 one row a procedure; ``tail`` for a bank of several memory tokens a procedure, (procedures, tokens - 1, width);
-``shared`` for a bank with shared rows, (shared tokens, width)) plus ``<path>.json`` (format version, names, descriptions, kinds, schemas, dims, DC flag, memory tokens, backbone
+``shared`` for a bank with shared rows, (shared tokens, width); ``key_set_weight`` (key sets, width) and
+``key_set_bias`` (key sets,) for a bank with key-set rows, every tool's in row order) plus ``<path>.json`` (format version, names, descriptions, kinds, schemas, dims, DC flag, memory tokens, backbone
 identity, norm statistics).  Version 1 files (before kinds) load with every row ``text``; version 3 is a bank with
 tails (written so only then, so that a tokmem that cannot lay them out refuses it rather than answer without them),
-version 4 one with shared rows (the same reason).
+version 4 one with shared rows, version 5 one with key-set rows (the same reason).
 Every metadata field is checked by one small function (``FIELD_CHECKS``) before anything is built from it, so a bad
 file or upload gets one clear error, never a traceback.
 """
@@ -26,7 +27,8 @@ FORMAT = "tokmem-bank"
 FORMAT_VERSION = 2
 TAILS_VERSION = 3  # a bank of several memory tokens a procedure: a reader that knows no tails must refuse it
 SHARED_VERSION = 4  # a bank with shared rows: a reader that knows none must refuse it
-READABLE_VERSIONS = (1, 2, 3, 4)
+KEY_SETS_VERSION = 5  # a bank with key-set rows: a reader that knows none would decode without them
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 KINDS = ("text", "tool")
 MAX_NAME_CHARS = 128  # a procedure name's length
 MAX_HIDDEN_SIZE = 2**16
@@ -63,10 +65,16 @@ def existing_metadata(path: Path) -> Path:
 
 
 def save_tensors(
-    tmp: str, index: torch.Tensor, steer: torch.Tensor | None, tail: torch.Tensor, shared: torch.Tensor
+    tmp: str,
+    index: torch.Tensor,
+    steer: torch.Tensor | None,
+    tail: torch.Tensor,
+    shared: torch.Tensor,
+    key_set_weight: torch.Tensor | None = None,
+    key_set_bias: torch.Tensor | None = None,
 ) -> None:
     """Write a bank's rows to the safetensors file ``tmp``: ``index``, ``steer`` when the bank is decoupled, ``tail``
-    when it has several memory tokens a procedure, ``shared`` when it has shared rows."""
+    when it has several memory tokens a procedure, ``shared`` when it has shared rows, the key-set rows where given."""
     tensors = {"index": index.contiguous()}
     if steer is not None:
         tensors["steer"] = steer.contiguous()
@@ -74,14 +82,15 @@ def save_tensors(
         tensors["tail"] = tail.contiguous()
     if shared.shape[0]:
         tensors["shared"] = shared.contiguous()
+    if key_set_weight is not None:
+        tensors["key_set_weight"], tensors["key_set_bias"] = key_set_weight.contiguous(), key_set_bias.contiguous()
     save_file(tensors, tmp, metadata={"format": FORMAT})
 
 
-def read_tensors(
-    data: bytes, path: Path, meta: dict
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """The ``index``, (decoupled banks) ``steer``, ``tail`` and ``shared`` rows of a safetensors file's bytes, each checked
-    against the metadata ``meta`` (shape, dtype, finite values); errors name ``path``."""
+def read_tensors(data: bytes, path: Path, meta: dict) -> tuple[torch.Tensor, ...]:
+    """The ``index``, (decoupled banks) ``steer``, ``tail``, ``shared``, ``key_set_weight`` and ``key_set_bias`` rows
+    of a safetensors file's bytes, each checked against the metadata ``meta`` (shape, dtype, finite values); errors
+    name ``path``."""
     try:
         tensors = load(data)
     except (SafetensorError, OSError, ValueError) as err:
@@ -92,7 +101,10 @@ def read_tensors(
     tail = _checked(tensors, "tail", path, meta, (rows, tails, width)) if tails else torch.empty(rows, 0, width)
     shared_tokens = meta.get("shared_tokens", SHARED_TOKENS)
     shared = _checked(tensors, "shared", path, meta, (shared_tokens, width)) if shared_tokens else torch.empty(0, width)
-    return index, steer, tail, shared
+    key_sets = sum(len(row or ()) for row in meta.get("key_sets") or ())
+    weight = _checked(tensors, "key_set_weight", path, meta, (key_sets, width)) if key_sets else torch.empty(0, width)
+    bias = _checked(tensors, "key_set_bias", path, meta, (key_sets,)) if key_sets else torch.empty(0)
+    return index, steer, tail, shared, weight, bias
 
 
 def read_metadata(text: bytes, meta_file: Path) -> dict:
@@ -228,6 +240,27 @@ def _schemas(meta: dict) -> str | None:
     return problem and f"field 'schemas'{problem}"
 
 
+def _key_sets(meta: dict) -> str | None:
+    """Absent, or per row null or a list of two or more distinct key sets, each a list of distinct strings."""
+    key_sets = meta.get("key_sets")
+    if key_sets is None:
+        return None
+    if not isinstance(key_sets, list) or len(key_sets) != len(meta["names"]):
+        return "field 'key_sets' must be a list with one entry per row"
+    for row, entry in enumerate(key_sets):
+        if entry is None:
+            continue
+        where = f"field 'key_sets'[{row}]"
+        if not isinstance(entry, list) or len(entry) < 2:
+            return f"{where} must be null or a list of at least two key sets"
+        for keys in entry:
+            if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys) or len(set(keys)) != len(keys):
+                return f"{where}: each key set must be a list of distinct strings"
+        if len({frozenset(keys) for keys in entry}) != len(entry):
+            return f"{where}: a key set is listed twice"
+    return None
+
+
 FIELD_CHECKS: tuple[Callable[[dict], str | None], ...] = (
     _format,
     _hidden_size,
@@ -239,6 +272,7 @@ FIELD_CHECKS: tuple[Callable[[dict], str | None], ...] = (
     _descriptions,
     _kinds,
     _schemas,
+    _key_sets,
     _backbone,
 )
 
@@ -251,8 +285,9 @@ def _checked(tensors: dict, key: str, path: Path, meta: dict, expected: tuple[in
         raise BankError(f"{path}: tensor '{key}' has shape {tuple(tensor.shape)}, the metadata says {expected}")
     if tensor.dtype != torch.float32:
         raise BankError(f"{path}: tensor '{key}' has dtype {tensor.dtype}, expected float32")
-    bad = (~torch.isfinite(tensor)).flatten(1).any(dim=1).nonzero().flatten().tolist()
+    bad = (~torch.isfinite(tensor)).reshape(len(tensor), -1).any(dim=1).nonzero().flatten().tolist()
     if bad:
-        named = "" if key == "shared" else f" ({', '.join(meta['names'][i] for i in bad[:5])})"  # shared rows: no names
+        procedures = key in ("index", "steer", "tail")  # shared and key-set rows are not one a procedure
+        named = f" ({', '.join(meta['names'][i] for i in bad[:5])})" if procedures else ""
         raise BankError(f"{path}: tensor '{key}' has NaN/Inf values in rows {bad[:5]}{named}")
     return tensor

@@ -372,6 +372,8 @@ def prefill(model, ids, mask, cache, banks: Banks, rules: Rules, generator, gram
         grammar.begin(begun.tolist())
         grammar.constrain(logits)
     token = pick(logits, rules.temperature, generator, rules.top_p, generators)
+    if grammar is not None:
+        grammar.routed(hidden[:, -1])
     steps = banks.routes(token, model.vocab_size).long() + (begun >= 0).long()  # a begun row's: its first segment
     state = [token, steps, plain & (begun < 0), rules.max_steps, rules.temperature, rules.top_p]
     return DecodeBatch(cache, mask, position_ids[:, -1] + 1, *state, grammar), mass
@@ -394,6 +396,8 @@ def step(model, batch: DecodeBatch, banks: Banks, generator, generators=None, do
         batch.grammar.constrain(logits)
     blocked = batch.plain | (batch.steps >= batch.max_steps)
     token = next_tokens(logits, model.vocab_size, blocked, batch.temperature, generator, batch.top_p, generators)
+    if batch.grammar is not None:
+        batch.grammar.routed(hidden[:, -1])
     token = banks.forced_context(token, batch.last, model.vocab_size)
     if done is not None:
         token = token.masked_fill(done, model.backbone.eos_token_id)
@@ -429,14 +433,16 @@ def _divergence(own: torch.Tensor, twin: torch.Tensor) -> torch.Tensor:
 def argument_grammar(model: TokMemModel, rows: int, config: DecodeConfig, schemas: list | None = None):
     """The ``ArgumentGrammar`` of a batch of ``rows``, or None when no tool row has a schema (or ``config.schema``
     is off): then nothing is constrained and the grammar backend is not even imported.  ``schemas``: per bank row,
-    the schema to use instead of the bank's (a client's, ``tokmem.chat.tool_schemas``).  The schemas are compiled (or
+    the schema to use instead of the bank's (a client's, ``tokmem.chat.tool_schemas``); either is narrowed to the
+    key set the bank's key-set rows choose (``tokmem.key_sets``) where it admits it.  The schemas are compiled (or
     found compiled) here, before decoding starts; one that cannot be is a ``SchemaError`` naming it."""
     schemas = model.bank.schemas if schemas is None else schemas
     if not config.schema or not any(schema is not None for schema in schemas):
         return None
     from tokmem.grammar import ArgumentGrammar, grammars_for
 
-    grammars = grammars_for(model.backbone.tokenizer, model.vocab_size).rows(schemas, config.references)
+    grammars = grammars_for(model.backbone.tokenizer, model.vocab_size)
+    grammars = grammars.rows(schemas, config.references, key_sets=model.bank.key_sets)
     return ArgumentGrammar([grammars] * rows, model.vocab_size, model.backbone.eos_token_id)
 
 

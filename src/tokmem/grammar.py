@@ -20,6 +20,11 @@ are values) do not.
 can use it: ``advance(tokens)`` after each step, ``constrain(logits)`` before each pick.  While a row's JSON is
 open its memory tokens and EOS are masked; once it closes, only EOS or a memory token (the next call) may follow.
 
+A tool with key-set rows (``tokmem.key_sets``) has a grammar per key set (``KeySetGrammars``): whoever picks a
+token tells the grammar the state that picked it (``routed``), and a memory token so picked starts the grammar of
+the key set that state chooses (the tool's whole schema where none of its key sets is admitted, or the row's
+routing state is unknown).
+
 A row may also answer under a whole-response grammar (OpenAI's ``response_format``): its text is then that JSON
 from its first token.  Until the row has a token, only its vocabulary is constrained (its memory tokens stay as
 routing leaves them: the turn may still start with a tool call, which then follows its tool's grammar instead).
@@ -35,10 +40,12 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 import torch
 import xgrammar
 
+from tokmem.key_sets import KeySets, narrowed
 from tokmem.schemas import Budget, SchemaError, check_schema, decoding_schema, shared_leaves
 
 _BITS = torch.arange(32, dtype=torch.int32)
@@ -122,16 +129,32 @@ class Grammars:
         """The compiled grammar of a tool's arguments (``decoding_schema``)."""
         return self.compile(decoding_schema(parameters, references, where, self.budget), where)
 
-    def rows(self, schemas: list, references: bool = True, where: str = "schemas", fields: list | None = None) -> list:
-        """Per bank row, the compiled grammar of its tool's arguments, or None (no schema): every compile started
-        before the first is waited for, so the rows compile side by side (one thread each).  An error names the row
-        as ``{where}[row]``, or as ``fields[row]`` where given."""
+    def rows(
+        self,
+        schemas: list,
+        references: bool = True,
+        where: str = "schemas",
+        fields: list | None = None,
+        key_sets: list | None = None,
+    ) -> list:
+        """Per bank row, the compiled grammar of its tool's arguments, or None (no schema), or for a row with
+        ``key_sets`` (per row, ``KeySets`` or None) its ``KeySetGrammars``: every compile started before the first is
+        waited for, so the rows compile side by side (one thread each).  An error names the row as ``{where}[row]``,
+        or as ``fields[row]`` where given."""
         fields = fields or [f"{where}[{row}]" for row in range(len(schemas))]
+        key_sets = key_sets or [None] * len(schemas)
         pending = [
-            None if schema is None else self._submitted(decoding_schema(schema, references, field, self.budget), field)
-            for schema, field in zip(schemas, fields)
+            [
+                self._submitted(decoding_schema(one, references, field, self.budget), field) if one else None
+                for one in [schema, *(narrowed(schema, keys) for keys in (choice.keys if choice and schema else ()))]
+            ]
+            for schema, field, choice in zip(schemas, fields, key_sets)
         ]
-        return [None if waiting is None else self._result(*waiting) for waiting in pending]
+        compiled = [[None if waiting is None else self._result(*waiting) for waiting in row] for row in pending]
+        return [
+            KeySetGrammars(choice, whole, narrowed_ones) if narrowed_ones else whole
+            for choice, (whole, *narrowed_ones) in zip(key_sets, compiled)
+        ]
 
 
 # A JSON number of at most 16 digits before the point, 16 after it (a coordinate copied from a result has 13) and a
@@ -159,6 +182,24 @@ def grammars_for(tokenizer, vocab_size: int, budget: Budget = Budget()) -> Gramm
     return Grammars(tokenizer, vocab_size, budget)
 
 
+@dataclass(frozen=True)
+class KeySetGrammars:
+    """A tool's argument grammars with key-set rows: ``whole`` (its schema) and per key set of ``choice`` the grammar
+    of the schema narrowed to it (None: the schema does not admit it)."""
+
+    choice: KeySets
+    whole: xgrammar.CompiledGrammar
+    narrowed: list
+
+    def chosen(self, state: torch.Tensor | None) -> xgrammar.CompiledGrammar:
+        """The grammar of the admitted key set ``state`` (the state that routed the tool) scores highest; ``whole``
+        without a state or an admitted key set."""
+        admitted = torch.tensor([grammar is not None for grammar in self.narrowed])
+        if state is None or not admitted.any():
+            return self.whole
+        return self.narrowed[int(self.choice.scores(state).masked_fill(~admitted, float("-inf")).argmax())]
+
+
 def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """A bool (rows, vocab_size) tensor from the backends' packed int32 bitmask (32 tokens a word)."""
     return ((bitmask.unsqueeze(-1) >> _BITS) & 1).bool().flatten(1)[:, :vocab_size]
@@ -179,6 +220,8 @@ class ArgumentGrammar:
         responses = responses or [None] * len(self.grammars)
         self.matchers = [None if r is None else xgrammar.GrammarMatcher(r) for r in responses]
         self.started = [False] * len(self.grammars)  # whether the row has its first token (see the module's docstring)
+        self.states = [None] * len(self.grammars)  # per row, the state that picked its last token where it has key sets
+        self.keyed = [i for i, row in enumerate(self.grammars) if any(isinstance(g, KeySetGrammars) for g in row)]
         self.batch = xgrammar.BatchGrammarMatcher(max_threads=1)
 
     def select(self, keep: list[int]) -> "ArgumentGrammar":
@@ -189,13 +232,19 @@ class ArgumentGrammar:
         """These rows, then ``other``'s."""
         return self._with(*(mine + theirs for mine, theirs in zip(self._rows(), other._rows())))
 
-    def _rows(self) -> tuple[list, list, list]:
-        return self.grammars, self.matchers, self.started
+    def _rows(self) -> tuple[list, list, list, list]:
+        return self.grammars, self.matchers, self.started, self.states
 
-    def _with(self, grammars, matchers, started) -> "ArgumentGrammar":
+    def _with(self, grammars, matchers, started, states) -> "ArgumentGrammar":
         grammar = ArgumentGrammar(grammars, self.vocab, self.eos)
-        grammar.matchers, grammar.started, grammar.batch = matchers, started, self.batch
+        grammar.matchers, grammar.started, grammar.states, grammar.batch = matchers, started, states, self.batch
         return grammar
+
+    def routed(self, states: torch.Tensor) -> None:
+        """Keep the states (rows, width) that picked the tokens ``advance`` is fed next, for the rows that have
+        key-set rows (their memory tokens start the key set the state chooses: ``KeySetGrammars``)."""
+        for i in self.keyed:
+            self.states[i] = states[i]
 
     def advance(self, tokens: torch.Tensor) -> None:
         """Feed each row's new token: a memory token starts its tool's grammar (or none); EOS ends the row's; a
@@ -226,6 +275,8 @@ class ArgumentGrammar:
 
     def _start_tool(self, i: int, memory: int) -> None:
         compiled = self.grammars[i][memory - self.vocab]
+        if isinstance(compiled, KeySetGrammars):
+            compiled = compiled.chosen(self.states[i])
         self.matchers[i] = None if compiled is None else xgrammar.GrammarMatcher(compiled)
 
     def constrain(self, logits: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ from tokmem.schemas import learned_schema
 from tokmem.sequences import RESULT_TOKENS, Encoded, TruncationCount, collate, encode, to_device
 from tokmem.model import TokMemModel
 from tokmem.prefix_store import PrefixStore, default_budget
+from tokmem.key_sets import fit_model_key_sets
 from tokmem.refit import refit_index, routing_states
 from tokmem.train_state import TrainingState
 
@@ -108,6 +109,12 @@ class TrainConfig:
         "the bank decoupled (its trained rows steer): one pass of the backbone, no gradients through it "
         "(tokmem.refit)",
     )
+    key_sets: bool = option(
+        False,
+        "after training, give each new tool whose training calls write several key sets a row per key set, fitted on "
+        "the states that route it, and decode its arguments bound to the key set its routing state chooses "
+        "(tokmem.key_sets)",
+    )
     result_tokens: int = option(RESULT_TOKENS, "a step's tool result in the sequence is cut to this many tokens")
     segment_backprop: bool = option(
         False,
@@ -179,6 +186,7 @@ class TrainReport:
     renorm_target: float | None = None
     prefix_cache_bytes: int = 0
     refit: dict | None = None  # ``refit_index``'s: the training calls routed right before and after
+    key_sets: dict | None = None  # ``key_sets``': the tools and key sets fitted, the training calls chosen right
     resumed_from: int = 0  # ``resume``: the steps an interrupted run had taken (their seconds are in ``seconds``)
 
     @property
@@ -204,6 +212,7 @@ class TrainReport:
             "renorm_target": self.renorm_target,
             "prefix_cache_bytes": self.prefix_cache_bytes,
             "refit": self.refit,
+            "key_sets": self.key_sets,
             "resumed_from_step": self.resumed_from,
         }
 
@@ -303,17 +312,20 @@ def train(
     model: TokMemModel, examples: list[Example], config: TrainConfig | None = None, param_groups=(), on_step=None
 ) -> TrainReport:
     """Fit the bank's trainable rows on ``examples`` (laid out by ``encode_examples``); with ``refit_index``, then
-    refit their index side on the states those examples reach (``tokmem.refit``).  ``param_groups`` and ``on_step``:
-    as in ``fit``."""
+    refit their index side on the states those examples reach (``tokmem.refit``), and with ``key_sets`` fit their
+    key-set rows on the same states (``tokmem.key_sets``).  ``param_groups`` and ``on_step``: as in ``fit``."""
     config = config or TrainConfig()
     _require_trainable_rows(model)  # before laying out: an empty bank cannot encode the procedures
     report = TrainReport()
     encoded = encode_examples(model, examples, config, report.truncated)
     fit(model, encoded, config, report, on_step=on_step, param_groups=param_groups)
-    if config.refit_index:
+    if config.refit_index or config.key_sets:
         progress, start = config.progress and distributed.is_main(), time.perf_counter()
-        report.refit = refit_index(model, routing_states(model, encoded, config.batch_size, progress))
-        report.refit["seconds"] = round(time.perf_counter() - start, 2)  # apart from training's
+        found = routing_states(model, encoded, config.batch_size, progress)  # the trained steer rows', as decoded
+        if config.refit_index:
+            report.refit = refit_index(model, found) | {"seconds": round(time.perf_counter() - start, 2)}
+        if config.key_sets:
+            report.key_sets = fit_model_key_sets(model, found, encoded)
     return report
 
 

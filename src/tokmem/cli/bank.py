@@ -55,6 +55,10 @@ def cmd_bank_show(args) -> None:
                 highlight=False,
                 soft_wrap=True,
             )
+    for name, key_sets in zip(bank.names, bank.key_sets):
+        if key_sets is not None:
+            listed = "; ".join(", ".join(keys) for keys in key_sets.keys)
+            console.print(f"[bold]{name}[/bold] key sets (chosen where it is routed): {listed}", highlight=False)
     if args.json:
         write_json(args.json, meta)
 

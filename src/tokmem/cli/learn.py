@@ -168,6 +168,12 @@ def _learn_and_save(load_model, args, out_path) -> None:
             f"routing side refit on the training states: {report.refit['routed_after']} of {report.refit['states']} "
             f"memory tokens routed right (before: {report.refit['routed_before']}), {report.refit['seconds']} s"
         )
+    if report.key_sets:
+        console.print(
+            f"key-set rows: {report.key_sets['key_sets']} for {report.key_sets['tools']} tools whose training calls "
+            f"write several key sets; they choose {report.key_sets['chosen_right']} of those "
+            f"{report.key_sets['calls']} calls' key sets right"
+        )
     if report.truncated:
         warning = report.truncated.describe(len(examples), args.max_length)
         console.print(f"[yellow]warning: {warning}; raise --max-length to keep them whole[/yellow]", highlight=False)

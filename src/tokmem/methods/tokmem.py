@@ -80,7 +80,12 @@ class TokMem(Method):
         )
         self.learn_report = {
             key: value
-            for key, value in (("refit", report.refit), ("truncated", truncated), ("resumed", resumed))
+            for key, value in (
+                ("refit", report.refit),
+                ("key_sets", report.key_sets),
+                ("truncated", truncated),
+                ("resumed", resumed),
+            )
             if value
         } or None
 

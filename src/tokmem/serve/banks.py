@@ -209,7 +209,9 @@ class BankRegistry:
     def _compile(bank: MemoryBank, grammars) -> dict:
         """Each tool row's argument grammars, with and without references (``BankVersion.grammars``); a schema that
         cannot compile is a ``SchemaError`` naming its row, field and keyword."""
-        return {references: grammars.rows(bank.schemas, references) for references in (True, False)}
+        return {
+            references: grammars.rows(bank.schemas, references, key_sets=bank.key_sets) for references in (True, False)
+        }
 
     def _load(self, name: str, path: Path) -> BankVersion:
         """The version of a bank in the directory, read, validated and its schemas compiled."""

@@ -163,7 +163,8 @@ class Answers:
         text).  A schema that cannot compile is this request's 400 (``SchemaError``, naming the field)."""
         grammars, names = self.registry.grammars, bank.model.bank.names
         schemas = body.tool_schemas(bank.model)
-        tools = schemas and grammars.rows(schemas, references, fields=[f"tools['{n}'].parameters" for n in names])
+        fields, key_sets = [f"tools['{n}'].parameters" for n in names], bank.model.bank.key_sets
+        tools = schemas and grammars.rows(schemas, references, fields=fields, key_sets=key_sets)
         schema = body.response_schema()
         return tools, None if schema is None else grammars.compile(schema, "response_format.json_schema.schema")
 

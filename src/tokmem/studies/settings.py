@@ -128,6 +128,9 @@ class MethodSettings:
     refit_index: bool = nested(
         T, "refit_index", "TokMem's new rows' routing side refit on their training states after each round (decoupled)"
     )
+    key_sets: bool = nested(
+        T, "key_sets", "TokMem's new tools get a row per training key set, chosen where the tool is routed"
+    )
     batch_size: int = nested(T, "batch_size", "training examples per step")
     max_length: int = nested(T, "max_length")
     max_new_tokens: int = nested(D, "max_new_tokens")
