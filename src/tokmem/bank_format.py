@@ -285,7 +285,8 @@ def _checked(tensors: dict, key: str, path: Path, meta: dict, expected: tuple[in
         raise BankError(f"{path}: tensor '{key}' has shape {tuple(tensor.shape)}, the metadata says {expected}")
     if tensor.dtype != torch.float32:
         raise BankError(f"{path}: tensor '{key}' has dtype {tensor.dtype}, expected float32")
-    bad = (~torch.isfinite(tensor)).reshape(len(tensor), -1).any(dim=1).nonzero().flatten().tolist()
+    infinite = ~torch.isfinite(tensor)
+    bad = (infinite.flatten(1).any(dim=1) if tensor.dim() > 1 else infinite).nonzero().flatten().tolist()
     if bad:
         procedures = key in ("index", "steer", "tail")  # shared and key-set rows are not one a procedure
         named = f" ({', '.join(meta['names'][i] for i in bad[:5])})" if procedures else ""
