@@ -21,6 +21,7 @@
 # one backbone's steps run while the other's pieces travel; a later `studies` call waits for them and packs all.
 # `smoke` (after small.tgz): the CUDA tests and tiny studies. Done so far (results/*qwen*): cfb-s*, cfb8-s*,
 # cfb15-s0-*, atomic-s*, catalog-s0-*, TokMem's before its bank's schemas took the training calls' key order; next:
+# ONLY='^cfb8?shared1keys-' (key-set rows on the shared-row bank, 3 seeds, 120 and 480 updates: the lever to run first),
 # ONLY='^cfb(8|shown|tails2|shared1)?refit-|^cfbshared1chains' (the routing side refit after training: the first
 # lever to run, 3 seeds, 120 and 480 updates, with the chosen tool's schema shown, two memory tokens a tool, a shared
 # row, the shared row adapted on 480 chains),
@@ -206,6 +207,12 @@ for seed in 0 1 2; do  # the routing side refit on the training states after tra
   # the same adapted on four times the chains (480: 240 LoRA steps; against cfbshared1refit)
   step cfbshared1chains480-s$seed-tokmem compositional $cfb --seed $seed --methods tokmem --shared-tokens 1 \
     --refit-index --adapt-multi 480 --json "$runs/cfbshared1chains480-s$seed-tokmem.json"
+  # with key-set rows (--key-sets, tokmem.key_sets: each tool's training key sets chosen where it is routed; on a bf16
+  # CPU the same shared-row banks gained 5 exact steps of 80 at seed 1 with them), 120 and 480 updates
+  step cfbshared1keys-s$seed-tokmem compositional $cfb --seed $seed --methods tokmem --shared-tokens 1 --refit-index \
+    --key-sets --json "$runs/cfbshared1keys-s$seed-tokmem.json"
+  step cfb8shared1keys-s$seed-tokmem compositional $cfb --seed $seed --epochs 8 --methods tokmem --shared-tokens 1 \
+    --refit-index --key-sets --json "$runs/cfb8shared1keys-s$seed-tokmem.json"
 done
 for seed in 0 1 2; do  # each call trained in its own key order, the grammar taking any order the calls wrote
   # (--key-order given: docs/studies.md, "Why the optional keys"), adapted on the flight tools (against cfbflights-*)
