@@ -222,8 +222,10 @@ class TrainReport:
 # the data: enough epochs that there are at least UPDATES_PER_ROW optimiser steps per new row (50: the travel
 # example's 3 tools then get 160 updates, which routed 92.5% of its held-out queries at seeds 0 and 1 where 120
 # routed 87.5-92.5%: docs/results.md); the rows' routing side refit on the training states after training (on the
-# 0.5B tool loop it gained 7 and 6 exact steps of 80 at seeds 0 and 1 and lost none: docs/tools.md, "Routing refit").
-PICKED_RECIPE = {"lr": 2e-2, "schedule": "linear", "refit_index": True}
+# 0.5B tool loop it gained 7 and 6 exact steps of 80 at seeds 0 and 1 and lost none: docs/tools.md, "Routing refit");
+# and key-set rows for tools whose training calls write several key sets (on the 0.5B tool loop 4, 5 and 3 exact
+# steps more at seeds 0-2, none lost: docs/tools.md, "Key-set rows"; a tool with one key set gets none).
+PICKED_RECIPE = {"lr": 2e-2, "schedule": "linear", "refit_index": True, "key_sets": True}
 UPDATES_PER_ROW = 50
 
 
