@@ -95,9 +95,10 @@ def fit_key_sets(bank, found: RoutingStates, key_sets: list[frozenset | None], r
     they write several; returns how many tools got them, how many key sets, and how many of those calls the rows
     choose right."""
     tools, fitted, right, calls = 0, 0, 0, 0
+    labelled = found.rows.tolist()
     for row in (bank.trainable_rows() if rows is None else rows).tolist():
         schema = bank.schemas[row]
-        picked = [i for i, r in enumerate(found.rows.tolist()) if r == row and key_sets[i] is not None]
+        picked = [i for i, r in enumerate(labelled) if r == row and key_sets[i] is not None]
         distinct = sorted({key_sets[i] for i in picked}, key=sorted)
         bank.key_sets[row] = None
         if not bank.is_tool(row) or schema is None or len(distinct) < 2:
