@@ -100,6 +100,8 @@ def test_training_with_key_sets_fits_a_row_per_key_set_that_chooses_the_training
     assert model.bank.key_sets[0].keys == [PLAIN, STARRED]
     assert report.key_sets == {"tools": 1, "key_sets": 2, "calls": 8, "chosen_right": 8}
     assert model.bank.parameter_count() == lively_backbone.hidden_size + 2 * (lively_backbone.hidden_size + 1)
+    model.bank.freeze()
+    assert model.bank.parameter_count(trainable_only=True) == 0  # a frozen tool's key-set rows are not this round's
 
 
 def test_a_tool_whose_calls_write_one_key_set_gets_no_key_set_rows(lively_backbone):

@@ -151,8 +151,9 @@ class MemoryBank:
     def parameter_count(self, trainable_only: bool = False) -> int:
         rows = int(self.trainable.sum()) if trainable_only else len(self)
         shared = self.shared_tokens if self.shared_trainable or not trainable_only else 0
-        counted = self.trainable.tolist() if trainable_only else [True] * len(self)
-        key_sets = sum(len(k.keys) for k, c in zip(self.key_sets, counted) if k is not None and c)
+        key_sets = sum(
+            len(k.keys) for k, t in zip(self.key_sets, self.trainable.tolist()) if k and (t or not trainable_only)
+        )
         return (rows * (self.memory_tokens + int(self.decoupled)) + shared) * self.hidden_size + key_sets * (
             self.hidden_size + 1
         )

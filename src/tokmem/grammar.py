@@ -143,18 +143,26 @@ class Grammars:
         or as ``fields[row]`` where given."""
         fields = fields or [f"{where}[{row}]" for row in range(len(schemas))]
         key_sets = key_sets or [None] * len(schemas)
-        pending = [
+        pending = [  # per row: its schema, then (key-set rows) that schema narrowed to each key set
             [
                 self._submitted(decoding_schema(one, references, field, self.budget), field) if one else None
-                for one in [schema, *(narrowed(schema, keys) for keys in (choice.keys if choice and schema else ()))]
+                for one in row
             ]
-            for schema, field, choice in zip(schemas, fields, key_sets)
+            for row, field in zip(map(_with_key_sets, schemas, key_sets), fields)
         ]
         compiled = [[None if waiting is None else self._result(*waiting) for waiting in row] for row in pending]
         return [
             KeySetGrammars(choice, whole, narrowed_ones) if narrowed_ones else whole
             for choice, (whole, *narrowed_ones) in zip(key_sets, compiled)
         ]
+
+
+def _with_key_sets(schema: dict | None, choice: KeySets | None) -> list:
+    """``schema``, then for a tool with key-set rows the schema narrowed to each of its key sets (None where it does
+    not admit one)."""
+    if schema is None or choice is None:
+        return [schema]
+    return [schema, *(narrowed(schema, keys) for keys in choice.keys)]
 
 
 # A JSON number of at most 16 digits before the point, 16 after it (a coordinate copied from a result has 13) and a
