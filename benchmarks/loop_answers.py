@@ -9,14 +9,17 @@ Each gold argument value is also counted by where the model could have read it (
 earlier result as the sequence shows it (cut to the study's result budget), only in the part of a result the cut
 hides, or nowhere (rewritten: a date from "December 15th", a sum): and how often the answer has it, a value
 counting as right only when the answer names the right tool; the gold keys an answer of the right tool left out,
-by the same origin (an optional key the query asked for: ``query``), and the keys it added.  A wrong value of the
-right tool is also looked up among the training records' values of that argument: a value recalled from training,
-not read from the context.  The test records are rebuilt from the study's own
-config (the data under ``../shared/data/function-calling`` or ``--data-dir``), and the cut is measured with the
-study's backbone's tokenizer (``--result-tokens`` asks what another budget would show).  Files written before the samples kept no-call steps in place (their ``step`` lists are
+by the same origin (an optional key the query asked for: ``query``), and the keys it added; and each wrong value of
+a wrong-values step by what it is instead (``tokmem.eval.steps.value_error``: empty, another key's, a date shifted,
+cut short or run on, another number, other text of the context, elsewhere) and by how many of its values are wrong
+(one wrong value: a lever aimed at one kind could mend the step).  A wrong value of the right tool is also
+looked up among the training records' values of that argument: a value recalled from training, not read from the
+context.  The test records are rebuilt from the study's own config (the data under ``../shared/data/function-calling``
+or ``--data-dir``), and the cut is measured with the study's backbone's tokenizer (``--result-tokens`` asks what
+another budget would show).  Files written before the samples kept no-call steps in place (their ``step`` lists are
 shorter than ``gold``) are read over their aligned records only.
 
-    python benchmarks/loop_answers.py results/loop-cfb-flights.json [more.json ...]  # or loop_ab.py files
+    python benchmarks/loop_answers.py results/loop-cfb-flights.json [more.json ...] [--json OUT]  # or loop_ab.py files
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from dataclasses import fields, replace
 from tokmem.backbones import load_backbone
 from tokmem.data.procedures import Example
 from tokmem.eval.metrics import read_call
-from tokmem.eval.steps import OUTCOMES, outcome
+from tokmem.io import write_json_atomic
+from tokmem.eval.steps import OUTCOMES, VALUE_ERRORS, outcome, value_error
 from tokmem.schemas import learned_schema
 from tokmem.sequences import RESULT_TOKENS
 from tokmem.studies.compositional_config import CompositionalConfig, make_config
@@ -91,9 +95,10 @@ def summary(
     budget: int = RESULT_TOKENS,
 ) -> dict:
     aligned = [s for s in samples if len(s["step"]) == len(s["gold"])]
-    counts, values, wrong, order, left_out = Counter(), Counter(), Counter(), Counter(), Counter()
+    counts, values, wrong, order, left_out, errors, spread = (Counter() for _ in range(7))
     for sample in aligned:
-        origins = value_origins(examples[sample["query"]], tokenizer, budget)
+        example = examples[sample["query"]]
+        origins = value_origins(example, tokenizer, budget)
         for k, (gold_text, text, where) in enumerate(zip(sample["gold"], sample["step"], origins)):
             gold, answer = read_call(gold_text), None if text is None else read_call(text)
             kind = outcome(gold_text, text, sample["gold"][:k])
@@ -106,18 +111,27 @@ def summary(
             if right_tool:
                 left_out.update(where[key] for key in dict(gold[1]) if key not in given)
                 left_out["added"] += len(given.keys() - dict(gold[1]).keys())
+            wrong_here = 0
             for key, value in dict(gold[1]).items():
                 values[where[key], "total"] += 1
                 values[where[key], "right"] += key in given and given[key] == value
                 if key in given and given[key] != value:
                     wrong["total"] += 1
                     wrong["from training"] += (gold[0], key, given[key]) in trained
+                    if kind == "wrong values":
+                        past = [step.result for step in example.steps[:k]]
+                        errors[value_error(given[key], value, dict(gold[1]), example.query, past)] += 1
+                        wrong_here += 1
+            if kind == "wrong values":
+                spread[min(wrong_here, 3)] += 1
     return {
         "records": f"{len(aligned)} of {len(samples)}",
         "steps": sum(counts.values()),
         **{kind: counts[kind] for kind in OUTCOMES},
         "values right, by origin": {o: f"{values[o, 'right']} of {values[o, 'total']}" for o in ORIGINS},
         "wrong values recalled from training": f"{wrong['from training']} of {wrong['total']}",
+        "wrong values of the wrong-values steps, by kind": {kind: errors[kind] for kind in VALUE_ERRORS},
+        "wrong-values steps, by how many values are wrong": {"1": spread[1], "2": spread[2], "3 or more": spread[3]},
         "keys of the right tool left out, by origin": {o: left_out[o] for o in ORIGINS},
         "keys of the right tool added": left_out["added"],
         "exact steps, by the tool's schema order": {g: f"{order[g, 'exact']} of {order[g, 'total']}" for g in GROUPS},
@@ -166,7 +180,9 @@ def main() -> None:
     parser.add_argument(
         "--result-tokens", type=int, default=RESULT_TOKENS, help="the result budget to count values past (the study's)"
     )
+    parser.add_argument("--json", help="also write the counts here: {file: {method or variant: counts}}")
     args = parser.parse_args()
+    written: dict[str, dict] = {}
     tokenizers = {}  # the study's backbone's, which cut its results
     for path in args.files:
         for label, config, samples in answered(json.load(open(path)), args.data_dir):
@@ -175,6 +191,9 @@ def main() -> None:
             examples, trained, reordered = study_data(config)
             counted = summary(samples, examples, trained, reordered, tokenizers[config.backbone], args.result_tokens)
             print(f"{path} {label}: {json.dumps(counted)}")
+            written.setdefault(path, {})[label] = counted
+    if args.json:
+        write_json_atomic(args.json, written)
 
 
 if __name__ == "__main__":

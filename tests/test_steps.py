@@ -6,7 +6,7 @@ import pytest
 
 from tokmem.eval.metrics import call_text_scores
 from tokmem.data.procedures import Example, Step, call_json
-from tokmem.eval.steps import aligned_scores, gold_value_sources, outcome, outcomes, source
+from tokmem.eval.steps import aligned_scores, gold_value_sources, outcome, outcomes, source, value_error
 
 
 def call(name: str, **arguments) -> str:
@@ -143,4 +143,44 @@ def test_a_wrong_key_set_is_counted_by_the_keys_it_left_out_and_added():
     assert outcomes([record])["wrong key sets, by key"] == {
         "left out": {"sort": 1, "days": 1},
         "added": {"insurance": 1},
+    }
+
+
+GOLD_CAR = {"lat": 41.8, "lon": 12.25, "date": "2024-11-16", "place": "Downtown, Boston", "ages": "6,8", "adults": 3}
+
+
+@pytest.mark.parametrize(
+    "key, given, kind",
+    [
+        ("ages", "", "empty"),
+        ("lat", 12.25, "another key's"),  # latitude and longitude swapped
+        ("date", "2024-11-15", "date shifted"),
+        ("place", "Downtown", "cut or run on"),
+        ("place", " downtown, boston", "cut or run on"),  # a stray space, another case
+        ("adults", 2, "another number"),
+        ("place", "Seattle", "other text of the context"),  # another item of the result
+        ("ages", "{ages}", "elsewhere"),
+    ],
+)
+def test_a_wrong_value_is_named_by_what_it_is_instead(key, given, kind):
+    results = ['{"cities": ["Seattle", "Boston"]}']
+    assert value_error(given, GOLD_CAR[key], GOLD_CAR, "Rent a car downtown, 3 adults.", results) == kind
+
+
+def test_outcomes_count_each_wrong_value_of_the_right_tool_by_kind():
+    record = {
+        "query": "Find Oslo, then rent car C7 for 2 days.",
+        "gold": [FIND, RENT],
+        "results": ['{"cars": ["C7", "C8"]}', "{}"],
+        "step": [call("Find", city="Osl"), call("Rent", car="C8", days=3)],
+    }
+    kinds = outcomes([record])["wrong values, by kind"]
+    assert kinds == {
+        "empty": 0,
+        "another key's": 0,
+        "date shifted": 0,
+        "cut or run on": 1,
+        "another number": 1,
+        "other text of the context": 1,
+        "elsewhere": 0,
     }

@@ -11,12 +11,15 @@ call earns nothing here.
 ``outcomes`` says what each per-step answer got wrong (``OUTCOMES``), where a wrong tool stands in the record
 (``PLACES``: a later step's tool is a stage skipped, an earlier step's one stayed at), which keys a wrong key set left
 out or added (by key: mostly the optional ones a query implies, a sort or a filter), and where each gold value of a
-step could be read (``source``: the query, the last result, an older one, nowhere) and whether the answer had it;
-``gold_value_sources`` counts the same sources over a data set's own calls (what it teaches to copy).
+step could be read (``source``: the query, the last result, an older one, nowhere) and whether the answer had it,
+and what each wrong value is instead (``value_error``: empty, another key's value, a date shifted, the gold cut short
+or run on, another number, another string of the context, or none of these); ``gold_value_sources`` counts the same
+sources over a data set's own calls (what it teaches to copy).
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 
@@ -27,6 +30,16 @@ SCORES = ("tool_f1", "arg_f1", "call_f1")
 OUTCOMES = ("exact", "wrong tool", "wrong key set", "wrong values", "repeat", "not a JSON call", "no call")
 SOURCES = ("query", "last result", "older result", "none")
 PLACES = ("a later step's", "an earlier step's", "not in the record")  # where a wrong tool stands in the record
+VALUE_ERRORS = (
+    "empty",
+    "another key's",
+    "date shifted",
+    "cut or run on",
+    "another number",
+    "other text of the context",
+    "elsewhere",
+)
+ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 def aligned_scores(
@@ -107,6 +120,26 @@ def source(value, query: str, results: Sequence[str | None]) -> str:
     return "older result" if any(r is not None and text in r.lower() for r in results[:-1]) else "none"
 
 
+def value_error(given, gold_value, gold_arguments: dict, query: str, results: Sequence[str | None]) -> str:
+    """What a wrong argument value is instead of ``gold_value`` (one of ``VALUE_ERRORS``), first match in this order:
+    an empty string; the gold value of another key of the same call (swapped); another date; a string that holds
+    the gold's text or is held in it (a name cut short or run on, a stray space); another number (a count or an id:
+    its digits are found in most contexts, so the context is not asked); text the query or an earlier result holds
+    (the wrong item copied); else elsewhere (garbled, invented or recalled from training)."""
+    text, gold_text = str(given).strip().lower(), str(gold_value).strip().lower()
+    if given == "":
+        return VALUE_ERRORS[0]
+    if any(given == value for key, value in gold_arguments.items() if value != gold_value):
+        return VALUE_ERRORS[1]
+    if ISO_DATE.fullmatch(str(given)) and ISO_DATE.fullmatch(str(gold_value)):
+        return VALUE_ERRORS[2]
+    if isinstance(given, str) and isinstance(gold_value, str) and (text in gold_text or gold_text in text):
+        return VALUE_ERRORS[3]
+    if isinstance(given, int | float) and not isinstance(given, bool):
+        return VALUE_ERRORS[4]
+    return VALUE_ERRORS[5] if source(given, query, results) != "none" else VALUE_ERRORS[6]
+
+
 def gold_value_sources(examples: Sequence[Example]) -> dict[str, int]:
     """The argument values of ``examples``' calls counted by where each could be read before its step (``source``):
     how much of a training or adaptation set is copying from the query, from results, or neither."""
@@ -131,9 +164,10 @@ def outcomes(records: Sequence[dict]) -> dict:
     """The per-step answers of ``records`` (``{"query", "gold", "results", "step"}``: a tool-loop sample with the gold
     steps' results) counted by ``outcome``; ``wrong values`` also by the sources of the wrong values (a step counts
     under each source it got wrong); and ``values``: every gold value of a step whose tool was right, by source,
-    right or wrong (the copying the steps need); ``wrong tools, by place``: where each wrong tool stands (``place``);
+    right or wrong (the copying the steps need); ``wrong values, by kind``: each wrong value of a right key by what it
+    is instead (``value_error``); ``wrong tools, by place``: where each wrong tool stands (``place``);
     ``wrong key sets, by key``: how often each key was left out of or added to a wrong key set, most often first."""
-    steps, wrong_by_source, values, places, keys = Counter(), Counter(), Counter(), Counter(), Counter()
+    steps, wrong_by_source, values, places, keys, errors = (Counter() for _ in range(6))
     for record in records:
         tools = [read_call(text)[0] for text in record["gold"]]
         for k, (gold_text, answer) in enumerate(zip(record["gold"], record["step"])):
@@ -155,12 +189,14 @@ def outcomes(records: Sequence[dict]) -> dict:
                 values[where, "right" if right else "wrong"] += 1
                 if kind == "wrong values" and key in given and not right:
                     wrong_sources.add(where)
+                    errors[value_error(given[key], value, dict(gold[1]), record["query"], record["results"][:k])] += 1
             wrong_by_source.update(wrong_sources)
     return {
         "steps": {kind: steps[kind] for kind in OUTCOMES},
         "wrong tools, by place": {where: places[where] for where in PLACES},
         "wrong values, by source": {where: wrong_by_source[where] for where in SOURCES},
         "values of the right tool": {w: {"right": values[w, "right"], "wrong": values[w, "wrong"]} for w in SOURCES},
+        "wrong values, by kind": {kind: errors[kind] for kind in VALUE_ERRORS},
         "wrong key sets, by key": {
             change: {key: n for (c, key), n in keys.most_common() if c == change} for change in ("left out", "added")
         },
