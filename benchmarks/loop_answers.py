@@ -5,19 +5,19 @@ gold call it was due for, counted by its outcome (`tokmem.eval.steps.outcome`: e
 wrong values, a verbatim repeat of an earlier call of the record, not a JSON call, no call), in all and apart for the
 tools whose schema lists their keys out of the calls' order.
 
-Each gold argument value is also counted by where the model could have read it (`origin`): in the query, in an
-earlier result as the sequence shows it (cut to the study's result budget), only in the part of a result the cut
-hides, or nowhere (rewritten: a date from "December 15th", a sum): and how often the answer has it, a value
-counting as right only when the answer names the right tool; the gold keys an answer of the right tool left out,
-by the same origin (an optional key the query asked for: ``query``), and the keys it added; and each wrong value of
-a wrong-values step by what it is instead (``tokmem.eval.steps.value_error``: empty, another key's, a date shifted,
-cut short or run on, another number, other text of the context, elsewhere) and by how many of its values are wrong
-(one wrong value: a lever aimed at one kind could mend the step).  A wrong value of the right tool is also
-looked up among the training records' values of that argument: a value recalled from training, not read from the
-context.  The test records are rebuilt from the study's own config (the data under ``../shared/data/function-calling``
-or ``--data-dir``), and the cut is measured with the study's backbone's tokenizer (``--result-tokens`` asks what
-another budget would show).  Files written before the samples kept no-call steps in place (their ``step`` lists are
-shorter than ``gold``) are read over their aligned records only.
+Each gold argument value is also counted by where the model could have read it (`origin`): in the query, in an earlier
+result as the sequence shows it (cut to the study's result budget), only in the part of a result the cut hides, or
+nowhere (rewritten: a date from "December 15th", a sum): and how often the answer has it, a value counting as right
+only when the answer names the right tool; the gold keys an answer of the right tool left out, by the same origin (an
+optional key the query asked for: ``query``), and the keys it added; and each wrong value of a wrong-values step by
+what it is instead (``tokmem.eval.steps.value_error``: empty, another key's, a date shifted, cut short or run on,
+another number, other text of the context, elsewhere) and by how many of its values are wrong and whether they are all
+of one kind (the steps a lever aimed at that kind alone could mend). A wrong value of the right tool is also looked up
+among the training records' values of that argument: a value recalled from training, not read from the context. The
+test records are rebuilt from the study's own config (the data under ``../shared/data/function-calling`` or
+``--data-dir``), and the cut is measured with the study's backbone's tokenizer (``--result-tokens`` asks what another
+budget would show). Files written before the samples kept no-call steps in place (their ``step`` lists are shorter
+than ``gold``) are read over their aligned records only.
 
     python benchmarks/loop_answers.py results/loop-cfb-flights.json [more.json ...] [--json OUT]  # or loop_ab.py files
 """
@@ -95,7 +95,7 @@ def summary(
     budget: int = RESULT_TOKENS,
 ) -> dict:
     aligned = [s for s in samples if len(s["step"]) == len(s["gold"])]
-    counts, values, wrong, order, left_out, errors, spread = (Counter() for _ in range(7))
+    counts, values, wrong, order, left_out, errors, spread, alone = (Counter() for _ in range(8))
     for sample in aligned:
         example = examples[sample["query"]]
         origins = value_origins(example, tokenizer, budget)
@@ -111,7 +111,7 @@ def summary(
             if right_tool:
                 left_out.update(where[key] for key in dict(gold[1]) if key not in given)
                 left_out["added"] += len(given.keys() - dict(gold[1]).keys())
-            wrong_here = 0
+            kinds_here = []
             for key, value in dict(gold[1]).items():
                 values[where[key], "total"] += 1
                 values[where[key], "right"] += key in given and given[key] == value
@@ -120,10 +120,11 @@ def summary(
                     wrong["from training"] += (gold[0], key, given[key]) in trained
                     if kind == "wrong values":
                         past = [step.result for step in example.steps[:k]]
-                        errors[value_error(given[key], value, dict(gold[1]), example.query, past)] += 1
-                        wrong_here += 1
+                        kinds_here.append(value_error(given[key], value, dict(gold[1]), example.query, past))
+            errors.update(kinds_here)
             if kind == "wrong values":
-                spread[min(wrong_here, 3)] += 1
+                spread[min(len(kinds_here), 3)] += 1
+                alone.update(set(kinds_here) if len(set(kinds_here)) == 1 else ())
     return {
         "records": f"{len(aligned)} of {len(samples)}",
         "steps": sum(counts.values()),
@@ -132,6 +133,7 @@ def summary(
         "wrong values recalled from training": f"{wrong['from training']} of {wrong['total']}",
         "wrong values of the wrong-values steps, by kind": {kind: errors[kind] for kind in VALUE_ERRORS},
         "wrong-values steps, by how many values are wrong": {"1": spread[1], "2": spread[2], "3 or more": spread[3]},
+        "wrong-values steps whose wrong values are all of one kind": {kind: alone[kind] for kind in VALUE_ERRORS},
         "keys of the right tool left out, by origin": {o: left_out[o] for o in ORIGINS},
         "keys of the right tool added": left_out["added"],
         "exact steps, by the tool's schema order": {g: f"{order[g, 'exact']} of {order[g, 'total']}" for g in GROUPS},

@@ -83,6 +83,7 @@ def test_exact_steps_are_counted_apart_for_tools_whose_schema_lists_keys_out_of_
     assert counted["outcomes, by the tool's schema order"]["schema out of the calls' order"]["wrong values"] == 1
     assert counted["wrong values of the wrong-values steps, by kind"]["another key's"] == 2  # from and to swapped
     assert counted["wrong-values steps, by how many values are wrong"] == {"1": 0, "2": 1, "3 or more": 0}
+    assert counted["wrong-values steps whose wrong values are all of one kind"]["another key's"] == 1
 
 
 def test_a_loop_ab_variant_is_read_as_the_preset_with_its_settings():
