@@ -111,7 +111,7 @@ def summary(
             if right_tool:
                 left_out.update(where[key] for key in dict(gold[1]) if key not in given)
                 left_out["added"] += len(given.keys() - dict(gold[1]).keys())
-            kinds_here = []
+            kinds_here, past = [], [step.result for step in example.steps[:k]]
             for key, value in dict(gold[1]).items():
                 values[where[key], "total"] += 1
                 values[where[key], "right"] += key in given and given[key] == value
@@ -119,7 +119,6 @@ def summary(
                     wrong["total"] += 1
                     wrong["from training"] += (gold[0], key, given[key]) in trained
                     if kind == "wrong values":
-                        past = [step.result for step in example.steps[:k]]
                         kinds_here.append(value_error(given[key], value, dict(gold[1]), example.query, past))
             errors.update(kinds_here)
             if kind == "wrong values":
