@@ -21,7 +21,8 @@
 # one backbone's steps run while the other's pieces travel; a later `studies` call waits for them and packs all.
 # `smoke` (after small.tgz): the CUDA tests and tiny studies. Done so far (results/*qwen*): cfb-s*, cfb8-s*,
 # cfb15-s0-*, atomic-s*, catalog-s0-*, TokMem's before its bank's schemas took the training calls' key order; next:
-# ONLY='^cfb8?shared1keys-' (key-set rows on the shared-row bank, 3 seeds, 120 and 480 updates: the lever to run first),
+# ONLY='^cfb(8|15)?shared1keys-' (key-set rows on the shared-row bank, 3 seeds, 120 and 480 updates and the 1.5B: the
+# lever to run first; carry the 1.5B's pieces too),
 # ONLY='^cfb(8|shown|tails2|shared1)?refit-|^cfbshared1chains' (the routing side refit after training: the first
 # lever to run, 3 seeds, 120 and 480 updates, with the chosen tool's schema shown, two memory tokens a tool, a shared
 # row, the shared row adapted on 480 chains),
@@ -240,6 +241,10 @@ for seed in 0 1 2; do  # the tool loop on the 1.5B (issue 35: whether scale clos
     step cfb15-s$seed-$m compositional ${cfb/qwen2.5-coder-0.5b/qwen2.5-coder-1.5b} --seed $seed --methods $m \
       --json "$runs/cfb15-s$seed-$m.json"
   done
+  # the recipe found on the 0.5B (one shared row, the refit, key-set rows; this bf16 CPU at seed 0: 35 exact of 80,
+  # the 0.5B's too, LoRA's 52 on the H200): whether the larger backbone reads for the rows over three seeds
+  step cfb15shared1keys-s$seed-tokmem compositional ${cfb/qwen2.5-coder-0.5b/qwen2.5-coder-1.5b} --seed $seed \
+    --methods tokmem --shared-tokens 1 --refit-index --key-sets --json "$runs/cfb15shared1keys-s$seed-tokmem.json"
 done
 for m in tokmem lora; do  # compositional main on the built-in catalog
   step catalog-s0-$m compositional --study main --preset cpu --backbone qwen2.5-coder-0.5b --eval-batch-size 64 \
