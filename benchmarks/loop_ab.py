@@ -82,11 +82,12 @@ def variant(text: str) -> tuple[str, dict]:
 
 def per_step(method, data, reordered: set[str], bar) -> dict:
     """Per step, by position: the scores, the outcomes, the outcomes of the ``reordered`` tools' steps apart, and the
-    prompt tokens the backbone read a call."""
+    prompt tokens the backbone read a call.  Routing is scored for TokMem alone: another method has no memory token."""
     bar.phase(f"answering {len(data.test)} records step by step", len(data.test))
     start = time.perf_counter()
     steps, routes, prompt_tokens = step_predictions(method, data.test, RESULT_TOKENS, bar)
     seconds = time.perf_counter() - start
+    routes = routes if isinstance(method, TokMem) else None
     samples = [
         {"query": e.query, "gold": [s.response for s in e.steps], "results": [s.result for s in e.steps], "step": p}
         for e, p in zip(data.test, steps)
@@ -97,7 +98,7 @@ def per_step(method, data, reordered: set[str], bar) -> dict:
         "outcomes of the reordered tools": group_outcomes(samples, reordered),
         "seconds": round(seconds, 1),
         **metrics.answering_cost(prompt_tokens, seconds, sum(len(e.steps) for e in data.test)),
-        "samples": [s | {"routes": r} for s, r in zip(samples, routes)],
+        "samples": [s | {"routes": r} for s, r in zip(samples, routes)] if routes else samples,
     }
 
 

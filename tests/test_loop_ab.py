@@ -1,14 +1,17 @@
 """The A/B script's variants (benchmarks/loop_ab.py): each a name and study settings, read as the study takes them."""
 
 import argparse
+from types import SimpleNamespace
 
 import pytest
 import torch
 from helpers import Interrupted, load_script
 
-from tokmem.data.procedures import Example, Step
+from tokmem.data.procedures import Example, Step, call_json
+from tokmem.decode import DecodeConfig
 from tokmem.methods.lora import LoRA
 from tokmem.methods.tokmem import TokMem
+from tokmem.studies.harness import progress_bar
 from tokmem.train import TrainConfig
 
 loop_ab = load_script("loop_ab")
@@ -83,3 +86,19 @@ def test_a_variant_resumed_after_an_interruption_counts_the_updates_taken_before
     resumed.learn(examples)
     assert resumed.learn_report["resumed"]["from_step"] == 2
     assert resumed.updates == 4
+
+
+def test_routing_is_scored_for_tokmem_alone_a_method_without_memory_tokens_has_none(backbone):
+    chain = (
+        Step("Find", call_json("Find", {"query": "Marriott"}), '{"lat":32.87}'),
+        Step("Rent", call_json("Rent", {"lat": 32.87}), '{"cars":3}'),
+    )
+    data = SimpleNamespace(test=[Example("Rent a car.", chain), Example("Find it.", chain[:1])])
+    decode = DecodeConfig(max_steps=2, max_new_tokens=6)
+    for method in (TokMem(backbone, decode=decode), LoRA(backbone, decode=decode)):
+        method.learn(data.test)
+        answered = loop_ab.per_step(method, data, set(), progress_bar(False))
+        routed = isinstance(method, TokMem)
+        assert ("routing_f1" in answered["step"]) is routed  # LoRA's would read 0: no memory token chose a tool
+        assert all(("routes" in sample) is routed for sample in answered["samples"])
+        assert answered["step"]["steps"]["all"] == 3
