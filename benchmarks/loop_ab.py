@@ -44,8 +44,7 @@ from loop_answers import (
 
 from tokmem.bank import MemoryBank
 from tokmem.cli.options import add_backbone
-from tokmem.eval import metrics
-from tokmem.eval.steps import OUTCOMES, aligned_scores, outcome, outcomes
+from tokmem.eval.steps import OUTCOMES, outcome
 from tokmem.io import write_json_atomic
 from tokmem.methods.tokmem import TokMem
 from tokmem.model import TokMemModel
@@ -53,7 +52,7 @@ from tokmem.report import machine
 from tokmem.sequences import RESULT_TOKENS
 from tokmem.studies.compositional_config import CompositionalConfig
 from tokmem.studies.harness import learn_round, progress_bar
-from tokmem.studies.tool_loop import step_predictions
+from tokmem.studies.tool_loop import loop_scores
 from tokmem.studies.tool_setup import build_method, prepare_backbones, tool_data
 from tokmem.train_state import remove_checkpoint
 
@@ -81,24 +80,15 @@ def variant(text: str) -> tuple[str, dict]:
 
 
 def per_step(method, data, reordered: set[str], bar) -> dict:
-    """Per step, by position: the scores, the outcomes, the outcomes of the ``reordered`` tools' steps apart, and the
-    prompt tokens the backbone read a call.  Routing is scored for TokMem alone: another method has no memory token."""
-    bar.phase(f"answering {len(data.test)} records step by step", len(data.test))
+    """Per step, by position (``studies.tool_loop.loop_scores`` without the end-to-end loop): the scores, the
+    outcomes, the outcomes of the ``reordered`` tools' steps apart, the prompt tokens the backbone read a call and
+    every record's answers."""
     start = time.perf_counter()
-    steps, routes, prompt_tokens = step_predictions(method, data.test, RESULT_TOKENS, bar)
+    scored = loop_scores(method, data.test, 0, RESULT_TOKENS, bar, end_to_end=False)  # 0: no end-to-end calls
     seconds = time.perf_counter() - start
-    routes = routes if isinstance(method, TokMem) else None
-    samples = [
-        {"query": e.query, "gold": [s.response for s in e.steps], "results": [s.result for s in e.steps], "step": p}
-        for e, p in zip(data.test, steps)
-    ]
-    return {
-        "step": aligned_scores([s["gold"] for s in samples], steps, routes),
-        "outcomes": outcomes(samples),
-        "outcomes of the reordered tools": group_outcomes(samples, reordered),
+    return scored | {
+        "outcomes of the reordered tools": group_outcomes(scored["samples"], reordered),
         "seconds": round(seconds, 1),
-        **metrics.answering_cost(prompt_tokens, seconds, sum(len(e.steps) for e in data.test)),
-        "samples": [s | {"routes": r} for s, r in zip(samples, routes)] if routes else samples,
     }
 
 

@@ -58,7 +58,11 @@ def step_predictions(method: Method, examples: list[Example], result_tokens: int
     return tool_loop.step_predictions(answerer(method, result_tokens), examples, bar)
 
 
-def loop_scores(method: Method, examples: list[Example], max_calls: int, result_tokens: int, bar) -> dict:
-    """``eval.tool_loop.loop_scores`` of the method (TokMem's memory-token choices scored as routing)."""
+def loop_scores(
+    method: Method, examples: list[Example], max_calls: int, result_tokens: int, bar, end_to_end: bool = True
+) -> dict:
+    """``eval.tool_loop.loop_scores`` of the method (TokMem's memory-token choices scored as routing; another
+    method's, having no memory token, not at all)."""
     answer = answerer(method, result_tokens)
-    return tool_loop.loop_scores(answer, examples, max_calls, bar, method.name, isinstance(method, TokMem))
+    memory = isinstance(method, TokMem)
+    return tool_loop.loop_scores(answer, examples, max_calls, bar, method.name, memory, end_to_end)
