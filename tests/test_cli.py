@@ -15,7 +15,7 @@ from tokmem.bank_format import metadata_path
 from tokmem.cli import main
 from tokmem.data import Example, Step, save_examples
 from tokmem.extras import EXTRAS
-from tokmem.train import UPDATES_PER_ROW
+from tokmem.train import NEGATIVES, UPDATES_PER_ROW
 
 WORDS = ["apple", "house", "table", "chair", "green", "water"]
 
@@ -70,11 +70,12 @@ def test_train_writes_a_bank_with_its_procedures_and_a_json_report(data):
 
 
 def test_train_picks_enough_epochs_for_its_updates_per_new_procedure_unless_told(data, capsys):
-    train_bank(data, epochs=())  # 12 examples of 2 procedures at batch 4: 3 updates an epoch
+    train_bank(data, epochs=())  # 12 examples of 2 procedures and their off-topic negatives at batch 4
+    trained = 12 + round(12 * NEGATIVES)
     picked = json.loads((data / "train.json").read_text())["train"]["steps"]
-    assert picked == 3 * math.ceil(UPDATES_PER_ROW * 2 / 3)
+    epochs = math.ceil(UPDATES_PER_ROW * 2 * 4 / trained)
+    assert picked == math.ceil(epochs * trained / 4) >= UPDATES_PER_ROW * 2
     out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
-    epochs = math.ceil(UPDATES_PER_ROW * 2 / 3)
     assert f"training {epochs} epochs (picked for 2 new procedures; --epochs sets it) at lr 0.02, linear" in out
     assert (
         tokmem(
@@ -93,7 +94,7 @@ def test_train_picks_enough_epochs_for_its_updates_per_new_procedure_unless_told
         )
         == 0
     )
-    assert json.loads((data / "one.json").read_text())["train"]["steps"] == 3
+    assert json.loads((data / "one.json").read_text())["train"]["steps"] == math.ceil(trained / 4)  # one epoch
 
 
 def test_eval_counts_the_open_set_fallbacks_and_says_how_to_fix_them_when_most_fall_back(data, capsys):
@@ -216,10 +217,11 @@ def test_train_refits_the_routing_side_by_default_even_of_a_coupled_bank_and_say
         data / "r.json",
     )
     assert tokmem(*command, "--no-decoupled", "--backbone", "tiny-random", "--device", "cpu") == 0
-    refit = json.loads((data / "r.json").read_text())["train"]["refit"]
-    assert refit["states"] == 12 and refit["routed_after"] == 12 and refit["seconds"] > 0
+    train = json.loads((data / "r.json").read_text())["train"]
+    refit, states = train["refit"], 12 + train["negatives"]  # each memory token's, each negative's routing position
+    assert train["negatives"] == 6 and refit["states"] == states == refit["routed_after"] and refit["seconds"] > 0
     out = " ".join(capsys.readouterr().out.split())
-    assert f"12 of 12 memory tokens routed right (before: {refit['routed_before']})" in out
+    assert f"{states} of {states} routing positions right, a memory token or words where none fits (before: " in out
     plain = data / "plain.safetensors"
     no_refit = ("--no-refit-index", "--no-decoupled", "--backbone", "tiny-random", "--device", "cpu")
     assert tokmem(*command[:6], plain, "--quiet", *no_refit) == 0
@@ -321,6 +323,8 @@ def test_training_warns_how_many_sequences_max_length_truncated_and_how(data, ca
             "--quiet",
             "--max-length",
             24,
+            "--negatives",
+            0,
             "--json",
             data / "t.json",
         )

@@ -60,7 +60,7 @@ def test_blank_lines_are_skipped(tmp_path):
         ('{"query": "q", "steps": [', "x.jsonl:2: invalid JSON"),
         ('{"steps": [{"procedure": "p", "response": "r"}]}', "x.jsonl:2: field 'query'"),
         ('{"query": "q"}', "x.jsonl:2: field 'steps'"),
-        ('{"query": "q", "steps": []}', "x.jsonl:2: field 'steps'"),
+        ('{"query": "q", "steps": {}}', "x.jsonl:2: field 'steps'"),  # steps: [] is an off-topic query
         ('{"query": "q", "steps": [{"procedure": "p", "response": ""}]}', "x.jsonl:2: field 'steps[0].response'"),
         ('{"query": "q", "steps": [{"response": "r"}]}', "x.jsonl:2: field 'steps[0].procedure'"),
         ('["not", "an", "object"]', "x.jsonl:2: expected a JSON object"),

@@ -12,13 +12,14 @@ The model answers with tool calls when its turn starts with a tool row's memory 
 row, the arguments are what follows, under the tool's schema where the bank has one); several calls chain in one
 turn; EOS ends the turn.  ``tool_choice`` (OpenAI's): ``"auto"`` routes as TokMem does (the open-set rule may
 answer with text), ``"none"`` masks the tool rows, ``"required"`` forces the best tool row, ``{"type": "function",
-"function": {"name": …}}`` forces that one; ``tools`` (names or OpenAI tool objects) limits routing to those rows,
+"function": {"name": …}}`` forces that one call, once; ``tools`` (names or OpenAI tool objects) limits routing to those rows,
 and a tool object's ``parameters`` bind its arguments instead of the bank's schema (``tool_schemas``).
 
 A turn does not repeat itself: under ``tool_choice="auto"`` a call the conversation already answered since the
 user's last message (the same tool, the same arguments) is dropped from the turn, and a turn of nothing but such
 calls is decoded again without those tools' rows (``without_repeats``) — so a small model that would loop on its
-favourite tool answers from the result instead.  ``tokmem.chat`` and the server apply the same rule.
+favourite tool answers from the result instead; and under any ``tool_choice`` a call identical to an earlier one of the
+same turn is dropped.  ``tokmem.chat`` and the server apply the same rule.
 
 ``ChatCache`` keeps the KV cache of the conversation between calls: each call encodes only the tokens after the
 longest prefix it shares with what the cache holds (``prefilled`` says how many).
@@ -163,6 +164,8 @@ def _answer(model, ids, turns, caches, tools, tool_choice, config, answered) -> 
     config = config or DecodeConfig()
     allowed, forced, threshold = tool_routing(model, tools, tool_choice, config.threshold)
     config = replace(config, threshold=threshold, references=False)  # results are in context: arguments are values
+    if isinstance(tool_choice, dict):  # a named tool: that call, once (OpenAI's)
+        config = replace(config, max_steps=1)
     allowed, schemas = allowed.expand(len(ids), -1).clone(), tool_schemas(model, tools)
     replies: list[Reply | None] = [None] * len(ids)
     pending = list(range(len(ids)))
@@ -445,9 +448,15 @@ def answered_calls(messages: list[dict], tool_choice="auto") -> set[tuple[str, s
 
 
 def without_repeats(reply: Reply, answered: set[tuple[str, str]], turn: int) -> tuple[Reply, list[str]]:
-    """``reply`` without the calls that repeat one of ``answered`` (the rest keep their order, ids renumbered), and
-    the tools a turn of nothing but repeats named (else []): that turn is to be decoded again without their rows."""
-    kept = [call for call in reply.tool_calls if _call_key(call.name, call.arguments) not in answered]
+    """``reply`` without the calls that repeat one of ``answered`` or an earlier call of the same turn (the rest keep
+    their order, ids renumbered), and the tools a turn of nothing but repeats of ``answered`` named (else []): that
+    turn is to be decoded again without their rows."""
+    seen, kept = set(answered), []
+    for call in reply.tool_calls:
+        key = _call_key(call.name, call.arguments)
+        if key not in seen:
+            seen.add(key)
+            kept.append(call)
     if reply.tool_calls and not kept:
         return reply, sorted({call.name for call in reply.tool_calls})
     if len(kept) == len(reply.tool_calls):

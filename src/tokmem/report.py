@@ -53,6 +53,24 @@ def print_fallbacks(fallbacks: int, total: int, what: str, more_training: str) -
         )
 
 
+def print_restraints(restraints: dict) -> None:
+    """Per off-topic set (``tokmem.eval.open_set.restraints``): the share answered in words, and the queries that
+    routed instead."""
+    for name, found in restraints.items():
+        apart = f"; {found['about_the_bank']} that name the bank's words not scored" if found["about_the_bank"] else ""
+        console.print(
+            f"off-topic '{name}': {found['answered_in_words']} of {found['scored']} answered by the plain backbone, "
+            f"no memory token ({percent(found['restraint'])}){apart}",
+            highlight=False,
+        )
+        for routed in found["routed"]:
+            console.print(
+                f"  [yellow]routed[/yellow] {routed['query'][:80]!r} → {routed['procedure']} "
+                f"(memory mass {100 * routed['memory_mass']:.1f}%)",
+                highlight=False,
+            )
+
+
 def numbers_table(title: str, columns: tuple[str, ...]) -> Table:
     """A table whose first column names its rows (left) and whose others hold numbers (right)."""
     table = Table(title=title)

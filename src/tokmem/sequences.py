@@ -20,6 +20,9 @@ of learning to stop in silence.  A template that does not render a tool role get
 ``Tool result:\n…``; a backbone without a template gets ``Tool result: …`` on a line.  A result longer than
 ``result_tokens`` tokens is cut there and says so (``… [result cut: N of M tokens shown]``).
 
+An example with no steps is an off-topic query (``tokmem.data.off_topic``): its one label, at the routing position,
+is ``ANSWER``: the rows learn to leave it to the backbone (the open-set rule), not what the backbone says.
+
 A bank of several memory tokens a procedure (``MemoryBank.memory_tokens``) lays out each tool call as its memory token,
 then the tool's tail (its further memory tokens, context: not a target), then the arguments.  A bank that *shows
 schemas* (``MemoryBank.shows_schemas``, the ``tokmem+schema`` method) puts the tool's schema there as context
@@ -340,6 +343,11 @@ def encode(
     TokMem and fine-tuning train on the same sequences but for the memory tokens.
     """
     prefix = chat_prefix(tokenizer, example.query)
+    if not example.steps and memory_id is None:
+        raise DataError(
+            f"example {example.id or repr(example.query[:40])}: an off-topic example (no steps) teaches memory rows "
+            "to leave a query to the backbone; a layout without memory tokens has nothing to learn from it"
+        )
     if memory_id is None and all(step.result is None for step in example.steps):
         target = tokenizer(example.response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         labels = list(target)
@@ -352,8 +360,8 @@ def encode(
             for s in example.steps
         ]
         target, labels = turn_ids(tokenizer, [*steps, Answer(example.answer or "")], result_tokens)
-        if example.answer is None and memory_id is not None and example.ends_with_result:
-            labels[-1] = ANSWER  # after a last result with no answer: learn to answer in words, not which words
+        if example.answer is None and (example.ends_with_result or not example.steps):
+            labels[-1] = ANSWER  # after a last result, or an off-topic query: answer in words, not which words
 
     kept_query = query_tokens_kept(len(prefix), len(target), max_length)
     cut = (kept_query < len(prefix), len(target) > max_length - kept_query)

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from tokmem import distributed
 from tokmem.config import option
+from tokmem.data import off_topic
 from tokmem.data.procedures import Example, tool_procedures
 from tokmem.errors import TokMemError
 from tokmem.schemas import learned_schema
@@ -115,6 +116,11 @@ class TrainConfig:
         "the states that route it, and decode its arguments bound to the key set its routing state chooses "
         "(tokmem.key_sets)",
     )
+    negatives: float = option(
+        0.0,
+        "off-topic queries added per training example (tokmem.data.off_topic; none that shares a word with a "
+        "procedure's name or description), each trained to leave the query to the plain backbone: the open set",
+    )
     result_tokens: int = option(RESULT_TOKENS, "a step's tool result in the sequence is cut to this many tokens")
     segment_backprop: bool = option(
         False,
@@ -164,6 +170,10 @@ class TrainConfig:
         for field_name in LOSS_WEIGHTS:
             if not getattr(self, field_name) > 0:
                 raise TokMemError(f"{field_name} is a loss weight, above 0: got {getattr(self, field_name)}")
+        if not self.negatives >= 0:
+            raise TokMemError(
+                f"negatives is a number of off-topic queries per example, 0 or more: got {self.negatives}"
+            )
         if not 0 <= self.warmup < 1:
             raise TokMemError(f"warmup is a fraction of the steps, in [0, 1): got {self.warmup}")
         if self.resume and not (self.checkpoint and self.checkpoint_every):
@@ -187,6 +197,7 @@ class TrainReport:
     prefix_cache_bytes: int = 0
     refit: dict | None = None  # ``refit_index``'s: the training calls routed right before and after
     key_sets: dict | None = None  # ``key_sets``': the tools and key sets fitted, the training calls chosen right
+    negatives: int = 0  # ``negatives``: the off-topic queries trained beside the examples
     resumed_from: int = 0  # ``resume``: the steps an interrupted run had taken (their seconds are in ``seconds``)
 
     @property
@@ -213,6 +224,7 @@ class TrainReport:
             "prefix_cache_bytes": self.prefix_cache_bytes,
             "refit": self.refit,
             "key_sets": self.key_sets,
+            "negatives": self.negatives,
             "resumed_from_step": self.resumed_from,
         }
 
@@ -225,7 +237,8 @@ class TrainReport:
 # 0.5B tool loop it gained 7 and 6 exact steps of 80 at seeds 0 and 1 and lost none: docs/tools.md, "Routing refit");
 # and key-set rows for tools whose training calls write several key sets (on the 0.5B tool loop 4, 5 and 3 exact
 # steps more at seeds 0-2, none lost: docs/tools.md, "Key-set rows"; a tool with one key set gets none).
-PICKED_RECIPE = {"lr": 2e-2, "schedule": "linear", "refit_index": True, "key_sets": True}
+NEGATIVES = 0.5  # off-topic queries per example in tokmem train's recipe (docs/tools.md, "The open set")
+PICKED_RECIPE = {"lr": 2e-2, "schedule": "linear", "refit_index": True, "key_sets": True, "negatives": NEGATIVES}
 UPDATES_PER_ROW = 50
 
 
@@ -237,14 +250,15 @@ def picked_config(examples: list[Example], new_rows: int, **given) -> TrainConfi
     config = TrainConfig(**(PICKED_RECIPE | given))
     if "epochs" in given:
         return config
-    return replace(config, epochs=picked_epochs(len(examples), new_rows, config.batch_size * config.grad_accum))
+    trained = round(len(examples) * (1 + config.negatives))  # the off-topic queries take their share of the steps
+    return replace(config, epochs=picked_epochs(trained, new_rows, config.batch_size * config.grad_accum))
 
 
 def picked_epochs(examples: int, new_rows: int, step_size: int) -> int:
     """Passes over ``examples`` that make at least ``UPDATES_PER_ROW`` optimiser steps (of ``step_size`` examples)
-    per new row: a few tools with a hundred examples get several epochs, a large data set one."""
-    steps_per_epoch = math.ceil(examples / step_size)
-    return max(1, math.ceil(UPDATES_PER_ROW * new_rows / steps_per_epoch))
+    per new row: a few tools with a hundred examples get several epochs, a large data set one.  The epochs run as
+    one stream of batches (``example_order``), so the steps are the examples of all epochs over ``step_size``."""
+    return max(1, math.ceil(UPDATES_PER_ROW * new_rows * step_size / examples))
 
 
 def learn(
@@ -294,8 +308,13 @@ def learn(
         if on_step is not None:
             on_step(step, total)
 
-    report = train(model, examples, config, param_groups, after_step)
-    report.new_procedures = new
+    added = off_topic.negatives(
+        round(config.negatives * len(examples)),
+        config.seed,
+        off_topic.bank_words(bank.names, bank.descriptions),
+    )
+    report = train(model, [*examples, *added], config, param_groups, after_step)
+    report.new_procedures, report.negatives = new, len(added)
     if config.renormalize and target is not None:
         report.renorm_target = bank.renormalize(rows, config.eps, target, config.renorm_side)
     bank.freeze()

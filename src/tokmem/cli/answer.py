@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tokmem.cli.options import add_common, add_options, values
+from tokmem.cli.options import add_common, add_off_topic, add_options, off_topic_specs, values
 from tokmem.decode import DecodeConfig
 from tokmem.report import (
     call_scores_table,
@@ -11,6 +11,7 @@ from tokmem.report import (
     outcome_lines,
     percent,
     print_fallbacks,
+    print_restraints,
     scores_table,
     trace_table,
     write_json,
@@ -31,7 +32,8 @@ def add_commands(commands) -> None:
         help="routing accuracy, exact match and ROUGE-L on a JSONL file; tool, argument and call F1 for tool calls",
     )
     evaluate.add_argument("--bank", required=True)
-    evaluate.add_argument("--data", required=True)
+    evaluate.add_argument("--data", required=True, help="procedures JSONL; an example with no steps is off-topic")
+    add_off_topic(evaluate)
     _decode_options(evaluate)
     evaluate.set_defaults(handler=cmd_eval)
 
@@ -72,25 +74,36 @@ def cmd_run(args) -> None:
 def cmd_eval(args) -> None:
     from tokmem.data import load_examples
     from tokmem.eval.evaluate import evaluate
+    from tokmem.eval.open_set import restraint, restraints
     from tokmem.model import load
 
     model = load(args.bank, device=args.device)
-    examples = load_examples(args.data, known_procedures=model.bank.names)
-    result = evaluate(model, examples, DecodeConfig(**values(args, DecodeConfig)))
-    console.print(scores_table(f"{args.data} ({len(examples)} examples)", result))
-    print_fallbacks(result["open_set_fallbacks"], len(examples), "held-out queries", "--epochs N (more than before)")
-    if result["calls_per_step"]:
+    config = DecodeConfig(**values(args, DecodeConfig))
+    given = load_examples(args.data, known_procedures=model.bank.names)
+    examples = [e for e in given if e.steps]
+    off_topic = [e.query for e in given if not e.steps]
+    result = evaluate(model, examples, config) if examples else {}
+    if examples:
+        console.print(scores_table(f"{args.data} ({len(examples)} examples)", result))
+        print_fallbacks(
+            result["open_set_fallbacks"], len(examples), "held-out queries", "--epochs N (more than before)"
+        )
+    result["off_topic"] = restraints(model, off_topic_specs(args), config.threshold)
+    if off_topic:
+        result["off_topic"][args.data] = restraint(model, off_topic, config.threshold)
+    print_restraints(result["off_topic"])
+    if result.get("calls_per_step"):
         title = "tool calls per step, each answer against its step's gold call, gold calls and results before"
         console.print(call_scores_table(f"{title} (F1 over steps, 0–100)", result["calls_per_step"]))
         console.print("\n".join(outcome_lines(result["step_outcomes"])), highlight=False)
-    if result["calls"]:
+    if result.get("calls"):
         whole = (
             "end to end, each call answered with its recorded result" if result["calls_per_step"] else "whole answers"
         )
         console.print(
             call_scores_table(f"tool calls, {whole}, the k-th against the k-th gold call (F1, 0–100)", result["calls"])
         )
-    if result["chain_examples"]:
+    if result.get("chain_examples"):
         console.print(trace_table("chained examples", [r for r in result["predictions"] if len(r["gold"]) > 1]))
         console.print(f"chain accuracy {percent(result['chain_accuracy'])} over {result['chain_examples']} chains")
     if args.json:

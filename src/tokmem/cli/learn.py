@@ -9,11 +9,11 @@ from tokmem import distributed
 from tokmem.adapt import AdaptConfig
 from tokmem.bank import MEMORY_TOKENS, SHARED_TOKENS
 from tokmem.backbones import default_device, default_dtype
-from tokmem.cli.options import add_backbone, add_common, add_options, values
+from tokmem.cli.options import add_backbone, add_common, add_off_topic, add_options, off_topic_specs, values
 from tokmem.data.tool_datasets import ADAPTATION_SAMPLES
 from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
-from tokmem.report import console, machine, print_fallbacks, write_json
+from tokmem.report import console, machine, print_fallbacks, print_restraints, write_json
 from tokmem.train import PICKED_RECIPE, UPDATES_PER_ROW, TrainConfig, picked_config
 from tokmem.train_state import remove as remove_training_state
 
@@ -116,6 +116,7 @@ def _training_options(parser) -> None:
         "--catalog",
         help="the procedures' {name, description, parameters (a tool's JSON schema, optional)}: JSON lines or a list",
     )
+    add_off_topic(parser)
     add_options(parser, TrainConfig, skip=("seed", "epochs"), recipe=PICKED_RECIPE)  # --seed is common
     parser.add_argument(
         "--epochs",
@@ -140,6 +141,7 @@ def _learn_and_save(load_model, args, out_path) -> None:
     at once."""
     from tokmem.data import load_catalog, load_examples
     from tokmem.data.procedures import load_schemas
+    from tokmem.eval.open_set import restraints
     from tokmem.train import learn
 
     examples = load_examples(args.data)
@@ -153,7 +155,9 @@ def _learn_and_save(load_model, args, out_path) -> None:
         picked = "" if args.epochs else f" (picked for {new_rows} new procedures; --epochs sets it)"
         console.print(f"training {config.epochs} epochs{picked} at lr {config.lr:g}, {config.schedule} schedule")
     report = learn(model, examples, config, descriptions=descriptions, schemas=schemas)
-    fallbacks = _training_fallbacks(model, examples)  # on every rank: a sharded backbone's passes need them all
+    in_domain = [e for e in examples if e.steps]
+    fallbacks = _training_fallbacks(model, in_domain)  # on every rank: a sharded backbone's passes need them all
+    off_topic = restraints(model, off_topic_specs(args))
     if not distributed.is_main():  # under torchrun / accelerate every rank holds the same bank: one writes it
         return
     model.bank.save(out_path)
@@ -166,7 +170,8 @@ def _learn_and_save(load_model, args, out_path) -> None:
     if report.refit:
         console.print(
             f"routing side refit on the training states: {report.refit['routed_after']} of {report.refit['states']} "
-            f"memory tokens routed right (before: {report.refit['routed_before']}), {report.refit['seconds']} s"
+            f"routing positions right, a memory token or words where none fits (before: "
+            f"{report.refit['routed_before']}), {report.refit['seconds']} s"
         )
     if report.key_sets:
         console.print(
@@ -177,10 +182,15 @@ def _learn_and_save(load_model, args, out_path) -> None:
     if report.truncated:
         warning = report.truncated.describe(len(examples), args.max_length)
         console.print(f"[yellow]warning: {warning}; raise --max-length to keep them whole[/yellow]", highlight=False)
-    print_fallbacks(fallbacks, len(examples), "training queries", f"--epochs {2 * config.epochs}")
+    if report.negatives:
+        console.print(
+            f"trained beside {report.negatives} built-in off-topic queries (--negatives {config.negatives:g})"
+        )
+    print_fallbacks(fallbacks, len(in_domain), "training queries", f"--epochs {2 * config.epochs}")
+    print_restraints(off_topic)
     console.print(f"saved {out_path}")
     if args.json:
-        summary |= {"open_set_fallbacks": fallbacks}
+        summary |= {"open_set_fallbacks": fallbacks, "off_topic": off_topic}
         write_json(
             args.json, {"bank": str(out_path), "procedures": model.bank.names, "train": summary, "machine": machine()}
         )

@@ -115,3 +115,20 @@ def add_common(parser) -> None:
         "--seed", type=int, default=TrainConfig.seed, help="seed of the data order, the new rows and sampling"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def add_off_topic(parser) -> None:
+    parser.add_argument(
+        "--off-topic",
+        action="append",
+        metavar="SET_OR_FILE",
+        help="off-topic queries to count how many the bank leaves to the plain backbone: a built-in set (chat, "
+        "bfcl-irrelevance, bfcl-live-irrelevance) or a file (one query a line, or JSONL with 'query'); repeatable "
+        "(default: chat, and bfcl-irrelevance where bfcl-eval is installed; 'none': no count)",
+    )
+
+
+def off_topic_specs(args) -> list[str]:
+    from tokmem.eval.open_set import default_sets
+
+    return [s for s in (args.off_topic or default_sets()) if s != "none"]

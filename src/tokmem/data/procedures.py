@@ -96,7 +96,7 @@ class Example:
     @property
     def ends_with_result(self) -> bool:
         """Whether the last step carries its tool's result: the assistant speaks again after it (an answer or not)."""
-        return self.steps[-1].result is not None
+        return bool(self.steps) and self.steps[-1].result is not None
 
     @property
     def procedures(self) -> list[str]:
@@ -138,8 +138,11 @@ def parse_example(obj, path="<data>", line: int = 1) -> Example:
         raise DataError(f"{_where(path, line)}: expected a JSON object, got {type(obj).__name__}")
     query = _text(obj, "query", path, line)
     steps = obj.get("steps")
-    if not isinstance(steps, list) or not steps:
-        raise DataError(f"{_where(path, line, 'steps')}: missing or empty (must be a non-empty list)")
+    if not isinstance(steps, list):
+        raise DataError(
+            f"{_where(path, line, 'steps')}: missing (a list of steps; an empty list: an off-topic query, left to the "
+            "plain backbone)"
+        )
     parsed = []
     for k, step in enumerate(steps):
         where = f"steps[{k}]"
@@ -153,11 +156,9 @@ def parse_example(obj, path="<data>", line: int = 1) -> Example:
             )
         parsed.append(Step(name.strip(), _text(step, "response", path, line, f"{where}."), result))
     answer = None if obj.get("answer") is None else _text(obj, "answer", path, line)
-    if answer is not None and parsed[-1].result is None:
-        raise DataError(
-            f"{_where(path, line, 'answer')}: a final answer follows the last step's result, but "
-            f"steps[{len(parsed) - 1}] has no 'result'"
-        )
+    if answer is not None and (not parsed or parsed[-1].result is None):
+        last = f"steps[{len(parsed) - 1}] has no 'result'" if parsed else "there are no steps"
+        raise DataError(f"{_where(path, line, 'answer')}: a final answer follows the last step's result, but {last}")
     ex_id = obj.get("id")
     return Example(query=query, steps=tuple(parsed), id=None if ex_id is None else str(ex_id), answer=answer)
 
