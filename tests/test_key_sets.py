@@ -153,7 +153,9 @@ def test_served_calls_follow_the_key_set_rows_as_tokmem_chat_does(lively_backbon
     app, engine = serve(lively_backbone, tmp_path / "banks", max_new_tokens=40)
 
     async def scenario(client, http):
-        return await client.chat.completions.create(model="hotels", messages=ASK, tool_choice="required")
+        return await client.chat.completions.create(
+            model="hotels", messages=ASK, tool_choice="required", extra_body={"bank_tools": True}
+        )
 
     engine.start()
     try:

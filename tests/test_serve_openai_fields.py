@@ -47,6 +47,9 @@ def app(lively_backbone, tmp_path, offline):
     engine.stop()
 
 
+BANK_TOOLS = {"extra_body": {"bank_tools": True}}  # no tools listed, the bank's own callable (tokmem's opt-in)
+
+
 def ask(app, *requests):
     """The served answers of chat ``requests`` (keyword dicts for ``chat.completions.create``), sent together."""
 
@@ -85,7 +88,7 @@ def test_with_a_response_format_a_turn_may_still_call_a_tool_but_never_a_text_ro
     routed = {"threshold": 0.0}  # every turn that may route does
     tool, text = ask(
         app,
-        {"model": "tools", "response_format": STRICT, "tool_choice": "required", "max_tokens": 200},
+        {"model": "tools", "response_format": STRICT, "tool_choice": "required", "max_tokens": 200, **BANK_TOOLS},
         {"model": "alpha", "response_format": STRICT, "max_tokens": 300, "extra_body": routed},
     )
     (call_, *_) = tool.choices[0].message.tool_calls
@@ -171,7 +174,9 @@ def test_composed_banks_answer_a_tool_turn_as_the_tools_bank_alone(app, offline)
 
 
 def test_composed_banks_equal_tokmem_chat_on_the_composed_model(app, offline):
-    (served,) = ask(app, {"model": "alpha+tools", "max_tokens": 200, "extra_body": {"threshold": 0.0}})
+    (served,) = ask(
+        app, {"model": "alpha+tools", "max_tokens": 200, "extra_body": {"threshold": 0.0, "bank_tools": True}}
+    )
     model = tokmem.compose([offline["alpha"], offline["tools"]])
     reply = tokmem.chat(model, ASK, config=DecodeConfig(max_new_tokens=200, threshold=0.0))
     assert answer(served) == (reply.content, [(c.name, c.arguments) for c in reply.tool_calls], reply.finish_reason)

@@ -59,7 +59,9 @@ def offline(lively_backbone, tmp_path):
 
 @pytest.fixture
 def app(lively_backbone, tmp_path, offline):
-    app, engine = serve(lively_backbone, tmp_path / "banks", max_new_tokens=256, max_prompt_tokens=400)
+    # bank_tools: a request that lists no tools may call the bank's, as tokmem.chat's tools=None (the default,
+    # OpenAI's contract, is test_serve_open_set.py's)
+    app, engine = serve(lively_backbone, tmp_path / "banks", max_new_tokens=256, max_prompt_tokens=400, bank_tools=True)
     engine.start()
     yield app
     engine.stop()
@@ -338,6 +340,7 @@ def test_schema_bound_rows_keep_their_grammar_as_rows_without_one_join_and_leave
             allowed=allowed,
             forced=forced,
             threshold=threshold,
+            max_steps=1 if isinstance(tool_choice, dict) else CONFIG.max_steps,  # a named tool: one call
             references=False,  # as the API asks for a chat: arguments are values (tokmem.chat)
         )
 

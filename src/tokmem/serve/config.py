@@ -39,6 +39,11 @@ class ServeConfig:
     max_new_tokens: int = option(1024, "the most tokens a request may ask for")
     default_max_tokens: int = option(DecodeConfig.max_new_tokens, "tokens answered when a request does not say")
     timeout: float = option(120.0, "seconds per request, queueing included; then 504")
+    bank_tools: bool = option(
+        False,
+        "a chat request that lists no tools may call its bank's own tools (off: as OpenAI's API, no tools offered, "
+        "no tool calls; a request's bank_tools overrides)",
+    )
     # JSON schemas: compiled at the door, off the decoding thread; a client's within this budget
     schema_seconds: float = option(
         5.0,

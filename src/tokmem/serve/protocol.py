@@ -34,7 +34,7 @@ from pydantic import (
 from starlette.exceptions import HTTPException
 
 from tokmem.chat import answered_calls, tool_routing, tool_schemas
-from tokmem.errors import cut
+from tokmem.errors import DataError, cut
 from tokmem.decode import DecodeConfig
 
 MIN_TEMPERATURE = 0.01  # below it (except 0, greedy) sampling is greedy in all but name, and scaled logits overflow
@@ -225,7 +225,7 @@ class TokMemOptions(BaseModel):
             )
         return value
 
-    def routing(self, model) -> tuple[Any, int, float]:
+    def routing(self, model, bank_tools: bool = False) -> tuple[Any, int, float]:
         """(allowed bank rows or None, forced memory id or -1, threshold): ``procedure`` forces one."""
         return None, -1 if self.procedure is None else model.memory_id(self.procedure), self.threshold
 
@@ -330,6 +330,11 @@ class ChatBody(TokMemOptions):
     response_format: ResponseFormat | None = Field(
         None, description="json_object / json_schema: a text answer is JSON under the schema (text rows masked)"
     )
+    bank_tools: bool | None = Field(
+        None,
+        description="without tools: whether the bank's own tools may be called (default: the server's --bank-tools, "
+        "off: as OpenAI's API, a request that offers no tools gets no tool calls)",
+    )
 
     @model_validator(mode="after")
     def _one_way_to_route(self) -> "ChatBody":
@@ -337,18 +342,33 @@ class ChatBody(TokMemOptions):
             raise ValueError("procedure (routing skipped) cannot be combined with tools or tool_choice")
         return self
 
-    def routing(self, model) -> tuple[Any, int, float]:
-        """(allowed bank rows, forced memory id or -1, threshold) as ``tokmem.chat`` maps ``tools``/``tool_choice``."""
+    def routing(self, model, bank_tools: bool = False) -> tuple[Any, int, float]:
+        """(allowed bank rows, forced memory id or -1, threshold) as ``tokmem.chat`` maps ``tools``/``tool_choice``;
+        ``bank_tools``: the server's default for a request that offers no tools (``offered``)."""
         if self.procedure is not None:
             return super().routing(model)
-        names = None if self.tools is None else [tool.function.name for tool in self.tools]
         choice = self.tool_choice if isinstance(self.tool_choice, str) else self.tool_choice.model_dump()
+        names = self.offered(bank_tools)
+        if names == [] and choice == "required":
+            raise DataError(
+                "tool_choice 'required': the request offers no tools (list them in tools, or set bank_tools)"
+            )
         allowed, forced, threshold = tool_routing(model, names, choice, self.threshold)
         if self.response_schema() is not None:  # the answer is tool calls or the response's JSON: no text row's words
             allowed = allowed & torch.tensor(
                 [kind == "tool" for kind in model.bank.kinds], dtype=torch.bool, device=allowed.device
             )
         return allowed, forced, threshold
+
+    def offered(self, bank_tools: bool) -> list[str] | None:
+        """The tools the answer may call (None: all the bank's): those listed; without ``tools``, the one a named
+        ``tool_choice`` names, or the bank's own where ``bank_tools`` (this request's, else the server's default),
+        else none: a request that offers no tools gets no tool calls (its bank's text procedures still route)."""
+        if self.tools is not None:
+            return [tool.function.name for tool in self.tools]
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return [self.tool_choice.function.name]
+        return None if (bank_tools if self.bank_tools is None else self.bank_tools) else []
 
     def tool_schemas(self, model) -> list[dict | None] | None:
         return tool_schemas(model, [tool.model_dump(exclude_none=True) for tool in self.tools or []])
@@ -357,7 +377,10 @@ class ChatBody(TokMemOptions):
         return None if self.response_format is None else self.response_format.answer_schema()
 
     def steps(self) -> int:
-        return 1 if self.parallel_tool_calls is False else self.max_steps
+        """Segments the answer may hold: one where ``parallel_tool_calls`` is false or ``tool_choice`` names a tool
+        (that call, once)."""
+        one = self.parallel_tool_calls is False or isinstance(self.tool_choice, NamedToolChoice)
+        return 1 if one else self.max_steps
 
     def answered(self, query: list[dict]) -> set[tuple[str, str]]:
         """The calls answered since the user's last message, when the model chooses its tools (no ``procedure``

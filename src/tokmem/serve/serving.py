@@ -129,7 +129,7 @@ class Answers:
                 f"the prompt has {len(prompt)} tokens; this server allows at most {config.max_prompt_tokens}",
                 code="context_length_exceeded",
             )
-        allowed, forced, threshold = body.routing(bank.model)
+        allowed, forced, threshold = body.routing(bank.model, config.bank_tools)
         if masked:
             allowed = allowed & torch.tensor([n not in masked for n in bank.model.bank.names], device=allowed.device)
         references = isinstance(query, str)  # a chat answers as tokmem.chat: arguments are values
