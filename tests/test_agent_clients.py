@@ -196,3 +196,53 @@ def test_a_tool_turn_on_composed_banks_equals_the_bank_alone_through_a_client(ba
 def test_each_example_client_runs_to_its_end_against_the_server(base_url, script, capsys):
     travel_script(script).main(["--base-url", base_url, "--model", "travel", "--question", QUESTION])
     assert capsys.readouterr().out.strip()
+
+
+# ---- a bank trained with tokmem train's defaults: OpenAI's contract whatever it routes -----------------------------
+@pytest.fixture(scope="module")
+def defaults_url(lively_backbone, tmp_path_factory):
+    """``tokmem serve`` over the travel bank as ``tokmem train`` makes it with no tuning flag (``picked_config``) on
+    the lively tiny-random backbone: its rows route off-topic questions too, so what keeps the contract is the
+    server."""
+    from helpers import TRAVEL
+
+    from tokmem.data import load_catalog, load_examples
+    from tokmem.data.procedures import load_schemas
+    from tokmem.train import picked_config
+
+    banks, examples = tmp_path_factory.mktemp("trained"), load_examples(TRAVEL / "train.jsonl")
+    model = tokmem.create(lively_backbone)
+    catalog = TRAVEL / "catalog.json"
+    config = picked_config(examples, new_rows=3, progress=False)
+    tokmem.learn(model, examples, config, load_catalog(catalog), schemas=load_schemas(catalog))
+    model.bank.save(banks / "travel.safetensors")
+    app, engine = serve(lively_backbone, banks, max_new_tokens=300, max_prompt_tokens=1500)
+    with loopback(app) as (host, port):
+        yield f"http://{host}:{port}/v1"
+
+
+def test_a_plain_chat_question_to_a_trained_bank_is_answered_in_words(defaults_url):
+    client = openai.OpenAI(base_url=defaults_url, api_key="unused", max_retries=0)
+    routes = {"threshold": 0.0}  # every turn that may route does: only the contract keeps tools out
+    answer = client.chat.completions.create(
+        model="travel",
+        messages=[{"role": "user", "content": "Tell me a joke about cats."}],
+        max_tokens=8,
+        extra_body=routes,
+    )
+    assert answer.choices[0].message.tool_calls is None and isinstance(answer.choices[0].message.content, str)
+    assert answer.choices[0].finish_reason in ("stop", "length")
+
+
+def test_langchain_structured_output_parses_on_a_trained_bank(defaults_url):
+    llm = chat_model(defaults_url, max_tokens=300, extra_body={"threshold": 0.0})
+    assert isinstance(llm.with_structured_output(Weather, method="json_schema").invoke(QUESTION), Weather)
+    raw = llm.with_structured_output(Weather, method="json_schema", include_raw=True).invoke(QUESTION)
+    assert raw["parsing_error"] is None and isinstance(raw["parsed"], Weather)
+
+
+def test_the_agents_sdk_loop_on_a_trained_bank_calls_a_listed_tool_and_ends(defaults_url):
+    settings = ModelSettings(tool_choice="get_weather", extra_body=FINAL, max_tokens=300)
+    result = Runner.run_sync(travel_agent(defaults_url, model_settings=settings), QUESTION, max_turns=4)
+    assert tool_calls(result) and all(name in TOOL_NAMES for name, _ in tool_calls(result))
+    assert isinstance(result.final_output, str)
