@@ -3,9 +3,10 @@
 ``loop_ab.py`` keeps each variant's bank (``<json stem>-banks/<variant>.safetensors``); this reads the states its
 training records reach (one pass of the backbone, ``tokmem.refit.routing_states``), fits its key-set rows
 (``tokmem.key_sets``, what ``TrainConfig.key_sets`` does after training), keeps that bank as
-``<variant>+key-sets.safetensors`` and answers the study's test records per step as ``loop_ab.py`` does, into the same
-file under ``<variant>+key-sets``.  The two entries differ by the key-set rows alone: the same rows, seed, records
-and scorer.  Resumable as ``loop_ab.py`` is (a kept bank is answered without fitting again).
+``<variant>+key-sets.safetensors`` and answers the records of the file's split per step as ``loop_ab.py`` does, into
+the same file under ``<variant>+key-sets``.  The two entries differ by the key-set rows alone: the same rows, seed, records
+and scorer.  Resumable as ``loop_ab.py`` is (a kept bank is answered without fitting again); its seed, backbone, split
+and preset file are the file's (``loop_ab.opened`` refuses others).
 
     OMP_NUM_THREADS=2 python benchmarks/fit_key_sets.py --seed 1 --backbone qwen2.5-coder-0.5b \
         --json results/keysets-qwen0.5b-s1.json --variant shared1-refit
@@ -14,14 +15,21 @@ and scorer.  Resumable as ``loop_ab.py`` is (a kept bank is answered without fit
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
-from loop_ab import answered, keep, kept_path, restore, study  # a script beside this one (its folder is on the path)
+from loop_ab import (  # a script beside this one (its folder is on the path)
+    add_study,
+    answered,
+    file_config,
+    keep,
+    kept_path,
+    opened,
+    restore,
+    study,
+)
 
-from tokmem.cli.options import add_backbone
 from tokmem.io import write_json_atomic
 from tokmem.key_sets import fit_model_key_sets
 from tokmem.refit import routing_states
@@ -33,13 +41,14 @@ SUFFIX = "+key-sets"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
-    add_backbone(parser)
+    add_study(parser)
     parser.add_argument("--json", required=True, help="loop_ab.py's result file, the variant answered in it")
     parser.add_argument("--variant", required=True, help="the variant whose kept bank gets key-set rows")
     args = parser.parse_args()
     path = Path(args.json)
-    result = json.loads(path.read_text())
+    result = opened(args)
+    if args.variant not in result.get("variants", {}):
+        parser.error(f"{path} holds no variant '{args.variant}'")
     trained = result["variants"][args.variant]
     name, settings = args.variant + SUFFIX, trained["settings"] | {"key_sets": True}
     data, method, _ = study(trained["settings"], args)
@@ -53,12 +62,13 @@ def main() -> None:
         report = fit_model_key_sets(method.model, found, encoded, rows)
         report["seconds"] = round(time.perf_counter() - start, 1)
         keep(method, kept_path(args, name))
-        result["variants"][name] = {"from": args.variant, "key_sets": report}
+        result["variants"][name] = {"from": args.variant, "settings": settings, "key_sets": report}
         write_json_atomic(path, result)
     bar = progress_bar(True)
     entry = result["variants"][name]
     entry |= {key: trained[key] for key in ("updates", "train_seconds", "learn_report", "adaptation") if key in trained}
     result["variants"][name] = entry | answered(method, data, settings, bar)
+    result["config"] = file_config(args, result["variants"])
     write_json_atomic(path, result)
     bar.close()
     step = result["variants"][name]["step"]

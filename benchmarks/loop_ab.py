@@ -1,6 +1,8 @@
 """Controlled A/Bs of TokMem's recipe in the ComplexFuncBench tool loop: one TokMem (w/o adapt) bank a variant, each
 trained as the tool-loop study trains it (``--preset cpu --dataset complexfuncbench``, the seed given) with the
-settings the variant names changed, then answering the study's test records per step.
+settings the variant names changed, then answering the records of the study's split per step (``--split dev``, the
+default, where A/Bs are decided; ``test`` only with the recipe frozen in a ``--preset-file``).  The file's ``config``
+names the study (seed, split, preset file and its SHA-256) and the methods its variants ran.
 
 A variant is ``NAME:SETTING=VALUE,...`` over the study's settings (`CompositionalConfig`'s fields; a value is read as
 JSON where it parses, else as text): ``calls:key_order=calls`` ``schema:key_order=schema`` (the default pair: the
@@ -38,6 +40,7 @@ from pathlib import Path
 import torch
 
 from loop_answers import (
+    METHOD,
     reordered_tools,
     variant_config,
 )  # a script beside this one (its folder is on the path when run)
@@ -50,14 +53,15 @@ from tokmem.methods.tokmem import TokMem
 from tokmem.model import TokMemModel
 from tokmem.report import machine
 from tokmem.sequences import RESULT_TOKENS
-from tokmem.studies.compositional_config import CompositionalConfig
+from tokmem.studies.compositional_config import CompositionalConfig, frozen_settings
 from tokmem.studies.harness import learn_round, progress_bar
+from tokmem.studies.realtools import SPLITS
 from tokmem.studies.tool_loop import loop_scores
 from tokmem.studies.tool_setup import build_method, prepare_backbones, tool_data
 from tokmem.train_state import remove_checkpoint
 
 KEY_ORDERS = ("calls:key_order=calls", "schema:key_order=schema")
-METHOD = "tokmem-noadapt"  # a variant's method unless its ``methods`` name another (``tokmem``: with adaptation)
+STUDY = ("seed", "split", "preset_sha256")  # with the backbone: what every variant of a file shares
 
 
 def variant(text: str) -> tuple[str, dict]:
@@ -103,14 +107,51 @@ def group_outcomes(samples: list[dict], tools: set[str]) -> dict[str, int]:
     return {kind: counted[kind] for kind in OUTCOMES}
 
 
-def file_config(seed: int) -> dict:
-    """What a result file records of the study every variant changes (``loop_answers.variant_config`` rebuilds it)."""
-    return {"preset": "cpu", "dataset": "complexfuncbench", "method": METHOD, "seed": seed}
+def add_study(parser) -> None:
+    """The options naming the study every variant of a file changes: its seed, backbone, split and preset file."""
+    parser.add_argument("--seed", type=int, default=0)
+    add_backbone(parser)
+    parser.add_argument(
+        "--split", choices=SPLITS, default="dev", help="the records answered: dev (default), or test with --preset-file"
+    )
+    parser.add_argument("--preset-file", help="the study's settings frozen in a file: a test run's recipe")
+
+
+def file_config(args, variants: dict) -> dict:
+    """What a result file records of the study every variant changes (``loop_answers.variant_config`` rebuilds it)
+    and the methods its ``variants`` ran (each `METHOD` unless its settings name another)."""
+    methods = dict.fromkeys(m for entry in variants.values() for m in entry["settings"].get("methods", [METHOD]))
+    config = {"preset": "cpu", "dataset": "complexfuncbench", "methods": list(methods)}
+    config |= {"seed": args.seed, "split": args.split}
+    if args.preset_file:
+        config |= {
+            "preset_file": args.preset_file,
+            "preset_sha256": frozen_settings(args.preset_file, {})["preset_sha256"],
+        }
+    return config
+
+
+def opened(args) -> dict:
+    """The result file ``args.json`` ({} when there is none), refused when its variants answered another study (a
+    seed, split, preset file or backbone other than ``args``'): their answers would not pair with the new ones."""
+    path = Path(args.json)
+    if not path.is_file():
+        return {}
+    result = json.loads(path.read_text())
+    was = {key: result["config"].get(key) for key in STUDY} | {"backbone": result["backbone"]}
+    now = {key: file_config(args, {}).get(key) for key in STUDY} | {"backbone": args.backbone}
+    changed = {key: was[key] for key in was if was[key] != now[key]}
+    if changed:
+        raise SystemExit(
+            f"{path} answered another study ({', '.join(f'{k} {v}' for k, v in changed.items())}; a file from before "
+            "the dev/test splits has split None): pass its options or choose another --json"
+        )
+    return result
 
 
 def study(settings: dict, args):
     """The study's data and the method ``settings`` make of it (untrained), and its backbone's adaptation."""
-    config = variant_config(file_config(args.seed), args.backbone, settings)
+    config = variant_config(file_config(args, {}), args.backbone, settings).resolved()
     torch.manual_seed(config.seed)
     data = tool_data(config, (1, config.tools))
     backbones, adaptation = prepare_backbones(config, None, progress=True)
@@ -129,6 +170,7 @@ def answered(method, data, settings: dict, bar) -> dict:
     norms = {"row_norms": row_norms(method.model.bank) | token} if isinstance(method, TokMem) else {}
     return {
         "settings": settings,
+        "method": method.name,
         **norms,
         "tools_whose_order_differs": sorted(reordered),
         "answered": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -205,8 +247,7 @@ def row_norms(bank: MemoryBank) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
-    add_backbone(parser)
+    add_study(parser)
     parser.add_argument(
         "--variant",
         type=variant,
@@ -222,10 +263,11 @@ def main() -> None:
     args = parser.parse_args()
     variants = dict(args.variant or map(variant, KEY_ORDERS))
     path = Path(args.json)
-    result = json.loads(path.read_text()) if path.is_file() else {}
+    result = opened(args)
+    frozen = f" --preset-file {args.preset_file}" if args.preset_file else ""
     result |= {
-        "command": f"python benchmarks/loop_ab.py --seed {args.seed} --backbone {args.backbone}",
-        "config": file_config(args.seed),
+        "command": f"python benchmarks/loop_ab.py --seed {args.seed} --backbone {args.backbone} --split {args.split}"
+        + frozen,
         "backbone": args.backbone,
         "machine": machine(),
     }
@@ -237,6 +279,7 @@ def main() -> None:
 
         def save(entry: dict, name=name) -> None:
             rows[name] = entry
+            result["config"] = file_config(args, rows)
             write_json_atomic(path, result)
 
         if "step" not in rows.get(name, {}) or args.answer_again:

@@ -41,6 +41,7 @@ from tokmem.studies.compositional_config import CompositionalConfig, make_config
 from tokmem.studies.tool_setup import real_data
 
 Call = tuple  # (name, canonical arguments), as the scorer reads a call (`metrics.read_call`)
+METHOD = "tokmem-noadapt"  # a ``loop_ab.py`` variant's method unless its settings name another (``tokmem``: adapted)
 ORIGINS = ("query", "result as shown", "past the cut", "rewritten")
 GROUPS = ("schema in the calls' order", "schema out of the calls' order")
 
@@ -148,10 +149,12 @@ def study_data(config: CompositionalConfig) -> tuple[dict[str, Example], set[tup
 
 
 def variant_config(base: dict, backbone: str, settings: dict) -> CompositionalConfig:
-    """A ``loop_ab.py`` variant's study: the preset, dataset, method and seed of its file's ``config`` (``base``), with
-    the variant's ``settings`` (a JSON list read as a tuple)."""
-    chosen = {"methods": (base["method"],), **_tuples(settings)}
-    return make_config(base["preset"], dataset=base["dataset"], backbone=backbone, seed=base["seed"], **chosen)
+    """A ``loop_ab.py`` variant's study: the preset, dataset, seed, split and preset file of its file's ``config``
+    (``base``), with the variant's ``settings`` (a JSON list read as a tuple; its method `METHOD` unless they name
+    another).  A file from before the splits answered records that the test split holds (the first 24 of them)."""
+    chosen = {"methods": (METHOD,), **_tuples(settings)}
+    study = dict(seed=base["seed"], split=base.get("split", "test"), preset_file=base.get("preset_file"))
+    return make_config(base["preset"], dataset=base["dataset"], backbone=backbone, **study, **chosen)
 
 
 def answered(result: dict, data_dir: str | None) -> Iterator[tuple[str, CompositionalConfig, list[dict]]]:
@@ -165,6 +168,8 @@ def answered(result: dict, data_dir: str | None) -> Iterator[tuple[str, Composit
         return
     names = {f.name for f in fields(CompositionalConfig)}
     settings = _tuples({k: v for k, v in result["config"].items() if k in names})
+    if "split" not in settings:  # a run from before the splits: its records are among the test split's
+        settings |= {"split": "test", "test_multi": None}
     config = replace(CompositionalConfig(), **settings | directory)
     for name, method in result["methods"].items():
         yield method.get("label", name), config, method["samples"]

@@ -2,7 +2,8 @@
 
 The bank (a study run's, e.g. ``benchmarks/loop_ab.py``'s ``<json stem>-banks/calls.safetensors``) answers the
 ComplexFuncBench tool loop of the study it was trained for (``--preset cpu --dataset complexfuncbench``, the seed
-given: the same test records), per step and end to end, scored by position (``eval.tool_loop.loop_scores``), once
+given), on the records of ``--split`` (dev, the default, or test: the same records at every seed) or of any
+ComplexFuncBench records file (``--test-data FILE``, its spec beside it or ``--test-spec``), per step and end to end, scored by position (``eval.tool_loop.loop_scores``), once
 as the study answers (a call answered since the user's message may be repeated where a call is due) and once with
 ``avoid_repeats`` (a turn never repeats a call already answered: ``tokmem.chat_batch``), the rule the server and
 ``tokmem.chat`` apply under ``tool_choice="auto"``, and on request ``free arguments``: the arguments decoded without
@@ -31,6 +32,7 @@ from tokmem.report import machine
 from tokmem.sequences import RESULT_TOKENS
 from tokmem.studies.compositional_config import make_config
 from tokmem.studies.harness import progress_bar
+from tokmem.studies.realtools import SPLITS
 from tokmem.studies.tool_setup import tool_data
 
 # each rule: ``avoid_repeats`` (chat_answerer's option) and any DecodeConfig field the study's decoding changes
@@ -42,6 +44,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bank")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--split", choices=SPLITS, default="dev", help="the records answered (default dev)")
+    parser.add_argument("--test-data", help="a ComplexFuncBench (NESTFUL) records file answered in place of a split")
+    parser.add_argument("--test-spec", help="the tool schemas of --test-data (default: X-spec.json beside X-data.json)")
     parser.add_argument("--json", required=True)
     parser.add_argument(
         "--rule",
@@ -57,17 +62,19 @@ def main() -> None:
     rules = {label: RULES[label] for label in args.rule or ([] if args.context_contrast else DEFAULT_RULES)}
     rules |= {f"context contrast {a:g}": {"context_contrast": a} for a in args.context_contrast}
     model = tokmem.load(args.bank, device="cpu")
-    config = make_config("cpu", dataset="complexfuncbench", backbone=model.backbone.name.split("+")[0], seed=args.seed)
+    split = "test" if args.test_data else args.split  # a records file stands in for the test split
+    records = dict(split=split, test_data=args.test_data, test_spec=args.test_spec)
+    backbone = model.backbone.name.split("+")[0]
+    config = make_config("cpu", dataset="complexfuncbench", backbone=backbone, seed=args.seed, **records)
     data = tool_data(config, (1, config.tools))
     decode = replace(config.decode(), threshold=0.0)  # the study's TokMem: a call is due at every step
     bar = progress_bar(True)
-    result = {"bank": args.bank, "seed": args.seed, "machine": machine(), "rules": {}}
-    if Path(args.json).is_file():  # resumable: the rules answered for this bank and seed are kept, not run again
+    answered = {"bank": args.bank, "seed": args.seed, "split": split, "test_data": args.test_data}
+    result = answered | {"machine": machine(), "rules": {}}
+    if Path(args.json).is_file():  # resumable: the rules answered for this bank and these records are kept
         found = json.loads(Path(args.json).read_text())
-        if (found["bank"], found["seed"]) != (args.bank, args.seed):
-            parser.error(
-                f"{args.json} holds the answers of {found['bank']} (seed {found['seed']}): choose another file"
-            )
+        if (were := {key: found.get(key) for key in answered}) != answered:
+            parser.error(f"{args.json} holds the answers of {were}: choose another file")
         result["rules"] = found["rules"]
     for label, rule in rules.items():
         if label in result["rules"]:

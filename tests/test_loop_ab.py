@@ -1,6 +1,7 @@
 """The A/B script's variants (benchmarks/loop_ab.py): each a name and study settings, read as the study takes them."""
 
 import argparse
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -102,3 +103,38 @@ def test_routing_is_scored_for_tokmem_alone_a_method_without_memory_tokens_has_n
         assert ("routing_f1" in answered["step"]) is routed  # LoRA's would read 0: no memory token chose a tool
         assert all(("routes" in sample) is routed for sample in answered["samples"])
         assert answered["step"]["steps"]["all"] == 3
+
+
+def study_args(tmp_path, **changes) -> SimpleNamespace:
+    options = dict(seed=0, backbone="tiny-random", split="dev", preset_file=None, json=str(tmp_path / "ab.json"))
+    return SimpleNamespace(**options | changes)
+
+
+def test_a_files_config_names_its_split_and_the_methods_its_variants_ran(tmp_path):
+    variants = {"adapted": {"settings": {"methods": ["tokmem"]}}, "plain": {"settings": {"key_order": "calls"}}}
+    config = loop_ab.file_config(study_args(tmp_path, seed=2), variants)
+    assert (config["methods"], config["seed"], config["split"]) == (["tokmem", "tokmem-noadapt"], 2, "dev")
+    assert "method" not in config and "preset_file" not in config  # no single method for variants that differ
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text('{"tokmem_lr": 0.01}')
+    frozen = loop_ab.file_config(study_args(tmp_path, split="test", preset_file=str(recipe)), {})
+    assert frozen["preset_file"] == str(recipe) and len(frozen["preset_sha256"]) == 64
+
+
+def test_a_file_of_another_seed_split_or_backbone_is_not_continued(tmp_path):
+    args = study_args(tmp_path)
+    assert loop_ab.opened(args) == {}
+    saved = {"config": loop_ab.file_config(args, {}), "backbone": "tiny-random", "variants": {}}
+    (tmp_path / "ab.json").write_text(json.dumps(saved))
+    assert loop_ab.opened(args) == saved
+    for changes, said in (
+        (dict(split="test"), "split dev"),
+        (dict(seed=1), "seed 0"),
+        (dict(backbone="x"), "backbone tiny-random"),
+    ):
+        with pytest.raises(SystemExit, match=f"answered another study \\({said}"):
+            loop_ab.opened(study_args(tmp_path, **changes))
+    saved["config"] = {"preset": "cpu", "dataset": "complexfuncbench", "method": "tokmem-noadapt", "seed": 0}
+    (tmp_path / "ab.json").write_text(json.dumps(saved))  # a file from before the splits
+    with pytest.raises(SystemExit, match="split None"):
+        loop_ab.opened(args)

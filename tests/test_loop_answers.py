@@ -97,3 +97,6 @@ def test_a_loop_ab_variant_is_read_as_the_preset_with_its_settings():
     )
     chains = loop_answers.variant_config(base, "tiny-random", {"methods": ["tokmem"], "adapt_data": ["chains"]})
     assert (chains.methods, chains.adapt_data) == (("tokmem",), ("chains",))
+    assert plain.split == "test"  # a file from before the splits answered records of the test split
+    now = {"preset": "cpu", "dataset": "complexfuncbench", "methods": ["tokmem"], "seed": 1, "split": "dev"}
+    assert loop_answers.variant_config(now, "tiny-random", {}).split == "dev"

@@ -1,6 +1,8 @@
 """The compositional study on real data: ComplexFuncBench to evaluate, BFCL multi-turn or its own flight tools to adapt."""
 
+import hashlib
 import json
+import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,9 +14,11 @@ from tokmem.data.procedures import Example, Step
 from tokmem.studies.realtools import (
     FLIGHT_TOOLS,
     complexfuncbench_data,
+    covering_sample,
     function_calling_dir,
     hash_split,
     query_hash,
+    three_way_split,
 )
 from tokmem.errors import DataError, TokMemError
 from tokmem.studies import compositional, compositional_report
@@ -38,6 +42,29 @@ def test_the_hash_split_depends_on_each_query_alone_not_on_order_or_neighbours()
     assert set(hash_split(examples(100), 0.2)[1]) == {e for e in test if int(e.query.split()[1]) < 100}
 
 
+def test_the_three_way_split_is_by_query_hash_alone_disjoint_and_the_same_in_any_order():
+    train, dev, test = three_way_split(examples(300), 0.2, 0.18)
+    assert all(query_hash(e.query) < 0.2 for e in test) and all(0.2 <= query_hash(e.query) < 0.38 for e in dev)
+    assert len(train) + len(dev) + len(test) == 300 and len({e.query for e in train + dev + test}) == 300
+    assert three_way_split(examples(300)[::-1], 0.2, 0.18) == (train, dev, test)
+    assert hash_split(examples(300), 0.2)[1] == test  # the test side of the two-way split, as before
+
+
+def test_a_covering_sample_calls_every_tool_asked_for_even_one_a_single_record_calls():
+    def calling(tool: str, k: int) -> Example:
+        return Example(f"{tool} {k}", (Step(tool, "{}"),))
+
+    pool = [calling("common", k) for k in range(50)] + [calling("rare", 0)]
+    for seed in range(5):
+        sample = covering_sample(pool, 10, {"rare", "common", "absent"}, random.Random(seed))
+        assert len(sample) == len(set(sample)) == 10 and calling("rare", 0) in sample
+    assert covering_sample(pool, 10, {"rare"}, random.Random(1)) == covering_sample(
+        pool, 10, {"rare"}, random.Random(1)
+    )
+    with pytest.raises(DataError, match="1 training records cannot call every tool"):
+        covering_sample(pool, 1, {"rare", "common"}, random.Random(0))
+
+
 def test_a_missing_data_folder_says_which_flag_or_variable_to_set(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(shared, "SEARCH_DEPTH", 1)  # only the working directory: a shared/data above tmp is not found
@@ -58,9 +85,11 @@ def test_real_data_is_a_main_or_recipe_study_from_one_source():
         make_config(None, "main", dataset="complexfuncbench", xlam="x.json").resolved()
     with pytest.raises(TokMemError, match="unknown dataset 'cfb'"):
         make_config(None, "main", dataset="cfb").resolved()
-    with pytest.raises(TokMemError, match="--test-data, --test-spec and --adapt-data need --dataset complexfuncbench"):
+    with pytest.raises(TokMemError, match="--test-data, --test-spec, --adapt-data and --split need --dataset complex"):
         make_config(None, "main", test_data="mine.json").resolved()
-    with pytest.raises(TokMemError, match="--adapt-data need --dataset complexfuncbench"):
+    with pytest.raises(TokMemError, match="--split need --dataset complexfuncbench"):
+        make_config(None, "main", split="dev").resolved()
+    with pytest.raises(TokMemError, match="--adapt-data and --split need --dataset complexfuncbench"):
         make_config(None, "main", adapt_data=("flights",)).resolved()
     with pytest.raises(
         TokMemError, match="adaptation data 'bfcl,cars': choose from bfcl, bfcl-executed, flights, chains, study"
@@ -72,7 +101,8 @@ def test_real_data_is_a_main_or_recipe_study_from_one_source():
 
 def test_the_cpu_preset_takes_the_real_datas_own_sizes():
     config = make_config("cpu", "main", dataset="complexfuncbench")
-    assert (config.train_multi, config.test_multi, config.max_calls, config.epochs) == (120, 24, 4, 2)
+    assert (config.train_multi, config.test_multi, config.max_calls, config.epochs) == (120, None, 4, 2)
+    assert config.split == "dev"  # every record of the development split answered
     assert (config.init, config.schedule, config.epoch_budgets) == ("mean", "linear", None)  # routing settles
     assert config.tokmem_lr > make_config("cpu", "main").tokmem_lr  # faster rows; LoRA's rate as elsewhere
     assert config.lora_lr == make_config("cpu", "main").lora_lr
@@ -91,7 +121,10 @@ def test_complexfuncbench_trains_and_tests_on_disjoint_records_and_adapts_on_dis
     assert {p for e in data.train + data.test for p in e.procedures} == set(data.tools)
     assert not {p for e in real.adaptation for p in e.procedures} & set(data.tools)
     assert real.left_out["ComplexFuncBench records with more than 4 calls"] == 786 - 306
-    assert real.left_out["test records beyond 24"] + 24 + real.left_out["training records beyond 150"] + 150 == 306
+    splits, unknown = real.summary()["splits"], real.left_out["dev records calling a tool no training record calls"]
+    assert real.left_out["dev records beyond 24"] + 24 == splits["dev"]["records"]
+    assert real.left_out["training records beyond 150"] + 150 == splits["train"]["records"]
+    assert sum(part["records"] for part in splits.values()) + unknown == 306
 
 
 @needs_shared
@@ -110,6 +143,59 @@ def test_adapting_on_the_flight_tools_holds_them_out_of_the_evaluation_and_keeps
     assert alone.adaptation == flights and alone.data.test == real.data.test
     config = make_config(None, "main", dataset="complexfuncbench", adapt_data=("flights",))
     assert compositional.data_source(config).endswith("; ComplexFuncBench's flight tools (held out) to adapt")
+
+
+@needs_shared
+def test_the_splits_are_disjoint_the_same_at_every_seed_and_test_every_hash_test_record_the_loop_can_score():
+    def data(split: str, seed: int):
+        return complexfuncbench_data(SHARED, train_size=120, adapt_samples=3, seed=seed, split=split)
+
+    runs = {(split, seed): data(split, seed) for split in ("dev", "test") for seed in (0, 1, 2)}
+    for seed in (0, 1, 2):
+        dev, test = runs["dev", seed], runs["test", seed]
+        assert dev.data.train == test.data.train  # the split answered changes nothing of the training
+        assert [e.query for e in dev.data.test] == [e.query for e in runs["dev", 0].data.test]
+        assert [e.query for e in test.data.test] == [e.query for e in runs["test", 0].data.test]
+        trained, answered = {e.query for e in dev.data.train}, {e.query for e in dev.data.test + test.data.test}
+        assert not trained & answered and not {e.query for e in dev.data.test} & {e.query for e in test.data.test}
+        tools = {p for e in dev.data.train for p in e.procedures}
+        assert all(tools.issuperset(e.procedures) for e in dev.data.test + test.data.test)  # answerable at any seed
+    assert runs["dev", 0].data.train != runs["dev", 1].data.train  # each seed its own sample of the pool
+    assert len(runs["dev", 0].data.test) >= 40
+    hash_test = complexfuncbench_data(SHARED, adapt_samples=3, split="test").data.test  # the whole training pool
+    assert {e.query for e in runs["test", 0].data.test} == {e.query for e in hash_test}
+    assert all(query_hash(e.query) < 0.2 for e in hash_test) and len(hash_test) == 73  # every one, not the first 24
+    assert runs["test", 0].summary()["splits"] == {
+        "train": {"records": 181, "steps": 587},
+        "dev": {"records": 51, "steps": 160},
+        "test": {"records": 73, "steps": 236},
+    }  # docs/studies.md "Splits"
+
+
+@needs_shared
+def test_a_test_run_answers_the_whole_test_split():
+    with pytest.raises(DataError, match="a test run answers every one of the 73 test records"):
+        complexfuncbench_data(SHARED, test_size=24, adapt_samples=3, split="test")
+
+
+def test_a_test_run_is_refused_without_a_preset_file_and_records_the_files_path_and_hash(tmp_path):
+    with pytest.raises(TokMemError, match="--split test reads the test once.*pass --preset-file FILE"):
+        make_config("cpu", dataset="complexfuncbench", split="test").resolved()
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"tokmem_lr": 0.01, "adapt_data": ["chains"], "backbone": "tiny-random"}))
+    config = make_config("cpu", dataset="complexfuncbench", split="test", seed=1, preset_file=str(recipe)).resolved()
+    assert (config.split, config.seed, config.tokmem_lr, config.adapt_data) == ("test", 1, 0.01, ("chains",))
+    assert config.preset_file == str(recipe)
+    assert config.preset_sha256 == hashlib.sha256(recipe.read_bytes()).hexdigest()
+    assert make_config("cpu", dataset="complexfuncbench", preset_file=str(recipe)).split == "dev"  # a file alone
+    with pytest.raises(TokMemError, match="recipe.json sets backbone, tokmem_lr: leave those options unset"):
+        make_config("cpu", dataset="complexfuncbench", preset_file=str(recipe), tokmem_lr=0.02, backbone="x")
+    assert make_config("cpu", dataset="complexfuncbench", preset_file=str(recipe), tokmem_lr=0.01).tokmem_lr == 0.01
+    recipe.write_text(json.dumps({"lr": 0.01, "study": "recipe"}))
+    with pytest.raises(TokMemError, match="not settings of the study: lr, study"):
+        make_config("cpu", preset_file=str(recipe))
+    with pytest.raises(TokMemError, match="--preset-file .*missing.json"):
+        make_config("cpu", preset_file=str(tmp_path / "missing.json"))
 
 
 def cfb(**options):
@@ -140,9 +226,9 @@ def test_the_default_adaptation_is_as_many_seeded_synthetic_chains_with_results_
 def test_an_adaptation_source_sharing_a_tool_with_the_evaluation_is_refused_naming_the_tool(tmp_path):
     data = tmp_path / "weather.json"
     data.write_text(json.dumps(convert_units_records(40, tool="Get_Forecast")))  # a tool the chains call too
-    complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(data), adapt_data=("bfcl",))
+    complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(data), split="test", adapt_data=("bfcl",))
     with pytest.raises(DataError, match="adaptation data 'chains' .*both have Get_Forecast; adapt on another source"):
-        complexfuncbench_data(SHARED, max_calls=2, adapt_samples=40, test_data=str(data))  # the default
+        complexfuncbench_data(SHARED, max_calls=2, adapt_samples=40, test_data=str(data), split="test")  # the default
 
 
 def test_the_diagnostic_adaptation_on_the_studys_own_records_is_its_training_records_and_says_so():
@@ -157,8 +243,11 @@ def test_the_diagnostic_adaptation_on_the_studys_own_records_is_its_training_rec
 @needs_shared
 def test_a_users_own_test_file_replaces_the_hash_splits_test_side(tmp_path):
     mine = SHARED / "complexfuncbench" / "complexfuncbench-data.json.gz"
-    real = complexfuncbench_data(SHARED, max_calls=2, test_size=5, adapt_samples=3, test_data=str(mine))
-    assert len(real.data.train) == 63 and len(real.data.test) == 5  # every 2-call record trains
+    real = complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(mine), split="test")
+    assert len(real.data.train) == real.summary()["splits"]["train"]["records"] == 38  # the training pool, as ever
+    assert len(real.data.test) == 63  # every 2-call record of the file (ComplexFuncBench itself) tests
+    dev = complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(mine))
+    assert dev.data.train == real.data.train and len(dev.data.test) == 11  # dev answers the hash split's dev records
 
 
 def tiny_real_config(**options):
@@ -273,8 +362,10 @@ def test_a_nestful_test_file_takes_its_spec_from_the_flag(tmp_path):
     ]
     spec.write_text(json.dumps(catalog))
     with pytest.raises(DataError, match="no tool schemas"):
-        complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(data))
-    real = complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(data), test_spec=str(spec))
+        complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(data), split="test")
+    real = complexfuncbench_data(
+        SHARED, max_calls=2, adapt_samples=3, test_data=str(data), split="test", test_spec=str(spec)
+    )
     assert [e.query for e in real.data.test] == ["Find attractions in Paris."]
     with pytest.raises(TokMemError, match="--test-spec is the spec of --test-data"):
         make_config(None, "main", dataset="complexfuncbench", test_spec=str(spec)).resolved()
@@ -327,12 +418,12 @@ def convert_units_records(count: int, tool: str = "convert_units") -> list[dict]
 def test_any_nestful_file_runs_its_unknown_tools_trained_on_part_of_it(tmp_path):
     data = tmp_path / "other.json"
     data.write_text(json.dumps(convert_units_records(40)))
-    real = complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(data))
+    real = complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(data), split="test")
     mine = [e for e in real.data.train if e.procedures == ["convert_units"]]
     assert real.data.test and all(e.procedures == ["convert_units"] for e in real.data.test)
     assert mine and len(mine) + len(real.data.test) == 40  # split by query hash: every record on one side
     assert not {e.query for e in mine} & {e.query for e in real.data.test}
-    assert len(real.data.train) == 63 + len(mine)  # ComplexFuncBench's 2-call records train as well
+    assert len(real.data.train) == 38 + len(mine)  # ComplexFuncBench's 2-call training pool trains as well
 
 
 @needs_shared
@@ -340,7 +431,7 @@ def test_a_test_file_too_small_to_train_its_unknown_tools_is_refused_saying_what
     data = tmp_path / "other.json"
     data.write_text(json.dumps(convert_units_records(1)))
     with pytest.raises(DataError, match=r"other\.json: \d+ training and 0 test records"):
-        complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(data))
+        complexfuncbench_data(SHARED, max_calls=2, adapt_samples=3, test_data=str(data), split="test")
 
 
 @needs_shared

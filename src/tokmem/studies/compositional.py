@@ -35,9 +35,9 @@ are its memory rows (the adaptation's LoRA, merged on other tools, is not counte
 The data is the built-in catalog (`tokmem.data.tool_catalog`), an xLAM file (as in the reference code:
 ranks 1..adapt_tools adapt, the next ``tools`` ranks evaluate) or, with ``dataset="complexfuncbench"``, real
 data nobody here wrote (`tokmem.studies.realtools`): ComplexFuncBench's records over 38 Booking.com tools
-(split by query hash; ``train_multi`` / ``test_multi`` records) to evaluate, BFCL's multi-turn tools
-(``adapt_multi`` turns) and/or ComplexFuncBench's own flight tools, held out of the evaluation (``adapt_data``), to
-adapt; main and recipe studies.
+(split by query hash into train, dev and test: ``split`` names the one answered; ``train_multi`` records train) to
+evaluate, BFCL's multi-turn tools (``adapt_multi`` turns) and/or ComplexFuncBench's own flight tools, held out of the
+evaluation (``adapt_data``), to adapt; main and recipe studies.
 """
 
 from __future__ import annotations
@@ -389,11 +389,8 @@ def _start(config: CompositionalConfig, datasets: list[ToolData], adaptation: di
 
 def data_source(config: CompositionalConfig) -> str:
     if config.dataset == "complexfuncbench":
-        test = (
-            f"tested on {config.test_data}"
-            if config.test_data
-            else f"split by query hash, {config.test_fraction:.0%} test"
-        )
+        test = config.test_data if config.test_data else f"{config.test_fraction:.0%}"
+        test = f"split by query hash, {config.dev_fraction:.0%} dev, test {test}; the {config.split} split answered"
         return f"ComplexFuncBench ({test}); {' and '.join(map(ADAPT_SOURCE_NAMES.get, config.adapt_data))} to adapt"
     return config.xlam or "built-in catalog"
 

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import hashlib
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Literal
 
 from tokmem.adapt import AdaptConfig
 from tokmem.bank import MEMORY_TOKENS, SHARED_TOKENS
@@ -12,7 +16,7 @@ from tokmem.data.tool_catalog import split_tools
 from tokmem.decode import DecodeConfig
 from tokmem.errors import TokMemError
 from tokmem.methods.tools import SHOTS, TOOLS_RETRIEVED
-from tokmem.studies.realtools import ADAPT_DATA, check_adapt_data
+from tokmem.studies.realtools import ADAPT_DATA, DEV_FRACTION, SPLITS, check_adapt_data
 from tokmem.studies.settings import Layer, MethodSettings, preset_settings
 from tokmem.data.tool_datasets import StudySizes
 
@@ -89,6 +93,20 @@ class CompositionalConfig(MethodSettings):
         "training, adapting and the contexts answered (a memory token hides the name of the call it stands for)",
     )
     test_fraction: float = option(0.2, "complexfuncbench: share of records the query-hash split tests on")
+    dev_fraction: float = option(
+        DEV_FRACTION, "complexfuncbench: share of records the query-hash split holds out as the development split"
+    )
+    split: Literal["dev", "test"] | None = option(
+        None,
+        "complexfuncbench: the held-out records answered: dev (the default; every choice is made on it) or test "
+        "(read once, with a recipe frozen in a --preset-file); tokmem.studies.realtools says how records split",
+    )
+    preset_file: str | None = option(
+        None,
+        "a JSON file of settings: a recipe frozen (and committed) before a test run, applied over --preset; the "
+        "command line may add settings, not change the file's; the result records its path and SHA-256",
+    )
+    preset_sha256: str | None = None  # of --preset-file's bytes, set where it is read (``make_config``)
     adapt_data: tuple[str, ...] = option(
         ADAPT_DATA,
         "complexfuncbench: the adaptation phase's data, some of bfcl (BFCL multi-turn turns, no results), "
@@ -104,8 +122,9 @@ class CompositionalConfig(MethodSettings):
     train_multi: int = option(
         StudySizes.train_multi, "composed training queries (forgetting: per round; complexfuncbench: training records)"
     )
-    test_multi: int = option(
-        StudySizes.test_multi, "composed test queries (forgetting: per round; complexfuncbench: test records)"
+    test_multi: int | None = option(
+        StudySizes.test_multi,
+        "composed test queries (forgetting: per round; complexfuncbench: the first records of --split dev)",
     )
     max_calls: int = option(
         StudySizes.max_calls, "most calls in a query (complexfuncbench: longer records are left out and counted)"
@@ -203,13 +222,20 @@ class CompositionalConfig(MethodSettings):
             )
         if self.test_spec and not self.test_data:
             raise TokMemError("--test-spec is the spec of --test-data: pass both")
+        if self.split not in SPLITS:
+            raise TokMemError(f"--split {self.split}: choose from {', '.join(SPLITS)}")
+        if self.split == "test" and not self.preset_sha256:
+            raise TokMemError(
+                "--split test reads the test once, with a recipe frozen before: pass --preset-file FILE (a committed "
+                "JSON of the settings chosen on --split dev)"
+            )
         check_adapt_data(self.adapt_data)
         return self
 
     def _with_tool_counts(self) -> "CompositionalConfig":
         """The built-in catalog or an xLAM file: the numbers of evaluation and adaptation tools, checked."""
-        if self.test_data or self.test_spec or self.adapt_data != ADAPT_DATA:
-            raise TokMemError("--test-data, --test-spec and --adapt-data need --dataset complexfuncbench")
+        if self.test_data or self.test_spec or self.adapt_data != ADAPT_DATA or self.split:
+            raise TokMemError("--test-data, --test-spec, --adapt-data and --split need --dataset complexfuncbench")
         adaptation, evaluation = (XLAM_TOOLS, XLAM_TOOLS) if self.xlam else map(len, split_tools())
         config = replace(self, tools=self.tools or evaluation, adapt_tools=self.adapt_tools or adaptation)
         if not self.xlam and (config.tools > evaluation or config.adapt_tools > adaptation):
@@ -260,14 +286,15 @@ PRESETS = {
         Layer(dict(per_tool=14, train_multi=20, test_multi=8), when=dict(study="forgetting")),
         # four TokMem runs (as configured, then init, schedule and segments switched alone), all at one budget
         Layer(dict(epochs=4, epoch_budgets=None), when=dict(study="recipe")),
-        # ComplexFuncBench's records with 2-4 calls (as the paper's queries): 120 to train, 24 to test; 120 synthetic
-        # tool chains to adapt (the size measured).  With each call's result in context the sequences grow: max_length
-        # 1536 keeps them whole.  One budget of 2 epochs.  Rows mean-initialised and a decaying schedule at 2e-2 (the
-        # recipe study and benchmarks/routing_budget.py say why).  A call is one answer: 160 new tokens.
+        # ComplexFuncBench's records with 2-4 calls (as the paper's queries): 120 to train, every record of the split
+        # answered (realtools: dev or test); 120 synthetic tool chains to adapt (the size measured).  With each call's
+        # result in context the sequences grow: max_length 1536 keeps them whole.  One budget of 2 epochs.  Rows
+        # mean-initialised and a decaying schedule at 2e-2 (the recipe study and benchmarks/routing_budget.py say
+        # why).  A call is one answer: 160 new tokens.
         Layer(
             dict(
                 train_multi=120,
-                test_multi=24,
+                test_multi=None,
                 adapt_multi=120,
                 epochs=2,
                 epoch_budgets=None,
@@ -304,8 +331,36 @@ PRESETS = {
 }
 
 
+# under every preset (and none): a ComplexFuncBench run answers the development split unless told otherwise
+UNDER = (Layer(dict(split="dev"), when=dict(dataset="complexfuncbench")),)
+NOT_IN_PRESET_FILES = ("study", "preset", "preset_file", "preset_sha256")  # given beside the file, or set from it
+
+
 def make_config(preset: str | None = "cpu", study: str = "main", **options) -> CompositionalConfig:
-    """A preset's settings for the study and the options' choices, overridden by every option that is not None
-    (`settings.preset_settings`)."""
-    settings = preset_settings(PRESETS, preset, CompositionalConfig, {"study": study, **options})
+    """A preset's settings for the study (over ``UNDER``), then those of ``preset_file`` (``frozen_settings``),
+    overridden by every other option that is not None (`settings.preset_settings`)."""
+    frozen = frozen_settings(options.get("preset_file"), options)
+    settings = preset_settings(PRESETS, preset, CompositionalConfig, {"study": study, **options, **frozen}, UNDER)
     return CompositionalConfig(preset=preset, **settings)
+
+
+def frozen_settings(path: str | None, options: dict) -> dict:
+    """The settings a preset file freezes (a JSON object of the config's fields) and its SHA-256 (``preset_sha256``),
+    so that a result says which recipe it ran; an option given that changes one of them is refused (the recipe of a
+    test run is the file's, chosen before the run)."""
+    if path is None:
+        return {}
+    try:
+        data = Path(path).read_bytes()
+        settings = json.loads(data)
+    except (OSError, ValueError) as error:
+        raise TokMemError(f"--preset-file {path}: {error}") from None
+    known = {f.name for f in fields(CompositionalConfig)} - set(NOT_IN_PRESET_FILES)
+    unknown = sorted(set(settings) - known) if isinstance(settings, dict) else ["(not a JSON object)"]
+    if unknown:
+        raise TokMemError(f"--preset-file {path}: not settings of the study: {', '.join(unknown)}")
+    settings = {key: tuple(value) if isinstance(value, list) else value for key, value in settings.items()}
+    changed = sorted(key for key, value in options.items() if value is not None and settings.get(key, value) != value)
+    if changed:
+        raise TokMemError(f"--preset-file {path} sets {', '.join(changed)}: leave those options unset")
+    return settings | {"preset_sha256": hashlib.sha256(data).hexdigest()}

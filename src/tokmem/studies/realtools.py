@@ -13,14 +13,20 @@ records, a diagnostic upper bound of adapting in the target's format (it shares 
 Both files are those of ``shared/data/function-calling`` (see its README), found in ``--data-dir`` or the shared
 data folder (`tokmem.data.shared`).
 
-Records are split into train and test by a stable hash of the query (md5), so a record's side never
-depends on the seed, the order of the file or the other records.  ``test_data`` replaces the test side
-with a file of the same format (its spec given by ``test_spec`` or found beside it): a user's own split of
-ComplexFuncBench, whose records all test while every record of the data file trains, or any NESTFUL file, whose
-records over tools ComplexFuncBench lacks are split by query hash in turn, their training side training too.  With ``results`` (the default), each step carries its call's recorded response and
-references to earlier results are resolved to their values (``tokmem.data.nestful.resolve_references``), and a
-test record must call only tools that training records call (TokMem lays out a test record's gold earlier calls by
-their tools' memory tokens); the others are left out and counted.
+Records are split three ways by a stable hash of the query (md5 read as a fraction in [0, 1): ``query_hash``), so a
+record's side never depends on the seed, the order of the file or the other records (``three_way_split``): below
+``test_fraction`` (0.2) the test split, read once; from there to ``test_fraction + dev_fraction`` (0.38) the
+development split, where every choice is made; the rest the training pool.  Neither held-out split is ever trained
+on, whatever the split answered (``split``: dev or test) and the seed.  The split answered is every record of it that
+the loop can score: with ``results`` (the default), each step carries its call's recorded response, references to
+earlier results are resolved to their values (``tokmem.data.nestful.resolve_references``), and a held-out record must
+call only tools that training-pool records call (TokMem lays out a record's gold earlier calls by their tools' memory
+tokens); the others are left out and counted.  Each seed trains on ``train_size`` records of the pool, a seeded
+sample that calls every tool of both held-out splits (``covering_sample``), so every seed answers the same records and
+a bank trained at one seed can answer either split.  ``test_data`` replaces the test split with a file of the same
+format (its spec given by ``test_spec`` or found beside it): a user's own split of ComplexFuncBench, whose records all
+test, or any NESTFUL file, whose records over tools ComplexFuncBench lacks are split by query hash in turn, their
+training side joining the training records.
 """
 
 from __future__ import annotations
@@ -65,6 +71,9 @@ ADAPT_SOURCES = tuple(ADAPT_SOURCE_NAMES)
 # (adapted on 120 of them, the 0.5B scored 28 and 27 exact steps of 80 on seeds 0-1 against 9 and 7 without
 # adapting; on BFCL's turns, the default before, a few points above none: docs/studies.md "Causes, one A/B each")
 ADAPT_DATA = ("chains",)
+SPLITS = ("dev", "test")  # the held-out splits a run answers: choices are made on dev, the test is read once
+# of all records by query hash, after the test's 0.2: 52 of the 306 records of at most 4 calls, 51 of them scorable
+DEV_FRACTION = 0.18
 
 
 def function_calling_dir(explicit: str | None = None) -> Path:
@@ -103,6 +112,33 @@ def hash_split(examples: list[Example], test_fraction: float) -> tuple[list[Exam
     return [examples[k] for h, k in ranked if h >= test_fraction], test
 
 
+def three_way_split(
+    examples: list[Example], test_fraction: float, dev_fraction: float
+) -> tuple[list[Example], list[Example], list[Example]]:
+    """(train, dev, test) by query hash (``query_hash``): test below ``test_fraction``, dev from there to
+    ``test_fraction + dev_fraction``, train the rest; each in hash order."""
+    rest, test = hash_split(examples, test_fraction)
+    train, dev = hash_split(rest, test_fraction + dev_fraction)
+    return train, dev, test
+
+
+def covering_sample(pool: list[Example], size: int, tools: set[str], rng: random.Random) -> list[Example]:
+    """``size`` records of ``pool`` drawn with ``rng`` that call every one of ``tools`` the pool calls: first, for
+    each such tool (by name) that no record drawn so far calls, a record calling it; then a sample of the rest.  A plain
+    sample may miss a rare tool, and the records calling it could not be answered at that seed."""
+    chosen: list[Example] = []
+    for tool in sorted(tools):
+        callers = [e for e in pool if tool in e.procedures and e not in chosen]
+        if callers and not any(tool in e.procedures for e in chosen):
+            chosen.append(rng.choice(callers))
+    if len(chosen) > size:
+        raise DataError(
+            f"{size} training records cannot call every tool the held-out records call ({len(chosen)} records "
+            "needed): raise --train-multi"
+        )
+    return chosen + rng.sample([e for e in pool if e not in chosen], size - len(chosen))
+
+
 @dataclass
 class RealData:
     """The study's data, the adaptation examples (with how many came from each source) and what was left out of
@@ -112,6 +148,7 @@ class RealData:
     adaptation: list[Example]
     left_out: Counter = field(default_factory=Counter)
     adaptation_sources: dict[str, int] = field(default_factory=dict)
+    splits: dict[str, dict] = field(default_factory=dict)  # records and steps of the training pool, dev and test
 
     def with_named_results(self) -> "RealData":
         """Every tool result opened with its tool's name (``named_result``), in training, testing and adapting."""
@@ -123,24 +160,14 @@ class RealData:
             "left_out": dict(self.left_out),
             "train_calls": dict(sorted(Counter(len(e.steps) for e in self.data.train).items())),
             "adaptation": self.adaptation_sources,
+            "splits": self.splits,
         }
 
 
-def _tested(
-    test: list[Example], train: list[Example], size: int | None, results: bool, left_out: Counter
-) -> list[Example]:
-    """The first ``size`` test records; with ``results``, only those whose every tool a training record calls (the
-    loop lays out the gold earlier calls of a test record by their tools' memory tokens)."""
-    if results:
-        trained = {p for e in train for p in e.procedures}
-        unknown = [e for e in test if not trained.issuperset(e.procedures)]
-        if unknown:
-            left_out["test records calling a tool no training record calls"] += len(unknown)
-            test = [e for e in test if trained.issuperset(e.procedures)]
-    if size is not None and size < len(test):
-        left_out[f"test records beyond {size}"] += len(test) - size
-        test = test[:size]
-    return test
+def _scorable(records: list[Example], known: set[str], results: bool) -> list[Example]:
+    """With ``results``, the records whose every tool is ``known`` (a training record calls it: the loop lays out a
+    record's gold earlier calls by their tools' memory tokens); without, all."""
+    return [e for e in records if known.issuperset(e.procedures)] if results else records
 
 
 def named_result(step: Step) -> Step:
@@ -165,50 +192,83 @@ def complexfuncbench_data(
     results: bool = True,
     test_spec: str | None = None,
     adapt_data: tuple[str, ...] = ADAPT_DATA,
+    split: str = "dev",
+    dev_fraction: float = DEV_FRACTION,
 ) -> RealData:
-    """ComplexFuncBench's records with at most ``max_calls`` calls, split by query hash (or tested on
-    ``test_data``); at most ``train_size`` training records (a seeded sample) and the first ``test_size`` test
-    records in hash order.  The adaptation examples of ``adapt_data``: up to ``adapt_samples`` BFCL multi-turn turns
-    with at most ``max_calls`` calls (``bfcl``; ``bfcl-executed``: each call with its result), every record over the
-    flight tools alone (``flights``; records calling a flight tool are then left out of both evaluation sides), and
-    the training records themselves (``study``: a diagnostic upper bound of adapting in the target's own format, not a
-    held-out adaptation — it shares every tool with the evaluation)."""
+    """ComplexFuncBench's records with at most ``max_calls`` calls, split three ways (the module docstring;
+    ``test_data`` in place of the test split): at most ``train_size`` training records (a seeded ``covering_sample``)
+    and the first ``test_size`` records of ``split`` in hash order (a test run answers them all).  The adaptation
+    examples of ``adapt_data``: up to ``adapt_samples`` BFCL multi-turn turns with at most ``max_calls`` calls (``bfcl``;
+    ``bfcl-executed``: each call with its result), every record over the flight tools alone (``flights``; records
+    calling a flight tool are then left out of the evaluation), and the training records themselves (``study``: a
+    diagnostic upper bound of adapting in the target's own format, not a held-out adaptation — it shares every tool
+    with the evaluation)."""
     check_adapt_data(adapt_data)
+    if split not in SPLITS:
+        raise DataError(f"unknown split '{split}': choose from {', '.join(SPLITS)}")
     held = FLIGHT_TOOLS if "flights" in adapt_data else frozenset()
     left_out: Counter = Counter()
     imported = import_nestful(folder / CFB_DATA, results=results)
     records = _apart(_at_most(imported.examples, max_calls, left_out, "ComplexFuncBench"), held, left_out)
+    pool, dev, test = three_way_split(records, test_fraction, dev_fraction)
     own_train: list[Example] = []  # records of test_data that train (their tools are ComplexFuncBench's strangers)
+    catalog = imported.catalog
     if test_data:
         test_import = import_nestful(test_data, test_spec, results=results)
         mine = _apart(_at_most(test_import.examples, max_calls, left_out, str(test_data)), held, left_out)
-        train, catalog = records, {**test_import.catalog, **imported.catalog}
-        test, own_train = _own_split(mine, {p for e in records for p in e.procedures}, test_fraction)
-    else:
-        train, test = hash_split(records, test_fraction)
-        catalog = imported.catalog
-    rng = random.Random(seed)
-    if train_size is not None and train_size < len(train):
-        left_out[f"training records beyond {train_size}"] += len(train) - train_size
-        train = rng.sample(train, train_size)
-    train = train + own_train
-    test = _tested(test, train, test_size, results, left_out)
-    if not train or not test:
+        catalog = {**test_import.catalog, **imported.catalog}
+        test, own_train = _own_split(mine, {p for e in pool for p in e.procedures}, test_fraction)
+    known = {p for e in pool + own_train for p in e.procedures}
+    splits = {"dev": dev, "test": test}
+    held_out = {name: _scorable(part, known, results) for name, part in splits.items()}
+    answered = _answered(split, splits[split], held_out[split], test_size, left_out)
+    needed = {p for part in held_out.values() for e in part[:test_size] for p in e.procedures}
+    train = _training(pool, train_size, needed, seed, left_out) + own_train
+    if not train or not answered:
         why = "; ".join(f"{n} {reason}" for reason, n in left_out.items()) or "none"
         raise DataError(
-            f"{test_data or folder / CFB_DATA}: {len(train)} training and {len(test)} test records with at most "
-            f"{max_calls} calls: both must be non-empty (raise --max-calls or --test-fraction); left out: {why}"
+            f"{test_data or folder / CFB_DATA}: {len(train)} training and {len(answered)} {split} records with at "
+            f"most {max_calls} calls: both must be non-empty (raise --max-calls or --test-fraction); left out: {why}"
         )
-    tools = list(dict.fromkeys(p for e in train + test for p in e.procedures))
+    tools = list(dict.fromkeys(p for e in train + answered for p in e.procedures))
+    rng = random.Random(seed)  # the adaptation's own: the same whatever the split and training sample
     adaptation = _adaptation(
         adapt_data, folder, max_calls, adapt_samples, imported.examples, train, tools, rng, left_out
     )
     return RealData(
-        ToolData(train, test, {name: catalog[name] for name in tools}),
+        ToolData(train, answered, {name: catalog[name] for name in tools}),
         [e for examples in adaptation.values() for e in examples],
         left_out,
         {source: len(examples) for source, examples in adaptation.items()},
+        {name: _counts(part) for name, part in (("train", pool + own_train), *held_out.items())},
     )
+
+
+def _answered(
+    split: str, records: list[Example], scorable: list[Example], size: int | None, left_out: Counter
+) -> list[Example]:
+    """The first ``size`` of the split's ``scorable`` records (a test run answers them all); what is left out counted."""
+    if len(scorable) < len(records):
+        left_out[f"{split} records calling a tool no training record calls"] += len(records) - len(scorable)
+    if size is not None and size < len(scorable):
+        if split == "test":
+            raise DataError(
+                f"a test run answers every one of the {len(scorable)} test records: leave --test-multi unset"
+            )
+        left_out[f"{split} records beyond {size}"] += len(scorable) - size
+    return scorable[:size]
+
+
+def _training(pool: list[Example], size: int | None, needed: set[str], seed: int, left_out: Counter) -> list[Example]:
+    """The seed's ``size`` training records of the ``pool`` (all when None), calling every ``needed`` tool."""
+    if size is None or size >= len(pool):
+        return pool
+    left_out[f"training records beyond {size}"] += len(pool) - size
+    return covering_sample(pool, size, needed, random.Random(f"{seed}:train"))
+
+
+def _counts(records: list[Example]) -> dict[str, int]:
+    return {"records": len(records), "steps": sum(len(e.steps) for e in records)}
 
 
 def _adaptation(

@@ -84,16 +84,18 @@ def real_data(config: CompositionalConfig) -> RealData:
     folder = function_calling_dir(config.data_dir)
     real = complexfuncbench_data(
         folder,
-        config.max_calls,
-        config.test_fraction,
-        config.train_multi,
-        config.test_multi,
-        config.adapt_multi,
-        config.test_data,
-        config.seed,
-        config.results_in_context,
-        config.test_spec,
-        config.adapt_data,
+        max_calls=config.max_calls,
+        test_fraction=config.test_fraction,
+        train_size=config.train_multi,
+        test_size=config.test_multi,
+        adapt_samples=config.adapt_multi,
+        test_data=config.test_data,
+        seed=config.seed,
+        results=config.results_in_context,
+        test_spec=config.test_spec,
+        adapt_data=config.adapt_data,
+        split=config.split,
+        dev_fraction=config.dev_fraction,
     )
     return real.with_named_results() if config.name_results else real
 
