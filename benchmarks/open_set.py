@@ -36,7 +36,7 @@ import tokmem
 from tokmem.backbones import CPU_BF16, DEFAULT_BACKBONE, cpu_dtype_note, load_backbone
 from tokmem.cli import main as main_cli
 from tokmem.data import load_examples
-from tokmem.decode import DecodeConfig, route
+from tokmem.decode import open_set_threshold, route
 from tokmem.eval.open_set import off_topic_queries, restraint
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
@@ -66,10 +66,10 @@ def routed(model, examples) -> dict:
 def scores(model, in_domain, sets) -> dict:
     """In-domain routing (at the default threshold, and the masses) and each off-topic set's restraint."""
     found = routed(model, in_domain)
-    threshold = DecodeConfig.threshold
+    threshold = open_set_threshold(model.bank)
     share = sum(r and m >= threshold for r, m in zip(found["right"], found["masses"])) / len(in_domain)
     off = {name: restraint(model, off_topic_queries(name), threshold) for name in sets}
-    return {"in_domain": found | {"routing": share}, "off_topic": off}
+    return {"threshold": threshold, "in_domain": found | {"routing": share}, "off_topic": off}
 
 
 def choose_run(backbone, variant: str, seed: int, fold: int, folds: int) -> dict:

@@ -123,3 +123,32 @@ def test_tokmem_eval_reports_the_data_files_off_topic_queries_apart_from_the_in_
     assert len(result["predictions"]) == 1
     assert result["off_topic"][str(data)]["scored"] == 1
     assert result["off_topic"]["chat"]["scored"] == len(off_topic.chat_prompts())
+
+
+def test_a_banks_threshold_is_kept_in_its_file_and_decodes_unless_a_caller_gives_one(tmp_path, backbone, examples):
+    from tokmem.bank import MemoryBank
+    from tokmem.decode import OPEN_SET_THRESHOLD, DecodeConfig, generate, open_set_threshold
+
+    model = tokmem.create(backbone)
+    tokmem.learn(model, examples, TrainConfig(epochs=1, threshold=1.0, progress=False))
+    assert open_set_threshold(model.bank) == 1.0 and open_set_threshold(model.bank, 0.0) == 0.0
+    model.bank.save(tmp_path / "b.safetensors")
+    assert MemoryBank.load(tmp_path / "b.safetensors").threshold == 1.0
+    queries = [e.query for e in examples]
+    assert not any(g.routed for g in generate(model, queries, DecodeConfig(max_new_tokens=2)))  # no mass reaches 1
+    assert all(g.routed for g in generate(model, queries, DecodeConfig(max_new_tokens=2, threshold=0.0)))
+    model.bank.threshold = None
+    assert open_set_threshold(model.bank) == OPEN_SET_THRESHOLD
+
+
+def test_a_bank_file_with_a_threshold_outside_0_to_1_is_refused_naming_the_field(tmp_path, model):
+    from tokmem.bank import MemoryBank
+    from tokmem.errors import BankError
+
+    model.bank.add(["reverse"], model.backbone.mean_embedding())
+    model.bank.threshold = 0.8
+    path = model.bank.save(tmp_path / "b.safetensors")
+    meta = tmp_path / "b.safetensors.json"
+    meta.write_text(meta.read_text().replace('"threshold": 0.8', '"threshold": 2'))
+    with pytest.raises(BankError, match="field 'threshold' must be a number from 0 to 1"):
+        MemoryBank.load(path)

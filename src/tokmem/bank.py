@@ -81,6 +81,7 @@ class MemoryBank:
         self.kinds: list[str] = []
         self.schemas: list[dict | None] = []  # per row: its tool's JSON schema, or None
         self.key_sets: list[KeySets | None] = []  # per row: its tool's key-set rows, or None (tokmem.key_sets)
+        self.threshold: float | None = None  # the open-set threshold it decodes with unless told (None: the rule's)
         self.index = torch.empty(0, hidden_size)
         self.steer = torch.empty(0, hidden_size) if decoupled else None
         self.tail = torch.empty(0, memory_tokens - 1, hidden_size)  # per procedure, its input rows after the first
@@ -262,6 +263,8 @@ class MemoryBank:
         self.kinds += other.kinds
         self.schemas += other.schemas
         self.key_sets += other.key_sets
+        given = [t for t in (self.threshold, other.threshold) if t is not None]
+        self.threshold = max(given) if given else None  # the stricter open-set rule of the two
         self._index_names()
         self.index = torch.cat([self.index, other.index])
         if self.decoupled:
@@ -329,6 +332,7 @@ class MemoryBank:
                 if self.has_key_sets
                 else {}
             ),
+            **({"threshold": self.threshold} if self.threshold is not None else {}),
             "backbone": self.backbone,
             "norms": {
                 "mean": float(norms.mean()) if len(self) else None,
@@ -401,6 +405,7 @@ class MemoryBank:
         bank.trainable = torch.zeros(len(bank.names), dtype=torch.bool)
         bank.schemas = list(meta.get("schemas") or [None] * len(bank.names))  # none before schemas were kept
         bank.key_sets = _key_sets(meta.get("key_sets") or [None] * len(bank.names), weight, bias)
+        bank.threshold = meta.get("threshold")  # absent before banks kept their own
         if backbone is not None:
             check_backbone(bank, backbone, where)
         return bank

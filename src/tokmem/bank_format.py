@@ -261,6 +261,16 @@ def _key_sets(meta: dict) -> str | None:
     return None
 
 
+def _threshold(meta: dict) -> str | None:
+    """Absent, or the open-set threshold the bank decodes with: a number from 0 to 1."""
+    threshold = meta.get("threshold")
+    if threshold is None or (
+        isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and 0 <= threshold <= 1
+    ):
+        return None
+    return "field 'threshold' must be a number from 0 to 1"
+
+
 FIELD_CHECKS: tuple[Callable[[dict], str | None], ...] = (
     _format,
     _hidden_size,
@@ -273,6 +283,7 @@ FIELD_CHECKS: tuple[Callable[[dict], str | None], ...] = (
     _kinds,
     _schemas,
     _key_sets,
+    _threshold,
     _backbone,
 )
 

@@ -36,7 +36,7 @@ import torch
 from transformers import DynamicCache
 
 from tokmem.batch import join_caches, left_pad
-from tokmem.decode import DecodeConfig, contrasted_logits, decode_rows, to_generation
+from tokmem.decode import DecodeConfig, contrasted_logits, decode_rows, open_set_threshold, to_generation
 from tokmem.errors import DataError, cut, listed
 from tokmem.sequences import (
     RESULT_TOKENS,
@@ -474,12 +474,12 @@ def _call_key(name, arguments) -> tuple[str, str]:
         return name, str(arguments)
 
 
-def tool_routing(model: TokMemModel, tools, tool_choice, threshold: float) -> tuple[torch.Tensor, int, float]:
+def tool_routing(model: TokMemModel, tools, tool_choice, threshold: float | None) -> tuple[torch.Tensor, int, float]:
     """(the bank rows the turn may use, the memory id forced first or -1, routing's threshold) for OpenAI's ``tools``
-    and ``tool_choice``; ``threshold`` is the open-set rule's, 0 for ``"required"`` (it always routes, among the
-    allowed tool rows).  Bad names are ``DataError``s naming the field (a server's 400).  ``tokmem.chat`` and the
+    and ``tool_choice``; ``threshold`` is the open-set rule's (None: the bank's, ``decode.open_set_threshold``), 0 for
+    ``"required"`` (it always routes, among the allowed tool rows).  Bad names are ``DataError``s naming the field (a server's 400).  ``tokmem.chat`` and the
     server (``tokmem.serve``) both map a request through here."""
-    bank = model.bank
+    bank, threshold = model.bank, open_set_threshold(model.bank, threshold)
     names = (
         None if tools is None else [t if isinstance(t, str) else (t.get("function") or {}).get("name") for t in tools]
     )

@@ -39,11 +39,26 @@ from tokmem.model import TokMemModel
 from tokmem.stops import BlankLineStop, EndOfSequence, stopped
 
 
+OPEN_SET_THRESHOLD = 0.5  # the open-set rule's threshold where neither the caller nor the bank gives one
+
+
+def open_set_threshold(bank, given: float | None = None) -> float:
+    """The open-set threshold a decoding uses: ``given`` (the caller's), else the bank's own (``MemoryBank.threshold``,
+    set by the training recipe that chose it), else ``OPEN_SET_THRESHOLD``."""
+    if given is not None:
+        return given
+    return OPEN_SET_THRESHOLD if bank.threshold is None else bank.threshold
+
+
 @dataclass
 class DecodeConfig:
     max_new_tokens: int = option(128, "tokens an answer may generate")
     max_steps: int = option(4, "most segments (memory tokens) per answer")
-    threshold: float = option(0.5, "open-set rule: the least memory mass at the routing position that routes")
+    threshold: float | None = option(
+        None,
+        "open-set rule: the least memory mass at the routing position that routes (default: the bank's, else "
+        f"{OPEN_SET_THRESHOLD})",
+    )
     temperature: float = option(0.0, "0 = greedy")
     batch_size: int = option(16, "queries answered together")
     seed: int = option(0, "seed of the sampler (temperature > 0)")
@@ -292,7 +307,14 @@ def decode_rows(
     """
     banks = Banks(*model.memory_matrices(), allowed, ContextLayout.of([model.bank], ids.device))
     full = lambda value: torch.full((len(ids),), value, device=ids.device)  # noqa: E731
-    rules = Rules(full(config.threshold), forced, full(config.max_steps), full(config.temperature), full(1.0), begun)
+    rules = Rules(
+        full(open_set_threshold(model.bank, config.threshold)),
+        forced,
+        full(config.max_steps),
+        full(config.temperature),
+        full(1.0),
+        begun,
+    )
     grammar = argument_grammar(model, len(ids), config, schemas)
     batch, mass = prefill(model, ids, mask, cache, banks, rules, generator, grammar, check=check)
     stops = [EndOfSequence(model.backbone.eos_token_id), *stops]

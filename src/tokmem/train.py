@@ -116,6 +116,11 @@ class TrainConfig:
         "the states that route it, and decode its arguments bound to the key set its routing state chooses "
         "(tokmem.key_sets)",
     )
+    threshold: float | None = option(
+        None,
+        "the open-set threshold the bank decodes with unless a caller gives one, kept in the bank (none: the bank's, "
+        "else 0.5)",
+    )
     negatives: float = option(
         0.0,
         "off-topic queries added per training example (tokmem.data.off_topic; none that shares a word with a "
@@ -170,6 +175,8 @@ class TrainConfig:
         for field_name in LOSS_WEIGHTS:
             if not getattr(self, field_name) > 0:
                 raise TokMemError(f"{field_name} is a loss weight, above 0: got {getattr(self, field_name)}")
+        if self.threshold is not None and not 0 <= self.threshold <= 1:
+            raise TokMemError(f"threshold is a memory mass, from 0 to 1: got {self.threshold}")
         if not self.negatives >= 0:
             raise TokMemError(
                 f"negatives is a number of off-topic queries per example, 0 or more: got {self.negatives}"
@@ -237,8 +244,17 @@ class TrainReport:
 # 0.5B tool loop it gained 7 and 6 exact steps of 80 at seeds 0 and 1 and lost none: docs/tools.md, "Routing refit");
 # and key-set rows for tools whose training calls write several key sets (on the 0.5B tool loop 4, 5 and 3 exact
 # steps more at seeds 0-2, none lost: docs/tools.md, "Key-set rows"; a tool with one key set gets none).
-NEGATIVES = 0.5  # off-topic queries per example in tokmem train's recipe (docs/tools.md, "The open set")
-PICKED_RECIPE = {"lr": 2e-2, "schedule": "linear", "refit_index": True, "key_sets": True, "negatives": NEGATIVES}
+# Off-topic negatives and the open-set threshold of tokmem train's recipe, chosen on a development split (docs/tools.md,
+# "The open set").
+NEGATIVES, THRESHOLD = 1.0, 0.8
+PICKED_RECIPE = {
+    "lr": 2e-2,
+    "schedule": "linear",
+    "refit_index": True,
+    "key_sets": True,
+    "negatives": NEGATIVES,
+    "threshold": THRESHOLD,
+}
 UPDATES_PER_ROW = 50
 
 
@@ -315,6 +331,8 @@ def learn(
     )
     report = train(model, [*examples, *added], config, param_groups, after_step)
     report.new_procedures, report.negatives = new, len(added)
+    if config.threshold is not None:
+        bank.threshold = config.threshold
     if config.renormalize and target is not None:
         report.renorm_target = bank.renormalize(rows, config.eps, target, config.renorm_side)
     bank.freeze()

@@ -198,9 +198,10 @@ def _learn_and_save(load_model, args, out_path) -> None:
 
 def _training_fallbacks(model, examples) -> int:
     """How many training queries the trained bank leaves to the plain backbone (memory mass below the threshold)."""
-    from tokmem.decode import DecodeConfig, route
+    from tokmem.decode import open_set_threshold, route
 
-    return sum(r.memory_mass < DecodeConfig.threshold for r in route(model, [e.query for e in examples]))
+    threshold = open_set_threshold(model.bank)
+    return sum(r.memory_mass < threshold for r in route(model, [e.query for e in examples]))
 
 
 def cmd_demo(args) -> None:

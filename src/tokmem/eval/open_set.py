@@ -3,7 +3,7 @@
 TokMem's open-set rule answers a query with the plain backbone when the memory mass at the routing position is below
 the threshold.  In-domain scores count such a fallback as a miss; this counts the other side, the queries no
 procedure fits, where routing is the miss: a bank that adds skills must not take over the model.  The same rule as
-decoding (``tokmem.decode.route``'s memory mass against ``DecodeConfig.threshold``), so the count is what ``tokmem
+decoding (``tokmem.decode.route``'s memory mass against ``decode.open_set_threshold``), so the count is what ``tokmem
 run``, ``tokmem.chat`` and ``tokmem serve`` do with ``tool_choice="auto"``.
 """
 
@@ -13,17 +13,18 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from tokmem.data.off_topic import bank_words, mentions, off_topic_set, read_queries
-from tokmem.decode import DecodeConfig, route
+from tokmem.decode import open_set_threshold, route
 from tokmem.model import TokMemModel
 
 SHOWN = 5  # routed queries listed in a result
 
 
-def restraint(model: TokMemModel, queries: list[str], threshold: float = DecodeConfig.threshold) -> dict:
+def restraint(model: TokMemModel, queries: list[str], threshold: float | None = None) -> dict:
     """Of ``queries`` (off-topic), how many the bank answers in words (memory mass below ``threshold``).  Queries
     that share a word with a procedure's name or description (``off_topic.mentions``) may well be the bank's: they
     are counted apart (``about_the_bank``) and not scored.  ``masses``: each scored query's memory mass (a threshold
     curve's off-topic side)."""
+    threshold = open_set_threshold(model.bank, threshold)
     words = bank_words(model.bank.names, model.bank.descriptions)
     scored = [q for q in queries if not mentions(q, words)]
     routes = route(model, scored, k=1) if scored else []
@@ -54,6 +55,6 @@ def default_sets() -> list[str]:
     return ["chat", "bfcl-irrelevance"] if find_spec("bfcl_eval") else ["chat"]
 
 
-def restraints(model: TokMemModel, specs: list[str], threshold: float = DecodeConfig.threshold) -> dict:
+def restraints(model: TokMemModel, specs: list[str], threshold: float | None = None) -> dict:
     """``restraint`` on each set of ``specs`` (names or files), by spec."""
     return {spec: restraint(model, off_topic_queries(spec), threshold) for spec in specs}

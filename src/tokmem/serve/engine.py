@@ -56,7 +56,7 @@ from tokmem.backbones import Backbone
 from tokmem.bank import MemoryBank
 from tokmem.context_ids import ContextLayout
 from tokmem.batch import DecodeBatch, left_pad
-from tokmem.decode import Banks, DecodeConfig, Generation, Rules, prefill, step, to_generation
+from tokmem.decode import OPEN_SET_THRESHOLD, Banks, DecodeConfig, Generation, Rules, prefill, step, to_generation
 from tokmem.errors import BackboneError, TokMemError
 from tokmem.chat import context_after, starts_calls
 from tokmem.grammar import ArgumentGrammar
@@ -78,7 +78,7 @@ class Request:
     query: str  # the user's text (for the Generation it becomes)
     max_tokens: int = DecodeConfig.max_new_tokens
     max_steps: int = DecodeConfig.max_steps
-    threshold: float = DecodeConfig.threshold
+    threshold: float = OPEN_SET_THRESHOLD
     temperature: float = DecodeConfig.temperature
     top_p: float = 1.0  # nucleus sampling (temperature > 0)
     seed: int | None = None  # sample from its own generator (the same answer whatever the batch); None: the engine's

@@ -35,7 +35,7 @@ from starlette.exceptions import HTTPException
 
 from tokmem.chat import answered_calls, tool_routing, tool_schemas
 from tokmem.errors import DataError, cut
-from tokmem.decode import DecodeConfig
+from tokmem.decode import DecodeConfig, open_set_threshold
 
 MIN_TEMPERATURE = 0.01  # below it (except 0, greedy) sampling is greedy in all but name, and scaled logits overflow
 MAX_STEPS = 64  # segments (memory tokens) per answer
@@ -159,12 +159,12 @@ class TokMemOptions(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     procedure: Text | None = Field(None, max_length=200, description="force this procedure (routing skipped)")
-    threshold: float = Field(
-        DecodeConfig.threshold,
+    threshold: float | None = Field(
+        None,
         ge=0,
         le=1,
         allow_inf_nan=False,
-        description="open-set rule: the least memory mass that routes",
+        description="open-set rule: the least memory mass that routes (default: the bank's, else 0.5)",
     )
     max_steps: int = Field(
         DecodeConfig.max_steps, ge=1, le=MAX_STEPS, description="most segments (memory tokens) per answer"
@@ -227,7 +227,8 @@ class TokMemOptions(BaseModel):
 
     def routing(self, model, bank_tools: bool = False) -> tuple[Any, int, float]:
         """(allowed bank rows or None, forced memory id or -1, threshold): ``procedure`` forces one."""
-        return None, -1 if self.procedure is None else model.memory_id(self.procedure), self.threshold
+        forced = -1 if self.procedure is None else model.memory_id(self.procedure)
+        return None, forced, open_set_threshold(model.bank, self.threshold)
 
     def tool_schemas(self, model) -> list[dict | None] | None:
         """Per bank row, the schema its tool's arguments decode under; None: the bank's."""

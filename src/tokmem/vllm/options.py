@@ -32,7 +32,7 @@ class OptionError(TokMemError, ValueError):
 @dataclass(frozen=True)
 class Options:
     bank: str
-    threshold: float = DecodeConfig.threshold
+    threshold: float | None = None  # None: the bank's (decode.open_set_threshold)
     max_steps: int = DecodeConfig.max_steps
     procedure: str | None = None
 
@@ -47,11 +47,11 @@ class Options:
             return None
         options = cls(
             bank=_field(extra_args, "tokmem_bank", str),
-            threshold=float(_field(extra_args, "tokmem_threshold", (int, float), cls.threshold)),
+            threshold=_field(extra_args, "tokmem_threshold", (int, float), None),
             max_steps=_field(extra_args, "tokmem_max_steps", int, cls.max_steps),
             procedure=_field(extra_args, "tokmem_procedure", str, None),
         )
-        if not 0.0 <= options.threshold <= 1.0:
+        if options.threshold is not None and not 0.0 <= options.threshold <= 1.0:
             raise OptionError(f"tokmem_threshold must lie in [0, 1], got {options.threshold}")
         if options.max_steps < 1:
             raise OptionError(f"tokmem_max_steps must be at least 1, got {options.max_steps}")

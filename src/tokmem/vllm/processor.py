@@ -32,7 +32,7 @@ from vllm.v1.sample.logits_processor import LogitsProcessor as BatchProcessor
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as SlotProcessor
 
 from tokmem.context_ids import ContextLayout, routes
-from tokmem.decode import first_token_logits
+from tokmem.decode import first_token_logits, open_set_threshold
 from tokmem.errors import TokMemError
 from tokmem.vllm import slots
 from tokmem.vllm.options import Options
@@ -66,6 +66,11 @@ class _Request:
     def release(self) -> None:
         if self.placement is not None:
             slots.SlotTable.release(self.placement)
+
+    @property
+    def threshold(self) -> float:
+        """The open-set threshold: the request's, else its bank's (``decode.open_set_threshold``); placed only."""
+        return open_set_threshold(self.placement.bank, self.options.threshold)
 
     def routes(self, token: int, vocab: int) -> bool:
         """Whether ``token`` is one of its bank's memory tokens that route (a segment), not a context id."""
@@ -171,7 +176,7 @@ class TokMemLogitsProcessor(BatchProcessor, SlotProcessor):
             torch.tensor([bool(row) and row.seen == 0 for row in placed]),
             offset,
             offset + count,
-            torch.tensor([row.request.options.threshold if row else 0.0 for row in placed]),
+            torch.tensor([row.request.threshold if row else 0.0 for row in placed]),
             torch.tensor(
                 [self.vocab + row.request.forced if row and row.request.forced >= 0 else -1 for row in placed]
             ),
@@ -210,7 +215,7 @@ class TokMemLogitsProcessor(BatchProcessor, SlotProcessor):
             torch.tensor([bool(r) for r in placed]) & (made <= 0),
             offset,
             offset.to(blocked.device) + count.to(blocked.device) * ~blocked,
-            torch.tensor([r.options.threshold if r else 0.0 for r in placed]),
+            torch.tensor([r.threshold if r else 0.0 for r in placed]),
             torch.tensor([self.vocab + r.forced if r and r.forced >= 0 else -1 for r in placed]),
             int(count.max()) if batch else 0,
             [i for i, r in enumerate(requests) if r is not None and r.placement is None],
