@@ -211,7 +211,7 @@ def run(
         app = create_app(
             BankRegistry(backbone, directory, max_resident=max(1, banks // 2)),
             engine,
-            ServeConfig(banks=str(directory)),
+            ServeConfig(banks=str(directory), bank_tools=True),  # answers compared with generate: every row routes
         )
         start = time.perf_counter()
         with LoopbackServer(app) as base_url:

@@ -167,6 +167,7 @@ def start_server(directory: Path, args, log) -> tuple[subprocess.Popen, str]:
         str(MAX_BODY_MB),
         "--max-batch",
         str(args.max_batch),
+        "--bank-tools",  # the clean answers are compared with generate's, where every row routes
     ]
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

@@ -219,7 +219,11 @@ def test_train_refits_the_routing_side_by_default_even_of_a_coupled_bank_and_say
     assert tokmem(*command, "--no-decoupled", "--backbone", "tiny-random", "--device", "cpu") == 0
     train = json.loads((data / "r.json").read_text())["train"]
     refit, states = train["refit"], 12 + train["negatives"]  # each memory token's, each negative's routing position
-    assert train["negatives"] == round(12 * NEGATIVES) and refit["states"] == states == refit["routed_after"] and refit["seconds"] > 0
+    assert (
+        train["negatives"] == round(12 * NEGATIVES)
+        and refit["states"] == states == refit["routed_after"]
+        and refit["seconds"] > 0
+    )
     out = " ".join(capsys.readouterr().out.split())
     assert f"{states} of {states} routing positions right, a memory token or words where none fits (before: " in out
     plain = data / "plain.safetensors"

@@ -27,8 +27,13 @@ from tokmem.serve.stream import Deltas
 
 @pytest.fixture
 def app(lively_backbone, tmp_path, offline):
-    app, engine = serve(
-        lively_backbone, tmp_path / "banks", max_prompt_tokens=200, max_new_tokens=64, max_body_mb=1 / 16
+    app, engine = serve(  # bank_tools: every row may route, as generate's
+        lively_backbone,
+        tmp_path / "banks",
+        max_prompt_tokens=200,
+        max_new_tokens=64,
+        max_body_mb=1 / 16,
+        bank_tools=True,
     )
     engine.start()
     yield app

@@ -71,7 +71,7 @@ def test_the_server_answers_a_bank_with_context_after_its_memory_tokens_as_tokme
     model = city_count_model(lively_backbone, **FORMS[form])
     model.bank.save(tmp_path / f"{form}.safetensors")
     plain = write_bank(lively_backbone, tmp_path / "alpha.safetensors", rows=3)
-    app, engine = serve(lively_backbone, tmp_path, max_new_tokens=64)
+    app, engine = serve(lively_backbone, tmp_path, max_new_tokens=64, bank_tools=True)  # as tokmem.chat's tools=None
     cases = [(messages, options) for messages in (QUERY, HISTORY) for options in SERVED_CASES]
 
     async def scenario(client, http):

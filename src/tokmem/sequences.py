@@ -360,7 +360,7 @@ def encode(
             for s in example.steps
         ]
         target, labels = turn_ids(tokenizer, [*steps, Answer(example.answer or "")], result_tokens)
-        if example.answer is None and (example.ends_with_result or not example.steps):
+        if example.answer is None and memory_id is not None and (example.ends_with_result or not example.steps):
             labels[-1] = ANSWER  # after a last result, or an off-topic query: answer in words, not which words
 
     kept_query = query_tokens_kept(len(prefix), len(target), max_length)
