@@ -24,8 +24,8 @@ import tokmem
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
 from tokmem.sequences import IGNORE, query_tokens_kept
-from tokmem.studies.compositional_config import make_config
-from tokmem.studies.tool_setup import tool_data
+from research.studies.compositional_config import make_config
+from research.studies.tool_setup import tool_data
 from tokmem.train import encode_examples
 
 

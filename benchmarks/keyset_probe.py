@@ -41,9 +41,9 @@ from tokmem.eval.tool_loop import chat_answerer, loop_scores
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
 from tokmem.sequences import RESULT_TOKENS, collate, to_device
-from tokmem.studies.compositional_config import make_config
-from tokmem.studies.harness import progress_bar
-from tokmem.studies.tool_setup import tool_data
+from research.studies.compositional_config import make_config
+from research.studies.harness import progress_bar
+from research.studies.tool_setup import tool_data
 from tokmem.train import encode_examples
 
 BOUND = "key sets probed, bound"  # the answers with each step's arguments bound to the probe's key set

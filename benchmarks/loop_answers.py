@@ -37,8 +37,8 @@ from tokmem.io import write_json_atomic
 from tokmem.eval.steps import OUTCOMES, VALUE_ERRORS, outcome, value_error
 from tokmem.schemas import learned_schema
 from tokmem.sequences import RESULT_TOKENS
-from tokmem.studies.compositional_config import CompositionalConfig, make_config
-from tokmem.studies.tool_setup import real_data
+from research.studies.compositional_config import CompositionalConfig, make_config
+from research.studies.tool_setup import real_data
 
 Call = tuple  # (name, canonical arguments), as the scorer reads a call (`metrics.read_call`)
 METHOD = "tokmem-noadapt"  # a ``loop_ab.py`` variant's method unless its settings name another (``tokmem``: adapted)

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from tokmem.io import write_json_atomic
-from tokmem.studies import compositional_report
+from research.studies import compositional_report
 
 MAY_DIFFER = ("methods", "device")  # the settings the pieces of one run may differ in
 

@@ -30,10 +30,10 @@ from tokmem.eval.tool_loop import chat_answerer, loop_scores
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
 from tokmem.sequences import RESULT_TOKENS
-from tokmem.studies.compositional_config import make_config
-from tokmem.studies.harness import progress_bar
-from tokmem.studies.realtools import SPLITS
-from tokmem.studies.tool_setup import tool_data
+from research.studies.compositional_config import make_config
+from research.studies.harness import progress_bar
+from research.studies.realtools import SPLITS
+from research.studies.tool_setup import tool_data
 
 # each rule: ``avoid_repeats`` (chat_answerer's option) and any DecodeConfig field the study's decoding changes
 RULES = {"as the study answers": {}, "no repeats": {"avoid_repeats": True}, "free arguments": {"schema": False}}

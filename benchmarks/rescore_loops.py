@@ -22,9 +22,9 @@ from pathlib import Path
 from loop_answers import study_data  # a script beside this one (its folder is on the path when run)
 
 from tokmem.io import write_json_atomic
-from tokmem.studies import compositional_report
-from tokmem.studies.compositional import SCORE_KEYS
-from tokmem.studies.harness import aggregate_seeds
+from research.studies import compositional_report
+from research.studies.compositional import SCORE_KEYS
+from research.studies.harness import aggregate_seeds
 from tokmem.eval.tool_loop import scored_samples
 
 POOLED = ("tool_f1", "arg_f1", "call_f1")

@@ -20,10 +20,10 @@ from collections import Counter
 from dataclasses import replace
 
 import tokmem
-from tokmem.studies.realtools import complexfuncbench_data, function_calling_dir
+from research.studies.realtools import complexfuncbench_data, function_calling_dir
 from tokmem.errors import TokMemError
 from tokmem.report import machine, write_json
-from tokmem.studies.harness import resumed, seed_spread
+from research.studies.harness import resumed, seed_spread
 from tokmem.cli.options import add_backbone
 
 

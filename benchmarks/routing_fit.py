@@ -31,8 +31,8 @@ from tokmem.chat import tool_routing
 from tokmem.io import write_json_atomic
 from tokmem.refit import RoutingStates, refit_index, routing_states
 from tokmem.report import machine
-from tokmem.studies.compositional_config import make_config
-from tokmem.studies.tool_setup import tool_data
+from research.studies.compositional_config import make_config
+from research.studies.tool_setup import tool_data
 from tokmem.train import encode_examples
 
 

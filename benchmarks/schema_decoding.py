@@ -24,7 +24,7 @@ import torch
 import tokmem
 from tokmem.backbones import DEFAULT_BACKBONE
 from tokmem.data.nestful import import_nestful
-from tokmem.studies.realtools import hash_split
+from research.studies.realtools import hash_split
 from tokmem.eval.evaluate import evaluate
 from tokmem.io import write_text_atomic
 

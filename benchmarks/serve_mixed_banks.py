@@ -35,7 +35,7 @@ from transformers import DynamicCache
 import tokmem
 from tokmem.backbones import Backbone, load_backbone
 from tokmem.bank_format import metadata_path
-from tokmem.methods.rag import demonstration_prompt
+from research.methods.rag import demonstration_prompt
 from tokmem.data.builtin import catalog, make_example
 from tokmem.batch import left_pad
 from tokmem.sequences import chat_prefix, positions

@@ -1,6 +1,6 @@
 """Training throughput and model FLOP utilisation: TokMem (epoch 1, and epochs 2+ with the query prefixes kept)
 against LoRA r=8 at its best batch, on the same examples in the same run, each through the library's own training
-(``tokmem.learn`` for TokMem, the LoRA baseline ``tokmem.methods.lora.LoRA`` for LoRA).
+(``tokmem.learn`` for TokMem, the LoRA baseline ``research.methods.lora.LoRA`` for LoRA).
 
 Workloads: ``demo`` (the built-in procedures; needs no data), ``sni`` (Super-Natural Instructions training sequences
 as the atomic study lays them out: the task definition and input, one memory token, the answer) and ``cfb``
@@ -39,7 +39,7 @@ from tokmem import TrainConfig, create, learn, load_backbone
 from tokmem.backbones import DEVICE_HELP
 from tokmem.cli.options import add_backbone
 from tokmem.data.procedures import Example
-from tokmem.methods.lora import LoRA
+from research.methods.lora import LoRA
 from tokmem.report import console, machine, write_json
 from tokmem.sequences import encode
 
