@@ -29,8 +29,10 @@ import argparse
 import math
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -39,9 +41,11 @@ from tokmem import TrainConfig, create, learn, load_backbone
 from tokmem.backbones import DEVICE_HELP
 from tokmem.cli.options import add_backbone
 from tokmem.data.procedures import Example
-from research.methods.lora import LoRA
 from tokmem.report import console, machine, write_json
 from tokmem.sequences import encode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: research/ beside src/
+from research.methods.lora import LoRA  # noqa: E402
 
 WORKLOADS = ("demo", "sni", "cfb")
 MAX_LENGTH = {"demo": 1024, "sni": 1024, "cfb": 1536}  # cfb: the tool-loop study's, which keeps its records whole

@@ -227,7 +227,7 @@ def run_main(config: CompositionalConfig, backbone=None, progress: bool = True, 
 
 def keep_bank(method: Method, json_path) -> dict:
     """A trained TokMem's bank saved beside the run's results (``<json stem>-banks/<method>.safetensors``: a few
-    hundred kB), so that a later decoding change answers it again without training (``benchmarks/reanswer_loop.py``);
+    hundred kB), so that a later decoding change answers it again without training (``research/scripts/reanswer_loop.py``);
     ``{"bank": path}`` for the result, {} for another method or a run that writes no file."""
     if not isinstance(method, TokMem) or json_path is None:
         return {}

@@ -289,7 +289,7 @@ PRESETS = {
         # ComplexFuncBench's records with 2-4 calls (as the paper's queries): 120 to train, every record of the split
         # answered (realtools: dev or test); 120 synthetic tool chains to adapt (the size measured).  With each call's
         # result in context the sequences grow: max_length 1536 keeps them whole.  One budget of 2 epochs.  Rows
-        # mean-initialised and a decaying schedule at 2e-2 (the recipe study and benchmarks/routing_budget.py say
+        # mean-initialised and a decaying schedule at 2e-2 (the recipe study and research/scripts/routing_budget.py say
         # why).  A call is one answer: 160 new tokens.
         Layer(
             dict(

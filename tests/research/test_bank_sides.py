@@ -1,13 +1,11 @@
-"""benchmarks/bank_sides.py: one decoupled bank of two banks' rows, one routing (index), the other steering."""
+"""research/scripts/bank_sides.py: one decoupled bank of two banks' rows, one routing (index), the other steering."""
 
 import pytest
 import torch
-from helpers import load_script
+from research.scripts import bank_sides
 
 from tokmem.bank import MemoryBank
 from tokmem.errors import BankError
-
-bank_sides = load_script("bank_sides")
 
 
 def bank(seed: int, shows_schemas: bool = False, names=("a", "b")) -> MemoryBank:

@@ -1,5 +1,5 @@
-"""benchmarks/gpu_qwen.sh's study steps: each is a `python -m research bench` command the CLI takes and whose study settings it
-can build, so that a lent device's few minutes are not spent on a mistyped flag."""
+"""research/scripts/gpu_qwen.sh's study steps: each is a `python -m research bench` command the CLI takes and whose
+study settings it can build, so that a lent device's few minutes are not spent on a mistyped flag."""
 
 import re
 import shlex
@@ -9,7 +9,7 @@ import pytest
 
 from research.cli import build_parser, compositional_config
 
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "gpu_qwen.sh"
+SCRIPT = Path(__file__).parents[2] / "research" / "scripts" / "gpu_qwen.sh"
 LOOP_VALUES = {"seed": "0", "m": "tokmem", "n": "120", "k": "2", "runs": "/tmp/runs"}  # a value each loop takes
 
 

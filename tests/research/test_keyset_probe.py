@@ -1,16 +1,15 @@
-"""The key-set probe (benchmarks/keyset_probe.py): fitted per tool on states, against the habit and decoded answers."""
+"""The key-set probe (research/scripts/keyset_probe.py): fitted per tool on states, against the habit and decoded answers."""
 
 import json
 
 import torch
-from helpers import load_script
+from research.scripts import keyset_probe
 
 import tokmem
 from tokmem import Example, Step
 from tokmem.data.procedures import call_json
 from tokmem.train import TrainConfig, encode_examples
 
-keyset_probe = load_script("keyset_probe")
 
 SORTED, PLAIN = frozenset({"id", "sortBy"}), frozenset({"id"})
 

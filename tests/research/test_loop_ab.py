@@ -1,4 +1,4 @@
-"""The A/B script's variants (benchmarks/loop_ab.py): each a name and study settings, read as the study takes them."""
+"""The A/B script's variants (research/scripts/loop_ab.py): each a name and study settings, read as the study takes them."""
 
 import argparse
 import json
@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import Interrupted, load_script
+from helpers import Interrupted
+from research.scripts import loop_ab
 
 from tokmem.data.procedures import Example, Step, call_json
 from tokmem.decode import DecodeConfig
@@ -14,8 +15,6 @@ from research.methods.lora import LoRA
 from research.methods.tokmem import TokMem
 from research.studies.harness import progress_bar
 from tokmem.train import TrainConfig
-
-loop_ab = load_script("loop_ab")
 
 
 def test_a_variant_names_study_settings_with_values_read_as_json_where_they_parse():

@@ -1,10 +1,8 @@
-"""The loop study's answer analysis (benchmarks/loop_answers.py): where a gold value could be read from."""
+"""The loop study's answer analysis (research/scripts/loop_answers.py): where a gold value could be read from."""
 
-from helpers import load_script
+from research.scripts import loop_answers
 
 from tokmem.data.procedures import Example, Step, call_json
-
-loop_answers = load_script("loop_answers")
 
 
 def test_a_value_is_counted_from_the_query_first_then_the_result_as_shown_then_the_part_the_cut_hides(backbone):

@@ -1,14 +1,12 @@
-"""benchmarks/merge_runs.py: a study run in pieces (a method a process, side by side on one GPU) made one run per
+"""research/scripts/merge_runs.py: a study run in pieces (a method a process, side by side on one GPU) made one run per
 seed and budget, placed where ``--seeds`` reuses finished runs, so the study's command combines them unchanged."""
 
 import json
 
 import pytest
-from helpers import load_script
+from research.scripts import merge_runs
 
 from research.studies.compositional_report import _params_cell
-
-merge_runs = load_script("merge_runs")
 
 
 def piece(method: str, seed: int = 0, lr: float = 0.01) -> dict:

@@ -1,14 +1,13 @@
-"""Two runs' per-step answers paired step by step, and analysed by record (benchmarks/paired_steps.py)."""
+"""Two runs' per-step answers paired step by step, and analysed by record (research/scripts/paired_steps.py)."""
 
 import json
 
 import numpy as np
 import pytest
-from helpers import load_script
+from research.scripts import paired_steps
 
 from tokmem.data.procedures import call_json
 
-paired_steps = load_script("paired_steps")
 
 FIND, RENT = call_json("Find", {"city": "Oslo"}), call_json("Rent", {"id": "ab12"})
 WRONG = call_json("Find", {"city": "Bergen"})

@@ -10,7 +10,7 @@ import torch
 
 from tokmem.data.gsm8k import Problem, gsm8k_strictly_compliant, load_gsm8k
 from tokmem.errors import DataError, TokMemError
-from tokmem.cli import bench
+from research import cli
 from research.studies import gsm8k_placement, gsm8k_placement_config, memorization, memorization_config, placement
 from research.studies.gsm8k_placement_config import GSM8KConfig
 from research.studies.memorization import steps_at_90
@@ -108,21 +108,21 @@ def test_memorization_refuses_a_text_shorter_than_asked(tmp_path):
 
 def _cli(*argv):
     parser = argparse.ArgumentParser()
-    bench.add_placement(parser.add_subparsers())
+    cli.add_placement(parser.add_subparsers())
     return parser.parse_args(["placement", *argv])
 
 
 def test_command_line_options_override_the_preset():
-    config = bench.placement_config(_cli("--backbone", "tiny-random", "--seeds", "3,4", "--quiet", "--json", "x.json"))
+    config = cli.placement_config(_cli("--backbone", "tiny-random", "--seeds", "3,4", "--quiet", "--json", "x.json"))
     assert config == replace(
         memorization_config.make_config("cpu"), backbone="tiny-random", seeds=(3, 4), progress=False
     )
-    assert bench.placement_config(_cli("--study", "gsm8k", "--preset", "paper", "--json", "x.json")) == GSM8KConfig()
+    assert cli.placement_config(_cli("--study", "gsm8k", "--preset", "paper", "--json", "x.json")) == GSM8KConfig()
 
 
 def test_an_option_of_the_other_study_is_an_error():
     with pytest.raises(TokMemError, match="--steps does not apply to --study gsm8k"):
-        bench.placement_config(_cli("--study", "gsm8k", "--steps", "5", "--json", "x.json"))
+        cli.placement_config(_cli("--study", "gsm8k", "--steps", "5", "--json", "x.json"))
 
 
 @pytest.mark.skipif(not GSM8K.is_dir(), reason="no GSM8K data in ../shared/data/gsm8k")
@@ -319,7 +319,7 @@ def test_gsm8k_options_reach_the_config_and_the_layout_is_checked():
     args = _cli(
         "--study", "gsm8k", "--layout", "assistant", "--epochs", "2", "--validation-examples", "9", "--json", "x.json"
     )
-    config = bench.placement_config(args)
+    config = cli.placement_config(args)
     assert (config.layout, config.epochs, config.validation_examples) == ("assistant", 2, 9)
     assert (
         gsm8k_placement_config.make_config("paper").layout
@@ -360,4 +360,4 @@ def test_a_resumed_gsm8k_study_skips_the_runs_its_json_holds_and_refuses_other_s
 
 def test_resume_applies_to_the_gsm8k_study_only():
     with pytest.raises(TokMemError, match="--resume does not apply to --study memorization"):
-        bench.cmd_placement(_cli("--resume", "--json", "x.json"))
+        cli.cmd_placement(_cli("--resume", "--json", "x.json"))

@@ -1,12 +1,10 @@
-"""The routing fit of a kept bank (benchmarks/routing_fit.py): calls counted by their place in the record."""
+"""The routing fit of a kept bank (research/scripts/routing_fit.py): calls counted by their place in the record."""
 
 import torch
-from helpers import load_script
+from research.scripts import routing_fit
 
 from tokmem.refit import RoutingStates
 from tokmem.sequences import Encoded
-
-routing_fit = load_script("routing_fit")
 
 
 class Model:

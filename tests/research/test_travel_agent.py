@@ -1,11 +1,10 @@
-"""The travel agent check (benchmarks/travel_agent.py): an answer quotes a result when it writes a value the result
+"""The travel agent check (research/scripts/travel_agent.py): an answer quotes a result when it writes a value the result
 gave and the question did not."""
 
 import json
 
-from helpers import load_script
+from research.scripts import travel_agent
 
-travel_agent = load_script("travel_agent")
 FLIGHT = json.dumps({"flights": [{"flight": "MA164", "origin": "Oslo", "price": 872, "direct": True}]})
 
 

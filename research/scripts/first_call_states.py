@@ -9,7 +9,7 @@ cut too when they alone did not fit) left 61 of 120 records one query token; the
 ``tokmem.sequences.query_tokens_kept``: the query keeps at least half the window) keeps every query.  Lengths only: no forward
 pass.
 
-    python benchmarks/first_call_states.py results/tails-qwen0.5b-banks/shown-refit.safetensors --seed 0 \
+    python -m research.scripts.first_call_states results/tails-qwen0.5b-banks/shown-refit.safetensors --seed 0 \
         --max-length 1536 --json results/first-call-states-shown-qwen0.5b.json
 """
 

@@ -12,7 +12,7 @@ split routed as under ``tool_choice="auto"`` without a threshold: the vocabulary
 and the bank's rows), the answers in words after a last result counted too (their target: the words).  No
 decoding past the memory token; the backbone reads each record once (``tokmem.refit.routing_states``).
 
-    OMP_NUM_THREADS=2 python benchmarks/routing_fit.py results/tails-qwen0.5b-banks/chains.safetensors \
+    OMP_NUM_THREADS=2 python -m research.scripts.routing_fit results/tails-qwen0.5b-banks/chains.safetensors \
         --seed 0 --json results/index-refit-qwen0.5b.json \
         --save-refit results/tails-qwen0.5b-banks/chains-index-refit.safetensors
 """

@@ -6,9 +6,9 @@ The first use: the tool loop's ``calls`` bank routes better, tokmem+schema's ``s
 (docs/studies.md); the bank made of the calls bank's index rows and the shown bank's rows as steer rows shows the
 schema as the shown bank does, and is answered with ``reanswer_loop.py``:
 
-    python benchmarks/bank_sides.py results/loop-ab-qwen0.5b-banks/calls.safetensors \
+    python -m research.scripts.bank_sides results/loop-ab-qwen0.5b-banks/calls.safetensors \
         results/loop-ab-qwen0.5b-banks/shown.safetensors results/loop-ab-qwen0.5b-banks/calls-route-shown-steer.safetensors
-    OMP_NUM_THREADS=2 python benchmarks/reanswer_loop.py \
+    OMP_NUM_THREADS=2 python -m research.scripts.reanswer_loop \
         results/loop-ab-qwen0.5b-banks/calls-route-shown-steer.safetensors --seed 0 \
         --rule "as the study answers" --json results/bank-sides-qwen0.5b.json
 """

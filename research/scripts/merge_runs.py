@@ -1,11 +1,11 @@
 """One study run in pieces made whole: result files with the same settings but for their methods (one process a
-method, as ``benchmarks/gpu_qwen.sh`` runs them side by side on one GPU) merged into one run per seed and budget.
+method, as ``research/scripts/gpu_qwen.sh`` runs them side by side on one GPU) merged into one run per seed and budget.
 
 Each run is saved where ``--seeds`` and ``--epoch-budgets`` reuse finished runs, ``<out stem>-runs/epochs<E>-seed<S>
 .json``, so the study's own command (printed) then writes the combined result and its tables without running
 anything; a single compositional run is written as ``out`` with its tables instead.
 
-    python benchmarks/merge_runs.py results/loop-cfb-qwen0.5b-seeds.json --methods tokmem,lora cfb-s*-*.json
+    python -m research.scripts.merge_runs results/loop-cfb-qwen0.5b-seeds.json --methods tokmem,lora cfb-s*-*.json
 """
 
 import argparse
@@ -72,7 +72,7 @@ def main(argv=None) -> None:
         print(write_json_atomic(folder / f"epochs{epochs}-seed{seed}.json", run))
     budgets, seeds = (",".join(map(str, sorted({key[k] for key in runs}))) for k in (0, 1))
     print(
-        f"then: tokmem bench <study> <its options> --methods {args.methods} --epoch-budgets {budgets} "
+        f"then: python -m research bench <study> <its options> --methods {args.methods} --epoch-budgets {budgets} "
         f"--seeds {seeds} --json {args.out}"
     )
 

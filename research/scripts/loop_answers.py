@@ -19,7 +19,7 @@ test records are rebuilt from the study's own config (the data under ``../shared
 budget would show). Files written before the samples kept no-call steps in place (their ``step`` lists are shorter
 than ``gold``) are read over their aligned records only.
 
-    python benchmarks/loop_answers.py results/loop-cfb-flights.json [more.json ...] [--json OUT]  # or loop_ab.py files
+    python -m research.scripts.loop_answers results/loop-cfb-flights.json [more.json ...] [--json OUT]  # or loop_ab.py files
 """
 
 from __future__ import annotations

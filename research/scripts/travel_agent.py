@@ -5,7 +5,7 @@ few questions, each answer's tool calls, their results and whether the final ans
 a currency) written in the final answer.  Start the server first, e.g.:
 
     tokmem serve --backbone qwen2.5-coder-0.5b --banks banks/ --port 8011 &
-    python benchmarks/travel_agent.py --base-url http://127.0.0.1:8011/v1 --model travel \
+    python -m research.scripts.travel_agent --base-url http://127.0.0.1:8011/v1 --model travel \
         --json results/travel-agent-qwen0.5b.json
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from agents import Runner, set_tracing_disabled
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "travel"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "travel"))
 from agents_sdk import agent  # noqa: E402 - the example's own agent, as a user runs it
 
 from tokmem.io import write_json_atomic  # noqa: E402

@@ -8,7 +8,7 @@ the same file under ``<variant>+key-sets``.  The two entries differ by the key-s
 and scorer.  Resumable as ``loop_ab.py`` is (a kept bank is answered without fitting again); its seed, backbone, split
 and preset file are the file's (``loop_ab.opened`` refuses others).
 
-    OMP_NUM_THREADS=2 python benchmarks/fit_key_sets.py --seed 1 --backbone qwen2.5-coder-0.5b \
+    OMP_NUM_THREADS=2 python -m research.scripts.fit_key_sets --seed 1 --backbone qwen2.5-coder-0.5b \
         --json results/keysets-qwen0.5b-s1.json --variant shared1-refit
 """
 
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import torch
-from loop_ab import (  # a script beside this one (its folder is on the path)
+from research.scripts.loop_ab import (
     add_study,
     answered,
     file_config,

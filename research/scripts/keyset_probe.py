@@ -15,7 +15,7 @@ would be routed: ``tokmem.refit.routing_states``' state, read here beside the ne
 arguments begin).  ``--answer`` then answers each test step as the study does, its arguments bound to the key set
 the probe reads off the state before its memory token.
 
-    OMP_NUM_THREADS=2 python benchmarks/keyset_probe.py results/tails-qwen0.5b-s1-banks/shared1-refit.safetensors \
+    OMP_NUM_THREADS=2 python -m research.scripts.keyset_probe results/tails-qwen0.5b-s1-banks/shared1-refit.safetensors \
         --seed 1 --answers results/tails-qwen0.5b-s1.json:shared1-refit \
         --answers results/loop-cfb-qwen0.5b-seeds-runs/epochs2-seed1.json:lora --json results/keyset-probe-qwen0.5b-s1.json
 """
@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from paired_steps import answers  # a script beside this one (its folder is on the path when run)
+from research.scripts.paired_steps import answers
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler

@@ -16,9 +16,9 @@ the plain backbone, beside how many of its own queries it routes, per recipe.
 A query sharing a word with a tool's name or description (``off_topic.mentions``) is not scored as off-topic.
 Resumable: a run already in ``--json`` is not run again.
 
-    python benchmarks/open_set.py choose --variants defaults,no-negatives --seeds 0 --json results/open-set-travel.json
-    python benchmarks/open_set.py table --seeds 0,1,2 --json results/open-set-travel.json
-    python benchmarks/open_set.py plot --json results/open-set-travel.json --out docs/open-set-travel.png
+    python -m research.scripts.open_set choose --variants defaults,no-negatives --seeds 0 --json results/open-set-travel.json
+    python -m research.scripts.open_set table --seeds 0,1,2 --json results/open-set-travel.json
+    python -m research.scripts.open_set plot --json results/open-set-travel.json --out docs/open-set-travel.png
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from travel_defaults import TRAVEL, learned, phrasing_split
+from research.scripts.travel_defaults import TRAVEL, learned, phrasing_split
 
 import tokmem
 from tokmem.backbones import CPU_BF16, DEFAULT_BACKBONE, cpu_dtype_note, load_backbone

@@ -8,7 +8,7 @@ With a constant rate a point of the run is what a run stopped there would give; 
 decay to 0 at the run's end) only the last point is a finished run.  Every point is taken before the round's final
 renormalisation.  ``predicted`` counts how often each tool was chosen, against ``gold_first_calls``.
 
-    PYTHONPATH=src python benchmarks/routing_budget.py --recipes constant:5e-3,linear:2e-2 --seeds 0,1,2 \
+    python -m research.scripts.routing_budget --recipes constant:5e-3,linear:2e-2 --seeds 0,1,2 \
         --json results/routing_budget.json [--resume]
 """
 

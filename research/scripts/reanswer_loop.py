@@ -1,6 +1,6 @@
 """A kept tool-loop bank answered again, without training: one decoding rule switched at a time.
 
-The bank (a study run's, e.g. ``benchmarks/loop_ab.py``'s ``<json stem>-banks/calls.safetensors``) answers the
+The bank (a study run's, e.g. ``research/scripts/loop_ab.py``'s ``<json stem>-banks/calls.safetensors``) answers the
 ComplexFuncBench tool loop of the study it was trained for (``--preset cpu --dataset complexfuncbench``, the seed
 given), on the records of ``--split`` (dev, the default, or test: the same records at every seed) or of any
 ComplexFuncBench records file (``--test-data FILE``, its spec beside it or ``--test-spec``), per step and end to end, scored by position (``eval.tool_loop.loop_scores``), once
@@ -12,9 +12,9 @@ adds a rule: the arguments decoded with context-aware decoding of strength A (``
 The bank and its answers are the one difference.  ``--step-only``: per step only (the outcomes too), no end-to-end
 run.
 
-    OMP_NUM_THREADS=2 python benchmarks/reanswer_loop.py results/loop-ab-qwen0.5b-banks/calls.safetensors \
+    OMP_NUM_THREADS=2 python -m research.scripts.reanswer_loop results/loop-ab-qwen0.5b-banks/calls.safetensors \
         --seed 0 --json results/repeats-qwen0.5b.json
-    OMP_NUM_THREADS=2 python benchmarks/reanswer_loop.py results/tails-smollm2-banks/chains.safetensors \
+    OMP_NUM_THREADS=2 python -m research.scripts.reanswer_loop results/tails-smollm2-banks/chains.safetensors \
         --seed 0 --step-only --context-contrast 0.5 --context-contrast 1 --json results/contrast-smollm2.json
 """
 

@@ -14,8 +14,8 @@ held-out queries, in float32 and bf16 (the travel example, ``examples/travel/``,
 
 Resumable: a run already in ``--json`` is not run again.  Each run records its seconds, the machine records its CPU.
 
-    OMP_NUM_THREADS=2 python benchmarks/travel_defaults.py choose --budgets 50,80 --seeds 0,1 --json results/travel-defaults.json
-    OMP_NUM_THREADS=2 python benchmarks/travel_defaults.py table --dtypes float32,bfloat16 --seeds 0,1,2 --json results/travel-defaults.json
+    OMP_NUM_THREADS=2 python -m research.scripts.travel_defaults choose --budgets 50,80 --seeds 0,1 --json results/travel-defaults.json
+    OMP_NUM_THREADS=2 python -m research.scripts.travel_defaults table --dtypes float32,bfloat16 --seeds 0,1,2 --json results/travel-defaults.json
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from tokmem.io import write_json_atomic
 from tokmem.report import machine
 from tokmem.train import PICKED_RECIPE, UPDATES_PER_ROW, picked_config
 
-TRAVEL = Path(__file__).resolve().parent.parent / "examples" / "travel"
+TRAVEL = Path(__file__).resolve().parents[2] / "examples" / "travel"
 
 
 def make_data():

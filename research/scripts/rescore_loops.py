@@ -9,7 +9,7 @@ not keep the memory tokens' choices, so routing by position is left out of them)
 lack their no-call steps (written before they were kept in place) cannot be scored by position: it is left as it is
 and named.  A combined file of several seeds (``"study": "repeats"``) is made again from its rescored runs.
 
-    python benchmarks/rescore_loops.py results/loop-cfb-qwen0.5b.json results/loop-cfb-qwen0.5b-seeds.json …
+    python -m research.scripts.rescore_loops results/loop-cfb-qwen0.5b.json results/loop-cfb-qwen0.5b-seeds.json …
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import json
 import math
 from pathlib import Path
 
-from loop_answers import study_data  # a script beside this one (its folder is on the path when run)
+from research.scripts.loop_answers import study_data
 
 from tokmem.io import write_json_atomic
 from research.studies import compositional_report

@@ -5,7 +5,7 @@ procedures should be ones the backbone performs when instructed.  This answers h
 every built-in procedure (no chains, no training) with the gold instruction in the prompt, and prints
 the exact match per procedure.
 
-    python benchmarks/instructed_procedures.py --per-procedure 8 --json results/instructed.json
+    python -m research.scripts.instructed_procedures --per-procedure 8 --json results/instructed.json
 """
 
 from __future__ import annotations

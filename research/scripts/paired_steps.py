@@ -16,7 +16,7 @@ Each side is ``FILE:NAME``: a study's result file and a method (``methods``), a 
 pairs, one a seed (``A0 B0 A1 B1 ...``), must answer the same records: each record's exact steps are averaged over
 the seeds, never counted as new records.
 
-    python benchmarks/paired_steps.py results/index-refit-answers-qwen0.5b.json \
+    python -m research.scripts.paired_steps results/index-refit-answers-qwen0.5b.json \
         results/loop-cfb-qwen0.5b.json:lora --json results/paired-refit-lora-qwen0.5b.json
 """
 
