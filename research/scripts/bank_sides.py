@@ -3,7 +3,7 @@ the other's steer (the input side, the memory token the arguments follow) — to
 bank's strength survives beside the other's.
 
 The first use: the tool loop's ``calls`` bank routes better, tokmem+schema's ``shown`` bank copies values better
-(docs/studies.md); the bank made of the calls bank's index rows and the shown bank's rows as steer rows shows the
+(research/docs/studies.md); the bank made of the calls bank's index rows and the shown bank's rows as steer rows shows the
 schema as the shown bank does, and is answered with ``reanswer_loop.py``:
 
     python -m research.scripts.bank_sides results/loop-ab-qwen0.5b-banks/calls.safetensors \

@@ -146,14 +146,14 @@ for seed in 0 1 2; do
   done
 done
 for seed in 0 1 2; do  # TokMem with its rows renormalised to a token's norm after every step, at 120 and 480 updates
-  for m in tokmem-noadapt tokmem; do  # (docs/studies.md, "Causes, one A/B each": 9 -> 18 exact steps on a CPU, seed 0)
+  for m in tokmem-noadapt tokmem; do  # (research/docs/studies.md, "Causes, one A/B each": 9 -> 18 exact steps on a CPU, seed 0)
     step cfbtok-s$seed-$m compositional $cfb --seed $seed --methods $m --renorm-every-step --renorm-target tokens \
       --json "$runs/cfbtok-s$seed-$m.json"
     step cfbtok8-s$seed-$m compositional $cfb --seed $seed --epochs 8 --methods $m --renorm-every-step \
       --renorm-target tokens --json "$runs/cfbtok8-s$seed-$m.json"
   done
 done
-for seed in 0 1 2; do  # the next levers (docs/studies.md, "Causes, one A/B each"): a decoupled bank with its steer
+for seed in 0 1 2; do  # the next levers (research/docs/studies.md, "Causes, one A/B each"): a decoupled bank with its steer
   # rows at a token's norm and its index rows free; the adaptation on the study's own records (a diagnostic bound);
   # rows at a token's norm at the paper's lr 5e-3 (the best trade of the CPU's seed 0)
   step cfbdc-s$seed-tokmem-noadapt compositional $cfb --seed $seed --methods tokmem-noadapt --decoupled \
@@ -163,7 +163,7 @@ for seed in 0 1 2; do  # the next levers (docs/studies.md, "Causes, one A/B each
   step cfbtoklr-s$seed-tokmem-noadapt compositional $cfb --seed $seed --methods tokmem-noadapt --tokmem-lr 5e-3 \
     --renorm-every-step --renorm-target tokens --json "$runs/cfbtoklr-s$seed-tokmem-noadapt.json"
 done
-for seed in 0 1 2; do  # adaptation held out in the target's format (docs/studies.md, "Causes, one A/B each"): the
+for seed in 0 1 2; do  # adaptation held out in the target's format (research/docs/studies.md, "Causes, one A/B each"): the
   # 300 BFCL turns the preset adapted on before chains, each call run on BFCL's backends (its result in context; against
   # the cfb-s*-tokmem runs made then, the same turns without results), and ComplexFuncBench's flight tools with their
   # results (their records leave the evaluation: TokMem w/o adapt and LoRA on that split beside it)
@@ -216,13 +216,13 @@ for seed in 0 1 2; do  # the routing side refit on the training states after tra
     --refit-index --key-sets --json "$runs/cfb8shared1keys-s$seed-tokmem.json"
 done
 for seed in 0 1 2; do  # each call trained in its own key order, the grammar taking any order the calls wrote
-  # (--key-order given: docs/studies.md, "Why the optional keys"), adapted on the flight tools (against cfbflights-*)
+  # (--key-order given: research/docs/studies.md, "Why the optional keys"), adapted on the flight tools (against cfbflights-*)
   step cfbgivenflights-s$seed-tokmem compositional $cfb --seed $seed --methods tokmem --adapt-data flights \
     --key-order given --json "$runs/cfbgivenflights-s$seed-tokmem.json"
 done
 for seed in 0 1 2; do  # tokmem+schema (docs/tools.md): the chosen tool's schema shown before its arguments, w/o adapt
   # (against cfb-s*-tokmem-noadapt), decoupled (index rows routing on routing's loss alone, steer rows writing under
-  # the schema: docs/studies.md, "Routing, call by call") and adapted on the flight tools (against cfbflights-s*-tokmem)
+  # the schema: research/docs/studies.md, "Routing, call by call") and adapted on the flight tools (against cfbflights-s*-tokmem)
   step cfbshown-s$seed-tokmem-noadapt compositional $cfb --seed $seed --methods tokmem-noadapt --show-schemas \
     --json "$runs/cfbshown-s$seed-tokmem-noadapt.json"
   step cfbshowndc-s$seed-tokmem-noadapt compositional $cfb --seed $seed --methods tokmem-noadapt --show-schemas \

@@ -2,7 +2,7 @@
 
 The rows of a tool-loop bank add or leave out a tool's optional keys by habit (``sortBy`` on every
 ``Search_Attractions`` call), where LoRA reads the query; four training levers aimed at that choice left it where it
-was (docs/studies.md, "Causes").  The routing side refit (``tokmem.refit``) showed that output rows fitted to the frozen
+was (research/docs/studies.md, "Causes").  The routing side refit (``tokmem.refit``) showed that output rows fitted to the frozen
 states before each memory token route the tools as well as LoRA.  If the key set were as legible in those states,
 the choice could move there: a memory row a (tool, key set), routed and refit as tools are, the grammar then bound to
 that key set.  This measures that before building it, without training: the kept bank reads the study's

@@ -120,7 +120,7 @@ PRESETS = {
     # is skipped), one joint run on all 14 tasks, Base/RAG/LoRA/TokMem (TokMem+DC and replay as separate commands),
     # every trained method at two budgets: the paper's one epoch and two.  Both learning rates are raised for a few
     # hundred steps instead of the paper's ~125k: LoRA's to 1e-3 (as the compositional cpu preset), TokMem's to the
-    # paper's 5e-3 (docs/studies.md, "Atomic recall, joint, at equal budgets", says why).
+    # paper's 5e-3 (research/docs/studies.md, "Atomic recall, joint, at equal budgets", says why).
     "cpu": (
         Layer(
             dict(

@@ -69,7 +69,7 @@ ADAPT_SOURCE_NAMES = {
 ADAPT_SOURCES = tuple(ADAPT_SOURCE_NAMES)
 # the default: synthetic, so it needs no data file and never shrinks the evaluation, and in the target's format
 # (adapted on 120 of them, the 0.5B scored 28 and 27 exact steps of 80 on seeds 0-1 against 9 and 7 without
-# adapting; on BFCL's turns, the default before, a few points above none: docs/studies.md "Causes, one A/B each")
+# adapting; on BFCL's turns, the default before, a few points above none: research/docs/studies.md "Causes, one A/B each")
 ADAPT_DATA = ("chains",)
 SPLITS = ("dev", "test")  # the held-out splits a run answers: choices are made on dev, the test is read once
 # of all records by query hash, after the test's 0.2: 52 of the 306 records of at most 4 calls, 51 of them scorable

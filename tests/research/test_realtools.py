@@ -169,7 +169,7 @@ def test_the_splits_are_disjoint_the_same_at_every_seed_and_test_every_hash_test
         "train": {"records": 181, "steps": 587},
         "dev": {"records": 51, "steps": 160},
         "test": {"records": 73, "steps": 236},
-    }  # docs/studies.md "Splits"
+    }  # research/docs/studies.md "Splits"
 
 
 @needs_shared
