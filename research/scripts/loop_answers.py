@@ -39,6 +39,7 @@ from tokmem.schemas import learned_schema
 from tokmem.sequences import RESULT_TOKENS
 from research.studies.compositional_config import CompositionalConfig, make_config
 from research.studies.tool_setup import real_data
+from research.results import read_result
 
 Call = tuple  # (name, canonical arguments), as the scorer reads a call (`metrics.read_call`)
 METHOD = "tokmem-noadapt"  # a ``loop_ab.py`` variant's method unless its settings name another (``tokmem``: adapted)
@@ -191,7 +192,7 @@ def main() -> None:
     written: dict[str, dict] = {}
     tokenizers = {}  # the study's backbone's, which cut its results
     for path in args.files:
-        for label, config, samples in answered(json.load(open(path)), args.data_dir):
+        for label, config, samples in answered(read_result(path), args.data_dir):
             if config.backbone not in tokenizers:
                 tokenizers[config.backbone] = load_backbone(config.backbone).tokenizer
             examples, trained, reordered = study_data(config)

@@ -23,12 +23,12 @@ the seeds, never counted as new records.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
+from research.results import read_result
 from tokmem.eval.steps import OUTCOMES, outcome
 from tokmem.io import write_json_atomic
 
@@ -42,7 +42,7 @@ def answers(spec: str) -> list[dict]:
     path, _, name = spec.partition(":") if not Path(spec).is_file() else (spec, "", "")
     if not Path(path).is_file():
         raise SystemExit(f"{path}: no such result file")
-    result = json.loads(Path(path).read_text())
+    result = read_result(path)
     found = next((result[group] for group in GROUPS if group in result), None)
     if found is None:
         raise SystemExit(f"{path}: no answers (none of {', '.join(GROUPS)})")

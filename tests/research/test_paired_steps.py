@@ -1,6 +1,7 @@
 """Two runs' per-step answers paired step by step, and analysed by record (research/scripts/paired_steps.py)."""
 
 import json
+import lzma
 
 import numpy as np
 import pytest
@@ -61,6 +62,13 @@ def test_answers_are_read_from_a_study_a_loop_ab_or_a_reanswer_file_by_name(tmp_
     (tmp_path / "none.json").write_text("{}")
     with pytest.raises(SystemExit, match="no answers"):
         paired_steps.answers(str(tmp_path / "none.json"))
+
+
+def test_answers_are_read_from_a_result_file_kept_compressed_as_results_keeps_large_ones(tmp_path):
+    samples = [record("a", FIND, RENT)]
+    path = tmp_path / "run.json.xz"
+    path.write_bytes(lzma.compress(json.dumps({"methods": {"lora": {"samples": samples}}}).encode()))
+    assert paired_steps.answers(f"{path}:lora") == samples
 
 
 def test_the_sign_flip_p_value_counts_every_flip_of_the_records_differences():
