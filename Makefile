@@ -32,8 +32,8 @@ demo: install
 	$(BIN)/tokmem demo
 
 lint: install
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples research
+	$(BIN)/ruff format --check src tests benchmarks examples research
 
 # pytest exits 5 when it collects no tests: that must fail, not pass silently.
 # The vLLM plugin's tests (tests/vllm) run in their own environment, after the main suite.

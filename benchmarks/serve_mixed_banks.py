@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,7 +36,6 @@ from transformers import DynamicCache
 import tokmem
 from tokmem.backbones import Backbone, load_backbone
 from tokmem.bank_format import metadata_path
-from tokmem.methods.rag import demonstration_prompt
 from tokmem.data.builtin import catalog, make_example
 from tokmem.batch import left_pad
 from tokmem.sequences import chat_prefix, positions
@@ -43,6 +43,9 @@ from tokmem.report import console, machine, write_json
 from tokmem.serve.banks import BankRegistry
 from tokmem.serve.engine import Engine, Request, bank_tables
 from tokmem.cli.options import add_backbone
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: research/ beside src/
+from research.methods.rag import demonstration_prompt  # noqa: E402
 
 POOLS = (1, 10, 100, 1000)
 

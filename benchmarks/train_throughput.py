@@ -1,6 +1,6 @@
 """Training throughput and model FLOP utilisation: TokMem (epoch 1, and epochs 2+ with the query prefixes kept)
 against LoRA r=8 at its best batch, on the same examples in the same run, each through the library's own training
-(``tokmem.learn`` for TokMem, the LoRA baseline ``tokmem.methods.lora.LoRA`` for LoRA).
+(``tokmem.learn`` for TokMem, the LoRA baseline ``research.methods.lora.LoRA`` for LoRA).
 
 Workloads: ``demo`` (the built-in procedures; needs no data), ``sni`` (Super-Natural Instructions training sequences
 as the atomic study lays them out: the task definition and input, one memory token, the answer) and ``cfb``
@@ -29,8 +29,10 @@ import argparse
 import math
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -39,9 +41,11 @@ from tokmem import TrainConfig, create, learn, load_backbone
 from tokmem.backbones import DEVICE_HELP
 from tokmem.cli.options import add_backbone
 from tokmem.data.procedures import Example
-from tokmem.methods.lora import LoRA
 from tokmem.report import console, machine, write_json
 from tokmem.sequences import encode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: research/ beside src/
+from research.methods.lora import LoRA  # noqa: E402
 
 WORKLOADS = ("demo", "sni", "cfb")
 MAX_LENGTH = {"demo": 1024, "sni": 1024, "cfb": 1536}  # cfb: the tool-loop study's, which keeps its records whole

@@ -25,8 +25,8 @@ from tokmem.data.tool_catalog import split_tools
 from tokmem.data.tool_chains import TOOLS as TOOL_CHAIN_TOOLS
 from tokmem.data.tool_datasets import tool_examples
 from tokmem.errors import BackboneError, BankError
-from tokmem.studies.compositional_config import QWEN_05B, make_config
-from tokmem.studies.tool_setup import adaptation_rows
+from research.studies.compositional_config import QWEN_05B, make_config
+from research.studies.tool_setup import adaptation_rows
 
 QV = ("q_proj", "v_proj")
 FAST = AdaptConfig(lr=1e-2)

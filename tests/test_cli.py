@@ -14,7 +14,6 @@ from tokmem.bank import MemoryBank
 from tokmem.bank_format import metadata_path
 from tokmem.cli import main
 from tokmem.data import Example, Step, save_examples
-from tokmem.extras import EXTRAS
 from tokmem.train import NEGATIVES, UPDATES_PER_ROW
 
 WORDS = ["apple", "house", "table", "chair", "green", "water"]
@@ -355,12 +354,3 @@ def test_version_flag_prints_the_installed_version(capsys):
         tokmem("--version")
     assert exited.value.code == 0
     assert capsys.readouterr().out.strip() == f"tokmem {tokmem_package.__version__}"
-
-
-@pytest.mark.parametrize("study", [["atomic"], ["placement", "--study", "gsm8k"], ["compositional"]])
-def test_a_study_without_its_extra_fails_at_once_naming_the_extra(study, monkeypatch, tmp_path, capsys):
-    monkeypatch.setitem(EXTRAS, "studies", ("matplotlib", "tokmem_no_such_module"))
-    assert main(["bench", *study, "--backbone", "tiny-random", "--json", str(tmp_path / "x.json")]) == 2
-    err = capsys.readouterr().err
-    assert "needs the 'studies' extra (tokmem_no_such_module not installed): pip install 'tokmem[studies]'" in err
-    assert not (tmp_path / "x.json").exists()

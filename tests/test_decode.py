@@ -13,7 +13,7 @@ from transformers import DynamicCache
 
 import tokmem
 from tokmem import DecodeConfig
-from tokmem.methods.method import first_block
+from research.methods.method import first_block
 from tokmem.batch import left_pad
 from tokmem.decode import HeldPrefix, complete, decode_rows
 from tokmem.stops import BlankLineStop

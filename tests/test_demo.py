@@ -8,7 +8,7 @@ from tokmem import Example, Step
 from tokmem.backbones import load_backbone
 from tokmem.bank import MemoryBank
 from tokmem.decode import DecodeConfig
-from tokmem.methods.method import plain_answers
+from research.methods.method import plain_answers
 from tokmem.cli import main
 from tokmem.data.builtin import demo_dataset, instructed_prompt
 from tokmem.demo import DECODE, gold_procedures, instructed_scores, prompt_tokens

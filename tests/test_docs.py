@@ -1,4 +1,5 @@
-"""The README's and docs' relative links lead somewhere: the file exists and the #anchor is one of its headings."""
+"""The README's and docs' relative links lead somewhere: the file exists and the #anchor is one of its headings; every
+results file they cite is in the tree, and none is large."""
 
 import re
 import unicodedata
@@ -7,14 +8,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "research").rglob("*.md"))]
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
+RESULT = re.compile(r"(?<![\w/.-])(?:\.\./)*(results/[\w./+-]*[\w/])")  # a path under results/, however deep the page
 
 
 def prose(page: Path) -> str:
-    """The page without its code blocks and inline code (where `](` is Python, not a link)."""
-    return re.sub(r"`[^`\n]*`", "", FENCE.sub("", page.read_text()))
+    """The page without its code blocks and inline code, which may run over lines (where `](` is Python, not a link,
+    and a command names the files it writes)."""
+    return re.sub(r"`[^`]+`", "", FENCE.sub("", page.read_text()))
 
 
 def anchor(heading: str) -> str:
@@ -39,7 +42,7 @@ def test_a_heading_becomes_the_anchor_github_gives_it():
     )
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_every_relative_link_of_a_page_names_an_existing_file_and_heading(page):
     broken = []
     for target in LINK.findall(prose(page)):
@@ -52,3 +55,19 @@ def test_every_relative_link_of_a_page_names_an_existing_file_and_heading(page):
         elif fragment and destination.suffix == ".md" and fragment not in anchors(destination):
             broken.append(f"{target}: no such heading")
     assert not broken, f"{page.relative_to(ROOT)}: {broken}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_results_file_a_page_cites_is_in_the_tree(page):
+    missing = sorted({path for path in RESULT.findall(prose(page)) if not (ROOT / path).exists()})
+    assert not missing, f"{page.relative_to(ROOT)} cites {missing}"
+
+
+def test_no_results_file_is_over_a_megabyte():
+    large = [p.relative_to(ROOT).as_posix() for p in (ROOT / "results").rglob("*") if p.stat().st_size > 1_000_000]
+    assert not large, f"{large}: keep a result's samples compressed (.json.xz, read by research/results.py)"
+
+
+def test_the_results_page_keeps_its_lines_short():
+    long = [n for n, line in enumerate((ROOT / "docs" / "results.md").read_text().splitlines(), 1) if len(line) > 200]
+    assert not long, f"docs/results.md: lines {long} are over 200 characters"

@@ -8,10 +8,10 @@ from tokmem.data.procedures import Example, Step
 from tokmem.decode import DecodeConfig, Generation, Segment, generate
 from tokmem.eval import metrics
 from tokmem.eval.evaluate import are_tool_calls, evaluate, score_calls
-from tokmem.methods.tokmem import TokMem
+from research.methods.tokmem import TokMem
 from tokmem.sequences import RESULT_TOKENS
-from tokmem.studies.harness import PhaseBars
-from tokmem.studies.tool_loop import loop_scores
+from research.studies.harness import PhaseBars
+from research.studies.tool_loop import loop_scores
 
 
 def call(name, **arguments):

@@ -1,4 +1,4 @@
-"""The package's layers: the paper's studies are a leaf that only ``tokmem bench`` reaches."""
+"""The package's layers: the research tree (studies, baseline methods) sits beside the package, never inside it."""
 
 import ast
 from pathlib import Path
@@ -19,11 +19,10 @@ def imported_modules(path: Path) -> set[str]:
     return found
 
 
-def test_only_the_bench_command_imports_the_studies():
+def test_the_package_imports_nothing_from_the_research_tree():
     importers = {
         path.relative_to(PACKAGE).as_posix()
         for path in PACKAGE.rglob("*.py")
-        if "studies" not in path.relative_to(PACKAGE).parts
-        and any(name == "tokmem.studies" or name.startswith("tokmem.studies.") for name in imported_modules(path))
+        if any(name == "research" or name.startswith("research.") for name in imported_modules(path))
     }
-    assert importers == {"cli/bench.py"}
+    assert importers == set()

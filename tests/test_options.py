@@ -11,8 +11,8 @@ from tokmem.cli.options import add_options, values
 from tokmem.config import option
 from tokmem.decode import DecodeConfig
 from tokmem.lora import LoRASettings
-from tokmem.studies.compositional_config import make_config
-from tokmem.studies.settings import MethodSettings
+from research.studies.compositional_config import make_config
+from research.studies.settings import MethodSettings
 from tokmem.train import TrainConfig
 
 

@@ -12,9 +12,9 @@ import tokmem
 from tokmem import DecodeConfig, Example, Step
 from tokmem.chat import tool_routing
 from tokmem.eval.tool_loop import conversation
-from tokmem.methods.tokmem import TokMem
+from research.methods.tokmem import TokMem
 from tokmem.refit import refit_index, routing_states
-from tokmem.studies.harness import MethodResult
+from research.studies.harness import MethodResult
 from tokmem.train import TrainConfig, encode_examples
 
 CHAINS = [

@@ -16,8 +16,8 @@ from tokmem.chat import conversation_ids
 from tokmem.errors import BackboneError, BankError
 from tokmem.schemas import learned_schema
 from tokmem.sequences import IGNORE, TruncationCount, encode, shown_schema_ids
-from tokmem.studies.compositional_config import make_config
-from tokmem.studies.tool_setup import tool_data
+from research.studies.compositional_config import make_config
+from research.studies.tool_setup import tool_data
 
 CONFIG = DecodeConfig(max_new_tokens=40, references=False)
 CHAIN = city_count_chain()

@@ -320,8 +320,8 @@ def test_an_xlam_file_that_is_not_records_is_a_data_error(tmp_path):
 
 
 def test_an_xlam_study_adapts_on_the_first_ranks_and_evaluates_on_the_next(xlam_file):
-    from tokmem.studies.compositional_config import make_config
-    from tokmem.studies.tool_setup import adaptation_examples, tool_data
+    from research.studies.compositional_config import make_config
+    from research.studies.tool_setup import adaptation_examples, tool_data
 
     config = make_config(
         None,

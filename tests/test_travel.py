@@ -4,7 +4,7 @@ routes the held-out queries, after a tool's result the model answers in words, a
 
 Training picks its own budget here (160 updates: 4.5 min in float32 on this project's 2-core CPU alone), so these
 are ``slow``.  The suite's float32 (``conftest``) is the dtype trained here, whatever the CPU: the routing bound
-holds with margin there (the six-run table of ``benchmarks/travel_defaults.py``, docs/studies.md "Defaults on every
+holds with margin there (the six-run table of ``research/scripts/travel_defaults.py``, research/docs/studies.md "Defaults on every
 CPU": 97.5-100% in float32 and bf16, seeds 0-2, no fallback; this is its float32 seed-0 run).
 """
 

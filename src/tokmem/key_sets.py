@@ -5,7 +5,7 @@ query asks, but one memory row a tool writes the keys its training calls wrote m
 the 80 steps of the 0.5B tool loop, where LoRA reads the query).  Yet the frozen state before the memory token holds
 the key set linearly: a logistic regression on it named 79 and 80 of 80 test calls' key sets at seeds 1 and 2, and
 the arguments bound to what it named scored 37 and 34 exact steps where the bank alone scored 33 and 31
-(docs/studies.md, "The key set is in the routing state").
+(research/docs/studies.md, "The key set is in the routing state").
 
 So a tool whose training calls write several key sets gets an index row and a bias per key set, its *key-set rows*
 (``KeySets``): once the tool's memory token is picked, the state that picked it chooses among them (the largest

@@ -2,7 +2,7 @@
 
 Why: a coupled row is one vector that both routes (an LM-head row) and steers what follows it (an input row).
 Trained a few hundred updates by both losses, such rows route a fifth of their own training calls wrong on the 0.5B
-tool loop, while output rows fitted to the same states route all of them and most new ones (docs/studies.md,
+tool loop, while output rows fitted to the same states route all of them and most new ones (research/docs/studies.md,
 "Causes").  The backbone is frozen and the input rows stay as trained, so the state before each memory token is
 fixed: the index side can be fitted on those states alone, cheaply — one pass of the backbone over the examples
 without gradients, then full-batch steps on (states × rows).  The bank becomes decoupled (``MemoryBank.decouple``):

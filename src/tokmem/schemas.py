@@ -409,7 +409,7 @@ def _given_orders(schema: dict, calls: list[dict]) -> dict:
     them is laid out in the schema's order.  ComplexFuncBench's calls of one tool write their keys in one order per
     query template (``Search_Hotels``: ``search_type, dest_id, …, adults, children_age`` or ``dest_id, search_type,
     …, adults, room_qty, sort_by``): trained on each order and free to take any, a memory token may commit to a
-    template with its first key, as a fine-tuned model does.  Measured on the 0.5B (docs/studies.md, one seed): it
+    template with its first key, as a fine-tuned model does.  Measured on the 0.5B (research/docs/studies.md, one seed): it
     picks the optional keys no better than with one order."""
     names = list(schema["properties"])
     written = [[key for key in call if key in schema["properties"]] for call in calls]

@@ -237,7 +237,7 @@ class TrainReport:
 
 
 # ``tokmem train``'s recipe when no flag sets it: the studies' best for few rows (the tool-loop study's lr 2e-2 on a
-# linear schedule, mean-initialised rows: docs/studies.md, "Why TokMem's routing collapses"), and a budget read off
+# linear schedule, mean-initialised rows: research/docs/studies.md, "Why TokMem's routing collapses"), and a budget read off
 # the data: enough epochs that there are at least UPDATES_PER_ROW optimiser steps per new row (50: the travel
 # example's 3 tools then get 160 updates, which routed 92.5% of its held-out queries at seeds 0 and 1 where 120
 # routed 87.5-92.5%: docs/results.md); the rows' routing side refit on the training states after training (on the

@@ -7,16 +7,21 @@ import argparse
 from rich.markup import escape
 
 import tokmem
-from tokmem.cli import answer, bank, bench, data, learn, serve
+from tokmem.cli import answer, bank, data, learn, serve
 from tokmem.errors import TokMemError
 from tokmem.extras import require_extra
 from tokmem.report import error_console
 
-GROUPS = (learn, answer, bank, data, serve, bench)
+GROUPS = (learn, answer, bank, data, serve)
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
+    return run(build_parser(), argv)
+
+
+def run(parser: argparse.ArgumentParser, argv=None) -> int:
+    """Parse ``argv`` with ``parser`` and call its command's handler: 0, or 2 after a one-line error (a
+    ``TokMemError``: no traceback)."""
     args = parser.parse_args(argv)
     if not hasattr(args, "handler"):
         parser.print_help()

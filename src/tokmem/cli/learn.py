@@ -95,7 +95,7 @@ def _add_adapt(commands) -> None:
         help="built-in data without --data: 'tools', the reference code's set (single and composed calls over 25 "
         "built-in adaptation tools, no results); 'chains', synthetic tool chains whose later calls copy ids out of "
         "earlier calls' results (12 tools of their own; what a tool loop with results in context adapted best on, "
-        "docs/studies.md)",
+        "research/docs/studies.md)",
     )
     adapt.add_argument(
         "--samples",

@@ -120,21 +120,6 @@ def are_tool_calls(examples: list[Example]) -> bool:
     return bool(examples) and all(metrics.parse_call(step.response) for e in examples for step in e.steps)
 
 
-def predicted_calls(answer) -> list[str]:
-    """The call texts of an answer (a ``tokmem.methods.Answer``): TokMem's segments, one call each, or else the
-    calls found in the answer's text."""
-    if answer.segments is not None:
-        return [segment.text for segment in answer.segments]
-    return metrics.split_calls(answer.text)
-
-
-def memory_routes(answer) -> list[str] | None:
-    """The tools an answer's memory tokens chose (TokMem), or None for a method without memory tokens."""
-    if answer.segments is None:
-        return None
-    return [segment.procedure for segment in answer.segments if segment.procedure is not None]
-
-
 def score_calls(examples: list[Example], predictions: list[list[str]], routes: list[list[str]] | None = None) -> dict:
     """Tool, argument and call F1 (``metrics.call_scores``) of predicted call texts against the gold calls: the one
     scoring rule of every method (a call's tool is the name its text gives; a call that does not parse names no tool

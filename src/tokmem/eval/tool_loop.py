@@ -12,7 +12,7 @@ Both are scored by position (``steps.aligned_scores``: each answer against its o
 besides (``metrics.call_scores``), with the per-step outcomes (``steps.outcomes``).  An ``Answerer`` makes each
 conversation's next call: a trained bank answers through ``tokmem.chat_batch`` (``chat_answerer``: memory tokens,
 schema-bound arguments, the records' conversations decoded together, one KV cache per conversation reused across its
-steps); the studies wrap every other method the same way (``tokmem.studies.tool_loop``).
+steps); the studies wrap every other method the same way (``research.studies.tool_loop``).
 
 Per step a call is due (``tool_choice="required"``).  End to end the first turn must call too (every record needs a
 tool), and after a result the answerer may stop (``"auto"``): after the last result a bank was trained to answer in

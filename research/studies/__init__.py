@@ -1,0 +1,1 @@
+"""The paper's studies: each a function returning a result dict, plus its `python -m research bench` subcommand."""
