@@ -45,7 +45,7 @@ from loop_answers import (
     variant_config,
 )  # a script beside this one (its folder is on the path when run)
 
-from tokmem.bank import MemoryBank
+from tokmem.bank.memory_bank import MemoryBank
 from tokmem.cli.options import add_backbone
 from tokmem.eval.steps import OUTCOMES, outcome
 from tokmem.io import write_json_atomic

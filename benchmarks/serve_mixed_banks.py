@@ -34,7 +34,7 @@ from transformers import DynamicCache
 
 import tokmem
 from tokmem.backbones import Backbone, load_backbone
-from tokmem.bank_format import metadata_path
+from tokmem.bank.file_format import metadata_path
 from tokmem.methods.rag import demonstration_prompt
 from tokmem.data.builtin import catalog, make_example
 from tokmem.batch import left_pad

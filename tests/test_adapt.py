@@ -18,7 +18,7 @@ import tokmem
 from tokmem import TrainConfig, load_backbone
 from tokmem.adapt import AdaptConfig, adapt, adaptation_key, cached_adapt, save_backbone
 from tokmem.backbones import Backbone
-from tokmem.bank import MemoryBank
+from tokmem.bank.memory_bank import MemoryBank
 from tokmem.cli import build_parser, main
 from tokmem.cli.learn import adapt_settings
 from tokmem.data.tool_catalog import split_tools

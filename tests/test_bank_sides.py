@@ -4,7 +4,7 @@ import pytest
 import torch
 from helpers import load_script
 
-from tokmem.bank import MemoryBank
+from tokmem.bank.memory_bank import MemoryBank
 from tokmem.errors import BankError
 
 bank_sides = load_script("bank_sides")

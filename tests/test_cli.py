@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import tokmem as tokmem_package
-from tokmem.bank import MemoryBank
-from tokmem.bank_format import metadata_path
+from tokmem.bank.memory_bank import MemoryBank
+from tokmem.bank.file_format import metadata_path
 from tokmem.cli import main
 from tokmem.data import Example, Step, save_examples
 from tokmem.extras import EXTRAS

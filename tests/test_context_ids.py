@@ -7,7 +7,7 @@ from helpers import city_count_chain, city_count_model, example_messages
 
 import tokmem
 from tokmem import DecodeConfig
-from tokmem.context_ids import ContextLayout
+from tokmem.bank.memory_ids import ContextLayout
 from tokmem.data.procedures import assemble_call
 from tokmem.errors import BankError
 

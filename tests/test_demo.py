@@ -6,7 +6,7 @@ import json
 import tokmem
 from tokmem import Example, Step
 from tokmem.backbones import load_backbone
-from tokmem.bank import MemoryBank
+from tokmem.bank.memory_bank import MemoryBank
 from tokmem.decode import DecodeConfig
 from tokmem.methods.method import plain_answers
 from tokmem.cli import main

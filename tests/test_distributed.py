@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from tokmem.backbones import load_backbone
-from tokmem.bank import MemoryBank
+from tokmem.bank.memory_bank import MemoryBank
 from tokmem.cli import main
 import tokmem
 from tokmem.data import Example, Step, load_examples, save_examples

@@ -10,8 +10,8 @@ from helpers import call, serve
 import tokmem
 from tokmem import DecodeConfig, Example, Step
 from tokmem.errors import BankError
-from tokmem.key_sets import KeySets, call_key_sets, logistic_regression
-from tokmem.refit import routing_states
+from tokmem.bank.key_sets import KeySets
+from tokmem.refit import call_key_sets, logistic_regression, routing_states
 from tokmem.train import TrainConfig, encode_examples
 
 HOTEL = {

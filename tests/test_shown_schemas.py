@@ -11,7 +11,7 @@ from helpers import CITY, city_count_chain, city_count_model, example_messages
 import tokmem
 from tokmem import ChatCache, DecodeConfig, Example, Step
 from tokmem.backbones import load_backbone
-from tokmem.bank import MemoryBank
+from tokmem.bank.memory_bank import MemoryBank
 from tokmem.chat import conversation_ids
 from tokmem.errors import BackboneError, BankError
 from tokmem.schemas import learned_schema

@@ -6,7 +6,7 @@ from helpers import Interrupted, interrupt_at
 
 import tokmem
 from tokmem import Example, Step, TrainConfig
-from tokmem.bank import MemoryBank
+from tokmem.bank.memory_bank import MemoryBank
 from tokmem.errors import TokMemError
 from tokmem.sequences import collate, encode
 from tokmem.train import example_order, initial_rows, lr_scheduler, row_texts

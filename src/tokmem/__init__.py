@@ -2,7 +2,7 @@
 
 from tokmem.adapt import AdaptConfig, adapt
 from tokmem.backbones import Backbone, load_backbone
-from tokmem.bank import MemoryBank
+from tokmem.bank.memory_bank import MemoryBank
 from tokmem.chat import ChatCache, Reply, ToolCall, chat, chat_batch, run_tools
 from tokmem.data import Example, Step, load_catalog, load_examples
 from tokmem.decode import DecodeConfig, Generation, Route, generate, route

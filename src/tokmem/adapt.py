@@ -28,7 +28,7 @@ import torch
 
 from tokmem import distributed
 from tokmem.backbones import ADAPTATION_KEY, Backbone, cache_dir, freeze, load_backbone
-from tokmem.bank import MEMORY_TOKENS, MemoryBank
+from tokmem.bank.memory_bank import MEMORY_TOKENS, MemoryBank
 from tokmem.config import option
 from tokmem.data.procedures import Example
 from tokmem.errors import BackboneError

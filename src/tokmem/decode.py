@@ -32,7 +32,7 @@ from transformers import DynamicCache
 
 from tokmem.batch import DecodeBatch, left_pad
 from tokmem.config import option
-from tokmem.context_ids import ContextLayout
+from tokmem.bank.memory_ids import ContextLayout
 from tokmem.data.procedures import assemble_call
 from tokmem.sequences import chat_prefix, positions
 from tokmem.model import TokMemModel

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import torch
 import xgrammar
 
-from tokmem.key_sets import KeySets, narrowed
+from tokmem.bank.key_sets import KeySets, narrowed
 from tokmem.schemas import Budget, SchemaError, check_schema, decoding_schema, shared_leaves
 
 _BITS = torch.arange(32, dtype=torch.int32)

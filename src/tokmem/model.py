@@ -12,14 +12,13 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from tokmem import distributed
+from tokmem import distributed, suffix_passes
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone
-from tokmem.bank import MEMORY_TOKENS, SHARED_TOKENS, MemoryBank
-from tokmem.context_ids import input_rows, tail_ids
+from tokmem.bank.memory_bank import MEMORY_TOKENS, SHARED_TOKENS, MemoryBank
+from tokmem.bank.memory_ids import input_rows, tail_ids
 from tokmem.errors import BankError
 from tokmem.prefix_store import PrefixStore
 from tokmem.sequences import ANSWER, CLOSE, IGNORE, NEXT_KEY, key_choice_kinds, positions
-from tokmem import suffix_passes
 
 
 class TokMemModel(nn.Module):
@@ -271,7 +270,7 @@ def create(
 def load(bank_path, backbone: str | Backbone | None = None, **load_options) -> TokMemModel:
     """Load a bank and the backbone it was trained for (or the one given, which must match)."""
     from tokmem.backbones import load_backbone
-    from tokmem.bank_format import read_backbone_name
+    from tokmem.bank.file_format import read_backbone_name
 
     if backbone is None:
         backbone = read_backbone_name(bank_path)

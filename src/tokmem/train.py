@@ -26,8 +26,7 @@ from tokmem.schemas import learned_schema
 from tokmem.sequences import RESULT_TOKENS, Encoded, TruncationCount, collate, encode, to_device
 from tokmem.model import TokMemModel
 from tokmem.prefix_store import PrefixStore, default_budget
-from tokmem.key_sets import fit_model_key_sets
-from tokmem.refit import refit_index, routing_states
+from tokmem.refit import fit_model_key_sets, refit_index, routing_states
 from tokmem.train_state import TrainingState
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tokmem import distributed
 from tokmem.adapt import AdaptConfig
-from tokmem.bank import MEMORY_TOKENS, SHARED_TOKENS
+from tokmem.bank.memory_bank import MEMORY_TOKENS, SHARED_TOKENS
 from tokmem.backbones import default_device, default_dtype
 from tokmem.cli.options import add_backbone, add_common, add_off_topic, add_options, off_topic_specs, values
 from tokmem.data.tool_datasets import ADAPTATION_SAMPLES

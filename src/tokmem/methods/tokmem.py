@@ -14,7 +14,7 @@ from pathlib import Path
 
 import tokmem
 from tokmem.backbones import Backbone
-from tokmem.bank import MEMORY_TOKENS, SHARED_TOKENS, MemoryBank
+from tokmem.bank.memory_bank import MEMORY_TOKENS, SHARED_TOKENS, MemoryBank
 from tokmem.io import read_json, write_json_atomic
 from tokmem.methods.method import Answer, Method
 from tokmem.data.procedures import Example

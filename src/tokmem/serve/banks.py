@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 from tokmem.backbones import Backbone
-from tokmem.bank import MemoryBank
-from tokmem.bank_format import metadata_path
+from tokmem.bank.memory_bank import MemoryBank
+from tokmem.bank.file_format import metadata_path
 from tokmem.io import write_files
 from tokmem.errors import BankError, cut
 from tokmem.grammar import grammars_for

@@ -53,8 +53,8 @@ from torch.nn.utils.rnn import pad_sequence
 from transformers import DynamicCache
 
 from tokmem.backbones import Backbone
-from tokmem.bank import MemoryBank
-from tokmem.context_ids import ContextLayout
+from tokmem.bank.memory_bank import MemoryBank
+from tokmem.bank.memory_ids import ContextLayout
 from tokmem.batch import DecodeBatch, left_pad
 from tokmem.decode import Banks, DecodeConfig, Generation, Rules, prefill, step, to_generation
 from tokmem.errors import BackboneError, TokMemError

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from tokmem.adapt import AdaptConfig
-from tokmem.bank import MEMORY_TOKENS, SHARED_TOKENS
+from tokmem.bank.memory_bank import MEMORY_TOKENS, SHARED_TOKENS
 from tokmem.config import built, nested, option
 from tokmem.data.tool_catalog import split_tools
 from tokmem.decode import DecodeConfig

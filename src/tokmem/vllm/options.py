@@ -17,7 +17,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokmem.bank import MemoryBank
+from tokmem.bank.memory_bank import MemoryBank
 from tokmem.decode import DecodeConfig
 from tokmem.errors import TokMemError
 from tokmem.vllm.slots import bank_key

@@ -31,7 +31,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.logits_processor import LogitsProcessor as BatchProcessor
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as SlotProcessor
 
-from tokmem.context_ids import ContextLayout, routes
+from tokmem.bank.memory_ids import ContextLayout, routes
 from tokmem.decode import first_token_logits
 from tokmem.errors import TokMemError
 from tokmem.vllm import slots

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from tokmem.bank import MemoryBank
-from tokmem.context_ids import id_count, input_rows
+from tokmem.bank.memory_bank import MemoryBank
+from tokmem.bank.memory_ids import id_count, input_rows
 from tokmem.errors import TokMemError
 
 DEFAULT_SLOTS = 4096

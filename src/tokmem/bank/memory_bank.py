@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from tokmem.bank_format import (
+from tokmem.bank.file_format import (
     FORMAT,
     FORMAT_VERSION,
     KEY_SETS_VERSION,
@@ -55,7 +55,7 @@ from tokmem.bank_format import (
 )
 from tokmem.errors import BankError, cut, listed
 from tokmem.io import write_files
-from tokmem.key_sets import KeySets
+from tokmem.bank.key_sets import KeySets
 
 ROW_NORM_FACTOR = 1000.0  # rows may be at most this many times the backbone's mean embedding norm
 
