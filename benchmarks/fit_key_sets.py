@@ -31,9 +31,9 @@ from loop_ab import (  # a script beside this one (its folder is on the path)
 )
 
 from tokmem.io import write_json_atomic
-from tokmem.refit import fit_model_key_sets, routing_states
+from tokmem.training.refit import fit_model_key_sets, routing_states
 from tokmem.studies.harness import progress_bar
-from tokmem.train import encode_examples
+from tokmem.training.train import encode_examples
 
 SUFFIX = "+key-sets"
 

@@ -52,13 +52,13 @@ from tokmem.io import write_json_atomic
 from tokmem.methods.tokmem import TokMem
 from tokmem.model import TokMemModel
 from tokmem.report import machine
-from tokmem.sequences import RESULT_TOKENS
+from tokmem.training.sequences import RESULT_TOKENS
 from tokmem.studies.compositional_config import CompositionalConfig, frozen_settings
 from tokmem.studies.harness import learn_round, progress_bar
 from tokmem.studies.realtools import SPLITS
 from tokmem.studies.tool_loop import loop_scores
 from tokmem.studies.tool_setup import build_method, prepare_backbones, tool_data
-from tokmem.train_state import remove_checkpoint
+from tokmem.training.train_state import remove_checkpoint
 
 KEY_ORDERS = ("calls:key_order=calls", "schema:key_order=schema")
 STUDY = ("seed", "split", "preset_sha256")  # with the backbone: what every variant of a file shares

@@ -36,7 +36,7 @@ from tokmem.eval.metrics import read_call
 from tokmem.io import write_json_atomic
 from tokmem.eval.steps import OUTCOMES, VALUE_ERRORS, outcome, value_error
 from tokmem.schemas import learned_schema
-from tokmem.sequences import RESULT_TOKENS
+from tokmem.training.sequences import RESULT_TOKENS
 from tokmem.studies.compositional_config import CompositionalConfig, make_config
 from tokmem.studies.tool_setup import real_data
 

@@ -40,7 +40,7 @@ from tokmem.decode import DecodeConfig, route
 from tokmem.eval.open_set import off_topic_queries, restraint
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
-from tokmem.train import PICKED_RECIPE
+from tokmem.training.train import PICKED_RECIPE
 
 VARIANTS = {  # tokmem train's defaults and one lever each (the options picked_config takes, and decoupled)
     "defaults": {},

@@ -41,7 +41,7 @@ from tokmem.cli.options import add_backbone
 from tokmem.data.procedures import Example
 from tokmem.methods.lora import LoRA
 from tokmem.report import console, machine, write_json
-from tokmem.sequences import encode
+from tokmem.training.sequences import encode
 
 WORKLOADS = ("demo", "sni", "cfb")
 MAX_LENGTH = {"demo": 1024, "sni": 1024, "cfb": 1536}  # cfb: the tool-loop study's, which keeps its records whole

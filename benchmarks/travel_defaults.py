@@ -41,7 +41,7 @@ from tokmem.decode import DecodeConfig
 from tokmem.eval.evaluate import evaluate
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
-from tokmem.train import PICKED_RECIPE, UPDATES_PER_ROW, picked_config
+from tokmem.training.train import PICKED_RECIPE, UPDATES_PER_ROW, picked_config
 
 TRAVEL = Path(__file__).resolve().parent.parent / "examples" / "travel"
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from tokmem import Example, Step
 from tokmem.backbones import Backbone
 from tokmem.decode import DecodeConfig
-from tokmem.lora import LoRASettings
+from tokmem.training.lora import LoRASettings
 from tokmem.methods.base import Base
 from tokmem.methods.method import Answer, Method, first_block, plain_answers
 from tokmem.methods.lora import LoRA, Replay, ReplaySettings
@@ -30,8 +30,8 @@ from tokmem.studies.atomic import evaluate, run_atomic, run_sample_efficiency
 from tokmem.studies.atomic_config import JOINT_METHODS, METHODS, AtomicConfig, make_config
 from tokmem.io import read_json
 from tokmem.studies.harness import learn_round
-from tokmem.sequences import collate, encode
-from tokmem.train import TrainConfig
+from tokmem.training.sequences import collate, encode
+from tokmem.training.train import TrainConfig
 
 TASKS = {
     "task001_upper": [(w, w.upper()) for w in ("apple", "house", "table", "chair", "green", "water")],

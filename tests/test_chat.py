@@ -12,7 +12,7 @@ import tokmem
 from tokmem import ChatCache, DecodeConfig, Example, Step
 from tokmem.chat import Reply, ToolCall, answered_calls, conversation_ids, without_repeats
 from tokmem.errors import DataError
-from tokmem.sequences import encode
+from tokmem.training.sequences import encode
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Rome"]}}, "required": ["city"]}
 COUNT = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}

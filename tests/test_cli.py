@@ -15,7 +15,7 @@ from tokmem.bank.file_format import metadata_path
 from tokmem.cli import main
 from tokmem.data import Example, Step, save_examples
 from tokmem.extras import EXTRAS
-from tokmem.train import NEGATIVES, UPDATES_PER_ROW
+from tokmem.training.train import NEGATIVES, UPDATES_PER_ROW
 
 WORDS = ["apple", "house", "table", "chair", "green", "water"]
 

@@ -14,8 +14,8 @@ from tokmem.eval.evaluate import memory_routes, predicted_calls
 from tokmem.eval.evaluate import score_calls as score
 from tokmem.methods.method import Answer
 from tokmem.decode import DecodeConfig, Segment
-from tokmem.lora import LoRASettings
-from tokmem.train import TrainConfig
+from tokmem.training.lora import LoRASettings
+from tokmem.training.train import TrainConfig
 from tokmem.methods.tokmem import UnfrozenTokMem
 from tokmem.methods.method import first_block
 from tokmem.methods.tools import ICL, ToolRAG, compact_schema, tool_prompt

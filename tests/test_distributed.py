@@ -18,8 +18,8 @@ from tokmem.cli import main
 import tokmem
 from tokmem.data import Example, Step, load_examples, save_examples
 from tokmem.errors import TokMemError
-from tokmem.train import TrainConfig, fit
-from tokmem.distributed import shard
+from tokmem.training.train import TrainConfig, fit
+from tokmem.training.distributed import shard
 
 WORDS = ["apple", "house", "table", "chair", "green", "water", "river", "stone", "cloud"]
 

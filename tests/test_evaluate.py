@@ -9,7 +9,7 @@ from tokmem.decode import DecodeConfig, Generation, Segment, generate
 from tokmem.eval import metrics
 from tokmem.eval.evaluate import are_tool_calls, evaluate, score_calls
 from tokmem.methods.tokmem import TokMem
-from tokmem.sequences import RESULT_TOKENS
+from tokmem.training.sequences import RESULT_TOKENS
 from tokmem.studies.harness import PhaseBars
 from tokmem.studies.tool_loop import loop_scores
 

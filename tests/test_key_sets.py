@@ -11,8 +11,8 @@ import tokmem
 from tokmem import DecodeConfig, Example, Step
 from tokmem.errors import BankError
 from tokmem.bank.key_sets import KeySets
-from tokmem.refit import call_key_sets, logistic_regression, routing_states
-from tokmem.train import TrainConfig, encode_examples
+from tokmem.training.refit import call_key_sets, logistic_regression, routing_states
+from tokmem.training.train import TrainConfig, encode_examples
 
 HOTEL = {
     "type": "object",

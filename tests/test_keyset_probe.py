@@ -8,7 +8,7 @@ from helpers import load_script
 import tokmem
 from tokmem import Example, Step
 from tokmem.data.procedures import call_json
-from tokmem.train import TrainConfig, encode_examples
+from tokmem.training.train import TrainConfig, encode_examples
 
 keyset_probe = load_script("keyset_probe")
 

@@ -13,7 +13,7 @@ from tokmem.decode import DecodeConfig
 from tokmem.methods.lora import LoRA
 from tokmem.methods.tokmem import TokMem
 from tokmem.studies.harness import progress_bar
-from tokmem.train import TrainConfig
+from tokmem.training.train import TrainConfig
 
 loop_ab = load_script("loop_ab")
 

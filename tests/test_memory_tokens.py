@@ -13,7 +13,7 @@ from tokmem import ChatCache, DecodeConfig
 from tokmem.bank.memory_bank import MemoryBank
 from tokmem.chat import conversation_ids
 from tokmem.errors import BankError
-from tokmem.sequences import IGNORE, collate, encode
+from tokmem.training.sequences import IGNORE, collate, encode
 
 CONFIG = DecodeConfig(max_new_tokens=40, references=False)
 CHAIN = city_count_chain()

@@ -11,9 +11,9 @@ from tokmem import Example, Step, TrainConfig
 from tokmem.backbones import CPU_BF16, cpu_has_bf16, default_dtype
 from tokmem.errors import BackboneError, BankError
 from tokmem.model import next_token_loss
-from tokmem.suffix_passes import _packing_pays, _shared_width, _split_prefix
-from tokmem.prefix_store import PrefixStore
-from tokmem.sequences import ANSWER, IGNORE, collate, encode
+from tokmem.training.suffix_passes import _packing_pays, _shared_width, _split_prefix
+from tokmem.training.prefix_store import PrefixStore
+from tokmem.training.sequences import ANSWER, IGNORE, collate, encode
 
 
 @pytest.fixture(params=[False, True], ids=["coupled", "decoupled"])

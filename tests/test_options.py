@@ -6,14 +6,14 @@ from typing import Literal
 
 import pytest
 
-from tokmem.adapt import AdaptConfig
+from tokmem.training.adapt import AdaptConfig
 from tokmem.cli.options import add_options, values
 from tokmem.config import option
 from tokmem.decode import DecodeConfig
-from tokmem.lora import LoRASettings
+from tokmem.training.lora import LoRASettings
 from tokmem.studies.compositional_config import make_config
 from tokmem.studies.settings import MethodSettings
-from tokmem.train import TrainConfig
+from tokmem.training.train import TrainConfig
 
 
 @dataclass

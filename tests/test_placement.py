@@ -15,8 +15,8 @@ from tokmem.studies import gsm8k_placement, gsm8k_placement_config, memorization
 from tokmem.studies.gsm8k_placement_config import GSM8KConfig
 from tokmem.studies.memorization import steps_at_90
 from tokmem.studies.memorization_config import MemorizationConfig
-from tokmem.sequences import IGNORE, chat_prefix
-from tokmem.train import TrainConfig, fit
+from tokmem.training.sequences import IGNORE, chat_prefix
+from tokmem.training.train import TrainConfig, fit
 
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 TEXT = "TokMem compiles each procedure into one trainable embedding used by a frozen language model. " * 12

@@ -7,7 +7,7 @@ from helpers import random_rows
 from tokmem import DecodeConfig, TrainConfig
 from tokmem.methods import prefix
 from tokmem.studies.placement import build
-from tokmem.sequences import IGNORE, chat_prefix, collate
+from tokmem.training.sequences import IGNORE, chat_prefix, collate
 
 
 def test_only_the_prefix_rows_get_gradients(lively_backbone, examples):

@@ -13,9 +13,9 @@ from tokmem import DecodeConfig, Example, Step
 from tokmem.chat import tool_routing
 from tokmem.eval.tool_loop import conversation
 from tokmem.methods.tokmem import TokMem
-from tokmem.refit import refit_index, routing_states
+from tokmem.training.refit import refit_index, routing_states
 from tokmem.studies.harness import MethodResult
-from tokmem.train import TrainConfig, encode_examples
+from tokmem.training.train import TrainConfig, encode_examples
 
 CHAINS = [
     Example(

@@ -3,8 +3,8 @@
 import torch
 from helpers import load_script
 
-from tokmem.refit import RoutingStates
-from tokmem.sequences import Encoded
+from tokmem.training.refit import RoutingStates
+from tokmem.training.sequences import Encoded
 
 routing_fit = load_script("routing_fit")
 

@@ -12,7 +12,7 @@ from tokmem import Example, Step, TrainConfig
 from tokmem.backbones import Backbone
 from tokmem.data.procedures import call_json
 from tokmem.model import next_token_loss
-from tokmem.sequences import IGNORE, collate, encode
+from tokmem.training.sequences import IGNORE, collate, encode
 
 
 def random_model(backbone, names: list[str], kinds: list[str], decoupled: bool = False):

@@ -15,7 +15,7 @@ from tokmem.bank.memory_bank import MemoryBank
 from tokmem.chat import conversation_ids
 from tokmem.errors import BackboneError, BankError
 from tokmem.schemas import learned_schema
-from tokmem.sequences import IGNORE, TruncationCount, encode, shown_schema_ids
+from tokmem.training.sequences import IGNORE, TruncationCount, encode, shown_schema_ids
 from tokmem.studies.compositional_config import make_config
 from tokmem.studies.tool_setup import tool_data
 

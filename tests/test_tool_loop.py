@@ -10,7 +10,7 @@ from tokmem.data.procedures import Example, Step, call_json
 from tokmem.decode import DecodeConfig
 from tokmem.methods.lora import LoRA
 from tokmem.methods.tokmem import TokMem
-from tokmem.sequences import encode
+from tokmem.training.sequences import encode
 from tokmem.studies.harness import progress_bar
 from tokmem.eval.tool_loop import NO_RECORDED_RESPONSE, ReplayExecutor, json_call
 from tokmem.studies.tool_loop import loop_scores, plain_context, step_predictions

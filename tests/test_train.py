@@ -8,8 +8,8 @@ import tokmem
 from tokmem import Example, Step, TrainConfig
 from tokmem.bank.memory_bank import MemoryBank
 from tokmem.errors import TokMemError
-from tokmem.sequences import collate, encode
-from tokmem.train import example_order, initial_rows, lr_scheduler, row_texts
+from tokmem.training.sequences import collate, encode
+from tokmem.training.train import example_order, initial_rows, lr_scheduler, row_texts
 
 
 def config(**options) -> TrainConfig:

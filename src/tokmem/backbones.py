@@ -113,10 +113,12 @@ def cache_dir() -> Path:
 
 
 def default_device() -> str:
-    """This process's GPU under a launcher (torchrun, accelerate), else the GPU where there is one, else the CPU."""
-    from tokmem.distributed import local_device
-
-    return local_device() or ("cuda" if torch.cuda.is_available() else "cpu")
+    """This process's GPU under a launcher of several processes (torchrun, accelerate: ``cuda:LOCAL_RANK``), else the
+    GPU where there is one, else the CPU."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # as ``training.distributed.launched`` reads it
+    return f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if launched else "cuda"
 
 
 CPU_BF16 = "TOKMEM_CPU_BF16"  # "0": a CPU backbone in float32 even where the CPU has bf16; "1": bf16 on any CPU

@@ -38,7 +38,7 @@ from transformers import DynamicCache
 from tokmem.batch import join_caches, left_pad
 from tokmem.decode import DecodeConfig, contrasted_logits, decode_rows, to_generation
 from tokmem.errors import DataError, cut, listed
-from tokmem.sequences import (
+from tokmem.training.sequences import (
     RESULT_TOKENS,
     Answer,
     Calls,

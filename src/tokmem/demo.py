@@ -21,10 +21,10 @@ from tokmem.data import builtin
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig, generate
 from tokmem.eval.evaluate import evaluate
-from tokmem.sequences import chat_prefix
+from tokmem.training.sequences import chat_prefix
 from tokmem.model import TokMemModel, create
 from tokmem.report import console, machine, numbers_table, percent, trace_table
-from tokmem.train import TrainConfig, learn
+from tokmem.training.train import TrainConfig, learn
 
 DECODE = DecodeConfig(max_new_tokens=32, max_steps=3)
 

@@ -12,13 +12,13 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from tokmem import distributed, suffix_passes
+from tokmem.training import distributed, suffix_passes
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone
 from tokmem.bank.memory_bank import MEMORY_TOKENS, SHARED_TOKENS, MemoryBank
 from tokmem.bank.memory_ids import input_rows, tail_ids
 from tokmem.errors import BankError
-from tokmem.prefix_store import PrefixStore
-from tokmem.sequences import ANSWER, CLOSE, IGNORE, NEXT_KEY, key_choice_kinds, positions
+from tokmem.training.prefix_store import PrefixStore
+from tokmem.training.sequences import ANSWER, CLOSE, IGNORE, NEXT_KEY, key_choice_kinds, positions
 
 
 class TokMemModel(nn.Module):

@@ -33,7 +33,7 @@ from tokmem.decode import DecodeConfig
 from tokmem.eval import metrics
 from tokmem.eval.steps import aligned_scores, outcomes
 from tokmem.model import TokMemModel
-from tokmem.sequences import RESULT_TOKENS
+from tokmem.training.sequences import RESULT_TOKENS
 
 NO_RECORDED_RESPONSE = '{"error":"no recorded response for this call: its tool or arguments differ from the gold call"}'
 History = list[tuple[str, str]]  # (call JSON text, its result) of the calls so far

@@ -33,7 +33,7 @@ from tokmem.eval import metrics
 from tokmem.methods.method import Answer, Method, plain_answers
 from tokmem.methods.tools import ToolRetriever
 from tokmem.model import create
-from tokmem.sequences import RESULT_TOKENS, result_content_ids
+from tokmem.training.sequences import RESULT_TOKENS, result_content_ids
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)  # an unclosed block runs to the end
 _PROBE = "tokmem_probe_tool"

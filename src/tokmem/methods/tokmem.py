@@ -19,9 +19,9 @@ from tokmem.io import read_json, write_json_atomic
 from tokmem.methods.method import Answer, Method
 from tokmem.data.procedures import Example
 from tokmem.decode import DecodeConfig, generate
-from tokmem.lora import Adapter, LoRASettings
+from tokmem.training.lora import Adapter, LoRASettings
 from tokmem.model import TokMemModel
-from tokmem.train import TrainConfig
+from tokmem.training.train import TrainConfig
 
 BANK_FILE = "bank.safetensors"
 STATE_FILE = "state.json"  # the updates made so far

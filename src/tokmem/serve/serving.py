@@ -24,7 +24,7 @@ from fastapi.responses import StreamingResponse
 
 from tokmem.chat import Reply, conversation_ids, reply_from, starts_calls, without_repeats
 from tokmem.errors import TokMemError
-from tokmem.sequences import chat_prefix
+from tokmem.training.sequences import chat_prefix
 from tokmem.serve.banks import BankConflict, BankNotFound, BankRegistry, BankUnusable, BankVersion, BankWriteError
 from tokmem.serve.config import ServeConfig
 from tokmem.serve.engine import Engine, Handle, Overloaded

@@ -10,11 +10,11 @@ from tokmem.config import nested, option
 from tokmem.data.shared import shared_data
 from tokmem.data.sni import QUERIES
 from tokmem.errors import TokMemError
-from tokmem.lora import LoRASettings
+from tokmem.training.lora import LoRASettings
 from tokmem.methods.lora import ReplaySettings
 from tokmem.methods.rag import DEMONSTRATIONS
 from tokmem.studies.settings import Layer, MethodSettings, preset_settings
-from tokmem.train import INITS, SCHEDULES as LR_SCHEDULES, Schedule, TrainConfig
+from tokmem.training.train import INITS, SCHEDULES as LR_SCHEDULES, Schedule, TrainConfig
 
 METHODS = ("base", "rag", "lora", "replay", "tokmem", "tokmem-dc")
 JOINT_METHODS = tuple(m for m in METHODS if m != "replay")  # replay is fine-tuning when every task trains in one round

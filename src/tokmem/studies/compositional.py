@@ -68,7 +68,7 @@ from tokmem.studies.harness import (
     resumed_run,
     run_repeats,
 )
-from tokmem.sequences import RESULT_TOKENS
+from tokmem.training.sequences import RESULT_TOKENS
 from tokmem.studies.tool_loop import loop_scores
 from tokmem.methods.tokmem import TokMem
 from tokmem.studies.tool_setup import (

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Literal
 
-from tokmem.adapt import AdaptConfig
+from tokmem.training.adapt import AdaptConfig
 from tokmem.bank.memory_bank import MEMORY_TOKENS, SHARED_TOKENS
 from tokmem.config import built, nested, option
 from tokmem.data.tool_catalog import split_tools

@@ -37,12 +37,12 @@ from tokmem.io import write_json_atomic
 from tokmem.methods import prefix
 from tokmem.model import TokMemModel
 from tokmem.report import machine
-from tokmem.sequences import Encoded
+from tokmem.training.sequences import Encoded
 from tokmem.studies.gsm8k_placement_config import FRAMES, LAYOUTS, GSM8KConfig
 from tokmem.studies.gsm8k_placement_report import write_outputs
 from tokmem.studies.harness import resumed
 from tokmem.studies.placement import LABELS, METHODS, build, context, targeted
-from tokmem.train import fit
+from tokmem.training.train import fit
 
 
 def run_gsm8k(config: GSM8KConfig, json_path=None, resume: bool = False) -> dict:

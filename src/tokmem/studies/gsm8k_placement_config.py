@@ -11,7 +11,7 @@ from tokmem.config import built, nested, option
 from tokmem.data.shared import shared_data
 from tokmem.decode import DecodeConfig
 from tokmem.studies.settings import Layer, preset_settings
-from tokmem.train import TrainConfig
+from tokmem.training.train import TrainConfig
 
 # How each layout frames a problem: the user turn's text and the target's text.
 FRAMES = {"reference": ("question: {}", "answer: {}"), "assistant": ("{}", "{}")}

@@ -27,11 +27,11 @@ from tokmem.errors import DataError, TokMemError
 from tokmem.eval import metrics
 from tokmem.model import TokMemModel
 from tokmem.report import machine
-from tokmem.sequences import Encoded, collate
+from tokmem.training.sequences import Encoded, collate
 from tokmem.studies.memorization_config import MemorizationConfig
 from tokmem.studies.memorization_report import write_outputs
 from tokmem.studies.placement import METHODS, build, lay_out
-from tokmem.train import TrainConfig, fit
+from tokmem.training.train import TrainConfig, fit
 
 
 def run_memorization(config: MemorizationConfig) -> dict:

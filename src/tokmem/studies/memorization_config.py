@@ -9,7 +9,7 @@ from tokmem.backbones import backbone_option, device_option
 from tokmem.config import nested, option
 from tokmem.data.shared import shared_data
 from tokmem.studies.settings import Layer, preset_settings
-from tokmem.train import TrainConfig
+from tokmem.training.train import TrainConfig
 
 
 @dataclass

@@ -20,9 +20,9 @@ from tokmem.backbones import backbone_option, device_option
 from tokmem.config import built, nested, option
 from tokmem.decode import DecodeConfig
 from tokmem.errors import TokMemError
-from tokmem.lora import LoRASettings
+from tokmem.training.lora import LoRASettings
 from tokmem.methods.lora import ReplaySettings
-from tokmem.train import Init, KeyOrder, RenormSide, RenormTarget, Schedule, ToolSegments, TrainConfig
+from tokmem.training.train import Init, KeyOrder, RenormSide, RenormTarget, Schedule, ToolSegments, TrainConfig
 
 T, D, L, R = TrainConfig, DecodeConfig, LoRASettings, ReplaySettings
 

@@ -26,16 +26,16 @@ from pathlib import Path
 
 import torch
 
-from tokmem import distributed
+from tokmem.training import distributed
 from tokmem.backbones import ADAPTATION_KEY, Backbone, cache_dir, freeze, load_backbone
 from tokmem.bank.memory_bank import MEMORY_TOKENS, MemoryBank
 from tokmem.config import option
 from tokmem.data.procedures import Example
 from tokmem.errors import BackboneError
-from tokmem.lora import LoRASettings, inject, lora_parameters
+from tokmem.training.lora import LoRASettings, inject, lora_parameters
 from tokmem.model import TokMemModel
-from tokmem.train import LOSS_WEIGHTS, TrainConfig, initial_rows, row_kinds, row_texts, train
-from tokmem.train_state import RUN_ONLY, remove_checkpoint
+from tokmem.training.train import LOSS_WEIGHTS, TrainConfig, initial_rows, row_kinds, row_texts, train
+from tokmem.training.train_state import RUN_ONLY, remove_checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from tokmem.bank.key_sets import KeySets
 from tokmem.model import TokMemModel
-from tokmem.sequences import ANSWER, IGNORE, Encoded, collate, to_device
+from tokmem.training.sequences import ANSWER, IGNORE, Encoded, collate, to_device
 
 REFIT_STEPS, REFIT_LR = 2000, 1e-3  # Adam, full batch (docs/tools.md, "Routing refit after training")
 FIT_ITERATIONS = 500  # L-BFGS iterations of one tool's key-set fit (a few dozen states: converges well within)

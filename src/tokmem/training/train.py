@@ -17,17 +17,17 @@ from typing import Literal, get_args
 import torch
 from tqdm.auto import tqdm
 
-from tokmem import distributed
+from tokmem.training import distributed
 from tokmem.config import option
 from tokmem.data import off_topic
 from tokmem.data.procedures import Example, tool_procedures
 from tokmem.errors import TokMemError
 from tokmem.schemas import learned_schema
-from tokmem.sequences import RESULT_TOKENS, Encoded, TruncationCount, collate, encode, to_device
+from tokmem.training.sequences import RESULT_TOKENS, Encoded, TruncationCount, collate, encode, to_device
 from tokmem.model import TokMemModel
-from tokmem.prefix_store import PrefixStore, default_budget
-from tokmem.refit import fit_model_key_sets, refit_index, routing_states
-from tokmem.train_state import TrainingState
+from tokmem.training.prefix_store import PrefixStore, default_budget
+from tokmem.training.refit import fit_model_key_sets, refit_index, routing_states
+from tokmem.training.train_state import TrainingState
 
 
 Init = Literal["mean", "orthogonal", "name"]

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from tokmem import distributed
-from tokmem.prefix_store import PrefixStore
-from tokmem.sequences import IGNORE, positions
+from tokmem.training import distributed
+from tokmem.training.prefix_store import PrefixStore
+from tokmem.training.sequences import IGNORE, positions
 
 
 def prefix_is_fixed(model, ids: torch.Tensor, starts: torch.Tensor) -> bool:
