@@ -13,7 +13,7 @@ import tokmem
 from tokmem import DecodeConfig
 from tokmem.chat import conversation_ids
 from tokmem.decode import argument_grammar, contrasted_logits
-from tokmem.training.sequences import positions
+from tokmem.model import positions
 
 CONFIG = DecodeConfig(max_new_tokens=24, references=False)
 COUNT = [{"type": "function", "function": {"name": "count"}}]

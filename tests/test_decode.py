@@ -17,7 +17,8 @@ from tokmem.methods.method import first_block
 from tokmem.batch import left_pad
 from tokmem.decode import HeldPrefix, complete, decode_rows
 from tokmem.stops import BlankLineStop
-from tokmem.training.sequences import chat_prefix, chat_turns, positions
+from tokmem.training.sequences import chat_prefix, chat_turns
+from tokmem.model import positions
 
 
 @pytest.fixture(params=[False, True], ids=["coupled", "decoupled"])

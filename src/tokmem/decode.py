@@ -34,8 +34,8 @@ from tokmem.batch import DecodeBatch, left_pad
 from tokmem.config import option
 from tokmem.bank.memory_ids import ContextLayout
 from tokmem.data.procedures import assemble_call
-from tokmem.training.sequences import chat_prefix, positions
-from tokmem.model import TokMemModel
+from tokmem.training.sequences import chat_prefix
+from tokmem.model import TokMemModel, positions
 from tokmem.stops import BlankLineStop, EndOfSequence, stopped
 
 

@@ -25,6 +25,7 @@ from tokmem.errors import TokMemError
 from tokmem.schemas import learned_schema
 from tokmem.training.sequences import RESULT_TOKENS, Encoded, TruncationCount, collate, encode, to_device
 from tokmem.model import TokMemModel
+from tokmem.training.loss import batch_loss
 from tokmem.training.prefix_store import PrefixStore, default_budget
 from tokmem.training.refit import fit_model_key_sets, refit_index, routing_states
 from tokmem.training.train_state import TrainingState
@@ -382,8 +383,8 @@ def fit(
     """The training loop over sequences already laid out: ``train`` lays them out the TokMem way,
     baselines and studies that place the rows elsewhere bring their own.
 
-    ``on_step(step, total)`` runs after every optimiser step (of ``total``) while the trained rows are live (the model's
-    ``loss`` and ``memory_matrices`` see them), e.g. to record an evaluation curve.
+    ``on_step(step, total)`` runs after every optimiser step (of ``total``) while the trained rows are live
+    (``batch_loss`` and the model's ``memory_matrices`` see them), e.g. to record an evaluation curve.
     ``param_groups``: more optimiser parameter groups that train alongside the rows (LoRA weights, with their own lr);
     the rows' group takes the config's lr and weight decay.  A model without trainable rows trains the groups alone.
     ``steps``: the indices into ``encoded`` of each optimiser step, for a caller that composes its batches itself
@@ -515,7 +516,7 @@ def _step(model, optimizer, chunk, config, report, filler: Encoded, prefixes: Pr
     local_targets = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
     targets = distributed.global_sum(local_targets, model.device)
     weights = [1.0] * len(batches)
-    if model.layers_sharded:
+    if distributed.layers_sharded(model.lm):
         missing = distributed.global_max(len(batches), model.device) - len(batches)
         batches, weights = batches + [collate([filler], pad)] * missing, weights + [0.0] * missing
     optimizer.zero_grad(set_to_none=True)
@@ -523,8 +524,8 @@ def _step(model, optimizer, chunk, config, report, filler: Encoded, prefixes: Pr
     for batch, weight in zip(batches, weights):
         batch = to_device(batch, model.device)
         with step_context(model.device, config.bf16):
-            loss, count = model.loss(
-                batch, prefixes, config.segment_backprop, config.choice_weight, config.route_weight
+            loss, count = batch_loss(
+                model, batch, prefixes, config.segment_backprop, config.choice_weight, config.route_weight
             )
         (loss * (weight * count / targets)).backward()
         total += weight * loss.item() * count / targets
