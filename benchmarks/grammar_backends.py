@@ -31,7 +31,7 @@ from tokmem.data.nestful import load_spec
 from tokmem.data.procedures import arguments_json
 from tokmem.data.toolfiles import read_records
 from tokmem.io import write_text_atomic
-from tokmem.grammar import allowed_tokens
+from tokmem.decoding.grammar import allowed_tokens
 from tokmem.schemas import decoding_schema
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "function-calling" / "complexfuncbench"

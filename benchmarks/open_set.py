@@ -36,7 +36,7 @@ import tokmem
 from tokmem.backbones import CPU_BF16, DEFAULT_BACKBONE, cpu_dtype_note, load_backbone
 from tokmem.cli import main as main_cli
 from tokmem.data import load_examples
-from tokmem.decode import DecodeConfig, route
+from tokmem.decoding.decode import DecodeConfig, route
 from tokmem.eval.open_set import off_topic_queries, restraint
 from tokmem.io import write_json_atomic
 from tokmem.report import machine

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 import tokmem
-from tokmem.chat import tool_routing
+from tokmem.decoding.tool_rules import tool_routing
 from tokmem.io import write_json_atomic
 from tokmem.training.refit import RoutingStates, refit_index, routing_states
 from tokmem.report import machine

@@ -37,7 +37,7 @@ from tokmem.backbones import Backbone, load_backbone
 from tokmem.bank.file_format import metadata_path
 from tokmem.methods.rag import demonstration_prompt
 from tokmem.data.builtin import catalog, make_example
-from tokmem.batch import left_pad
+from tokmem.decoding.batch import left_pad
 from tokmem.training.sequences import chat_prefix
 from tokmem.model import positions
 from tokmem.report import console, machine, write_json

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from tokmem import Example, Step
 from tokmem.backbones import Backbone
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.training.lora import LoRASettings
 from tokmem.methods.base import Base
 from tokmem.methods.method import Answer, Method, first_block, plain_answers

@@ -10,7 +10,8 @@ from helpers import PINGED, ping_bank, random_rows
 
 import tokmem
 from tokmem import ChatCache, DecodeConfig, Example, Step
-from tokmem.chat import Reply, ToolCall, answered_calls, conversation_ids, without_repeats
+from tokmem.decoding.tool_rules import Reply, ToolCall, answered_calls, without_repeats
+from tokmem.decoding.conversation import conversation_ids
 from tokmem.errors import DataError
 from tokmem.training.sequences import encode
 

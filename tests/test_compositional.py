@@ -13,7 +13,7 @@ from tokmem import Example, Step
 from tokmem.eval.evaluate import memory_routes, predicted_calls
 from tokmem.eval.evaluate import score_calls as score
 from tokmem.methods.method import Answer
-from tokmem.decode import DecodeConfig, Segment
+from tokmem.decoding.decode import DecodeConfig, Segment
 from tokmem.training.lora import LoRASettings
 from tokmem.training.train import TrainConfig
 from tokmem.methods.tokmem import UnfrozenTokMem

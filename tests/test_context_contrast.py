@@ -11,8 +11,8 @@ from helpers import city_count_model
 
 import tokmem
 from tokmem import DecodeConfig
-from tokmem.chat import conversation_ids
-from tokmem.decode import argument_grammar, contrasted_logits
+from tokmem.decoding.conversation import conversation_ids
+from tokmem.decoding.decode import argument_grammar, contrasted_logits
 from tokmem.model import positions
 
 CONFIG = DecodeConfig(max_new_tokens=24, references=False)

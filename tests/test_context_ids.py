@@ -1,5 +1,5 @@
-"""The context ids that follow a memory token (a tool's tail, the shared rows; ``tokmem.context_ids``): one rule, fed
-after each memory token by every decoder, so ``generate`` chains calls of such a bank as ``tokmem.chat`` answers."""
+"""The context ids that follow a memory token (a tool's tail, the shared rows; ``tokmem.bank.memory_ids``): one rule,
+fed after each memory token by every decoder, so ``generate`` chains calls of such a bank as ``tokmem.chat`` answers."""
 
 import pytest
 import torch

@@ -5,7 +5,7 @@ from helpers import random_rows
 
 import tokmem
 from tokmem.data.procedures import Example, Step
-from tokmem.decode import DecodeConfig, Generation, Segment, generate
+from tokmem.decoding.decode import DecodeConfig, Generation, Segment, generate
 from tokmem.eval import metrics
 from tokmem.eval.evaluate import are_tool_calls, evaluate, score_calls
 from tokmem.methods.tokmem import TokMem

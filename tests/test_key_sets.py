@@ -1,5 +1,5 @@
-"""Key-set rows (tokmem.key_sets, ``TrainConfig.key_sets``): a tool's training key sets, one chosen by the state that
-routed the tool, its arguments then bound to exactly those keys — offline, served and in the bank file."""
+"""Key-set rows (tokmem.bank.key_sets, ``TrainConfig.key_sets``): a tool's training key sets, one chosen by the state
+that routed the tool, its arguments then bound to exactly those keys — offline, served and in the bank file."""
 
 import json
 

@@ -9,7 +9,7 @@ import torch
 from helpers import Interrupted, load_script
 
 from tokmem.data.procedures import Example, Step, call_json
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.methods.lora import LoRA
 from tokmem.methods.tokmem import TokMem
 from tokmem.studies.harness import progress_bar

@@ -1,6 +1,6 @@
 """A bank of several memory tokens a tool (``memory_tokens`` k > 1): the first routes, the tool's tail (k - 1 input rows)
 follows it as context before the arguments — in training, in a conversation's history and in decoding
-(every decoder: ``tokmem.context_ids``)."""
+(every decoder: ``tokmem.bank.memory_ids``)."""
 
 import json
 
@@ -11,7 +11,7 @@ from helpers import city_count_chain, city_count_model, edited_bank_file, exampl
 import tokmem
 from tokmem import ChatCache, DecodeConfig
 from tokmem.bank.memory_bank import MemoryBank
-from tokmem.chat import conversation_ids
+from tokmem.decoding.conversation import conversation_ids
 from tokmem.errors import BankError
 from tokmem.training.sequences import IGNORE, collate, encode
 from tokmem.training.loss import batch_loss

@@ -9,7 +9,7 @@ import tokmem
 from tokmem import Example, Step, TrainConfig
 from tokmem.data import off_topic
 from tokmem.data.procedures import parse_example
-from tokmem.decode import route
+from tokmem.decoding.decode import route
 from tokmem.errors import DataError, TokMemError
 from tokmem.eval.open_set import off_topic_queries, restraint
 from tokmem.training.sequences import ANSWER, IGNORE, encode

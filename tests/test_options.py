@@ -9,7 +9,7 @@ import pytest
 from tokmem.training.adapt import AdaptConfig
 from tokmem.cli.options import add_options, values
 from tokmem.config import option
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.training.lora import LoRASettings
 from tokmem.studies.compositional_config import make_config
 from tokmem.studies.settings import MethodSettings

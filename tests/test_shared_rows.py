@@ -11,7 +11,7 @@ from helpers import city_count_chain, city_count_model, edited_bank_file, exampl
 import tokmem
 from tokmem import ChatCache, DecodeConfig, Example, Step
 from tokmem.bank.memory_bank import MemoryBank
-from tokmem.chat import conversation_ids
+from tokmem.decoding.conversation import conversation_ids
 from tokmem.errors import BankError
 from tokmem.training.sequences import IGNORE, collate, encode
 from tokmem.training.loss import batch_loss

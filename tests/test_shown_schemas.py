@@ -12,7 +12,7 @@ import tokmem
 from tokmem import ChatCache, DecodeConfig, Example, Step
 from tokmem.backbones import load_backbone
 from tokmem.bank.memory_bank import MemoryBank
-from tokmem.chat import conversation_ids
+from tokmem.decoding.conversation import conversation_ids
 from tokmem.errors import BackboneError, BankError
 from tokmem.schemas import learned_schema
 from tokmem.training.sequences import IGNORE, TruncationCount, encode, shown_schema_ids

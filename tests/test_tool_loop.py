@@ -7,7 +7,7 @@ import pytest
 
 from tokmem.data.nestful import import_nestful, resolve_references
 from tokmem.data.procedures import Example, Step, call_json
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.methods.lora import LoRA
 from tokmem.methods.tokmem import TokMem
 from tokmem.training.sequences import encode

@@ -45,7 +45,7 @@ def device_option():
     return option(None, DEVICE_HELP)
 
 
-ADAPTATION_KEY = "tokmem_adaptation"  # the config field where tokmem.adapt records an adaptation
+ADAPTATION_KEY = "tokmem_adaptation"  # the config field where tokmem.training.adapt records an adaptation
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -82,7 +82,7 @@ class Backbone:
     def fingerprint(self) -> str:
         """Hash of the input embedding matrix (rounded to bf16, so fp32 and bf16 loads agree).
 
-        An adapted backbone (tokmem.adapt) keeps its base model's embeddings, so the adaptation digest
+        An adapted backbone (tokmem.training.adapt) keeps its base model's embeddings, so the adaptation digest
         in its config (which ``save_pretrained`` keeps) is hashed in as well; other models have none.
         """
         weight = self.model.get_input_embeddings().weight.detach().to("cpu", torch.bfloat16)

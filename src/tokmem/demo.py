@@ -19,7 +19,7 @@ from tokmem.config import built, nested, option
 from tokmem.eval import metrics
 from tokmem.data import builtin
 from tokmem.data.procedures import Example
-from tokmem.decode import DecodeConfig, generate
+from tokmem.decoding.decode import DecodeConfig, generate
 from tokmem.eval.evaluate import evaluate
 from tokmem.training.sequences import chat_prefix
 from tokmem.model import TokMemModel, create

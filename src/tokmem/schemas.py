@@ -77,7 +77,8 @@ KEY_ORDERS = "x-tokmem-key-orders"
 MOST_KEY_ORDERS = 16  # the orders kept, most frequent first: each is an alternative of the tool's grammar
 # A bank's schema keeps out the optional arguments no training call gave (``learned_schema``): a memory token never
 # learned to write them, and offered them it writes garbage (ComplexFuncBench's ``price_min: 1000000000000000``).
-# They are kept under this key, name → schema, so that a client's schema may still name them (``chat.tool_schemas``).
+# They are kept under this key, name → schema, so that a client's schema may still name them
+# (``tool_rules.tool_schemas``).
 UNTRAINED = "x-tokmem-untrained"
 
 

@@ -7,7 +7,7 @@ from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 
 import tokmem
-from tokmem.decode import DecodeConfig, to_generation
+from tokmem.decoding.decode import DecodeConfig, to_generation
 from tokmem.training.sequences import chat_prefix
 from tokmem.vllm import procedures, prompt, sampling_params
 

@@ -198,7 +198,7 @@ def _learn_and_save(load_model, args, out_path) -> None:
 
 def _training_fallbacks(model, examples) -> int:
     """How many training queries the trained bank leaves to the plain backbone (memory mass below the threshold)."""
-    from tokmem.decode import DecodeConfig, route
+    from tokmem.decoding.decode import DecodeConfig, route
 
     return sum(r.memory_mass < DecodeConfig.threshold for r in route(model, [e.query for e in examples]))
 

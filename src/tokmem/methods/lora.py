@@ -27,7 +27,7 @@ from itertools import accumulate
 from pathlib import Path
 
 import tokmem
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.backbones import Backbone
 from tokmem.data.procedures import Example, Step
 from tokmem.training.lora import Adapter, LoRASettings

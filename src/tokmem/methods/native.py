@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from tokmem.backbones import Backbone
 from tokmem.data.procedures import call_json
-from tokmem.decode import DecodeConfig, HeldPrefix
+from tokmem.decoding.decode import DecodeConfig, HeldPrefix
 from tokmem.errors import TokMemError
 from tokmem.eval import metrics
 from tokmem.methods.method import Answer, Method, plain_answers

@@ -18,7 +18,7 @@ import torch
 import tokmem
 from tokmem.backbones import Backbone
 from tokmem.data.procedures import Example
-from tokmem.decode import DecodeConfig, complete
+from tokmem.decoding.decode import DecodeConfig, complete
 from tokmem.training.sequences import IGNORE, Encoded, chat_prefix
 from tokmem.model import TokMemModel
 from tokmem.training.train import TrainConfig, TrainReport, fit

@@ -18,7 +18,7 @@ from tokmem.bank.memory_bank import MEMORY_TOKENS, SHARED_TOKENS, MemoryBank
 from tokmem.io import read_json, write_json_atomic
 from tokmem.methods.method import Answer, Method
 from tokmem.data.procedures import Example
-from tokmem.decode import DecodeConfig, generate
+from tokmem.decoding.decode import DecodeConfig, generate
 from tokmem.training.lora import Adapter, LoRASettings
 from tokmem.model import TokMemModel
 from tokmem.training.train import TrainConfig

@@ -1,7 +1,7 @@
 """The HTTP routes: OpenAI-compatible completions over banks, bank management, models and health.
 
 The ``model`` field of a request names the bank.  Answers are split into segments by
-``tokmem.decode`` (memory tokens never reach ``content``); the routed procedures and the segments
+``tokmem.decoding.decode`` (memory tokens never reach ``content``); the routed procedures and the segments
 come back in a ``tokmem`` field (of the response, or of the streamed chunk that carries
 ``finish_reason``).  Per-request extras ride in the body: ``procedure`` (force one, routing
 skipped), ``threshold`` (the open-set rule), ``max_steps`` (segments per answer), ``ignore_eos`` and

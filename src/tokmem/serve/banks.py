@@ -36,7 +36,7 @@ from tokmem.bank.memory_bank import MemoryBank
 from tokmem.bank.file_format import metadata_path
 from tokmem.io import write_files
 from tokmem.errors import BankError, cut
-from tokmem.grammar import grammars_for
+from tokmem.decoding.grammar import grammars_for
 from tokmem.model import TokMemModel, compose
 from tokmem.schemas import Budget, SchemaError
 

@@ -22,7 +22,8 @@ from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
-from tokmem.chat import Reply, conversation_ids, reply_from, starts_calls, without_repeats
+from tokmem.decoding.tool_rules import Reply, reply_from, starts_calls, without_repeats
+from tokmem.decoding.conversation import conversation_ids
 from tokmem.errors import TokMemError
 from tokmem.training.sequences import chat_prefix
 from tokmem.serve.banks import BankConflict, BankNotFound, BankRegistry, BankUnusable, BankVersion, BankWriteError
@@ -57,8 +58,8 @@ class Answers:
         chars: int,
     ):
         """``query``: the prompt (text completions) or the conversation (chat: its length numbers the call ids).
-        A chat turn of nothing but calls already answered (``tokmem.chat.without_repeats``) is decoded again
-        without those tools; streamed, such a turn's calls go out once it is whole."""
+        A chat turn of nothing but calls already answered (``tokmem.decoding.tool_rules.without_repeats``) is decoded
+        again without those tools; streamed, such a turn's calls go out once it is whole."""
         turn = len(query) if isinstance(query, list) else 1
         attempt = Attempt(self, body, query, text, max_tokens, chars, body.answered(query))
         handle = await attempt.submit()
@@ -252,7 +253,7 @@ class Answers:
 @dataclass
 class Attempt:
     """What a request asks, kept to submit its turn again: with tools masked when a chat turn was nothing but calls
-    already ``answered`` (``tokmem.chat.without_repeats``)."""
+    already ``answered`` (``tokmem.decoding.tool_rules.without_repeats``)."""
 
     answers: Answers
     body: TokMemOptions

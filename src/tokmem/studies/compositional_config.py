@@ -13,7 +13,7 @@ from tokmem.training.adapt import AdaptConfig
 from tokmem.bank.memory_bank import MEMORY_TOKENS, SHARED_TOKENS
 from tokmem.config import built, nested, option
 from tokmem.data.tool_catalog import split_tools
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.errors import TokMemError
 from tokmem.methods.tools import SHOTS, TOOLS_RETRIEVED
 from tokmem.studies.realtools import ADAPT_DATA, DEV_FRACTION, SPLITS, check_adapt_data

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 import tokmem
 from tokmem.backbones import load_backbone
 from tokmem.data.gsm8k import Problem, gsm8k_compliant, gsm8k_strictly_compliant, load_gsm8k
-from tokmem.decode import complete
+from tokmem.decoding.decode import complete
 from tokmem.errors import DataError, TokMemError
 from tokmem.eval import metrics
 from tokmem.io import write_json_atomic

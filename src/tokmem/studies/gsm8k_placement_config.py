@@ -9,7 +9,7 @@ from typing import Literal
 from tokmem.backbones import backbone_option, device_option
 from tokmem.config import built, nested, option
 from tokmem.data.shared import shared_data
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.studies.settings import Layer, preset_settings
 from tokmem.training.train import TrainConfig
 

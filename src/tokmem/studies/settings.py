@@ -18,7 +18,7 @@ from dataclasses import MISSING, dataclass, field, fields
 
 from tokmem.backbones import backbone_option, device_option
 from tokmem.config import built, nested, option
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.errors import TokMemError
 from tokmem.training.lora import LoRASettings
 from tokmem.methods.lora import ReplaySettings

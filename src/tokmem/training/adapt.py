@@ -76,7 +76,7 @@ def adapt(
     save the adapted model and tokenizer in, which then names the returned backbone.
     ``train_config``'s ``checkpoint``, ``checkpoint_every`` and ``resume`` checkpoint the phase (the temporary rows
     and the LoRA weights, with their optimiser) as they do a training, and the checkpoint is removed once the
-    adaptation is merged; ``on_step(done, total)`` is called after each optimiser step (``tokmem.train``'s).
+    adaptation is merged; ``on_step(done, total)`` is called after each optimiser step (``tokmem.training.train``'s).
     """
     config = config or AdaptConfig()
     train_config = train_config or TrainConfig()
@@ -106,7 +106,7 @@ def _train_with_temporary_rows(
 ) -> None:
     """Train a fresh bank of every procedure in ``examples`` together with the LoRA weights; the bank is dropped.
 
-    ``lora_model`` is the transformers model with the LoRA layers injected (``tokmem.lora.inject``).
+    ``lora_model`` is the transformers model with the LoRA layers injected (``tokmem.training.lora.inject``).
     """
     bank = MemoryBank(backbone.hidden_size, memory_tokens=memory_tokens)
     model = TokMemModel(Backbone(backbone.name, lora_model, backbone.tokenizer), bank)

@@ -108,13 +108,13 @@ class TrainConfig:
         False,
         "after training, refit the new rows' routing side on the states their training examples reach, and keep "
         "the bank decoupled (its trained rows steer): one pass of the backbone, no gradients through it "
-        "(tokmem.refit)",
+        "(tokmem.training.refit)",
     )
     key_sets: bool = option(
         False,
         "after training, give each new tool whose training calls write several key sets a row per key set, fitted on "
         "the states that route it, and decode its arguments bound to the key set its routing state chooses "
-        "(tokmem.key_sets)",
+        "(tokmem.training.refit)",
     )
     negatives: float = option(
         0.0,
@@ -333,8 +333,9 @@ def train(
     model: TokMemModel, examples: list[Example], config: TrainConfig | None = None, param_groups=(), on_step=None
 ) -> TrainReport:
     """Fit the bank's trainable rows on ``examples`` (laid out by ``encode_examples``); with ``refit_index``, then
-    refit their index side on the states those examples reach (``tokmem.refit``), and with ``key_sets`` fit their
-    key-set rows on the same states (``tokmem.key_sets``).  ``param_groups`` and ``on_step``: as in ``fit``."""
+    refit their index side on the states those examples reach (``tokmem.training.refit``), and with ``key_sets`` fit
+    their key-set rows on the same states (``tokmem.training.refit``).  ``param_groups`` and ``on_step``: as in
+    ``fit``."""
     config = config or TrainConfig()
     _require_trainable_rows(model)  # before laying out: an empty bank cannot encode the procedures
     report = TrainReport()

@@ -20,7 +20,7 @@ are values) do not.
 can use it: ``advance(tokens)`` after each step, ``constrain(logits)`` before each pick.  While a row's JSON is
 open its memory tokens and EOS are masked; once it closes, only EOS or a memory token (the next call) may follow.
 
-A tool with key-set rows (``tokmem.key_sets``) has a grammar per key set (``KeySetGrammars``): whoever picks a
+A tool with key-set rows (``tokmem.bank.key_sets``) has a grammar per key set (``KeySetGrammars``): whoever picks a
 token tells the grammar the state that picked it (``routed``), and a memory token so picked starts the grammar of
 the key set that state chooses (the tool's whole schema where none of its key sets is admitted, or the row's
 routing state is unknown).
@@ -256,7 +256,7 @@ class ArgumentGrammar:
 
     def advance(self, tokens: torch.Tensor) -> None:
         """Feed each row's new token: a memory token starts its tool's grammar (or none); EOS ends the row's; a
-        context id after a memory token (``tokmem.context_ids``: past the row's bank rows) changes nothing."""
+        context id after a memory token (``tokmem.bank.memory_ids``: past the row's bank rows) changes nothing."""
         tokens = tokens.tolist()
         for i, token in enumerate(tokens):
             self.started[i] = True
