@@ -54,7 +54,7 @@ from tokmem.bank.file_format import (
     save_tensors,
     schemas_problem,
 )
-from tokmem.errors import BankError, cut, listed
+from tokmem.errors import BankError, clipped, listed
 from tokmem.io import write_files
 from tokmem.bank.key_sets import KeySets
 
@@ -125,7 +125,7 @@ class MemoryBank:
             return self._rows[name]
         except KeyError:
             raise BankError(
-                f"no procedure {cut(repr(name))} in the bank (it has: {listed(self.names) or 'none'})"
+                f"no procedure {clipped(repr(name))} in the bank (it has: {listed(self.names) or 'none'})"
             ) from None
 
     def _index_names(self) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 
-from tokmem.errors import DataError, cut, listed
+from tokmem.errors import DataError, clipped, listed
 from tokmem.model import TokMemModel
 from tokmem.training.sequences import (
     RESULT_TOKENS,
@@ -115,7 +115,7 @@ def _laid_out_call(model: TokMemModel, call, where: str) -> list[int] | CallCont
     name = function.get("name") if isinstance(function, dict) else None
     if name not in model.bank or not model.bank.is_tool(model.bank.row(name)):
         raise DataError(
-            f"{where}.function.name: {cut(repr(name))} is not a tool in the bank (its tools: "
+            f"{where}.function.name: {clipped(repr(name))} is not a tool in the bank (its tools: "
             f"{listed(sorted(model.bank.tool_names())) or 'none'})"
         )
     try:

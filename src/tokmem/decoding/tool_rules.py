@@ -24,7 +24,7 @@ import torch
 
 from tokmem.decoding.conversation import assistant_calls
 from tokmem.decoding.decode import to_generation
-from tokmem.errors import DataError, cut, listed
+from tokmem.errors import DataError, clipped, listed
 from tokmem.model import TokMemModel
 from tokmem.schemas import UNTRAINED
 
@@ -121,7 +121,8 @@ def tool_routing(model: TokMemModel, tools, tool_choice, threshold: float) -> tu
         named = (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice, dict) else None
         if named not in bank.tool_names() or (names is not None and named not in names):
             raise DataError(
-                f"tool_choice: {cut(repr(tool_choice))} is not 'auto', 'none', 'required' or one of the allowed tools"
+                f"tool_choice: {clipped(repr(tool_choice))} is not 'auto', 'none', 'required' or one of the allowed "
+                "tools"
             )
         allowed = torch.tensor([n == named for n in bank.names], dtype=torch.bool)
         return allowed.to(model.device), model.memory_id(named), threshold

@@ -34,7 +34,7 @@ from pydantic import (
 from starlette.exceptions import HTTPException
 
 from tokmem.decoding.tool_rules import answered_calls, tool_routing, tool_schemas
-from tokmem.errors import DataError, cut
+from tokmem.errors import DataError, clipped
 from tokmem.decoding.decode import DecodeConfig
 
 MIN_TEMPERATURE = 0.01  # below it (except 0, greedy) sampling is greedy in all but name, and scaled logits overflow
@@ -42,7 +42,7 @@ MAX_STEPS = 64  # segments (memory tokens) per answer
 MAX_INT = 2**31 - 1  # the largest integer a client may send anywhere
 NAME = 200  # the longest bank, procedure or tool name (and tool call id)
 MAX_STOPS = 4  # stop sequences per request (as OpenAI)
-MAX_MESSAGE = 2000  # the longest error message (what it echoes of the input is cut before, see errors.cut)
+MAX_MESSAGE = 2000  # the longest error message (what it echoes of the input is cut before, see errors.clipped)
 # the OpenAI fields this server does not implement, and the values that leave them off (the only ones accepted)
 OFF = {
     "logprobs": (None, False),
@@ -85,7 +85,7 @@ class ApiError(HTTPException):
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
 
     def body(self) -> dict:
-        message, param = cut(self.message, MAX_MESSAGE), None if self.param is None else cut(self.param)
+        message, param = clipped(self.message, MAX_MESSAGE), None if self.param is None else clipped(self.param)
         return {"error": {"message": message, "type": self.type, "param": param, "code": self.code}}
 
     def response(self) -> JSONResponse:
