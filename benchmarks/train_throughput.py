@@ -102,7 +102,7 @@ def tokmem_epochs(backbone, work: Workload, batch_size: int, epochs: int, segmen
     return {
         "seconds": seconds,
         "tokens": report.tokens / epochs,
-        "padding_share": report.padding_share,
+        "padding_share": 1 - report.tokens / report.positions,  # of the collated batches' positions
         "prefix_cache_bytes": report.prefix_cache_bytes,
         "final_loss": report.losses[-1],
     }

@@ -146,9 +146,6 @@ class MemoryBank:
     def trainable_rows(self) -> torch.Tensor:
         return self.trainable.nonzero().flatten()
 
-    def frozen_rows(self) -> torch.Tensor:
-        return (~self.trainable).nonzero().flatten()
-
     def parameter_count(self, trainable_only: bool = False) -> int:
         rows = int(self.trainable.sum()) if trainable_only else len(self)
         shared = self.shared_tokens if self.shared_trainable or not trainable_only else 0

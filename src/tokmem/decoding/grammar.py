@@ -48,8 +48,6 @@ import xgrammar
 from tokmem.bank.key_sets import KeySets, narrowed
 from tokmem.schemas import Budget, SchemaError, check_schema, decoding_schema, shared_leaves
 
-_BITS = torch.arange(32, dtype=torch.int32)
-
 
 class Grammars:
     """Grammars compiled for one tokenizer (``vocab_size`` rows of logits): ``compile`` is the one way in.
@@ -206,11 +204,6 @@ class KeySetGrammars:
         if state is None or not admitted.any():
             return self.whole
         return self.narrowed[int(self.choice.scores(state).masked_fill(~admitted, float("-inf")).argmax())]
-
-
-def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """A bool (rows, vocab_size) tensor from the backends' packed int32 bitmask (32 tokens a word)."""
-    return ((bitmask.unsqueeze(-1) >> _BITS) & 1).bool().flatten(1)[:, :vocab_size]
 
 
 class ArgumentGrammar:

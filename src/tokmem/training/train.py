@@ -204,10 +204,6 @@ class TrainReport:
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
 
-    @property
-    def padding_share(self) -> float:
-        return 1 - self.tokens / self.positions if self.positions else 0.0
-
     def summary(self) -> dict:
         return {
             "steps": self.steps,
