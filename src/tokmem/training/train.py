@@ -45,18 +45,65 @@ RENORM_SETTINGS = ("renormalize", "renorm_every_step", "renorm_target", "renorm_
 
 @dataclass
 class TrainConfig:
-    """Paper defaults: AdamW, lr 5e-3, weight decay 0, one epoch, batch 4, max length 1024."""
+    """The paper's defaults (AdamW, lr 5e-3, weight decay 0, one epoch, batch 4, max length 1024), grouped by concern;
+    ``tokmem train`` lays its own recipe over them (``PICKED_RECIPE``)."""
 
+    # the optimiser and its budget
     lr: float = option(5e-3, "learning rate of the memory rows")
     weight_decay: float = option(0.0, "AdamW weight decay of the memory rows")
+    schedule: Schedule = option(
+        "constant",
+        "learning rate: constant, or linear (warm-up over --warmup of the steps, then decay to 0; the reference code)",
+        flag="--lr-schedule",
+    )
+    warmup: float = option(0.1, "warm-up fraction of the linear schedule")
     epochs: int = option(1, "passes over the training examples")
     batch_size: int = option(4, "examples per micro-batch")
     grad_accum: int = option(1, "micro-batches per optimiser step")
+    max_steps: int | None = option(None, "stop after this many optimiser steps")
+    seed: int = option(0, "seed of the data order and the new rows")
+
+    # the training sequences and their loss
     max_length: int = option(
         1024, "longest training sequence in tokens (a longer one loses its query's start, then its targets' end)"
     )
-    max_steps: int | None = option(None, "stop after this many optimiser steps")
-    seed: int = option(0, "seed of the data order and the new rows")
+    tool_segments: ToolSegments = option(
+        "arguments", "after a tool's memory token: its arguments only (the reference code) or the whole call"
+    )
+    key_order: KeyOrder = option(
+        "calls",
+        "the order a tool row's arguments are trained and decoded in: the training calls' (calls), its catalog "
+        "schema's (schema), or each call's own, decoded in any order the calls wrote (given)",
+    )
+    result_tokens: int = option(RESULT_TOKENS, "a step's tool result in the sequence is cut to this many tokens")
+    negatives: float = option(
+        0.0,
+        "off-topic queries added per training example (tokmem.data.off_topic; none that shares a word with a "
+        "procedure's name or description), each trained to leave the query to the plain backbone: the open set",
+    )
+    choice_weight: float = option(
+        1.0,
+        "loss weight of the few argument tokens where a call decides which keys it carries (a value's end that goes "
+        "on to another key or closes the object, and the next key's first token); the others weigh 1",
+    )
+    route_weight: float = option(
+        1.0,
+        "loss weight of the memory-token labels (which procedure or tool comes next: the routing), the others weigh "
+        "1: a call has one such label among the dozens of its arguments",
+    )
+    segment_backprop: bool = option(
+        False,
+        "tool loops: back-propagate each labelled segment (a memory token and its arguments) on its own, attending "
+        "to the record's states before it computed without gradients: the tool results are read, never "
+        "back-propagated (an approximation; exact with one segment a record)",
+    )
+
+    # the new rows: how they start, and their norm after training
+    init: Init = option(
+        "mean",
+        "new rows: the mean embedding (the paper's text), orthogonal (the reference code), or name (the mean embedding "
+        "of the procedure's own name and description tokens, at an ordinary token's norm)",
+    )
     renormalize: bool = option(
         True, "renormalise the new rows to the old rows' mean norm after the round", flag="--renorm"
     )
@@ -75,35 +122,8 @@ class TrainConfig:
         "(what generation reads; the index rows then grow freely); a coupled bank's one matrix is both",
     )
     eps: float = 1e-8
-    init: Init = option(
-        "mean",
-        "new rows: the mean embedding (the paper's text), orthogonal (the reference code), or name (the mean embedding "
-        "of the procedure's own name and description tokens, at an ordinary token's norm)",
-    )
-    schedule: Schedule = option(
-        "constant",
-        "learning rate: constant, or linear (warm-up over --warmup of the steps, then decay to 0; the reference code)",
-        flag="--lr-schedule",
-    )
-    warmup: float = option(0.1, "warm-up fraction of the linear schedule")
-    tool_segments: ToolSegments = option(
-        "arguments", "after a tool's memory token: its arguments only (the reference code) or the whole call"
-    )
-    key_order: KeyOrder = option(
-        "calls",
-        "the order a tool row's arguments are trained and decoded in: the training calls' (calls), its catalog "
-        "schema's (schema), or each call's own, decoded in any order the calls wrote (given)",
-    )
-    choice_weight: float = option(
-        1.0,
-        "loss weight of the few argument tokens where a call decides which keys it carries (a value's end that goes "
-        "on to another key or closes the object, and the next key's first token); the others weigh 1",
-    )
-    route_weight: float = option(
-        1.0,
-        "loss weight of the memory-token labels (which procedure or tool comes next: the routing), the others weigh "
-        "1: a call has one such label among the dozens of its arguments",
-    )
+
+    # after training: fits on the states the trained rows' examples reach (tokmem.training.refit)
     refit_index: bool = option(
         False,
         "after training, refit the new rows' routing side on the states their training examples reach, and keep "
@@ -116,18 +136,8 @@ class TrainConfig:
         "the states that route it, and decode its arguments bound to the key set its routing state chooses "
         "(tokmem.training.refit)",
     )
-    negatives: float = option(
-        0.0,
-        "off-topic queries added per training example (tokmem.data.off_topic; none that shares a word with a "
-        "procedure's name or description), each trained to leave the query to the plain backbone: the open set",
-    )
-    result_tokens: int = option(RESULT_TOKENS, "a step's tool result in the sequence is cut to this many tokens")
-    segment_backprop: bool = option(
-        False,
-        "tool loops: back-propagate each labelled segment (a memory token and its arguments) on its own, attending "
-        "to the record's states before it computed without gradients: the tool results are read, never "
-        "back-propagated (an approximation; exact with one segment a record)",
-    )
+
+    # the system: batching, precision, memory, processes
     length_grouped: bool = option(
         False, "batch sequences of similar length together (less padding; each epoch still shuffled)"
     )
@@ -142,6 +152,8 @@ class TrainConfig:
         "under torchrun / accelerate: shard the frozen backbone's decoder layers across the processes (FSDP2), "
         "for a backbone that does not fit one device",
     )
+
+    # the run: progress, checkpoints, resuming
     progress: bool = True
     checkpoint: str | None = None  # save the bank here every ``checkpoint_every`` optimiser steps
     checkpoint_every: int = option(
