@@ -151,8 +151,7 @@ def default_dtype(device: str) -> torch.dtype:
     bytes each step reads, with no per-step weight casts (as autocast over fp32 weights would do).
     The bank's trainable rows and their optimiser state stay float32 (``TokMemModel.unfreeze_rows``);
     they are cast to the backbone's dtype where they enter the network, and the loss is taken in float32.
-    On this project's CPU (AVX512-BF16) bf16 trained TokMem 1.5–1.8× and decoded 1.5–2.0× faster than float32 on
-    smollm2-135m and qwen2.5-coder-0.5b, and a short demo scored the same (``benchmarks/cpu_bf16.py``, docs/scale.md).
+    On a CPU with bf16 it trains and decodes faster than float32, and answers the same (docs/scale.md).
     """
     kind = torch.device(device).type
     if kind == "cuda":

@@ -35,8 +35,7 @@ class DemoConfig:
 
     The paper trains one epoch at batch 4 on hundreds of examples per procedure.  On smollm2-135m in a
     CPU budget, the demo routes best with the decoupled variant (the index rows then learn from the
-    routing positions alone), three dozen queries per procedure, batch 32 and three epochs (measured:
-    docs/studies.md).
+    routing positions alone), three dozen queries per procedure, batch 32 and three epochs.
     """
 
     backbone: str = backbone_option()

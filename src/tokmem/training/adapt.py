@@ -39,8 +39,8 @@ from tokmem.training.train_state import RUN_ONLY, remove_checkpoint
 
 log = logging.getLogger(__name__)
 
-# A cached adaptation's checkpoints: an interruption loses at most this many steps (13 s each for the 0.5B on 2 CPU
-# cores), and a fast device spends little on writing the state (the LoRA weights and their moments, ~7 MB for the 0.5B).
+# A cached adaptation's checkpoints: an interruption loses little, and writing the state (the LoRA weights and their
+# moments) costs little beside the steps between.
 CACHE_CHECKPOINT_EVERY = 10
 
 

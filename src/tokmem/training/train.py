@@ -237,17 +237,11 @@ class TrainReport:
         }
 
 
-# ``tokmem train``'s recipe when no flag sets it: the studies' best for few rows (the tool-loop study's lr 2e-2 on a
-# linear schedule, mean-initialised rows: docs/studies.md, "Why TokMem's routing collapses"), and a budget read off
-# the data: enough epochs that there are at least UPDATES_PER_ROW optimiser steps per new row (50: the travel
-# example's 3 tools then get 160 updates, which routed 92.5% of its held-out queries at seeds 0 and 1 where 120
-# routed 87.5-92.5%: docs/results.md); the rows' routing side refit on the training states after training (on the
-# 0.5B tool loop it gained 7 and 6 exact steps of 80 at seeds 0 and 1 and lost none: docs/tools.md, "Routing refit");
-# and key-set rows for tools whose training calls write several key sets (on the 0.5B tool loop 4, 5 and 3 exact
-# steps more at seeds 0-2, none lost: docs/tools.md, "Key-set rows"; a tool with one key set gets none).
-NEGATIVES = 0.5  # off-topic queries per example in tokmem train's recipe (docs/tools.md, "The open set")
+# ``tokmem train``'s recipe when no flag sets it: what routed and called best for a user's few tools (docs/results.md;
+# docs/tools.md, "Routing refit after training", "Key-set rows", "The open set").
+NEGATIVES = 0.5  # off-topic queries per example: the rows learn to leave the open set to the backbone
 PICKED_RECIPE = {"lr": 2e-2, "schedule": "linear", "refit_index": True, "key_sets": True, "negatives": NEGATIVES}
-UPDATES_PER_ROW = 50
+UPDATES_PER_ROW = 50  # the least optimiser steps per new row: few tools need several epochs (the travel example)
 
 
 def picked_config(examples: list[Example], new_rows: int, **given) -> TrainConfig:
@@ -614,10 +608,8 @@ def _seed(seed: int) -> None:
 
 def step_context(device: torch.device, bf16: bool | None = None) -> ExitStack:
     """What a training step runs under: bf16 autocast where asked (``None``: on CUDA) and, on CUDA,
-    attention without cuDNN's fused kernel.  cuDNN builds an execution plan for every new shape, and
-    training batches come in many shapes: on an H200 that cost 3.7 ms of host time per attention call,
-    more than the whole step's GPU time (benchmarks/train_throughput.py).  Flash and memory-efficient
-    attention have no such cost."""
+    attention without cuDNN's fused kernel: cuDNN builds an execution plan for every new shape, and training batches
+    come in many shapes (docs/scale.md, "The GPU path").  Flash and memory-efficient attention have no such cost."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     stack = ExitStack()
