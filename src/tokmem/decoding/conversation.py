@@ -28,17 +28,6 @@ from tokmem.training.sequences import (
 )
 
 
-def context_after(model: TokMemModel, memory: int) -> list[int]:
-    """The memory token of a tool and the context that follows it before its arguments: its tail, and its schema in a
-    bank that shows schemas (``tool_call_ids``'s layout; the server's engine lays it out so too); nothing for
-    ``memory`` -1 (no call)."""
-    if memory < 0:
-        return []
-    schema = model.bank.schemas[memory - model.vocab_size] if model.bank.shows_schemas else None
-    shown = [] if schema is None else shown_schema_ids(model.backbone.tokenizer, schema)
-    return [memory, *model.tail_ids(memory), *shown]
-
-
 def conversation_ids(model: TokMemModel, messages: list[dict], result_tokens: int = RESULT_TOKENS) -> list[int]:
     """The conversation's tokens up to where the assistant answers next (see the module's docstring).
 
@@ -55,7 +44,7 @@ def conversation_ids(model: TokMemModel, messages: list[dict], result_tokens: in
 
 
 def _turns(model: TokMemModel, messages: list[dict], i: int) -> list:
-    """The turns (``tokmem.sequences``: ``Calls``, ``Answer``, ``UserTurns``) of ``messages`` from ``i``, the first
+    """The turns (``tokmem.training.sequences``: ``Calls``, ``Answer``, ``UserTurns``) of ``messages`` from ``i``, the first
     tool calls, on; a message out of place is a ``DataError`` naming it."""
     turns: list = []
     while i < len(messages):
@@ -146,3 +135,14 @@ def _results(messages: list[dict], start: int, call_ids: list) -> list[str]:
             "(each call's result must follow it, with its tool_call_id)"
         )
     return [found[call_id] for call_id in call_ids]
+
+
+def context_after(model: TokMemModel, memory: int) -> list[int]:
+    """The memory token of a tool and the context that follows it before its arguments: its tail, and its schema in a
+    bank that shows schemas (``tool_call_ids``'s layout; the server's engine lays it out so too); nothing for
+    ``memory`` -1 (no call)."""
+    if memory < 0:
+        return []
+    schema = model.bank.schemas[memory - model.vocab_size] if model.bank.shows_schemas else None
+    shown = [] if schema is None else shown_schema_ids(model.backbone.tokenizer, schema)
+    return [memory, *model.tail_ids(memory), *shown]
