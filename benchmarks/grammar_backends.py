@@ -31,10 +31,15 @@ from tokmem.data.nestful import load_spec
 from tokmem.data.procedures import arguments_json
 from tokmem.data.toolfiles import read_records
 from tokmem.io import write_text_atomic
-from tokmem.grammar import allowed_tokens
 from tokmem.schemas import decoding_schema
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "function-calling" / "complexfuncbench"
+BITS = torch.arange(32, dtype=torch.int32)
+
+
+def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A bool (rows, vocab_size) tensor from the backends' packed int32 bitmask (32 tokens a word)."""
+    return ((bitmask.unsqueeze(-1) >> BITS) & 1).bool().flatten(1)[:, :vocab_size]
 
 
 class XGrammar:

@@ -23,7 +23,7 @@ import xgrammar
 
 from tokmem import load_backbone
 from tokmem.data.nestful import load_spec
-from tokmem.grammar import Grammars
+from tokmem.decoding.grammar import Grammars
 from tokmem.io import write_json_atomic
 from tokmem.schemas import decoding_schema, shared_leaves
 from tokmem.cli.options import add_backbone

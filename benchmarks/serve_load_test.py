@@ -32,7 +32,7 @@ import uvicorn
 import tokmem
 from tokmem import DecodeConfig, load_backbone
 from tokmem.backbones import Backbone
-from tokmem.bank_format import metadata_path
+from tokmem.bank.file_format import metadata_path
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
 from tokmem.serve.api import create_app

@@ -35,10 +35,11 @@ from transformers import DynamicCache
 
 import tokmem
 from tokmem.backbones import Backbone, load_backbone
-from tokmem.bank_format import metadata_path
+from tokmem.bank.file_format import metadata_path
 from tokmem.data.builtin import catalog, make_example
-from tokmem.batch import left_pad
-from tokmem.sequences import chat_prefix, positions
+from tokmem.decoding.batch import left_pad
+from tokmem.training.sequences import chat_prefix
+from tokmem.model import positions
 from tokmem.report import console, machine, write_json
 from tokmem.serve.banks import BankRegistry
 from tokmem.serve.engine import Engine, Request, bank_tables

@@ -35,7 +35,7 @@ import psutil
 from serve_load_test import QUERIES, THRESHOLDS, Answer, ask, check, write_bank
 
 from tokmem import load_backbone
-from tokmem.bank_format import metadata_path
+from tokmem.bank.file_format import metadata_path
 from tokmem.serve.banks import revision
 
 MAX_PROMPT_CHARS = 4000

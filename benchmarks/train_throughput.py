@@ -42,7 +42,7 @@ from tokmem.backbones import DEVICE_HELP
 from tokmem.cli.options import add_backbone
 from tokmem.data.procedures import Example
 from tokmem.report import console, machine, write_json
-from tokmem.sequences import encode
+from tokmem.training.sequences import encode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: research/ beside src/
 from research.methods.lora import LoRA  # noqa: E402
@@ -106,7 +106,7 @@ def tokmem_epochs(backbone, work: Workload, batch_size: int, epochs: int, segmen
     return {
         "seconds": seconds,
         "tokens": report.tokens / epochs,
-        "padding_share": report.padding_share,
+        "padding_share": 1 - report.tokens / report.positions,  # of the collated batches' positions
         "prefix_cache_bytes": report.prefix_cache_bytes,
         "final_loss": report.losses[-1],
     }

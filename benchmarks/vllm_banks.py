@@ -30,8 +30,8 @@ from safetensors.torch import save_file
 
 import tokmem
 from tokmem.backbones import DEFAULT_BACKBONE, cache_dir, load_backbone
-from tokmem.decode import DecodeConfig, to_generation
-from tokmem.sequences import chat_prefix
+from tokmem.decoding.decode import DecodeConfig, to_generation
+from tokmem.training.sequences import chat_prefix
 from tokmem.report import console, machine, write_json
 from tokmem.serve.banks import BankRegistry
 from tokmem.serve.engine import Engine, Request

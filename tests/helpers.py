@@ -188,7 +188,7 @@ def edited_bank_file(bank, path, change):
 
 def bank_files(path) -> tuple[bytes, bytes]:
     """(safetensors, JSON) bytes of a saved bank: what an upload sends."""
-    from tokmem.bank_format import metadata_path
+    from tokmem.bank.file_format import metadata_path
 
     return path.read_bytes(), metadata_path(path).read_bytes()
 

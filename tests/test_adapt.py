@@ -16,9 +16,9 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 
 import tokmem
 from tokmem import TrainConfig, load_backbone
-from tokmem.adapt import AdaptConfig, adapt, adaptation_key, cached_adapt, save_backbone
+from tokmem.training.adapt import AdaptConfig, adapt, adaptation_key, cached_adapt, save_backbone
 from tokmem.backbones import Backbone
-from tokmem.bank import MemoryBank
+from tokmem.bank.memory_bank import MemoryBank
 from tokmem.cli import build_parser, main
 from tokmem.cli.learn import adapt_settings
 from tokmem.data.tool_catalog import split_tools
@@ -179,7 +179,7 @@ def test_an_interrupted_adaptation_resumed_from_its_checkpoint_merges_the_uninte
 def test_a_cached_adaptation_interrupted_goes_on_from_its_checkpoint_at_the_next_call(
     backbone, adaptation_examples, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(importlib.import_module("tokmem.adapt"), "CACHE_CHECKPOINT_EVERY", 1)
+    monkeypatch.setattr(importlib.import_module("tokmem.training.adapt"), "CACHE_CHECKPOINT_EVERY", 1)
     rows = options(batch_size=1)
     whole, _, _ = cached_adapt(backbone, adaptation_examples, FAST, rows, tmp_path / "whole")
     with pytest.raises(Interrupted):

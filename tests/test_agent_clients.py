@@ -208,7 +208,7 @@ def defaults_url(lively_backbone, tmp_path_factory):
 
     from tokmem.data import load_catalog, load_examples
     from tokmem.data.procedures import load_schemas
-    from tokmem.train import picked_config
+    from tokmem.training.train import picked_config
 
     banks, examples = tmp_path_factory.mktemp("trained"), load_examples(TRAVEL / "train.jsonl")
     model = tokmem.create(lively_backbone)

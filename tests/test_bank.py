@@ -10,8 +10,8 @@ from helpers import random_rows
 from safetensors.torch import save_file
 
 import tokmem
-from tokmem.bank import MemoryBank
-from tokmem.bank_format import metadata_path
+from tokmem.bank.memory_bank import MemoryBank
+from tokmem.bank.file_format import metadata_path
 from tokmem.errors import BankError
 
 WIDTH = 8
@@ -308,7 +308,7 @@ def crash_halfway(bank, monkeypatch):
             f.write(data[: len(data) // 2])
         raise OSError("No space left on device")
 
-    monkeypatch.setattr("tokmem.bank_format.save_file", save_half)
+    monkeypatch.setattr("tokmem.bank.file_format.save_file", save_half)
 
 
 @pytest.mark.parametrize("fail", [poison_with_nan, crash_halfway])

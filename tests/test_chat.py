@@ -10,9 +10,10 @@ from helpers import PINGED, ping_bank, random_rows
 
 import tokmem
 from tokmem import ChatCache, DecodeConfig, Example, Step
-from tokmem.chat import Reply, ToolCall, answered_calls, conversation_ids, without_repeats
+from tokmem.decoding.tool_rules import Reply, ToolCall, answered_calls, without_repeats
+from tokmem.decoding.conversation import conversation_ids
 from tokmem.errors import DataError
-from tokmem.sequences import encode
+from tokmem.training.sequences import encode
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Rome"]}}, "required": ["city"]}
 COUNT = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}

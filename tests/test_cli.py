@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 import tokmem as tokmem_package
-from tokmem.bank import MemoryBank
-from tokmem.bank_format import metadata_path
+from tokmem.bank.memory_bank import MemoryBank
+from tokmem.bank.file_format import metadata_path
 from tokmem.cli import main
 from tokmem.data import Example, Step, save_examples
-from tokmem.train import NEGATIVES, UPDATES_PER_ROW
+from tokmem.training.train import NEGATIVES, UPDATES_PER_ROW
 
 WORDS = ["apple", "house", "table", "chair", "green", "water"]
 

@@ -11,9 +11,9 @@ from helpers import city_count_model
 
 import tokmem
 from tokmem import DecodeConfig
-from tokmem.chat import conversation_ids
-from tokmem.decode import argument_grammar, contrasted_logits
-from tokmem.sequences import positions
+from tokmem.decoding.conversation import conversation_ids
+from tokmem.decoding.decode import argument_grammar, contrasted_logits
+from tokmem.model import positions
 
 CONFIG = DecodeConfig(max_new_tokens=24, references=False)
 COUNT = [{"type": "function", "function": {"name": "count"}}]

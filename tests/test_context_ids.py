@@ -1,5 +1,5 @@
-"""The context ids that follow a memory token (a tool's tail, the shared rows; ``tokmem.context_ids``): one rule, fed
-after each memory token by every decoder, so ``generate`` chains calls of such a bank as ``tokmem.chat`` answers."""
+"""The context ids that follow a memory token (a tool's tail, the shared rows; ``tokmem.bank.memory_ids``): one rule,
+fed after each memory token by every decoder, so ``generate`` chains calls of such a bank as ``tokmem.chat`` answers."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ from helpers import city_count_chain, city_count_model, example_messages
 
 import tokmem
 from tokmem import DecodeConfig
-from tokmem.context_ids import ContextLayout
+from tokmem.bank.memory_ids import ContextLayout
 from tokmem.data.procedures import assemble_call
 from tokmem.errors import BankError
 

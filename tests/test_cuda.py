@@ -12,7 +12,7 @@ from helpers import QUERIES, SERVED_BANKS, write_served_banks
 import tokmem
 from tokmem import DecodeConfig, TrainConfig
 from tokmem.backbones import Backbone, load_backbone
-from tokmem.sequences import chat_prefix
+from tokmem.training.sequences import chat_prefix
 from tokmem.serve.banks import BankRegistry
 from tokmem.serve.engine import Engine, Request
 

@@ -14,10 +14,11 @@ from transformers import DynamicCache
 import tokmem
 from tokmem import DecodeConfig
 from research.methods.method import first_block
-from tokmem.batch import left_pad
-from tokmem.decode import HeldPrefix, complete, decode_rows
-from tokmem.stops import BlankLineStop
-from tokmem.sequences import chat_prefix, chat_turns, positions
+from tokmem.decoding.batch import left_pad
+from tokmem.decoding.decode import HeldPrefix, complete, decode_rows
+from tokmem.decoding.stopping import BlankLineStop
+from tokmem.training.sequences import chat_prefix, chat_turns
+from tokmem.model import positions
 
 
 @pytest.fixture(params=[False, True], ids=["coupled", "decoupled"])
@@ -306,7 +307,7 @@ def test_stopping_at_a_blank_line_keeps_the_text_up_to_it(lively_backbone):
 
 
 class EndAt:
-    """A stopping rule (``tokmem.stops``' shape) that ends row ``row`` at its ``count``-th token."""
+    """A stopping rule (``tokmem.decoding.stopping``' shape) that ends row ``row`` at its ``count``-th token."""
 
     def __init__(self, row: int, count: int):
         self.row, self.count, self.seen = row, count, 0

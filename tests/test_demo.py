@@ -6,8 +6,8 @@ import json
 import tokmem
 from tokmem import Example, Step
 from tokmem.backbones import load_backbone
-from tokmem.bank import MemoryBank
-from tokmem.decode import DecodeConfig
+from tokmem.bank.memory_bank import MemoryBank
+from tokmem.decoding.decode import DecodeConfig
 from research.methods.method import plain_answers
 from tokmem.cli import main
 from tokmem.data.builtin import demo_dataset, instructed_prompt

@@ -13,13 +13,13 @@ import torch
 from safetensors.torch import load_file
 
 from tokmem.backbones import load_backbone
-from tokmem.bank import MemoryBank
+from tokmem.bank.memory_bank import MemoryBank
 from tokmem.cli import main
 import tokmem
 from tokmem.data import Example, Step, load_examples, save_examples
 from tokmem.errors import TokMemError
-from tokmem.train import TrainConfig, fit
-from tokmem.distributed import shard
+from tokmem.training.train import TrainConfig, fit
+from tokmem.training.distributed import shard
 
 WORDS = ["apple", "house", "table", "chair", "green", "water", "river", "stone", "cloud"]
 

@@ -5,11 +5,11 @@ from helpers import random_rows
 
 import tokmem
 from tokmem.data.procedures import Example, Step
-from tokmem.decode import DecodeConfig, Generation, Segment, generate
+from tokmem.decoding.decode import DecodeConfig, Generation, Segment, generate
 from tokmem.eval import metrics
 from tokmem.eval.evaluate import are_tool_calls, evaluate, score_calls
 from research.methods.tokmem import TokMem
-from tokmem.sequences import RESULT_TOKENS
+from tokmem.training.sequences import RESULT_TOKENS
 from research.studies.harness import PhaseBars
 from research.studies.tool_loop import loop_scores
 

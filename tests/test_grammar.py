@@ -10,8 +10,8 @@ from helpers import random_rows
 
 import tokmem
 from tokmem import DecodeConfig, Example, Step, TrainConfig
-from tokmem.chat import tool_schemas
-from tokmem.grammar import ArgumentGrammar, grammars_for
+from tokmem.decoding.tool_rules import tool_schemas
+from tokmem.decoding.grammar import ArgumentGrammar, grammars_for
 from tokmem.data.procedures import schema_order
 from tokmem.schemas import (
     INTEGER_BOUND,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tokmem.bank import MemoryBank
+from tokmem.bank.memory_bank import MemoryBank
 from tokmem.cli import main
 from tokmem.data import load_catalog, load_examples
 from tokmem.data.bfcl import import_bfcl, parse_call

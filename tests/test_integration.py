@@ -9,7 +9,7 @@ import torch
 
 import tokmem
 from tokmem import DecodeConfig, TrainConfig
-from tokmem.bank import MemoryBank
+from tokmem.bank.memory_bank import MemoryBank
 from tokmem.data import builtin
 from tokmem.eval.evaluate import evaluate
 

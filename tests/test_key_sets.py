@@ -1,5 +1,5 @@
-"""Key-set rows (tokmem.key_sets, ``TrainConfig.key_sets``): a tool's training key sets, one chosen by the state that
-routed the tool, its arguments then bound to exactly those keys — offline, served and in the bank file."""
+"""Key-set rows (tokmem.bank.key_sets, ``TrainConfig.key_sets``): a tool's training key sets, one chosen by the state
+that routed the tool, its arguments then bound to exactly those keys — offline, served and in the bank file."""
 
 import json
 
@@ -10,9 +10,9 @@ from helpers import call, serve
 import tokmem
 from tokmem import DecodeConfig, Example, Step
 from tokmem.errors import BankError
-from tokmem.key_sets import KeySets, call_key_sets, logistic_regression
-from tokmem.refit import routing_states
-from tokmem.train import TrainConfig, encode_examples
+from tokmem.bank.key_sets import KeySets
+from tokmem.training.refit import call_key_sets, logistic_regression, routing_states
+from tokmem.training.train import TrainConfig, encode_examples
 
 HOTEL = {
     "type": "object",

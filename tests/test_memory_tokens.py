@@ -1,6 +1,6 @@
 """A bank of several memory tokens a tool (``memory_tokens`` k > 1): the first routes, the tool's tail (k - 1 input rows)
 follows it as context before the arguments — in training, in a conversation's history and in decoding
-(every decoder: ``tokmem.context_ids``)."""
+(every decoder: ``tokmem.bank.memory_ids``)."""
 
 import json
 
@@ -10,10 +10,11 @@ from helpers import city_count_chain, city_count_model, edited_bank_file, exampl
 
 import tokmem
 from tokmem import ChatCache, DecodeConfig
-from tokmem.bank import MemoryBank
-from tokmem.chat import conversation_ids
+from tokmem.bank.memory_bank import MemoryBank
+from tokmem.decoding.conversation import conversation_ids
 from tokmem.errors import BankError
-from tokmem.sequences import IGNORE, collate, encode
+from tokmem.training.sequences import IGNORE, collate, encode
+from tokmem.training.loss import batch_loss
 
 CONFIG = DecodeConfig(max_new_tokens=40, references=False)
 CHAIN = city_count_chain()
@@ -49,9 +50,9 @@ def test_training_lays_out_each_call_as_memory_token_tail_then_arguments_the_tai
 
 def test_the_tail_is_read_by_the_arguments_and_trains_with_the_rows_alone(tails):
     batch = collate([encoded(tails)], tails.backbone.tokenizer.pad_token_id)
-    before = float(tails.loss(batch)[0])
+    before = float(batch_loss(tails, batch)[0])
     tails.bank.tail = tails.bank.tail.flip(0)  # each tool given the other's tail
-    assert float(tails.loss(batch)[0]) != pytest.approx(before)
+    assert float(batch_loss(tails, batch)[0]) != pytest.approx(before)
     tail = tails.bank.tail.clone()
     report = tokmem.train(tails, [CHAIN] * 4, tokmem.TrainConfig(epochs=6, batch_size=2, lr=5e-2))
     assert report.losses[-1] < report.losses[0]

@@ -10,10 +10,17 @@ import tokmem
 from tokmem import Example, Step, TrainConfig
 from tokmem.backbones import CPU_BF16, cpu_has_bf16, default_dtype
 from tokmem.errors import BackboneError, BankError
-from tokmem.model import next_token_loss
-from tokmem.suffix_passes import _packing_pays, _shared_width, _split_prefix
-from tokmem.prefix_store import PrefixStore
-from tokmem.sequences import ANSWER, IGNORE, collate, encode
+from tokmem.training.loss import (
+    _packing_pays,
+    _shared_width,
+    _split_prefix,
+    batch_loss,
+    key_choice_weights,
+    label_weights,
+    next_token_loss,
+)
+from tokmem.training.prefix_store import PrefixStore
+from tokmem.training.sequences import ANSWER, IGNORE, collate, encode
 
 
 @pytest.fixture(params=[False, True], ids=["coupled", "decoupled"])
@@ -115,7 +122,7 @@ def test_loss_with_the_query_prefix_cached_equals_the_full_sequence_loss_and_gra
     shared = _split_prefix(batch, starts, _shared_width(batch["input_ids"], starts))[0]
     assert tokenizer.decode(shared[0]).startswith("<|im_start|>user")  # encoded once for all rows
     rows = filled.unfreeze_rows()
-    cached, count = filled.loss(batch)
+    cached, count = batch_loss(filled, batch)
     cached_grads = torch.autograd.grad(cached, rows)
     full = full_sequence_loss(filled, batch)
     full_grads = torch.autograd.grad(full, rows)
@@ -136,11 +143,11 @@ def test_prefixes_kept_in_a_store_give_the_full_sequence_loss_and_gradients_whet
     batch = collate(encoded, tokenizer.pad_token_id)
     store = PrefixStore(budget=2**30)
     rows = filled.unfreeze_rows()
-    filled.loss(collate(encoded[1:2], tokenizer.pad_token_id), store)  # one row stored, two new in the batch
+    batch_loss(filled, collate(encoded[1:2], tokenizer.pad_token_id), store)  # one row stored, two new in the batch
     assert len(store.entries) == 1
     full_grads = torch.autograd.grad(full_sequence_loss(filled, batch), rows)
     for expected_entries in (3, 3):  # a mixed batch, then every row from the store
-        stored, _ = filled.loss(batch, store)
+        stored, _ = batch_loss(filled, batch, store)
         assert len(store.entries) == expected_entries
         assert stored.item() == pytest.approx(full_sequence_loss(filled, batch).item(), rel=1e-5)
         for a, b in zip(torch.autograd.grad(stored, rows), full_grads):
@@ -152,12 +159,12 @@ def test_a_store_keeps_prefixes_only_while_its_budget_lasts_and_the_loss_is_the_
     tokenizer = backbone.tokenizer
     batch = collate([encode(e, tokenizer, filled.memory_id, 1024) for e in examples], tokenizer.pad_token_id)
     unbounded, bounded = PrefixStore(budget=2**30), PrefixStore(budget=0)
-    filled.loss(batch, unbounded)
+    batch_loss(filled, batch, unbounded)
     one = unbounded.used // len(examples) + 1  # the prefixes differ in length by a few tokens
     bounded.budget = 2 * one
-    expected = filled.loss(batch)[0].item()
+    expected = batch_loss(filled, batch)[0].item()
     for _ in range(2):
-        assert filled.loss(batch, bounded)[0].item() == pytest.approx(expected, rel=1e-5)
+        assert batch_loss(filled, batch, bounded)[0].item() == pytest.approx(expected, rel=1e-5)
         assert 0 < bounded.used <= bounded.budget and len(bounded.entries) < len(examples)
 
 
@@ -215,13 +222,13 @@ def test_a_batchs_suffixes_run_packed_in_one_row_without_their_padding(filled, b
     tokenizer = backbone.tokenizer
     batch = collate([encode(e, tokenizer, filled.memory_id, 1024) for e in examples], tokenizer.pad_token_id)
     store = PrefixStore(budget=2**30)
-    filled.loss(batch, store)  # the prefixes kept: the next loss runs the suffix pass only
+    batch_loss(filled, batch, store)  # the prefixes kept: the next loss runs the suffix pass only
     shapes = []
     hook = filled.lm.base_model.register_forward_pre_hook(
         lambda module, args, kwargs: shapes.append(tuple(kwargs["inputs_embeds"].shape[:2])), with_kwargs=True
     )
     try:
-        packed, _ = filled.loss(batch, store)
+        packed, _ = batch_loss(filled, batch, store)
     finally:
         hook.remove()
     starts = (batch["labels"] != IGNORE).int().argmax(-1)
@@ -253,7 +260,7 @@ def test_the_key_choice_weight_falls_on_a_values_end_and_the_next_keys_first_tok
     arguments = '{"query":"Paris, France","adults":2,"sort_by":"price"}'
     ids = tokenizer(arguments, add_special_tokens=False)["input_ids"]
     labels = torch.tensor([[IGNORE, *ids]])
-    weights = model.key_choice_weights(labels, 4.0)[0, 1:]
+    weights = key_choice_weights(model, labels, 4.0)[0, 1:]
     weighted = [tokenizer.decode([i]) for i, w in zip(ids, weights.tolist()) if w == 4.0]
     assert weighted == ['","', "ad", ',"', "sort", '"}']  # the comma inside "Paris, France" is not one
     assert set(weights.tolist()) == {1.0, 4.0}
@@ -280,11 +287,11 @@ def test_loss_weights_weigh_their_labels_in_the_mean_loss_and_one_leaves_it_unch
     losses = torch.nn.functional.cross_entropy(
         model.logits(hidden[:, :-1][where]).float(), labels[where], reduction="none"
     )
-    weights = model.label_weights(labels, choice_weight, route_weight)[where]
+    weights = label_weights(model, labels, choice_weight, route_weight)[where]
     assert {w: int((weights == w).sum()) for w in weights.unique().tolist() if w != 1} == weighted_labels
     if route_weight != 1:
         assert labels[where][weights == route_weight].tolist() == [model.memory_id("search")]
-    weighted, count = model.loss(batch, choice_weight=choice_weight, route_weight=route_weight)
+    weighted, count = batch_loss(model, batch, choice_weight=choice_weight, route_weight=route_weight)
     assert weighted.item() == pytest.approx((losses * weights).mean().item(), rel=1e-4)
-    assert model.loss(batch)[0].item() == pytest.approx(losses.mean().item(), rel=1e-4) != weighted.item()
+    assert batch_loss(model, batch)[0].item() == pytest.approx(losses.mean().item(), rel=1e-4) != weighted.item()
     assert count == int(where.sum())

@@ -9,11 +9,11 @@ import tokmem
 from tokmem import Example, Step, TrainConfig
 from tokmem.data import off_topic
 from tokmem.data.procedures import parse_example
-from tokmem.decode import route
+from tokmem.decoding.decode import route
 from tokmem.errors import DataError, TokMemError
 from tokmem.eval.open_set import off_topic_queries, restraint
-from tokmem.sequences import ANSWER, IGNORE, encode
-from tokmem.train import picked_config
+from tokmem.training.sequences import ANSWER, IGNORE, encode
+from tokmem.training.train import picked_config
 
 TRAVEL = off_topic.bank_words(
     ["get_weather", "convert_currency", "search_flights"],

@@ -1,19 +1,20 @@
 """Command-line options generated from config dataclasses: one mapping, defaults only in the dataclass."""
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 import pytest
 
-from tokmem.adapt import AdaptConfig
+from tokmem.training.adapt import AdaptConfig
+from tokmem.cli import build_parser, main
 from tokmem.cli.options import add_options, values
 from tokmem.config import option
-from tokmem.decode import DecodeConfig
-from tokmem.lora import LoRASettings
+from tokmem.decoding.decode import DecodeConfig
+from tokmem.training.lora import LoRASettings
 from research.studies.compositional_config import make_config
 from research.studies.settings import MethodSettings
-from tokmem.train import TrainConfig
+from tokmem.training.train import TrainConfig
 
 
 @dataclass
@@ -72,3 +73,49 @@ def test_a_study_setting_sets_the_config_field_it_names_and_defaults_to_it():
     settings = MethodSettings()
     assert settings.train() == TrainConfig() and settings.lora() == LoRASettings()
     assert settings.decode() == DecodeConfig(max_steps=1)
+
+
+# What users type: ``tokmem train``'s and ``tokmem add``'s flags (generated from TrainConfig and the commands' own
+# options), and the training defaults they get.  Regrouping TrainConfig's fields must change neither.
+TRAINING_FLAGS = {
+    "--batch-size", "--bf16", "--catalog", "--checkpoint-every", "--choice-weight", "--data", "--device", "--epochs",
+    "--fsdp", "--grad-accum", "--help", "--init", "--json", "--key-order", "--key-sets", "--length-grouped", "--lr",
+    "--lr-schedule", "--max-length", "--max-steps", "--negatives", "--no-bf16", "--no-fsdp", "--no-key-sets",
+    "--no-length-grouped", "--no-refit-index", "--no-renorm", "--no-renorm-every-step", "--no-resume",
+    "--no-segment-backprop", "--off-topic", "--out", "--prefix-cache-gib", "--quiet", "--refit-index", "--renorm",
+    "--renorm-every-step", "--renorm-side", "--renorm-target", "--result-tokens", "--resume", "--route-weight",
+    "--seed", "--segment-backprop", "--tool-segments", "--warmup", "--weight-decay", "-h",
+}  # fmt: skip
+BANK_FORM_FLAGS = {
+    "--backbone",
+    "--decoupled",
+    "--no-decoupled",
+    "--memory-tokens",
+    "--shared-tokens",
+    "--show-schemas",
+}
+TRAIN_DEFAULTS = {
+    "lr": 5e-3, "weight_decay": 0.0, "epochs": 1, "batch_size": 4, "grad_accum": 1, "max_length": 1024,
+    "max_steps": None, "seed": 0, "renormalize": True, "renorm_every_step": False, "renorm_target": "old_rows",
+    "renorm_side": "index", "eps": 1e-8, "init": "mean", "schedule": "constant", "warmup": 0.1,
+    "tool_segments": "arguments", "key_order": "calls", "choice_weight": 1.0, "route_weight": 1.0,
+    "refit_index": False, "key_sets": False, "negatives": 0.0, "result_tokens": 256, "segment_backprop": False,
+    "length_grouped": False, "bf16": None, "prefix_cache_gib": None, "fsdp": False, "progress": True,
+    "checkpoint": None, "checkpoint_every": 0, "resume": False,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "command, flags", [("train", TRAINING_FLAGS | BANK_FORM_FLAGS), ("add", TRAINING_FLAGS | {"--bank"})]
+)
+def test_the_training_commands_list_the_flags_users_type(capsys, command, flags):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    shown = capsys.readouterr().out
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    offered = {flag for action in commands.choices[command]._actions for flag in action.option_strings}
+    assert offered == flags and all(flag in shown for flag in flags)
+
+
+def test_train_config_keeps_the_defaults_users_get():
+    assert asdict(TrainConfig()) == TRAIN_DEFAULTS

@@ -1,5 +1,5 @@
-"""The index refit (tokmem.refit, ``TrainConfig.refit_index``): the routing side fitted to the states the training
-sequences reach, the steering left as trained."""
+"""The index refit (tokmem.training.refit, ``TrainConfig.refit_index``): the routing side fitted to the states the
+training sequences reach, the steering left as trained."""
 
 import time
 from dataclasses import asdict, replace
@@ -10,12 +10,12 @@ from helpers import CITY, COUNT, tool_bank
 
 import tokmem
 from tokmem import DecodeConfig, Example, Step
-from tokmem.chat import tool_routing
+from tokmem.decoding.tool_rules import tool_routing
 from tokmem.eval.tool_loop import conversation
 from research.methods.tokmem import TokMem
-from tokmem.refit import refit_index, routing_states
+from tokmem.training.refit import refit_index, routing_states
 from research.studies.harness import MethodResult
-from tokmem.train import TrainConfig, encode_examples
+from tokmem.training.train import TrainConfig, encode_examples
 
 CHAINS = [
     Example(

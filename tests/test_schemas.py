@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from helpers import Measure
 from pydantic import BaseModel
 
-from tokmem.chat import conversation_ids
+from tokmem.decoding.conversation import conversation_ids
 from tokmem.data.procedures import load_schemas
 from tokmem.errors import DataError
-from tokmem.grammar import ArgumentGrammar, Grammars
+from tokmem.decoding.grammar import ArgumentGrammar, Grammars
 from tokmem.schemas import Budget, SchemaError, check_schema, decoding_schema, shared_leaves
 
 

@@ -11,8 +11,8 @@ import tokmem
 from tokmem import Example, Step, TrainConfig
 from tokmem.backbones import Backbone
 from tokmem.data.procedures import call_json
-from tokmem.model import next_token_loss
-from tokmem.sequences import IGNORE, collate, encode
+from tokmem.training.loss import batch_loss, next_token_loss
+from tokmem.training.sequences import IGNORE, collate, encode
 
 
 def random_model(backbone, names: list[str], kinds: list[str], decoupled: bool = False):
@@ -99,8 +99,8 @@ def test_with_one_segment_a_record_the_loss_and_row_gradients_are_full_back_prop
     batch = batch_of(model, examples)  # atomic records and a chain written without results: one run of labels each
     assert all(len(segments(row)) == 1 for row in batch["labels"].tolist())
     rows = model.unfreeze_rows()
-    full, count = model.loss(batch)
-    segmented, segmented_count = model.loss(batch, segments=True)
+    full, count = batch_loss(model, batch)
+    segmented, segmented_count = batch_loss(model, batch, segments=True)
     assert segmented_count == count
     assert segmented.item() == pytest.approx(full.item(), rel=1e-6)
     for a, b in zip(torch.autograd.grad(segmented, rows), torch.autograd.grad(full, rows)):
@@ -118,7 +118,7 @@ def test_with_several_segments_the_gradients_are_each_segments_own_loss_with_the
     batch = batch_of(model, [*tool_loops(), one_call])
     assert [len(segments(labels)) for _, labels in records(batch)] == [3, 3, 1]  # two calls and the answer; one
     rows = model.unfreeze_rows()
-    segmented, count = model.loss(batch, segments=True)
+    segmented, count = batch_loss(model, batch, segments=True)
     reference = [loss for ids, labels in records(batch) for _, loss in segment_loss_sums(model, ids, labels)]
     reference = torch.stack(reference).sum() / count
     assert segmented.item() == pytest.approx(reference.item(), rel=1e-5)
@@ -132,13 +132,13 @@ def test_a_rows_input_side_learns_from_its_own_segments_loss_only_unlike_full_ba
     find = model.memory_id("Find")
     model.unfreeze_rows()
     steer = model.row_steer
-    segmented, count = model.loss(batch, segments=True)
+    segmented, count = batch_loss(model, batch, segments=True)
     sums = [pair for ids, labels in records(batch) for pair in segment_loss_sums(model, ids, labels)]
     own = [loss for first, loss in sums if first == find]
     assert len(own) == 2  # Find's call in each record
     (own_grad,) = torch.autograd.grad(torch.stack(own).sum() / count, steer)
     (segmented_grad,) = torch.autograd.grad(segmented, steer)
-    (full_grad,) = torch.autograd.grad(model.loss(batch)[0], steer)
+    (full_grad,) = torch.autograd.grad(batch_loss(model, batch)[0], steer)
     row = model.bank.row("Find")
     torch.testing.assert_close(segmented_grad[row], own_grad[row], rtol=1e-4, atol=1e-6)
     assert not torch.allclose(full_grad[row], own_grad[row], rtol=1e-2, atol=1e-4)  # later segments read it there

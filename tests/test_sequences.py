@@ -8,7 +8,7 @@ import torch
 
 from tokmem import Example, Step
 from tokmem.errors import DataError
-from tokmem.sequences import (
+from tokmem.training.sequences import (
     ANSWER,
     IGNORE,
     TruncationCount,

@@ -21,7 +21,7 @@ import tokmem
 from tokmem import DecodeConfig
 from tokmem.cli import main
 from tokmem.extras import EXTRAS
-from tokmem.sequences import chat_prefix
+from tokmem.training.sequences import chat_prefix
 from tokmem.serve.stream import Deltas
 
 

@@ -11,7 +11,7 @@ from helpers import QUERIES, SERVED_BANKS, bank_files, write_bank, write_served_
 import tokmem
 from tokmem import DecodeConfig
 from tokmem.errors import BankError
-from tokmem.sequences import chat_prefix
+from tokmem.training.sequences import chat_prefix
 from tokmem.serve.banks import BankNotFound, BankRegistry, BankVersion
 from tokmem.serve.engine import Engine, Overloaded, Request, bank_tables
 

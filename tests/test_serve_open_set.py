@@ -11,7 +11,7 @@ import openai
 import pytest
 from helpers import call, serve, write_tool_bank
 
-from tokmem.chat import Reply, ToolCall, call_id, without_repeats
+from tokmem.decoding.tool_rules import Reply, ToolCall, call_id, without_repeats
 
 ASK = [{"role": "user", "content": "Weather in Rome, then count."}]
 ROUTE_ALWAYS = {"threshold": 0.0}

@@ -13,7 +13,7 @@ from helpers import CITY, call, serve, write_bank, write_tool_bank
 
 import tokmem
 from tokmem import DecodeConfig
-from tokmem.decode import nucleus
+from tokmem.decoding.decode import nucleus
 
 ASK = [{"role": "user", "content": "Weather in Rome, then count."}]
 WEATHER = {

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tokmem
-from tokmem.decode import to_generation
+from tokmem.decoding.decode import to_generation
 from tokmem.serve.stream import IncrementalText, StopSequences
 
 

@@ -12,8 +12,9 @@ from helpers import CITY, COUNT, PINGED, call, ping_bank, serve, write_bank, wri
 
 import tokmem
 from tokmem import DecodeConfig
-from tokmem.chat import conversation_ids, reply_from, tool_routing
-from tokmem.sequences import chat_prefix
+from tokmem.decoding.conversation import conversation_ids
+from tokmem.decoding.tool_rules import reply_from, tool_routing
+from tokmem.training.sequences import chat_prefix
 from tokmem.serve.banks import BankRegistry
 from tokmem.serve.engine import Engine, Request
 

@@ -10,10 +10,11 @@ from helpers import city_count_chain, city_count_model, edited_bank_file, exampl
 
 import tokmem
 from tokmem import ChatCache, DecodeConfig, Example, Step
-from tokmem.bank import MemoryBank
-from tokmem.chat import conversation_ids
+from tokmem.bank.memory_bank import MemoryBank
+from tokmem.decoding.conversation import conversation_ids
 from tokmem.errors import BankError
-from tokmem.sequences import IGNORE, collate, encode
+from tokmem.training.sequences import IGNORE, collate, encode
+from tokmem.training.loss import batch_loss
 
 CONFIG = DecodeConfig(max_new_tokens=40, references=False)
 CHAIN = city_count_chain()
@@ -51,10 +52,10 @@ def test_each_call_lays_out_its_memory_token_its_tail_then_the_same_shared_rows_
 
 def test_the_shared_rows_steer_the_arguments_and_train_with_the_first_round_only(shared, lively_backbone):
     batch = collate([encoded(shared)], shared.backbone.tokenizer.pad_token_id)
-    before = float(shared.loss(batch)[0])
+    before = float(batch_loss(shared, batch)[0])
     rows = shared.bank.shared.clone()
     shared.bank.shared = -rows
-    assert float(shared.loss(batch)[0]) != pytest.approx(before)
+    assert float(batch_loss(shared, batch)[0]) != pytest.approx(before)
     shared.bank.shared = rows
     report = tokmem.train(shared, [CHAIN] * 4, tokmem.TrainConfig(epochs=4, batch_size=2, lr=5e-2))
     assert report.losses[-1] < report.losses[0]

@@ -11,11 +11,11 @@ from helpers import CITY, city_count_chain, city_count_model, example_messages
 import tokmem
 from tokmem import ChatCache, DecodeConfig, Example, Step
 from tokmem.backbones import load_backbone
-from tokmem.bank import MemoryBank
-from tokmem.chat import conversation_ids
+from tokmem.bank.memory_bank import MemoryBank
+from tokmem.decoding.conversation import conversation_ids
 from tokmem.errors import BackboneError, BankError
 from tokmem.schemas import learned_schema
-from tokmem.sequences import IGNORE, TruncationCount, encode, shown_schema_ids
+from tokmem.training.sequences import IGNORE, TruncationCount, encode, shown_schema_ids
 from research.studies.compositional_config import make_config
 from research.studies.tool_setup import tool_data
 

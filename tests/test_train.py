@@ -6,10 +6,11 @@ from helpers import Interrupted, interrupt_at
 
 import tokmem
 from tokmem import Example, Step, TrainConfig
-from tokmem.bank import MemoryBank
+from tokmem.bank.memory_bank import MemoryBank
 from tokmem.errors import TokMemError
-from tokmem.sequences import collate, encode
-from tokmem.train import example_order, initial_rows, lr_scheduler, row_texts
+from tokmem.training.sequences import collate, encode
+from tokmem.training.train import example_order, initial_rows, lr_scheduler, row_texts
+from tokmem.training.loss import batch_loss
 
 
 def config(**options) -> TrainConfig:
@@ -53,7 +54,7 @@ def test_gradients_reach_only_the_trainable_rows(backbone, examples, decoupled):
     batch = collate(
         [encode(e, backbone.tokenizer, model.memory_id, 1024) for e in examples], backbone.tokenizer.pad_token_id
     )
-    loss, count = model.loss(batch)
+    loss, count = batch_loss(model, batch)
     loss.backward()
     assert count == int((batch["labels"][:, 1:] != -100).sum())
     assert all(p.grad is None for p in backbone.model.parameters())

@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import write_bank
 
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.vllm import cache_salt, engine_args, extra_args
 from tokmem.vllm.options import OptionError, Options
 from tokmem.vllm.slots import SlotsFull, SlotTable

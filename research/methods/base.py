@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tokmem
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.backbones import Backbone
 from research.methods.method import Answer, Method, plain_answers
 

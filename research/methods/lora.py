@@ -27,13 +27,13 @@ from itertools import accumulate
 from pathlib import Path
 
 import tokmem
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.backbones import Backbone
 from tokmem.data.procedures import Example, Step
-from tokmem.lora import Adapter, LoRASettings
+from tokmem.training.lora import Adapter, LoRASettings
 from research.methods.method import Answer, Method, plain_answers
-from tokmem.sequences import encode
-from tokmem.train import TrainConfig, epoch_order, fit
+from tokmem.training.sequences import encode
+from tokmem.training.train import TrainConfig, epoch_order, fit
 
 STATE_FILE = "state.json"
 

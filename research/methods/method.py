@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tokmem.data.procedures import Example
-from tokmem.decode import DecodeConfig, HeldPrefix, Segment, complete, generate
+from tokmem.decoding.decode import DecodeConfig, HeldPrefix, Segment, complete, generate
 from tokmem.eval import metrics
 from tokmem.model import TokMemModel
-from tokmem.sequences import chat_prefix
+from tokmem.training.sequences import chat_prefix
 
 
 @dataclass

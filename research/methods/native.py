@@ -27,13 +27,13 @@ from dataclasses import replace
 
 from tokmem.backbones import Backbone
 from tokmem.data.procedures import call_json
-from tokmem.decode import DecodeConfig, HeldPrefix
+from tokmem.decoding.decode import DecodeConfig, HeldPrefix
 from tokmem.errors import TokMemError
 from tokmem.eval import metrics
 from research.methods.method import Answer, Method, plain_answers
 from research.methods.tools import ToolRetriever
 from tokmem.model import create
-from tokmem.sequences import RESULT_TOKENS, result_content_ids
+from tokmem.training.sequences import RESULT_TOKENS, result_content_ids
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)  # an unclosed block runs to the end
 _PROBE = "tokmem_probe_tool"

@@ -18,10 +18,10 @@ import torch
 import tokmem
 from tokmem.backbones import Backbone
 from tokmem.data.procedures import Example
-from tokmem.decode import DecodeConfig, complete
-from tokmem.sequences import IGNORE, Encoded, chat_prefix
+from tokmem.decoding.decode import DecodeConfig, complete
+from tokmem.training.sequences import IGNORE, Encoded, chat_prefix
 from tokmem.model import TokMemModel
-from tokmem.train import TrainConfig, TrainReport, fit
+from tokmem.training.train import TrainConfig, TrainReport, fit
 
 NAME = "prefix"
 

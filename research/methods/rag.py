@@ -25,7 +25,7 @@ from functools import cache
 import torch
 
 import tokmem
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.backbones import Backbone, default_device
 from research.methods.method import Answer, Method, prompted_answers
 from tokmem.data.procedures import Example

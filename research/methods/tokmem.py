@@ -14,14 +14,14 @@ from pathlib import Path
 
 import tokmem
 from tokmem.backbones import Backbone
-from tokmem.bank import MEMORY_TOKENS, SHARED_TOKENS, MemoryBank
+from tokmem.bank.memory_bank import MEMORY_TOKENS, SHARED_TOKENS, MemoryBank
 from tokmem.io import read_json, write_json_atomic
 from research.methods.method import Answer, Method
 from tokmem.data.procedures import Example
-from tokmem.decode import DecodeConfig, generate
-from tokmem.lora import Adapter, LoRASettings
+from tokmem.decoding.decode import DecodeConfig, generate
+from tokmem.training.lora import Adapter, LoRASettings
 from tokmem.model import TokMemModel
-from tokmem.train import TrainConfig
+from tokmem.training.train import TrainConfig
 
 BANK_FILE = "bank.safetensors"
 STATE_FILE = "state.json"  # the updates made so far

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.backbones import Backbone
 from research.methods.method import Answer, Method, prompted_answers
 from research.methods.rag import RAG, embed, load_encoder

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from tokmem.bank import MemoryBank
+from tokmem.bank.memory_bank import MemoryBank
 from tokmem.errors import BankError
 
 

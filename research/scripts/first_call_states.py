@@ -23,10 +23,10 @@ from dataclasses import replace
 import tokmem
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
-from tokmem.sequences import IGNORE, query_tokens_kept
+from tokmem.training.sequences import IGNORE, query_tokens_kept
 from research.studies.compositional_config import make_config
 from research.studies.tool_setup import tool_data
-from tokmem.train import encode_examples
+from tokmem.training.train import encode_examples
 
 
 def query_kept_before(query: int, targets: int, max_length: int) -> int:

@@ -31,10 +31,9 @@ from research.scripts.loop_ab import (
 )
 
 from tokmem.io import write_json_atomic
-from tokmem.key_sets import fit_model_key_sets
-from tokmem.refit import routing_states
+from tokmem.training.refit import fit_model_key_sets, routing_states
 from research.studies.harness import progress_bar
-from tokmem.train import encode_examples
+from tokmem.training.train import encode_examples
 
 SUFFIX = "+key-sets"
 

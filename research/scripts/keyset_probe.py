@@ -40,11 +40,11 @@ from tokmem.eval import metrics
 from tokmem.eval.tool_loop import chat_answerer, loop_scores
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
-from tokmem.sequences import RESULT_TOKENS, collate, to_device
+from tokmem.training.sequences import RESULT_TOKENS, collate, to_device
 from research.studies.compositional_config import make_config
 from research.studies.harness import progress_bar
 from research.studies.tool_setup import tool_data
-from tokmem.train import encode_examples
+from tokmem.training.train import encode_examples
 
 BOUND = "key sets probed, bound"  # the answers with each step's arguments bound to the probe's key set
 PLACES = ("before", "at")  # the state before the memory token (routing), and at it (the arguments' start)

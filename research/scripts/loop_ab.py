@@ -45,20 +45,20 @@ from research.scripts.loop_answers import (
     variant_config,
 )
 
-from tokmem.bank import MemoryBank
+from tokmem.bank.memory_bank import MemoryBank
 from tokmem.cli.options import add_backbone
 from tokmem.eval.steps import OUTCOMES, outcome
 from tokmem.io import write_json_atomic
 from research.methods.tokmem import TokMem
 from tokmem.model import TokMemModel
 from tokmem.report import machine
-from tokmem.sequences import RESULT_TOKENS
+from tokmem.training.sequences import RESULT_TOKENS
 from research.studies.compositional_config import CompositionalConfig, frozen_settings
 from research.studies.harness import learn_round, progress_bar
 from research.studies.realtools import SPLITS
 from research.studies.tool_loop import loop_scores
 from research.studies.tool_setup import build_method, prepare_backbones, tool_data
-from tokmem.train_state import remove_checkpoint
+from tokmem.training.train_state import remove_checkpoint
 
 KEY_ORDERS = ("calls:key_order=calls", "schema:key_order=schema")
 STUDY = ("seed", "split", "preset_sha256")  # with the backbone: what every variant of a file shares

@@ -36,10 +36,10 @@ from tokmem.eval.metrics import read_call
 from tokmem.io import write_json_atomic
 from tokmem.eval.steps import OUTCOMES, VALUE_ERRORS, outcome, value_error
 from tokmem.schemas import learned_schema
-from tokmem.sequences import RESULT_TOKENS
+from tokmem.training.sequences import RESULT_TOKENS
+from research.results import read_result
 from research.studies.compositional_config import CompositionalConfig, make_config
 from research.studies.tool_setup import real_data
-from research.results import read_result
 
 Call = tuple  # (name, canonical arguments), as the scorer reads a call (`metrics.read_call`)
 METHOD = "tokmem-noadapt"  # a ``loop_ab.py`` variant's method unless its settings name another (``tokmem``: adapted)

@@ -36,11 +36,11 @@ import tokmem
 from tokmem.backbones import CPU_BF16, DEFAULT_BACKBONE, cpu_dtype_note, load_backbone
 from tokmem.cli import main as main_cli
 from tokmem.data import load_examples
-from tokmem.decode import open_set_threshold, route
+from tokmem.decoding.decode import open_set_threshold, route
 from tokmem.eval.open_set import off_topic_queries, restraint
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
-from tokmem.train import PICKED_RECIPE
+from tokmem.training.train import PICKED_RECIPE
 
 VARIANTS = {  # tokmem train's defaults and one lever each (the options picked_config takes, and decoupled)
     "defaults": {},

@@ -29,7 +29,7 @@ import tokmem
 from tokmem.eval.tool_loop import chat_answerer, loop_scores
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
-from tokmem.sequences import RESULT_TOKENS
+from tokmem.training.sequences import RESULT_TOKENS
 from research.studies.compositional_config import make_config
 from research.studies.harness import progress_bar
 from research.studies.realtools import SPLITS

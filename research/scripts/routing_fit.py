@@ -27,13 +27,13 @@ from pathlib import Path
 import torch
 
 import tokmem
-from tokmem.chat import tool_routing
+from tokmem.decoding.tool_rules import tool_routing
 from tokmem.io import write_json_atomic
-from tokmem.refit import RoutingStates, refit_index, routing_states
+from tokmem.training.refit import RoutingStates, refit_index, routing_states
 from tokmem.report import machine
 from research.studies.compositional_config import make_config
 from research.studies.tool_setup import tool_data
-from tokmem.train import encode_examples
+from tokmem.training.train import encode_examples
 
 
 def chosen_rows(model, found: RoutingStates, index: torch.Tensor) -> list[int]:

@@ -18,10 +18,10 @@ import torch
 from tokmem import create
 from tokmem.cli.options import int_list
 from tokmem.data.builtin import demo_dataset
-from tokmem.decode import pad_queries
-from tokmem.sequences import positions
+from tokmem.decoding.decode import pad_queries
+from tokmem.model import positions
 from tokmem.report import console, machine, write_json
-from tokmem.train import TrainConfig, epoch_order, optimizer_and_schedule
+from tokmem.training.train import TrainConfig, epoch_order, optimizer_and_schedule
 from tokmem.cli.options import add_backbone
 
 

@@ -37,11 +37,11 @@ from tokmem.backbones import CPU_BF16, DEFAULT_BACKBONE, cpu_dtype_note, load_ba
 from tokmem.cli import main as main_cli
 from tokmem.data import load_catalog, load_examples
 from tokmem.data.procedures import load_schemas
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.eval.evaluate import evaluate
 from tokmem.io import write_json_atomic
 from tokmem.report import machine
-from tokmem.train import PICKED_RECIPE, UPDATES_PER_ROW, picked_config
+from tokmem.training.train import PICKED_RECIPE, UPDATES_PER_ROW, picked_config
 
 TRAVEL = Path(__file__).resolve().parents[2] / "examples" / "travel"
 

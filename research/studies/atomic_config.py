@@ -6,15 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
-from tokmem.config import nested, option
+from tokmem.config import option, option_of
 from tokmem.data.shared import shared_data
 from tokmem.data.sni import QUERIES
 from tokmem.errors import TokMemError
-from tokmem.lora import LoRASettings
+from tokmem.training.lora import LoRASettings
 from research.methods.lora import ReplaySettings
 from research.methods.rag import DEMONSTRATIONS
 from research.studies.settings import Layer, MethodSettings, preset_settings
-from tokmem.train import INITS, SCHEDULES as LR_SCHEDULES, Schedule, TrainConfig
+from tokmem.training.train import INITS, SCHEDULES as LR_SCHEDULES, Schedule, TrainConfig
 
 METHODS = ("base", "rag", "lora", "replay", "tokmem", "tokmem-dc")
 JOINT_METHODS = tuple(m for m in METHODS if m != "replay")  # replay is fine-tuning when every task trains in one round
@@ -55,18 +55,18 @@ class AtomicConfig(MethodSettings):
     test_per_task: int = option(50, "test examples per task")
     checkpoints: tuple[int, ...] = option((10, 50, 200, 500, 1000), "numbers of tasks to evaluate after, e.g. 5,10,14")
     methods: tuple[str, ...] | None = option(None, f"comma-separated subset of {','.join(METHODS)}")
-    tokmem_lr: float = nested(
+    tokmem_lr: float = option_of(
         TrainConfig,
         "lr",
         "learning rate of the memory rows (--schedule joint: 1e-3, the reference code's, where the preset sets none)",
     )
-    schedule: Schedule = nested(
+    schedule: Schedule = option_of(
         TrainConfig,
         "schedule",
         "learning rate of every trained method: constant, or linear (10% warm-up, then decay; --schedule joint)",
         flag="--lr-schedule",
     )
-    lora_rank: int = nested(LoRASettings, "rank", "LoRA rank (--sample-efficiency: 1, as the paper)")
+    lora_rank: int = option_of(LoRASettings, "rank", "LoRA rank (--sample-efficiency: 1, as the paper)")
     rag_k: int = option(DEMONSTRATIONS, "demonstrations RAG retrieves")
     replay_buffer: int = option(ReplaySettings.buffer_size, "examples the replay buffer keeps")
     replay_every: int = option(ReplaySettings.refresh_every, "procedures between refreshes of the replay buffer")

@@ -68,7 +68,7 @@ from research.studies.harness import (
     resumed_run,
     run_repeats,
 )
-from tokmem.sequences import RESULT_TOKENS
+from tokmem.training.sequences import RESULT_TOKENS
 from research.studies.tool_loop import loop_scores
 from research.methods.tokmem import TokMem
 from research.studies.tool_setup import (

@@ -9,11 +9,11 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Literal
 
-from tokmem.adapt import AdaptConfig
-from tokmem.bank import MEMORY_TOKENS, SHARED_TOKENS
-from tokmem.config import built, nested, option
+from tokmem.training.adapt import AdaptConfig
+from tokmem.bank.memory_bank import MEMORY_TOKENS, SHARED_TOKENS
+from tokmem.config import config_from, option, option_of
 from tokmem.data.tool_catalog import split_tools
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.errors import TokMemError
 from research.methods.tools import SHOTS, TOOLS_RETRIEVED
 from research.studies.realtools import ADAPT_DATA, DEV_FRACTION, SPLITS, check_adapt_data
@@ -138,15 +138,15 @@ class CompositionalConfig(MethodSettings):
     train_max_calls: tuple[int, ...] = option((1, 2, 3, 4), "generalization: caps on the calls of a training query")
     rounds: int = option(5, "forgetting: rounds (groups of tools)")
     adapt_epochs: int = option(1, "epochs of the adaptation phase")
-    max_new_tokens: int = nested(
+    max_new_tokens: int = option_of(
         DecodeConfig, "max_new_tokens", "tokens an answer may generate (four calls with long arguments)", default=512
     )
-    adapt_lr: float = nested(
+    adapt_lr: float = option_of(
         AdaptConfig,
         "lr",
         "learning rate of the adaptation phase's LoRA (rank --lora-rank, alpha 32, as the reference's)",
     )
-    adapt_dropout: float = nested(
+    adapt_dropout: float = option_of(
         AdaptConfig, "dropout", "dropout of the adaptation phase's LoRA (0 is several times faster on CPU)"
     )
     adapt_cache: str | None = option(None, "directory of cached adapted backbones (default <tokmem cache>/adapted)")
@@ -207,7 +207,7 @@ class CompositionalConfig(MethodSettings):
         rows in the layout TokMem's will have: as many rows after each memory token (``memory_tokens``, then
         ``shared_tokens``; the temporary rows are each tool's own, the adapted backbone learns the layout)."""
         lora = dict(rank=self.lora_rank, weight_decay=self.lora_weight_decay)
-        return built(self, AdaptConfig, **lora, memory_tokens=self.memory_tokens + self.shared_tokens)
+        return config_from(self, AdaptConfig, **lora, memory_tokens=self.memory_tokens + self.shared_tokens)
 
     def tool_loop(self) -> bool:
         """Whether the study measures the tool loop (results in context; ``research.studies.tool_loop``)."""

@@ -30,19 +30,19 @@ from tqdm.auto import tqdm
 import tokmem
 from tokmem.backbones import load_backbone
 from tokmem.data.gsm8k import Problem, gsm8k_compliant, gsm8k_strictly_compliant, load_gsm8k
-from tokmem.decode import complete
+from tokmem.decoding.decode import complete
 from tokmem.errors import DataError, TokMemError
 from tokmem.eval import metrics
 from tokmem.io import write_json_atomic
 from research.methods import prefix
 from tokmem.model import TokMemModel
 from tokmem.report import machine
-from tokmem.sequences import Encoded
+from tokmem.training.sequences import Encoded
 from research.studies.gsm8k_placement_config import FRAMES, LAYOUTS, GSM8KConfig
 from research.studies.gsm8k_placement_report import write_outputs
 from research.studies.harness import resumed
 from research.studies.placement import LABELS, METHODS, build, context, targeted
-from tokmem.train import fit
+from tokmem.training.train import fit
 
 
 def run_gsm8k(config: GSM8KConfig, json_path=None, resume: bool = False) -> dict:

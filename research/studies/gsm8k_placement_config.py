@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tokmem.backbones import backbone_option, device_option
-from tokmem.config import built, nested, option
+from tokmem.config import config_from, option, option_of
 from tokmem.data.shared import shared_data
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from research.studies.settings import Layer, preset_settings
-from tokmem.train import TrainConfig
+from tokmem.training.train import TrainConfig
 
 # How each layout frames a problem: the user turn's text and the target's text.
 FRAMES = {"reference": ("question: {}", "answer: {}"), "assistant": ("{}", "{}")}
@@ -38,22 +38,22 @@ class GSM8KConfig:
     validation_examples: int = option(500, "gsm8k: problems held out (the last of train.jsonl) to pick the best epoch")
     test_examples: int | None = option(None, "gsm8k: the first N test problems (default: all)")
     fractions: tuple[float, ...] = (0.2, 1.0)
-    epochs: int = nested(TrainConfig, "epochs", "gsm8k: training epochs (validation after each)", default=3)
-    lr: float = nested(TrainConfig, "lr")
-    batch_size: int = nested(TrainConfig, "batch_size", "training examples per step")
-    max_new_tokens: int = nested(DecodeConfig, "max_new_tokens", "tokens an answer may generate", default=512)
-    decode_batch_size: int = nested(DecodeConfig, "batch_size", "problems answered together")
-    seed: int = nested(TrainConfig, "seed", "seed of the data order and the rows")
+    epochs: int = option_of(TrainConfig, "epochs", "gsm8k: training epochs (validation after each)", default=3)
+    lr: float = option_of(TrainConfig, "lr")
+    batch_size: int = option_of(TrainConfig, "batch_size", "training examples per step")
+    max_new_tokens: int = option_of(DecodeConfig, "max_new_tokens", "tokens an answer may generate", default=512)
+    decode_batch_size: int = option_of(DecodeConfig, "batch_size", "problems answered together")
+    seed: int = option_of(TrainConfig, "seed", "seed of the data order and the rows")
     device: str | None = device_option()
     progress: bool = True
 
     def train(self) -> TrainConfig:
         """How the rows train."""
-        return built(self, TrainConfig, progress=self.progress)
+        return config_from(self, TrainConfig, progress=self.progress)
 
     def decode(self) -> DecodeConfig:
         """How the answers decode (greedy)."""
-        return built(self, DecodeConfig, seed=self.seed)
+        return config_from(self, DecodeConfig, seed=self.seed)
 
 
 PRESETS = {

@@ -27,11 +27,12 @@ from tokmem.errors import DataError, TokMemError
 from tokmem.eval import metrics
 from tokmem.model import TokMemModel
 from tokmem.report import machine
-from tokmem.sequences import Encoded, collate
+from tokmem.training.sequences import Encoded, collate
 from research.studies.memorization_config import MemorizationConfig
 from research.studies.memorization_report import write_outputs
 from research.studies.placement import METHODS, build, lay_out
-from tokmem.train import TrainConfig, fit
+from tokmem.training.train import TrainConfig, fit
+from tokmem.training.loss import batch_loss
 
 
 def run_memorization(config: MemorizationConfig) -> dict:
@@ -168,7 +169,7 @@ def perplexity(model: TokMemModel, encoded: list[Encoded], batch_size: int) -> f
     nll, count = 0.0, 0
     for start in range(0, len(encoded), batch_size):
         batch = collate(encoded[start : start + batch_size], pad)
-        loss, n = model.loss({k: v.to(model.device) for k, v in batch.items()})
+        loss, n = batch_loss(model, {k: v.to(model.device) for k, v in batch.items()})
         nll, count = nll + loss.item() * n, count + n
     return metrics.perplexity(nll, count)
 

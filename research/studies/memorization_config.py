@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tokmem.backbones import backbone_option, device_option
-from tokmem.config import nested, option
+from tokmem.config import option, option_of
 from tokmem.data.shared import shared_data
 from research.studies.settings import Layer, preset_settings
-from tokmem.train import TrainConfig
+from tokmem.training.train import TrainConfig
 
 
 @dataclass
@@ -24,7 +24,7 @@ class MemorizationConfig:
     steps: int = option(3000, "memorization: optimiser steps per run")
     eval_every: int = option(100, "memorization: steps between perplexity measurements")
     seeds: tuple[int, ...] = option((0, 1, 2, 3, 4), "memorization: seeds to average over, one run each, e.g. 0,1,2")
-    lr: float = nested(TrainConfig, "lr")
+    lr: float = option_of(TrainConfig, "lr")
     batch_size: int = option(8, "sequences per forward pass (memorization: one optimiser step covers the whole text)")
     device: str | None = device_option()
     progress: bool = True

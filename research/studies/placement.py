@@ -22,7 +22,7 @@ import tokmem
 from tokmem.backbones import Backbone
 from research.methods import prefix
 from tokmem.model import TokMemModel
-from tokmem.sequences import IGNORE, Encoded, chat_prefix, chat_turns
+from tokmem.training.sequences import IGNORE, Encoded, chat_prefix, chat_turns
 
 METHODS = ("prefix", "tokmem")
 LABELS = {"prefix": "Prefix tuning", "tokmem": "TokMem"}

@@ -3,7 +3,7 @@ every study's presets.
 
 Each study's config inherits them and adds its data, its methods and the defaults of its own.  Each setting is a
 field of `TrainConfig`, `DecodeConfig` or `LoRASettings` under the study's option name (``tokmem_lr`` is a
-TrainConfig's ``lr``: `tokmem.config.nested`), with that config's default, and the methods get those objects
+TrainConfig's ``lr``: `tokmem.config.option_of`), with that config's default, and the methods get those objects
 (``train``, ``decode``, ``lora``).  Every trained method of a run trains the same number of epochs
 (``epochs``): methods are compared at equal budgets by construction.
 
@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 
 from tokmem.backbones import backbone_option, device_option
-from tokmem.config import built, nested, option
-from tokmem.decode import DecodeConfig
+from tokmem.config import config_from, option, option_of
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.errors import TokMemError
-from tokmem.lora import LoRASettings
+from tokmem.training.lora import LoRASettings
 from research.methods.lora import ReplaySettings
-from tokmem.train import Init, KeyOrder, RenormSide, RenormTarget, Schedule, ToolSegments, TrainConfig
+from tokmem.training.train import Init, KeyOrder, RenormSide, RenormTarget, Schedule, ToolSegments, TrainConfig
 
 T, D, L, R = TrainConfig, DecodeConfig, LoRASettings, ReplaySettings
 
@@ -75,7 +75,7 @@ def overridden(preset: dict, options: dict) -> dict:
 
 @dataclass(frozen=True)
 class MethodSettings:
-    epochs: int = nested(
+    epochs: int = option_of(
         T,
         "epochs",
         "epochs of every trained method alike (the same number of updates): the run's budget, in place of the "
@@ -88,59 +88,59 @@ class MethodSettings:
     seeds: tuple[int, ...] | None = option(
         None, "several seeds, e.g. 0,1,2: one run per seed, one after the other (resumable); tables show mean ± sd"
     )
-    init: Init = nested(
+    init: Init = option_of(
         T, "init", "TokMem's new rows: mean embedding (the paper's text) or orthogonal (the reference code)"
     )
-    schedule: Schedule = nested(
+    schedule: Schedule = option_of(
         T,
         "schedule",
         "learning rate of every trained method: constant, or linear (10% warm-up, then decay; the reference code)",
         flag="--lr-schedule",
     )
-    warmup: float = nested(T, "warmup")
-    renorm_every_step: bool = nested(
+    warmup: float = option_of(T, "warmup")
+    renorm_every_step: bool = option_of(
         T,
         "renorm_every_step",
         "renormalise TokMem's new rows after every step too (the reference code), not only after the round",
     )
-    renorm_target: RenormTarget = nested(
+    renorm_target: RenormTarget = option_of(
         T,
         "renorm_target",
         "TokMem's new rows renormalised to the old rows' mean norm (none in a first round) or a token's",
     )
-    renorm_side: RenormSide = nested(
+    renorm_side: RenormSide = option_of(
         T, "renorm_side", "the matrix of a decoupled bank renormalised: index (routing; the paper's) or steer (input)"
     )
-    tool_segments: ToolSegments = nested(T, "tool_segments")
-    key_order: KeyOrder = nested(
+    tool_segments: ToolSegments = option_of(T, "tool_segments")
+    key_order: KeyOrder = option_of(
         T, "key_order", "the order TokMem's tool arguments are trained and decoded in: the calls' or the schema's"
     )
-    segment_backprop: bool = nested(
+    segment_backprop: bool = option_of(
         T,
         "segment_backprop",
         "tool loops: TokMem back-propagates each call (memory token, arguments) on its own, the results read without "
         "gradients (an approximation)",
     )
-    choice_weight: float = nested(
+    choice_weight: float = option_of(
         T, "choice_weight", "loss weight of the argument tokens where a call decides its keys (every trained method)"
     )
-    route_weight: float = nested(T, "route_weight", "loss weight of TokMem's memory-token labels (the routing)")
-    refit_index: bool = nested(
+    route_weight: float = option_of(T, "route_weight", "loss weight of TokMem's memory-token labels (the routing)")
+    refit_index: bool = option_of(
         T, "refit_index", "TokMem's new rows' routing side refit on their training states after each round (decoupled)"
     )
-    key_sets: bool = nested(
+    key_sets: bool = option_of(
         T, "key_sets", "TokMem's new tools get a row per training key set, chosen where the tool is routed"
     )
-    batch_size: int = nested(T, "batch_size", "training examples per step")
-    max_length: int = nested(T, "max_length")
-    max_new_tokens: int = nested(D, "max_new_tokens")
-    eval_batch_size: int = nested(D, "batch_size")
-    tokmem_lr: float = nested(T, "lr")
-    lora_lr: float = nested(L, "lr", "learning rate of fine-tuning and replay")
-    lora_weight_decay: float = nested(L, "weight_decay", "weight decay of fine-tuning and replay")
-    lora_rank: int | None = nested(L, "rank", "LoRA rank of fine-tuning and replay")
+    batch_size: int = option_of(T, "batch_size", "training examples per step")
+    max_length: int = option_of(T, "max_length")
+    max_new_tokens: int = option_of(D, "max_new_tokens")
+    eval_batch_size: int = option_of(D, "batch_size")
+    tokmem_lr: float = option_of(T, "lr")
+    lora_lr: float = option_of(L, "lr", "learning rate of fine-tuning and replay")
+    lora_weight_decay: float = option_of(L, "weight_decay", "weight decay of fine-tuning and replay")
+    lora_rank: int | None = option_of(L, "rank", "LoRA rank of fine-tuning and replay")
     replay_ratio: float = option(R.ratio, "share of replayed examples in a batch")
-    seed: int = nested(T, "seed", "seed of the data and training")
+    seed: int = option_of(T, "seed", "seed of the data and training")
     backbone: str = backbone_option()
     device: str | None = device_option()
     preset: str | None = None
@@ -155,12 +155,12 @@ class MethodSettings:
 
     def decode(self) -> DecodeConfig:
         """How every method answers (TokMem: one memory-token segment an answer, atomic recall)."""
-        return built(self, DecodeConfig, max_steps=1)
+        return config_from(self, DecodeConfig, max_steps=1)
 
     def train(self) -> TrainConfig:
         """How every trained method trains; its lr is TokMem's rows' (fine-tuning's is in ``lora``)."""
-        return built(self, TrainConfig)
+        return config_from(self, TrainConfig)
 
     def lora(self) -> LoRASettings:
         """The adapters of fine-tuning, replay and TokMem with an unfrozen backbone."""
-        return built(self, LoRASettings)
+        return config_from(self, LoRASettings)

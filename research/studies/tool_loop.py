@@ -18,7 +18,7 @@ from tokmem.eval.tool_loop import History, conversation
 from research.methods.method import Method
 from research.methods.native import NativeTools
 from research.methods.tokmem import TokMem
-from tokmem.sequences import Calls, chat_prefix, turn_ids
+from tokmem.training.sequences import Calls, chat_prefix, turn_ids
 
 
 def plain_context(tokenizer, prompt: str, history: History, result_tokens: int) -> list[int]:

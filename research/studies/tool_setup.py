@@ -8,7 +8,7 @@ import statistics
 import time
 from dataclasses import replace
 
-from tokmem.adapt import cached_adapt
+from tokmem.training.adapt import cached_adapt
 from tokmem.backbones import Backbone, load_backbone
 from tokmem.data.procedures import Example
 from tokmem.data.tool_catalog import split_tools
@@ -22,7 +22,7 @@ from research.methods.native import NativeTools
 from research.methods.tokmem import TokMem, UnfrozenTokMem
 from research.methods.tools import ICL, ToolRAG
 from research.studies.compositional_config import CompositionalConfig
-from tokmem.train import LOSS_WEIGHTS, RENORM_SETTINGS, TrainConfig
+from tokmem.training.train import LOSS_WEIGHTS, RENORM_SETTINGS, TrainConfig
 
 TOKMEM_LABELS = {
     "tokmem-noadapt": "TokMem (w/o adapt)",

@@ -1,14 +1,15 @@
 """tokmem: one-token procedural memory for frozen language models (TokMem)."""
 
-from tokmem.adapt import AdaptConfig, adapt
+from tokmem.training.adapt import AdaptConfig, adapt
 from tokmem.backbones import Backbone, load_backbone
-from tokmem.bank import MemoryBank
-from tokmem.chat import ChatCache, Reply, ToolCall, chat, chat_batch, run_tools
+from tokmem.bank.memory_bank import MemoryBank
+from tokmem.decoding.chat import ChatCache, chat, chat_batch, run_tools
+from tokmem.decoding.tool_rules import Reply, ToolCall
 from tokmem.data import Example, Step, load_catalog, load_examples
-from tokmem.decode import DecodeConfig, Generation, Route, generate, route
+from tokmem.decoding.decode import DecodeConfig, Generation, Route, generate, route
 from tokmem.errors import BackboneError, BankError, DataError, TokMemError
 from tokmem.model import TokMemModel, compose, create, load
-from tokmem.train import TrainConfig, TrainReport, learn, train
+from tokmem.training.train import TrainConfig, TrainReport, learn, train
 from tokmem.version import __version__ as __version__
 
 __all__ = [

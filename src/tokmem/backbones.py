@@ -45,7 +45,7 @@ def device_option():
     return option(None, DEVICE_HELP)
 
 
-ADAPTATION_KEY = "tokmem_adaptation"  # the config field where tokmem.adapt records an adaptation
+ADAPTATION_KEY = "tokmem_adaptation"  # the config field where tokmem.training.adapt records an adaptation
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -82,7 +82,7 @@ class Backbone:
     def fingerprint(self) -> str:
         """Hash of the input embedding matrix (rounded to bf16, so fp32 and bf16 loads agree).
 
-        An adapted backbone (tokmem.adapt) keeps its base model's embeddings, so the adaptation digest
+        An adapted backbone (tokmem.training.adapt) keeps its base model's embeddings, so the adaptation digest
         in its config (which ``save_pretrained`` keeps) is hashed in as well; other models have none.
         """
         weight = self.model.get_input_embeddings().weight.detach().to("cpu", torch.bfloat16)
@@ -113,10 +113,12 @@ def cache_dir() -> Path:
 
 
 def default_device() -> str:
-    """This process's GPU under a launcher (torchrun, accelerate), else the GPU where there is one, else the CPU."""
-    from tokmem.distributed import local_device
-
-    return local_device() or ("cuda" if torch.cuda.is_available() else "cpu")
+    """This process's GPU under a launcher of several processes (torchrun, accelerate: ``cuda:LOCAL_RANK``), else the
+    GPU where there is one, else the CPU."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # as ``training.distributed.launched`` reads it
+    return f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if launched else "cuda"
 
 
 CPU_BF16 = "TOKMEM_CPU_BF16"  # "0": a CPU backbone in float32 even where the CPU has bf16; "1": bf16 on any CPU
@@ -149,8 +151,7 @@ def default_dtype(device: str) -> torch.dtype:
     bytes each step reads, with no per-step weight casts (as autocast over fp32 weights would do).
     The bank's trainable rows and their optimiser state stay float32 (``TokMemModel.unfreeze_rows``);
     they are cast to the backbone's dtype where they enter the network, and the loss is taken in float32.
-    On this project's CPU (AVX512-BF16) bf16 trained TokMem 1.5–1.8× and decoded 1.5–2.0× faster than float32 on
-    smollm2-135m and qwen2.5-coder-0.5b, and a short demo scored the same (``benchmarks/cpu_bf16.py``, docs/scale.md).
+    On a CPU with bf16 it trains and decodes faster than float32, and answers the same (docs/scale.md).
     """
     kind = torch.device(device).type
     if kind == "cuda":

@@ -15,16 +15,16 @@ from dataclasses import asdict, dataclass, field, replace
 from rich.table import Table
 
 from tokmem.backbones import backbone_option
-from tokmem.config import built, nested, option
+from tokmem.config import config_from, option, option_of
 from tokmem.eval import metrics
 from tokmem.data import builtin
 from tokmem.data.procedures import Example
-from tokmem.decode import DecodeConfig, generate
+from tokmem.decoding.decode import DecodeConfig, generate
 from tokmem.eval.evaluate import evaluate
-from tokmem.sequences import chat_prefix
+from tokmem.training.sequences import chat_prefix
 from tokmem.model import TokMemModel, create
 from tokmem.report import console, machine, numbers_table, percent, trace_table
-from tokmem.train import TrainConfig, learn
+from tokmem.training.train import TrainConfig, learn
 
 DECODE = DecodeConfig(max_new_tokens=32, max_steps=3)
 
@@ -35,14 +35,13 @@ class DemoConfig:
 
     The paper trains one epoch at batch 4 on hundreds of examples per procedure.  On smollm2-135m in a
     CPU budget, the demo routes best with the decoupled variant (the index rows then learn from the
-    routing positions alone), three dozen queries per procedure, batch 32 and three epochs (measured:
-    research/docs/studies.md).
+    routing positions alone), three dozen queries per procedure, batch 32 and three epochs.
     """
 
     backbone: str = backbone_option()
-    epochs: int = nested(TrainConfig, "epochs", "passes over the training queries", default=3)
-    batch_size: int = nested(TrainConfig, "batch_size", "training queries per step", default=32)
-    lr: float = nested(TrainConfig, "lr")
+    epochs: int = option_of(TrainConfig, "epochs", "passes over the training queries", default=3)
+    batch_size: int = option_of(TrainConfig, "batch_size", "training queries per step", default=32)
+    lr: float = option_of(TrainConfig, "lr")
     decoupled: bool = option(True, "separate index and steer matrices (TokMem+DC; the default)")
     seed: int = field(default=TrainConfig.seed, metadata={"of": TrainConfig, "field": "seed"})
     train_per_procedure: int = option(36, "training queries per procedure")
@@ -148,7 +147,7 @@ def run_demo(
 def learn_builtin(config: DemoConfig, train_set: list[Example], device: str | None, progress: bool):
     """A fresh bank on the backbone, trained on the built-in procedures' queries: the model and the report."""
     model = create(config.backbone, decoupled=config.decoupled, device=device)
-    train_config = built(config, TrainConfig, progress=progress)
+    train_config = config_from(config, TrainConfig, progress=progress)
     report = learn(model, train_set, train_config, descriptions=builtin.catalog())
     console.print(
         f"trained {len(model.bank)} memory tokens ({model.bank.parameter_count():,} "

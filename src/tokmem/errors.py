@@ -17,7 +17,7 @@ class BackboneError(TokMemError, ValueError):
     """A backbone spec cannot be resolved or loaded."""
 
 
-def cut(text: str, most: int = 200) -> str:
+def clipped(text: str, most: int = 200) -> str:
     """``text`` as an error message may echo it: at most ``most`` characters, then how long it was."""
     return text if len(text) <= most else f"{text[:most]}… ({len(text)} characters)"
 
@@ -25,5 +25,5 @@ def cut(text: str, most: int = 200) -> str:
 def listed(names, most: int = 10) -> str:
     """Names as an error message lists them: the first ``most``, each cut short, then how many more."""
     names = list(names)
-    shown = ", ".join(cut(repr(name), 80) for name in names[:most])
+    shown = ", ".join(clipped(repr(name), 80) for name in names[:most])
     return f"{shown} and {len(names) - most} more" if len(names) > most else shown

@@ -1,9 +1,10 @@
 """TokMemModel: a frozen backbone plus a memory bank.
 
 Memory token ids are ``vocab_size + row``; a bank's tails and shared rows have ids after its rows
-(``tokmem.context_ids``).  The vocabulary is never resized and the embedding
+(``tokmem.bank.memory_ids``).  The vocabulary is never resized and the embedding
 matrix never unfrozen: memory ids are looked up in the bank, and the LM head's logits are
-extended with ``h · Mᵀ``.  During training, the bank's trainable rows are the only parameters.
+extended with ``h · Mᵀ``.  During training, the bank's trainable rows are the only parameters (their loss:
+``tokmem.training.loss``).
 """
 
 from __future__ import annotations
@@ -12,14 +13,10 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from tokmem import distributed
 from tokmem.backbones import DEFAULT_BACKBONE, Backbone
-from tokmem.bank import MEMORY_TOKENS, SHARED_TOKENS, MemoryBank
-from tokmem.context_ids import input_rows, tail_ids
+from tokmem.bank.memory_bank import MEMORY_TOKENS, SHARED_TOKENS, MemoryBank
+from tokmem.bank.memory_ids import input_rows, tail_ids
 from tokmem.errors import BankError
-from tokmem.prefix_store import PrefixStore
-from tokmem.sequences import ANSWER, CLOSE, IGNORE, NEXT_KEY, key_choice_kinds, positions
-from tokmem import suffix_passes
 
 
 class TokMemModel(nn.Module):
@@ -33,7 +30,6 @@ class TokMemModel(nn.Module):
         self.row_tail: nn.Parameter | None = None
         self.row_shared: nn.Parameter | None = None
         self._rows: torch.Tensor | None = None
-        self._key_choice_kinds: torch.Tensor | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -156,79 +152,6 @@ class TokMemModel(nn.Module):
         mask = torch.ones_like(ids)
         return self.hidden(ids, mask, positions(mask), DynamicCache(config=self.lm.config), steer)[1]
 
-    def loss(
-        self,
-        batch: dict,
-        prefixes: PrefixStore | None = None,
-        segments: bool = False,
-        choice_weight: float = 1.0,
-        route_weight: float = 1.0,
-    ) -> tuple[torch.Tensor, int]:
-        """Mean next-token loss over labelled positions only (memory, response and EOS tokens), each label's times
-        its weight (``label_weights``: ``choice_weight`` where a call decides its key set, ``route_weight`` at a
-        memory token, 1 elsewhere).
-
-        Vocabulary logits are computed only at positions that have a label.  With a frozen backbone the
-        query prefix does not depend on the bank (the first memory token comes after it), so it runs
-        without gradients (once a run with ``prefixes``) and only the labelled suffix is back-propagated
-        (``suffix_passes.suffix_hidden``); with ``segments``, only each labelled segment on its own (an approximation,
-        ``suffix_passes.segment_hidden``).
-        """
-        index, steer = self.memory_matrices()
-        labels = batch["labels"]
-        starts = (labels != IGNORE).int().argmax(-1)
-        if suffix_passes.prefix_is_fixed(self, batch["input_ids"], starts):
-            labelled = suffix_passes.segment_hidden if segments else suffix_passes.suffix_hidden
-            hidden, labels = labelled(self, batch, starts, steer, prefixes)
-        else:
-            hidden, _ = self.hidden(batch["input_ids"], batch["attention_mask"], steer=steer)
-            hidden, labels = hidden[:, :-1], labels[:, 1:]
-        where = labels != IGNORE
-        weighted = (choice_weight, route_weight) != (1, 1)
-        weights = self.label_weights(labels, choice_weight, route_weight)[where] if weighted else None
-        logits = self.logits(hidden[where], index)
-        return next_token_loss(logits.float(), labels[where], self.vocab_size, weights), int(where.sum())
-
-    def label_weights(self, labels: torch.Tensor, choice_weight: float, route_weight: float) -> torch.Tensor:
-        """Each label's (batch, positions) weight in the loss: ``route_weight`` at a memory token (the routing: one
-        label a call), ``choice_weight`` where a call decides its key set (``key_choice_weights``), 1 elsewhere."""
-        routes = 1 + (route_weight - 1) * (labels >= self.vocab_size).float()
-        return routes * self.key_choice_weights(labels, choice_weight)
-
-    def key_choice_weights(self, labels: torch.Tensor, weight: float) -> torch.Tensor:
-        """``weight`` at the labels (batch, positions) where a call decides which keys it carries, 1 elsewhere: a
-        value's end that goes on to another key or closes the object (``sequences.key_choice_kinds``), and the label
-        after one that goes on (the next key's first token: which key).  The few tokens of a call that decide its key
-        set, among the dozens that copy its values."""
-        if self._key_choice_kinds is None:
-            self._key_choice_kinds = key_choice_kinds(self.backbone.tokenizer, self.vocab_size).to(labels.device)
-        words = (labels >= 0) & (labels < self.vocab_size)
-        kinds = torch.where(words, self._key_choice_kinds[labels.clamp(0, self.vocab_size - 1)], 0)
-        after_next_key = nn.functional.pad(kinds[:, :-1] == NEXT_KEY, (1, 0)) & (labels != IGNORE)
-        choice = (kinds == NEXT_KEY) | (kinds == CLOSE) | after_next_key
-        return 1 + (weight - 1) * choice.float()
-
-    @property
-    def layers_sharded(self) -> bool:
-        """Whether the backbone's layers are sharded across processes (``distributed.shard_layers``): every rank
-        must then run the same passes through them."""
-        return distributed.layers_sharded(self.lm)
-
-
-def next_token_loss(
-    logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, weights: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Mean cross-entropy of ``labels`` under ``logits`` (over vocab ∪ bank), each label's times its weight where
-    ``weights`` are given; at an ``ANSWER`` label the target is every vocabulary token together, -log P(vocabulary):
-    the answer in words, not which words."""
-    answer = labels == ANSWER
-    if not answer.any() and weights is None:
-        return nn.functional.cross_entropy(logits, labels)
-    target = logits.gather(1, labels.clamp(min=0).unsqueeze(1)).squeeze(1)
-    target = target.masked_scatter(answer, logits[answer, :vocab_size].logsumexp(-1))
-    losses = logits.logsumexp(-1) - target
-    return (losses if weights is None else losses * weights).mean()
-
 
 def embed_ids(ids: torch.Tensor, vocab_size: int, embed_words, steer: torch.Tensor) -> torch.Tensor:
     """Input embeddings for ids over vocab ∪ rows: ``embed_words(ids)`` below ``vocab_size``, row
@@ -247,6 +170,11 @@ def embed_ids(ids: torch.Tensor, vocab_size: int, embed_words, steer: torch.Tens
         steer = steer.flatten(0, 1)
     rows = steer[slots].to(words.dtype)
     return torch.where(memory.unsqueeze(-1), rows, words)
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that skip left padding: 0 at each row's first real token."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def create(
@@ -271,7 +199,7 @@ def create(
 def load(bank_path, backbone: str | Backbone | None = None, **load_options) -> TokMemModel:
     """Load a bank and the backbone it was trained for (or the one given, which must match)."""
     from tokmem.backbones import load_backbone
-    from tokmem.bank_format import read_backbone_name
+    from tokmem.bank.file_format import read_backbone_name
 
     if backbone is None:
         backbone = read_backbone_name(bank_path)

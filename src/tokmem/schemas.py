@@ -77,7 +77,8 @@ KEY_ORDERS = "x-tokmem-key-orders"
 MOST_KEY_ORDERS = 16  # the orders kept, most frequent first: each is an alternative of the tool's grammar
 # A bank's schema keeps out the optional arguments no training call gave (``learned_schema``): a memory token never
 # learned to write them, and offered them it writes garbage (ComplexFuncBench's ``price_min: 1000000000000000``).
-# They are kept under this key, name → schema, so that a client's schema may still name them (``chat.tool_schemas``).
+# They are kept under this key, name → schema, so that a client's schema may still name them
+# (``tool_rules.tool_schemas``).
 UNTRAINED = "x-tokmem-untrained"
 
 
@@ -304,7 +305,7 @@ def bounded(schema):
     A string's bound is a ``pattern`` of plain characters: xgrammar 0.2.8's own ``maxLength`` rule lets raw control
     characters (invalid JSON) through, and neither writes escapes, so a bounded string holds no quote, backslash or
     newline: the price of a call that always closes.  A bound over ``Budget.max_repeat`` (a pattern's longest
-    repetition) stays a ``maxLength``: such a pattern compiles slowly (0.7 s for 1,128 characters, 14 s for 4,096).
+    repetition) stays a ``maxLength``: such a pattern compiles slowly.
     Non-integer numbers get no range here (xgrammar 0.2.8 writes a number with a range with at most 6 decimals, which
     would cut the coordinates a call copies from a result): ``grammar.numbers_bounded`` bounds their digits."""
     if isinstance(schema, list):
@@ -328,9 +329,8 @@ def bounded(schema):
 def shared_leaves(schema: dict) -> dict:
     """``schema`` with every string or integer leaf that occurs more than once (the same constraints, annotations
     aside) replaced by a ``$ref`` to one definition of it: the same language, compiled once.  xgrammar builds the
-    token masks of each rule it meets: a bounded string (``bounded``: a 128-character repetition) written out in six
-    arguments and the reference pattern in each of them cost 11.0 s to compile with smollm2's vocabulary, shared 1.3 s
-    (the unbounded schema's cost)."""
+    token masks of each rule it meets: a bounded string (``bounded``: a 128-character repetition) written out in every
+    argument compiles far slower than once, shared."""
     counts: dict[str, int] = {}
     _leaves(schema, lambda key, leaf: counts.__setitem__(key, counts.get(key, 0) + 1))
     shared = {key: f"{_SHARED}{n}" for n, key in enumerate(k for k, c in counts.items() if c > 1)}
@@ -409,8 +409,8 @@ def _given_orders(schema: dict, calls: list[dict]) -> dict:
     them is laid out in the schema's order.  ComplexFuncBench's calls of one tool write their keys in one order per
     query template (``Search_Hotels``: ``search_type, dest_id, …, adults, children_age`` or ``dest_id, search_type,
     …, adults, room_qty, sort_by``): trained on each order and free to take any, a memory token may commit to a
-    template with its first key, as a fine-tuned model does.  Measured on the 0.5B (research/docs/studies.md, one seed): it
-    picks the optional keys no better than with one order."""
+    template with its first key, as a fine-tuned model does (it picks the optional keys no better: docs/tools.md,
+    "Schema-bound arguments")."""
     names = list(schema["properties"])
     written = [[key for key in call if key in schema["properties"]] for call in calls]
     orders = Counter(tuple([*order, *(name for name in names if name not in order)]) for order in written)

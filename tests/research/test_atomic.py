@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 
 from tokmem import Example, Step
 from tokmem.backbones import Backbone
-from tokmem.decode import DecodeConfig
-from tokmem.lora import LoRASettings
+from tokmem.decoding.decode import DecodeConfig
+from tokmem.training.lora import LoRASettings
 from research.methods.base import Base
 from research.methods.method import Answer, Method, first_block, plain_answers
 from research.methods.lora import LoRA, Replay, ReplaySettings
@@ -30,8 +30,9 @@ from research.studies.atomic import evaluate, run_atomic, run_sample_efficiency
 from research.studies.atomic_config import JOINT_METHODS, METHODS, AtomicConfig, make_config
 from tokmem.io import read_json
 from research.studies.harness import learn_round
-from tokmem.sequences import collate, encode
-from tokmem.train import TrainConfig
+from tokmem.training.sequences import collate, encode
+from tokmem.training.train import TrainConfig
+from tokmem.training.loss import batch_loss
 
 TASKS = {
     "task001_upper": [(w, w.upper()) for w in ("apple", "house", "table", "chair", "green", "water")],
@@ -197,9 +198,9 @@ def test_lora_trains_its_adapters_but_leaves_the_shared_backbone_bit_identical(l
     tokenizer = lively_backbone.tokenizer
     batch = collate([encode(e, tokenizer, None, 1024) for e in examples], tokenizer.pad_token_id)
     with torch.no_grad():
-        plain = method.model.loss(batch)[0]
+        plain = batch_loss(method.model, batch)[0]
         with method.attached():
-            adapted = method.model.loss(batch)[0]
+            adapted = batch_loss(method.model, batch)[0]
     assert adapted < plain  # the adapters learned the examples and are live while attached
     assert any(not torch.equal(initial[k], method.adapter.weights[k]) for k in initial)
     after = model.state_dict()

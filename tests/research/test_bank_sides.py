@@ -4,7 +4,7 @@ import pytest
 import torch
 from research.scripts import bank_sides
 
-from tokmem.bank import MemoryBank
+from tokmem.bank.memory_bank import MemoryBank
 from tokmem.errors import BankError
 
 

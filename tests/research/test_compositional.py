@@ -12,9 +12,9 @@ import torch
 from tokmem import Example, Step
 from tokmem.eval.evaluate import score_calls as score
 from research.methods.method import Answer, memory_routes, predicted_calls
-from tokmem.decode import DecodeConfig, Segment
-from tokmem.lora import LoRASettings
-from tokmem.train import TrainConfig
+from tokmem.decoding.decode import DecodeConfig, Segment
+from tokmem.training.lora import LoRASettings
+from tokmem.training.train import TrainConfig
 from research.methods.tokmem import UnfrozenTokMem
 from research.methods.method import first_block
 from research.methods.tools import ICL, ToolRAG, compact_schema, tool_prompt

@@ -8,7 +8,7 @@ from research.scripts import keyset_probe
 import tokmem
 from tokmem import Example, Step
 from tokmem.data.procedures import call_json
-from tokmem.train import TrainConfig, encode_examples
+from tokmem.training.train import TrainConfig, encode_examples
 
 
 SORTED, PLAIN = frozenset({"id", "sortBy"}), frozenset({"id"})

@@ -10,11 +10,11 @@ from helpers import Interrupted
 from research.scripts import loop_ab
 
 from tokmem.data.procedures import Example, Step, call_json
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from research.methods.lora import LoRA
 from research.methods.tokmem import TokMem
 from research.studies.harness import progress_bar
-from tokmem.train import TrainConfig
+from tokmem.training.train import TrainConfig
 
 
 def test_a_variant_names_study_settings_with_values_read_as_json_where_they_parse():

@@ -12,7 +12,7 @@ import pytest
 from tokmem.backbones import Backbone
 from tokmem.data.procedures import Example, Step, call_json
 from tokmem.data.tool_catalog import catalog, split_tools
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.errors import TokMemError
 from tokmem.eval import metrics
 from tokmem.eval.evaluate import score_calls

@@ -15,8 +15,8 @@ from research.studies import gsm8k_placement, gsm8k_placement_config, memorizati
 from research.studies.gsm8k_placement_config import GSM8KConfig
 from research.studies.memorization import steps_at_90
 from research.studies.memorization_config import MemorizationConfig
-from tokmem.sequences import IGNORE, chat_prefix
-from tokmem.train import TrainConfig, fit
+from tokmem.training.sequences import IGNORE, chat_prefix
+from tokmem.training.train import TrainConfig, fit
 
 GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
 TEXT = "TokMem compiles each procedure into one trainable embedding used by a frozen language model. " * 12

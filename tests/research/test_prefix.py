@@ -7,7 +7,8 @@ from helpers import random_rows
 from tokmem import DecodeConfig, TrainConfig
 from research.methods import prefix
 from research.studies.placement import build
-from tokmem.sequences import IGNORE, chat_prefix, collate
+from tokmem.training.sequences import IGNORE, chat_prefix, collate
+from tokmem.training.loss import batch_loss
 
 
 def test_only_the_prefix_rows_get_gradients(lively_backbone, examples):
@@ -18,7 +19,7 @@ def test_only_the_prefix_rows_get_gradients(lively_backbone, examples):
         [prefix.encode(model, e.query, prefix.response_ids(tokenizer, e.response)) for e in examples],
         tokenizer.pad_token_id,
     )
-    loss, _ = model.loss(batch)
+    loss, _ = batch_loss(model, batch)
     loss.backward()
     assert [p.shape for p in params] == [(2, lively_backbone.hidden_size)]
     assert all(p.grad is None for p in lively_backbone.model.parameters())

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tokmem.bank import MemoryBank
+from tokmem.bank.memory_bank import MemoryBank
 from tokmem.data import shared
 from tokmem.data.procedures import Example, Step
 from research.studies.realtools import (

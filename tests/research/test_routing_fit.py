@@ -3,8 +3,8 @@
 import torch
 from research.scripts import routing_fit
 
-from tokmem.refit import RoutingStates
-from tokmem.sequences import Encoded
+from tokmem.training.refit import RoutingStates
+from tokmem.training.sequences import Encoded
 
 
 class Model:

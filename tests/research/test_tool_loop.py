@@ -7,10 +7,10 @@ import pytest
 
 from tokmem.data.nestful import import_nestful, resolve_references
 from tokmem.data.procedures import Example, Step, call_json
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from research.methods.lora import LoRA
 from research.methods.tokmem import TokMem
-from tokmem.sequences import encode
+from tokmem.training.sequences import encode
 from research.studies.harness import progress_bar
 from tokmem.eval.tool_loop import NO_RECORDED_RESPONSE, ReplayExecutor, json_call
 from research.studies.tool_loop import loop_scores, plain_context, step_predictions

@@ -70,7 +70,7 @@ def assert_greedy_parity(model_dir, backbone, paths: dict, banks: dict, queries,
     """Serve ``queries`` against every bank at thresholds 0.5 and 0 in one batch; each greedy answer must equal
     ``tokmem.generate``'s (routing and trace), and some answers must route (so the banks' rows mattered)."""
     import tokmem
-    from tokmem.decode import DecodeConfig, to_generation
+    from tokmem.decoding.decode import DecodeConfig, to_generation
     from tokmem.vllm import prompt, sampling_params
 
     batch = [(key, q, t) for key in banks for q in queries for t in (0.5, 0.0)]

@@ -7,8 +7,8 @@ from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 
 import tokmem
-from tokmem.decode import DecodeConfig, to_generation
-from tokmem.sequences import chat_prefix
+from tokmem.decoding.decode import DecodeConfig, to_generation
+from tokmem.training.sequences import chat_prefix
 from tokmem.vllm import procedures, prompt, sampling_params
 
 MAX_TOKENS = 24

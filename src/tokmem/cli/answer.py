@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tokmem.cli.options import add_common, add_off_topic, add_options, off_topic_specs, values
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.report import (
     call_scores_table,
     console,
@@ -45,7 +45,7 @@ def _decode_options(parser) -> None:
 
 
 def cmd_run(args) -> None:
-    from tokmem.decode import generate, route
+    from tokmem.decoding.decode import generate, route
     from tokmem.model import load
 
     model = load(args.bank, device=args.device)

@@ -31,7 +31,7 @@ def add_commands(commands) -> None:
 
 
 def cmd_bank_show(args) -> None:
-    from tokmem.bank import MemoryBank
+    from tokmem.bank.memory_bank import MemoryBank
 
     bank = MemoryBank.load(args.bank)
     meta = bank.metadata()
@@ -64,7 +64,7 @@ def cmd_bank_show(args) -> None:
 
 
 def _edit(path, edit, out=None) -> None:
-    from tokmem.bank import MemoryBank
+    from tokmem.bank.memory_bank import MemoryBank
 
     bank = MemoryBank.load(path)
     edit(bank)
@@ -81,6 +81,6 @@ def cmd_bank_rename(args) -> None:
 
 
 def cmd_bank_merge(args) -> None:
-    from tokmem.bank import MemoryBank
+    from tokmem.bank.memory_bank import MemoryBank
 
     _edit(args.banks[0], lambda bank: [bank.merge(MemoryBank.load(other)) for other in args.banks[1:]], out=args.out)

@@ -5,17 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tokmem import distributed
-from tokmem.adapt import AdaptConfig
-from tokmem.bank import MEMORY_TOKENS, SHARED_TOKENS
+from tokmem.training import distributed
+from tokmem.training.adapt import AdaptConfig
+from tokmem.bank.memory_bank import MEMORY_TOKENS, SHARED_TOKENS
 from tokmem.backbones import default_device, default_dtype
 from tokmem.cli.options import add_backbone, add_common, add_off_topic, add_options, off_topic_specs, values
 from tokmem.data.tool_datasets import ADAPTATION_SAMPLES
 from tokmem.demo import DemoConfig
 from tokmem.errors import TokMemError
 from tokmem.report import console, machine, print_fallbacks, print_restraints, write_json
-from tokmem.train import PICKED_RECIPE, UPDATES_PER_ROW, TrainConfig, picked_config
-from tokmem.train_state import remove as remove_training_state
+from tokmem.training.train import PICKED_RECIPE, UPDATES_PER_ROW, TrainConfig, picked_config
+from tokmem.training.train_state import remove as remove_training_state
 
 # tokmem adapt's options of the temporary rows (beside --rows-lr and --seed), and of its checkpoints (beside --out)
 ADAPT_ROWS = ("epochs", "batch_size", "max_length", "schedule")
@@ -142,7 +142,7 @@ def _learn_and_save(load_model, args, out_path) -> None:
     from tokmem.data import load_catalog, load_examples
     from tokmem.data.procedures import load_schemas
     from tokmem.eval.open_set import restraints
-    from tokmem.train import learn
+    from tokmem.training.train import learn
 
     examples = load_examples(args.data)
     descriptions = load_catalog(args.catalog) if args.catalog else None
@@ -198,7 +198,7 @@ def _learn_and_save(load_model, args, out_path) -> None:
 
 def _training_fallbacks(model, examples) -> int:
     """How many training queries the trained bank leaves to the plain backbone (memory mass below the threshold)."""
-    from tokmem.decode import open_set_threshold, route
+    from tokmem.decoding.decode import open_set_threshold, route
 
     threshold = open_set_threshold(model.bank)
     return sum(r.memory_mass < threshold for r in route(model, [e.query for e in examples]))
@@ -271,7 +271,7 @@ def adapt_checkpoint(out) -> str:
 
 
 def cmd_adapt(args) -> None:
-    from tokmem.adapt import adapt
+    from tokmem.training.adapt import adapt
     from tokmem.backbones import load_backbone
     from tokmem.data import load_examples
 

@@ -14,7 +14,7 @@ import typing
 from dataclasses import MISSING, Field, fields
 
 from tokmem.backbones import DEFAULT_BACKBONE, DEVICE_HELP
-from tokmem.train import TrainConfig
+from tokmem.training.train import TrainConfig
 
 
 def int_list(text: str) -> tuple[int, ...]:

@@ -142,7 +142,7 @@ class BuiltinProcedure:
         """The written instruction as chat turns: the description with a worked example, and its answer.
 
         SmolLM2-135M answers a bare instruction in full sentences ("The first word of … is …"); one
-        worked example makes it reply with the result alone (measured: research/docs/studies.md).
+        worked example makes it reply with the result alone.
         """
         request = f"{self.description} {REPLY_RULE}\n\n{self.templates[0].format(x=self.format(self.example))}"
         return [

@@ -9,7 +9,7 @@ from collections import defaultdict
 from tokmem.eval import metrics
 from tokmem.eval.steps import aligned_scores
 from tokmem.data.procedures import Example
-from tokmem.decode import DecodeConfig, Generation, Segment, generate
+from tokmem.decoding.decode import DecodeConfig, Generation, Segment, generate
 from tokmem.errors import DataError
 from tokmem.eval.tool_loop import model_loop
 from tokmem.model import TokMemModel

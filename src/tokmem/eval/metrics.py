@@ -32,11 +32,6 @@ def exact_match(prediction: str, reference: str) -> float:
     return float(normalize_answer(prediction) == normalize_answer(reference))
 
 
-def exact_match_any(prediction: str, references: Iterable[str]) -> float:
-    """1.0 when the prediction exactly matches at least one reference, else 0.0."""
-    return max((exact_match(prediction, reference) for reference in references), default=0.0)
-
-
 @cache
 def _rouge_scorer():
     from rouge_score import rouge_scorer
@@ -59,20 +54,11 @@ def rouge_l(prediction: str, references: str | Sequence[str]) -> float:
     return 100.0 * max(scorer.score(reference, prediction)["rougeL"].fmeasure for reference in references)
 
 
-def _fraction_equal(predicted: Sequence, gold: Sequence) -> float:
+def routing_accuracy(predicted: Sequence[str | None], gold: Sequence[str]) -> float:
+    """Fraction of routing decisions that picked the gold procedure (None, no pick, counts wrong)."""
     if len(predicted) != len(gold):
         raise ValueError(f"{len(predicted)} predictions for {len(gold)} gold items")
     return mean([p == g for p, g in zip(predicted, gold)])
-
-
-def routing_accuracy(predicted: Sequence[str | None], gold: Sequence[str]) -> float:
-    """Fraction of routing decisions that picked the gold procedure (None, no pick, counts wrong)."""
-    return _fraction_equal(predicted, gold)
-
-
-def sequence_accuracy(predicted: Sequence[Sequence[str]], gold: Sequence[Sequence[str]]) -> float:
-    """Fraction of chains whose whole predicted procedure sequence equals the gold sequence."""
-    return _fraction_equal([list(p) for p in predicted], [list(g) for g in gold])
 
 
 def multiset_f1(predicted: Iterable, gold: Iterable) -> float:

@@ -3,8 +3,8 @@
 TokMem's open-set rule answers a query with the plain backbone when the memory mass at the routing position is below
 the threshold.  In-domain scores count such a fallback as a miss; this counts the other side, the queries no
 procedure fits, where routing is the miss: a bank that adds skills must not take over the model.  The same rule as
-decoding (``tokmem.decode.route``'s memory mass against ``decode.open_set_threshold``), so the count is what ``tokmem
-run``, ``tokmem.chat`` and ``tokmem serve`` do with ``tool_choice="auto"``.
+decoding (``tokmem.decoding.decode.route``'s memory mass against ``open_set_threshold``), so the count is what
+``tokmem run``, ``tokmem.chat`` and ``tokmem serve`` do with ``tool_choice="auto"``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from tokmem.data.off_topic import bank_words, mentions, off_topic_set, read_queries
-from tokmem.decode import open_set_threshold, route
+from tokmem.decoding.decode import open_set_threshold, route
 from tokmem.model import TokMemModel
 
 SHOWN = 5  # routed queries listed in a result

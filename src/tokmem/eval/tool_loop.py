@@ -16,8 +16,8 @@ steps); the studies wrap every other method the same way (``research.studies.too
 
 Per step a call is due (``tool_choice="required"``).  End to end the first turn must call too (every record needs a
 tool), and after a result the answerer may stop (``"auto"``): after the last result a bank was trained to answer in
-words (``tokmem.sequences.ANSWER``), not to call again.  That answer is not predicted: the loop ends at the first turn
-without a call.
+words (``tokmem.training.sequences.ANSWER``), not to call again.  That answer is not predicted: the loop ends at the
+first turn without a call.
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from tokmem.chat import ChatCache, chat_batch, context_after, conversation_ids
+from tokmem.decoding.chat import ChatCache, chat_batch
+from tokmem.decoding.conversation import context_after, conversation_ids
 from tokmem.data.procedures import Example, arguments_json, assemble_call
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.eval import metrics
 from tokmem.eval.steps import aligned_scores, outcomes
 from tokmem.model import TokMemModel
-from tokmem.sequences import RESULT_TOKENS
+from tokmem.training.sequences import RESULT_TOKENS
 
 NO_RECORDED_RESPONSE = '{"error":"no recorded response for this call: its tool or arguments differ from the gold call"}'
 History = list[tuple[str, str]]  # (call JSON text, its result) of the calls so far

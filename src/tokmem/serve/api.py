@@ -1,7 +1,7 @@
 """The HTTP routes: OpenAI-compatible completions over banks, bank management, models and health.
 
 The ``model`` field of a request names the bank.  Answers are split into segments by
-``tokmem.decode`` (memory tokens never reach ``content``); the routed procedures and the segments
+``tokmem.decoding.decode`` (memory tokens never reach ``content``); the routed procedures and the segments
 come back in a ``tokmem`` field (of the response, or of the streamed chunk that carries
 ``finish_reason``).  Per-request extras ride in the body: ``procedure`` (force one, routing
 skipped), ``threshold`` (the open-set rule), ``max_steps`` (segments per answer), ``ignore_eos`` and
@@ -27,7 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from tokmem.errors import TokMemError, cut
+from tokmem.errors import TokMemError, clipped
 from tokmem.serve.banks import (
     BankNotFound,
     BankRegistry,
@@ -44,7 +44,7 @@ from tokmem.serve.protocol import (
     CompletionBody,
     ErrorBody,
 )
-from tokmem.serve.serving import Answers, api_error
+from tokmem.serve.serving import CompletionService, api_error
 
 log = logging.getLogger(__name__)
 # what each status this server answers means (its body is always ``ErrorBody``); 405 comes with an Allow header
@@ -87,7 +87,7 @@ def create_app(registry: BankRegistry, engine: Engine, config: ServeConfig) -> F
     _error_handlers(app)
     _documented(app)
     _info_routes(app, registry, engine)
-    _completion_routes(app, Answers(registry, engine, config))
+    _completion_routes(app, CompletionService(registry, engine, config))
     _bank_routes(app, registry)
     return app
 
@@ -127,7 +127,7 @@ def _info_routes(app: FastAPI, registry: BankRegistry, engine: Engine) -> None:
         return found
 
 
-def _completion_routes(app: FastAPI, answers: Answers) -> None:
+def _completion_routes(app: FastAPI, service: CompletionService) -> None:
     @app.post("/v1/chat/completions", responses=ANSWERS)
     async def chat_completions(body: ChatBody, request: Request):
         if body.messages[-1].role not in ("user", "tool"):
@@ -135,14 +135,14 @@ def _completion_routes(app: FastAPI, answers: Answers) -> None:
         messages = [m.as_dict() for m in body.messages]
         max_tokens = body.max_completion_tokens or body.max_tokens
         chars = sum(m.chars() for m in body.messages)
-        return await answers.answer(CHAT, body, request, messages, messages[-1]["content"], max_tokens, chars)
+        return await service.answer(CHAT, body, request, messages, messages[-1]["content"], max_tokens, chars)
 
     @app.post("/v1/completions", responses=ANSWERS)
     async def completions(body: CompletionBody, request: Request):
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         if len(prompts) != 1:
             raise ApiError(400, "send one prompt per request", param="prompt")
-        return await answers.answer(COMPLETION, body, request, prompts[0], prompts[0], body.max_tokens, len(prompts[0]))
+        return await service.answer(COMPLETION, body, request, prompts[0], prompts[0], body.max_tokens, len(prompts[0]))
 
 
 def _bank_routes(app: FastAPI, registry: BankRegistry) -> None:
@@ -207,7 +207,7 @@ def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request, err: RequestValidationError):
         first = err.errors()[0]
-        where = cut(".".join(str(part) for part in first["loc"] if part != "body"), 120)
+        where = clipped(".".join(str(part) for part in first["loc"] if part != "body"), 120)
         message = UNKNOWN_FIELD if first["type"] == "extra_forbidden" else first["msg"]
         return _refused(request, ApiError(400, f"{where}: {message}" if where else message, param=where or None))
 

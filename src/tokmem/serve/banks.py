@@ -32,11 +32,11 @@ from pathlib import Path
 import torch
 
 from tokmem.backbones import Backbone
-from tokmem.bank import MemoryBank
-from tokmem.bank_format import metadata_path
+from tokmem.bank.memory_bank import MemoryBank
+from tokmem.bank.file_format import metadata_path
 from tokmem.io import write_files
-from tokmem.errors import BankError, cut
-from tokmem.grammar import grammars_for
+from tokmem.errors import BankError, clipped
+from tokmem.decoding.grammar import grammars_for
 from tokmem.model import TokMemModel, compose
 from tokmem.schemas import Budget, SchemaError
 
@@ -147,7 +147,9 @@ class BankRegistry:
     def _composed(self, name: str) -> BankVersion:
         names = name.split(JOIN)
         if len(names) > MAX_JOINED:
-            raise BankError(f"a request may compose at most {MAX_JOINED} banks; {cut(repr(name))} joins {len(names)}")
+            raise BankError(
+                f"a request may compose at most {MAX_JOINED} banks; {clipped(repr(name))} joins {len(names)}"
+            )
         parts = [self.get(part) for part in names]
         revisions = tuple(part.revision for part in parts)
         with self._lock:
@@ -245,7 +247,8 @@ def _version(name: str, digest: str, model: TokMemModel, when, grammars: dict) -
 def check_name(name: str) -> None:
     if not NAME.fullmatch(name) or ".." in name:
         raise BankError(
-            f"invalid bank name {cut(repr(name))}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
+            f"invalid bank name {clipped(repr(name))}: use 1-64 letters, digits, '.', '_' or '-', starting with a "
+            "letter or digit, without '..'"
         )
 
 

@@ -13,7 +13,7 @@ from typing import Literal
 
 from tokmem.backbones import backbone_option, device_option
 from tokmem.config import option
-from tokmem.decode import DecodeConfig
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.schemas import Budget
 
 

@@ -1,11 +1,11 @@
 """One decoding loop for every request: continuous batching over rows of different banks.
 
-The running batch (``tokmem.batch.DecodeBatch``) is left-padded and shares one KV cache.  New requests are
+The running batch (``tokmem.decoding.batch.DecodeBatch``) is left-padded and shares one KV cache.  New requests are
 prefilled together (left-padded among themselves) and joined to the running batch along the batch dimension, the
 shorter cache padded on the left with masked columns; finished, cancelled or timed-out rows leave at once, and
-columns no row attends to any more are cut from the left.  Prefill and step are ``tokmem.decode``'s (``prefill``,
-``step``: the loop ``generate`` and ``chat`` run too); the engine adds the queue, the requests' own stopping rules
-(``Handle``) and the guard against NaN logits.
+columns no row attends to any more are cut from the left.  Prefill and step are ``tokmem.decoding.decode``'s
+(``prefill``, ``step``: the loop ``generate`` and ``chat`` run too); the engine adds the queue, the requests' own
+stopping rules (``Handle``) and the guard against NaN logits.
 
 Rows may belong to different banks.  Each batch row gets its bank's rows in a padded table
 (batch, widest bank, d), gathered once whenever the batch changes; per step the bank costs one
@@ -14,18 +14,18 @@ logits) — the same two places as offline, never a loop over banks; so greedy a
 ``generate``.
 
 A request may limit the memory rows it routes to (``Request.allowed``: OpenAI's ``tools`` / ``tool_choice``,
-mapped by ``tokmem.chat.tool_routing``); the limit is folded into the row's ``valid`` columns, so it costs
-nothing per step.  After a tool row's memory token the arguments decode under the tool's schema where the bank
+mapped by ``tokmem.decoding.tool_rules.tool_routing``); the limit is folded into the row's ``valid`` columns, so it
+costs nothing per step.  After a tool row's memory token the arguments decode under the tool's schema where the bank
 has one, or the client's (``Request.grammars``), and a request with a whole-response schema (``response_format``)
-answers in its JSON from the first token (``tokmem.grammar``; every grammar compiled before the request reaches the
-engine: never here): the batch keeps one ``ArgumentGrammar`` whose rows follow the batch's rows, its masks applied
+answers in its JSON from the first token (``tokmem.decoding.grammar``; every grammar compiled before the request reaches
+the engine: never here): the batch keeps one ``ArgumentGrammar`` whose rows follow the batch's rows, its masks applied
 as one tensor op per step, as ``decode`` does offline.
 
 A bank's tails and shared rows are fed after each memory token as ``decode.step`` feeds them (``Banks.context``,
 each row its own bank's layout).  A row of a bank that shows its tools' schemas (tokmem+schema) that chose a tool
 with its first token leaves the batch and joins it again prefilled with that memory token and its context
-(``chat.context_after``: the tail, the schema) after its prompt, its arguments next (``Request.with_context_after``):
-``tokmem.chat``'s second pass, so the server answers as ``tokmem.chat`` does.
+(``conversation.context_after``: the tail, the schema) after its prompt, its arguments next
+(``Request.with_context_after``): ``tokmem.chat``'s second pass, so the server answers as ``tokmem.chat`` does.
 
 Sampling (temperature > 0) takes each row's ``top_p``; a request with a ``seed`` draws from its own generator, so
 it samples the same answer whatever else is in the batch.  A text answer that reaches one of its request's ``stop``
@@ -53,13 +53,23 @@ from torch.nn.utils.rnn import pad_sequence
 from transformers import DynamicCache
 
 from tokmem.backbones import Backbone
-from tokmem.bank import MemoryBank
-from tokmem.context_ids import ContextLayout
-from tokmem.batch import DecodeBatch, left_pad
-from tokmem.decode import OPEN_SET_THRESHOLD, Banks, DecodeConfig, Generation, Rules, prefill, step, to_generation
+from tokmem.bank.memory_bank import MemoryBank
+from tokmem.bank.memory_ids import ContextLayout
+from tokmem.decoding.batch import DecodeBatch, left_pad
+from tokmem.decoding.decode import (
+    OPEN_SET_THRESHOLD,
+    Banks,
+    DecodeConfig,
+    Generation,
+    Rules,
+    prefill,
+    step,
+    to_generation,
+)
 from tokmem.errors import BackboneError, TokMemError
-from tokmem.chat import context_after, starts_calls
-from tokmem.grammar import ArgumentGrammar
+from tokmem.decoding.conversation import context_after
+from tokmem.decoding.tool_rules import starts_calls
+from tokmem.decoding.grammar import ArgumentGrammar
 from tokmem.model import TokMemModel
 from tokmem.serve.banks import BankVersion
 from tokmem.serve.stream import IncrementalText, StopSequences
@@ -145,8 +155,8 @@ class Handle:
         self._updated.clear()
 
     def generation(self) -> Generation:
-        """The answer so far, split into segments by ``tokmem.decode`` (the whole answer decoded: once, at the end;
-        streams follow it with ``serve.stream.IncrementalText``)."""
+        """The answer so far, split into segments by ``tokmem.decoding.decode`` (the whole answer decoded: once, at the
+        end; streams follow it with ``serve.stream.IncrementalText``)."""
         return to_generation(self.request.bank.model, self.request.query, self.tokens, self.memory_mass, not self.plain)
 
     def fail(self, message: str) -> None:

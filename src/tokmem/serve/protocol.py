@@ -6,12 +6,12 @@ finite, and every string must be encodable as UTF-8 (a lone surrogate such as ``
 with 400 rather than reaching the tokenizer).
 
 OpenAI's tools API: ``tools`` (function tools: the bank's tool rows of those names, their ``parameters`` binding the
-arguments: ``tokmem.chat.tool_schemas``), ``tool_choice``, ``parallel_tool_calls`` (false: at most one call a turn,
-i.e. one memory token), assistant messages with ``tool_calls`` and ``role: "tool"`` results; ``response_format``
-(``json_object`` / ``json_schema``: the answer's text decodes under the schema), ``top_p``, ``stop``, ``seed``.
-The OpenAI fields in ``OFF`` are not implemented: a request may send them only with the value that leaves them off,
-anything else is a 400 naming the field, never ignored.  ``IGNORED`` fields are OpenAI's metadata about a request
-(this server stores nothing): accepted, without effect.  Any other field is a 400 naming it.
+arguments: ``tokmem.decoding.tool_rules.tool_schemas``), ``tool_choice``, ``parallel_tool_calls`` (false: at most one
+call a turn, i.e. one memory token), assistant messages with ``tool_calls`` and ``role: "tool"`` results;
+``response_format`` (``json_object`` / ``json_schema``: the answer's text decodes under the schema), ``top_p``,
+``stop``, ``seed``.  The OpenAI fields in ``OFF`` are not implemented: a request may send them only with the value that
+leaves them off, anything else is a 400 naming the field, never ignored.  ``IGNORED`` fields are OpenAI's metadata about
+a request (this server stores nothing): accepted, without effect.  Any other field is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -33,16 +33,16 @@ from pydantic import (
 )
 from starlette.exceptions import HTTPException
 
-from tokmem.chat import answered_calls, tool_routing, tool_schemas
-from tokmem.errors import DataError, cut
-from tokmem.decode import DecodeConfig, open_set_threshold
+from tokmem.decoding.tool_rules import answered_calls, tool_routing, tool_schemas
+from tokmem.errors import DataError, clipped
+from tokmem.decoding.decode import DecodeConfig, open_set_threshold
 
 MIN_TEMPERATURE = 0.01  # below it (except 0, greedy) sampling is greedy in all but name, and scaled logits overflow
 MAX_STEPS = 64  # segments (memory tokens) per answer
 MAX_INT = 2**31 - 1  # the largest integer a client may send anywhere
 NAME = 200  # the longest bank, procedure or tool name (and tool call id)
 MAX_STOPS = 4  # stop sequences per request (as OpenAI)
-MAX_MESSAGE = 2000  # the longest error message (what it echoes of the input is cut before, see errors.cut)
+MAX_MESSAGE = 2000  # the longest error message (what it echoes of the input is cut before, see errors.clipped)
 # the OpenAI fields this server does not implement, and the values that leave them off (the only ones accepted)
 OFF = {
     "logprobs": (None, False),
@@ -85,7 +85,7 @@ class ApiError(HTTPException):
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
 
     def body(self) -> dict:
-        message, param = cut(self.message, MAX_MESSAGE), None if self.param is None else cut(self.param)
+        message, param = clipped(self.message, MAX_MESSAGE), None if self.param is None else clipped(self.param)
         return {"error": {"message": message, "type": self.type, "param": param, "code": self.code}}
 
     def response(self) -> JSONResponse:
@@ -242,7 +242,8 @@ class TokMemOptions(BaseModel):
         return self.max_steps
 
     def answered(self, query) -> set[tuple[str, str]]:
-        """The calls the answer may not repeat (``tokmem.chat.answered_calls``): none for a text completion."""
+        """The calls the answer may not repeat (``tokmem.decoding.tool_rules.answered_calls``): none for a text
+        completion."""
         return set()
 
 

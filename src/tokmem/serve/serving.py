@@ -1,5 +1,6 @@
 """The serving layer behind the completion routes: a request's limits, tokenising, routing masks and schema grammars,
-its submission to the engine, time limits, streaming and retries (``Answers``), each answer shaped as OpenAI's.
+its submission to the engine, time limits, streaming and retries (``CompletionService``), each answer shaped as
+OpenAI's.
 
 The routes (``api``) parse and validate the bodies (``protocol``) and hand them here; the one decoding loop is the
 engine's (``engine``).  Every request ends with an answer or an OpenAI error body: a request the engine fails gets 500
@@ -22,9 +23,10 @@ from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
-from tokmem.chat import Reply, conversation_ids, reply_from, starts_calls, without_repeats
+from tokmem.decoding.tool_rules import Reply, reply_from, starts_calls, without_repeats
+from tokmem.decoding.conversation import conversation_ids
 from tokmem.errors import TokMemError
-from tokmem.sequences import chat_prefix
+from tokmem.training.sequences import chat_prefix
 from tokmem.serve.banks import BankConflict, BankNotFound, BankRegistry, BankUnusable, BankVersion, BankWriteError
 from tokmem.serve.config import ServeConfig
 from tokmem.serve.engine import Engine, Handle, Overloaded
@@ -40,7 +42,7 @@ log = logging.getLogger(__name__)
 GRACE = 5.0  # seconds past a request's time limit before the route stops waiting for the engine
 
 
-class Answers:
+class CompletionService:
     """Requests in, answers (whole or streamed) out."""
 
     def __init__(self, registry: BankRegistry, engine: Engine, config: ServeConfig):
@@ -57,21 +59,21 @@ class Answers:
         chars: int,
     ):
         """``query``: the prompt (text completions) or the conversation (chat: its length numbers the call ids).
-        A chat turn of nothing but calls already answered (``tokmem.chat.without_repeats``) is decoded again
-        without those tools; streamed, such a turn's calls go out once it is whole."""
+        A chat turn of nothing but calls already answered (``tokmem.decoding.tool_rules.without_repeats``) is decoded
+        again without those tools; streamed, such a turn's calls go out once it is whole."""
         turn = len(query) if isinstance(query, list) else 1
-        attempt = Attempt(self, body, query, text, max_tokens, chars, body.answered(query))
-        handle = await attempt.submit()
+        submission = Submission(self, body, query, text, max_tokens, chars, body.answered(query))
+        handle = await submission.send()
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(
-                self.stream(shape, body.model, attempt, handle, request, include_usage, turn),
+                self.stream(shape, body.model, submission, handle, request, include_usage, turn),
                 media_type="text/event-stream",
             )
         await self.wait(handle, request)
         self.raise_unfinished(handle)
         if shape.chat:
-            reply, handle = await self.settled(attempt, handle, request, turn)
+            reply, handle = await self.reply_without_repeats(submission, handle, request, turn)
             choice = shape.choice(reply.content, reply.finish_reason, False, [c.to_openai() for c in reply.tool_calls])
         else:
             choice = shape.choice(_text(handle), handle.finish_reason, stream=False)
@@ -85,14 +87,16 @@ class Answers:
             "tokmem": tokmem_field(handle),
         }
 
-    async def settled(self, attempt: "Attempt", handle: Handle, request: Request, turn: int) -> tuple[Reply, Handle]:
+    async def reply_without_repeats(
+        self, submission: "Submission", handle: Handle, request: Request, turn: int
+    ) -> tuple[Reply, Handle]:
         """The finished chat answer of ``handle`` without repeated calls, decoding the turn again (and waiting) while
         it is nothing but repeats; with the handle that answered."""
         while True:
-            reply, repeated = without_repeats(_reply(handle, turn), attempt.answered, turn)
+            reply, repeated = without_repeats(_reply(handle, turn), submission.answered, turn)
             if not repeated:
                 return reply, handle
-            handle = await attempt.submit(repeated)
+            handle = await submission.send(repeated)
             await self.wait(handle, request)
             self.raise_unfinished(handle)
 
@@ -183,7 +187,7 @@ class Answers:
         self,
         shape: Shape,
         model: str,
-        attempt: "Attempt",
+        submission: "Submission",
         handle: Handle,
         request: Request,
         include_usage: bool,
@@ -191,7 +195,7 @@ class Answers:
     ) -> AsyncIterator[str]:
         meta = {"id": _id(shape), "object": shape.chunk_object, "created": int(time.time()), "model": model}
         deltas, calls = Deltas(), CallDeltas(turn)
-        hold = bool(attempt.answered)  # a call may repeat an answered one: calls go out once the turn is whole
+        hold = bool(submission.answered)  # a call may repeat an answered one: calls go out once the turn is whole
         try:
             if shape.chat:  # no content yet: the answer may be tool calls (content null, as OpenAI's)
                 yield sse({**meta, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
@@ -202,12 +206,12 @@ class Answers:
                 if not shape.chat:
                     last = shape.choice(deltas.final(_text(handle)) or None, handle.finish_reason, stream=True)
                     break
-                reply, repeated = without_repeats(_reply(handle, turn), attempt.answered, turn)
+                reply, repeated = without_repeats(_reply(handle, turn), submission.answered, turn)
                 if not repeated:
                     rest = calls.final([(c.name, c.arguments) for c in reply.tool_calls])
                     last = shape.choice(deltas.final(reply.content or "") or None, reply.finish_reason, True, rest)
                     break
-                handle = await attempt.submit(repeated)  # nothing of the repeats went out: decode the turn again
+                handle = await submission.send(repeated)  # nothing of the repeats went out: decode the turn again
             yield sse({**meta, "choices": [last], "tokmem": tokmem_field(handle)})
             if include_usage:
                 yield sse({**meta, "choices": [], "usage": usage(handle)})
@@ -250,11 +254,11 @@ class Answers:
 
 
 @dataclass
-class Attempt:
+class Submission:
     """What a request asks, kept to submit its turn again: with tools masked when a chat turn was nothing but calls
-    already ``answered`` (``tokmem.chat.without_repeats``)."""
+    already ``answered`` (``tokmem.decoding.tool_rules.without_repeats``)."""
 
-    answers: Answers
+    service: CompletionService
     body: TokMemOptions
     query: str | list[dict]
     text: str
@@ -263,9 +267,9 @@ class Attempt:
     answered: set[tuple[str, str]]
     masked: frozenset[str] = frozenset()
 
-    async def submit(self, repeated: list[str] = ()) -> Handle:
+    async def send(self, repeated: list[str] = ()) -> Handle:
         self.masked |= frozenset(repeated)
-        return await self.answers.submit(self.body, self.query, self.text, self.max_tokens, self.chars, self.masked)
+        return await self.service.submit(self.body, self.query, self.text, self.max_tokens, self.chars, self.masked)
 
 
 def _prompt(model, query: str | list[dict]) -> list[int]:

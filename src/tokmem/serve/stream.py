@@ -1,6 +1,6 @@
 """Streamed answers: the text so far, decoded incrementally, and the deltas that go out.
 
-``IncrementalText`` splits a request's tokens into segments as ``tokmem.decode`` does and decodes each
+``IncrementalText`` splits a request's tokens into segments as ``tokmem.decoding.decode`` does and decodes each
 token once: per segment it keeps a short window of recent tokens and decodes only that window (the
 text of a byte-level tokenizer is the concatenation of its windows' texts), so an update costs the
 new tokens, not the whole answer.  ``Deltas`` sends only text that will not change; ``StopSequences``
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from tokmem.chat import call_id
+from tokmem.decoding.tool_rules import call_id
 from tokmem.data.procedures import assemble_call
 
 
@@ -54,7 +54,8 @@ class IncrementalText:
         return "\n".join(self._segment_text(s) for s in self.segments)
 
     def calls(self, tokens: list[int]) -> list[tuple[str, str]]:
-        """(tool name, arguments so far) per segment of an answer that is tool calls (``tokmem.chat.reply_from``'s)."""
+        """(tool name, arguments so far) per segment of an answer that is tool calls
+        (``tokmem.decoding.tool_rules.reply_from``'s)."""
         self._feed(tokens)
         tokenizer, names = self.model.backbone.tokenizer, self.model.bank.names
         return [(names[s.row], s.current(tokenizer).strip()) for s in self.segments]

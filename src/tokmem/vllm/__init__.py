@@ -1,5 +1,5 @@
 """Serve TokMem banks with vLLM: memory slots above the vocabulary, a per-worker bank registry, and a logits
-processor that applies ``tokmem.decode``'s routing rules per request.  See docs/vllm.md.
+processor that applies ``tokmem.decoding.decode``'s routing rules per request.  See docs/vllm.md.
 
 This package imports vLLM only in ``model`` and ``processor`` (loaded by vLLM inside its workers)."""
 

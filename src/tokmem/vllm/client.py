@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from tokmem.sequences import chat_prefix
+from tokmem.training.sequences import chat_prefix
 from tokmem.vllm.slots import DEFAULT_SLOTS
 
 PROCESSOR = "tokmem.vllm.processor:TokMemLogitsProcessor"

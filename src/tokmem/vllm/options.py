@@ -8,7 +8,7 @@ Flat keys, so that ``vllm serve``'s ``vllm_xargs`` (string, number or boolean va
   ``tokmem_max_steps``  memory tokens (segments) per answer
   ``tokmem_procedure``  a procedure to start with (routing skipped)
 
-The defaults are ``tokmem.decode.DecodeConfig``'s.
+The defaults are ``tokmem.decoding.decode.DecodeConfig``'s.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokmem.bank import MemoryBank
-from tokmem.decode import DecodeConfig
+from tokmem.bank.memory_bank import MemoryBank
+from tokmem.decoding.decode import DecodeConfig
 from tokmem.errors import TokMemError
 from tokmem.vllm.slots import bank_key
 

@@ -1,4 +1,5 @@
-"""The logits processor that applies ``tokmem.decode``'s routing rules per request, for both of vLLM's model runners.
+"""The logits processor that applies ``tokmem.decoding.decode``'s routing rules per request, for both of vLLM's model
+runners.
 
 Each step, for every row of the batch:
   - the memory slots that are not its own bank's are masked (a request without ``tokmem_bank`` owns
@@ -8,7 +9,8 @@ Each step, for every row of the batch:
     forced procedure;
   - later, memory tokens only after a routed first token and while fewer than ``max_steps``
     (``decode.next_token_logits``'s rule: a blocked row keeps no slot at all);
-  - after a memory token of a bank with tails or shared rows, those ids, one a step (``tokmem.context_ids``, the rule
+  - after a memory token of a bank with tails or shared rows, those ids, one a step (``tokmem.bank.memory_ids``, the
+  rule
     ``decode.step`` applies): every other column of the row at -inf.
 A row's state (routed or plain, memory tokens so far) is read from its output tokens, so preempted and resumed
 requests carry on correctly.
@@ -31,8 +33,8 @@ from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.logits_processor import LogitsProcessor as BatchProcessor
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as SlotProcessor
 
-from tokmem.context_ids import ContextLayout, routes
-from tokmem.decode import first_token_logits, open_set_threshold
+from tokmem.bank.memory_ids import ContextLayout, routes
+from tokmem.decoding.decode import first_token_logits, open_set_threshold
 from tokmem.errors import TokMemError
 from tokmem.vllm import slots
 from tokmem.vllm.options import Options

@@ -2,7 +2,7 @@
 
 Slot ``s`` is token id ``vocab + s``.  A bank of n rows takes n consecutive slots; its memory ids in
 that worker are ``vocab + offset + row``.  A bank with tails or shared rows takes their ids too, right after its
-rows (``tokmem.context_ids``): input rows only, their index side zero (never routed: the logits processor forces
+rows (``tokmem.bank.memory_ids``): input rows only, their index side zero (never routed: the logits processor forces
 them).  The tables never change shape (S is fixed when the model is
 built), rows are copied in place, so a compiled or graph-captured forward stays valid.  Banks no running
 request uses stay placed until their slots are needed, then the least recently used go first.
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from tokmem.bank import MemoryBank
-from tokmem.context_ids import id_count, input_rows
+from tokmem.bank.memory_bank import MemoryBank
+from tokmem.bank.memory_ids import id_count, input_rows
 from tokmem.errors import TokMemError
 
 DEFAULT_SLOTS = 4096

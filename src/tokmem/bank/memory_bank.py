@@ -9,7 +9,8 @@ followed by the tool's arguments as JSON only: the memory token is the tool choi
 assemble the whole call ``{"name": procedure, "arguments": …}``).  A tool row may keep its tool's JSON schema
 (``schemas``: OpenAI's function ``parameters``), which binds the arguments decoded after its memory token.  A bank
 that *shows schemas* (``shows_schemas``, the ``tokmem+schema`` method) was trained with each tool's schema in context
-between its memory token and its arguments (``tokmem.sequences.CallContext``), and is decoded so (``tokmem.chat``).
+between its memory token and its arguments (``tokmem.training.sequences.CallContext``), and is decoded so
+(``tokmem.chat``).
 
 A bank of several *memory tokens* a procedure (``memory_tokens`` k > 1, tools only) gives each tool k - 1 more input
 rows, its ``tail``: always laid out right after its memory token, never predicted (no LM-head side), they are more
@@ -20,10 +21,10 @@ are written, how values are copied) is learnt from all of them rather than from 
 only in the bank's first round (``shared_trainable``): a tool added later reads them as they are, so adding tools
 never changes how the old ones are steered.
 
-A tool row may have *key-set rows* (``key_sets``: ``tokmem.key_sets.KeySets``, fitted after training): its training
+A tool row may have *key-set rows* (``key_sets``: ``tokmem.bank.key_sets.KeySets``, fitted after training): its training
 calls' key sets, one chosen by the state that routed the tool, its arguments then bound to exactly those keys.
 
-On disk a bank is ``<path>`` (safetensors) plus ``<path>.json`` (metadata), as ``tokmem.bank_format`` lays them
+On disk a bank is ``<path>`` (safetensors) plus ``<path>.json`` (metadata), as ``tokmem.bank.file_format`` lays them
 out and checks them when read; the two files are written together (``tokmem.io.write_files``).
 """
 
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from tokmem.bank_format import (
+from tokmem.bank.file_format import (
     FORMAT,
     FORMAT_VERSION,
     KEY_SETS_VERSION,
@@ -53,9 +54,9 @@ from tokmem.bank_format import (
     save_tensors,
     schemas_problem,
 )
-from tokmem.errors import BankError, cut, listed
+from tokmem.errors import BankError, clipped, listed
 from tokmem.io import write_files
-from tokmem.key_sets import KeySets
+from tokmem.bank.key_sets import KeySets
 
 ROW_NORM_FACTOR = 1000.0  # rows may be at most this many times the backbone's mean embedding norm
 
@@ -80,8 +81,7 @@ class MemoryBank:
         self.descriptions: list[str] = []
         self.kinds: list[str] = []
         self.schemas: list[dict | None] = []  # per row: its tool's JSON schema, or None
-        self.key_sets: list[KeySets | None] = []  # per row: its tool's key-set rows, or None (tokmem.key_sets)
-        self.threshold: float | None = None  # the open-set threshold it decodes with unless told (None: the rule's)
+        self.key_sets: list[KeySets | None] = []  # per row: its tool's key-set rows, or None (tokmem.bank.key_sets)
         self.index = torch.empty(0, hidden_size)
         self.steer = torch.empty(0, hidden_size) if decoupled else None
         self.tail = torch.empty(0, memory_tokens - 1, hidden_size)  # per procedure, its input rows after the first
@@ -125,7 +125,7 @@ class MemoryBank:
             return self._rows[name]
         except KeyError:
             raise BankError(
-                f"no procedure {cut(repr(name))} in the bank (it has: {listed(self.names) or 'none'})"
+                f"no procedure {clipped(repr(name))} in the bank (it has: {listed(self.names) or 'none'})"
             ) from None
 
     def _index_names(self) -> None:
@@ -145,9 +145,6 @@ class MemoryBank:
 
     def trainable_rows(self) -> torch.Tensor:
         return self.trainable.nonzero().flatten()
-
-    def frozen_rows(self) -> torch.Tensor:
-        return (~self.trainable).nonzero().flatten()
 
     def parameter_count(self, trainable_only: bool = False) -> int:
         rows = int(self.trainable.sum()) if trainable_only else len(self)
@@ -213,7 +210,7 @@ class MemoryBank:
 
     def decouple(self) -> None:
         """Give a coupled bank an input side of its own, a copy of its one matrix, so that its index side can change
-        without changing what its memory tokens steer (``tokmem.refit``); a decoupled bank stays as it is."""
+        without changing what its memory tokens steer (``tokmem.training.refit``); a decoupled bank stays as it is."""
         if not self.decoupled:
             self.steer = self.index.clone()
 

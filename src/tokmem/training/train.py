@@ -17,18 +17,18 @@ from typing import Literal, get_args
 import torch
 from tqdm.auto import tqdm
 
-from tokmem import distributed
+from tokmem.training import distributed
 from tokmem.config import option
 from tokmem.data import off_topic
 from tokmem.data.procedures import Example, tool_procedures
 from tokmem.errors import TokMemError
 from tokmem.schemas import learned_schema
-from tokmem.sequences import RESULT_TOKENS, Encoded, TruncationCount, collate, encode, to_device
+from tokmem.training.sequences import RESULT_TOKENS, Encoded, TruncationCount, collate, encode, to_device
 from tokmem.model import TokMemModel
-from tokmem.prefix_store import PrefixStore, default_budget
-from tokmem.key_sets import fit_model_key_sets
-from tokmem.refit import refit_index, routing_states
-from tokmem.train_state import TrainingState
+from tokmem.training.loss import batch_loss
+from tokmem.training.prefix_store import PrefixStore, default_budget
+from tokmem.training.refit import fit_model_key_sets, refit_index, routing_states
+from tokmem.training.train_state import TrainingState
 
 
 Init = Literal["mean", "orthogonal", "name"]
@@ -45,18 +45,65 @@ RENORM_SETTINGS = ("renormalize", "renorm_every_step", "renorm_target", "renorm_
 
 @dataclass
 class TrainConfig:
-    """Paper defaults: AdamW, lr 5e-3, weight decay 0, one epoch, batch 4, max length 1024."""
+    """The paper's defaults (AdamW, lr 5e-3, weight decay 0, one epoch, batch 4, max length 1024), grouped by concern;
+    ``tokmem train`` lays its own recipe over them (``PICKED_RECIPE``)."""
 
+    # the optimiser and its budget
     lr: float = option(5e-3, "learning rate of the memory rows")
     weight_decay: float = option(0.0, "AdamW weight decay of the memory rows")
+    schedule: Schedule = option(
+        "constant",
+        "learning rate: constant, or linear (warm-up over --warmup of the steps, then decay to 0; the reference code)",
+        flag="--lr-schedule",
+    )
+    warmup: float = option(0.1, "warm-up fraction of the linear schedule")
     epochs: int = option(1, "passes over the training examples")
     batch_size: int = option(4, "examples per micro-batch")
     grad_accum: int = option(1, "micro-batches per optimiser step")
+    max_steps: int | None = option(None, "stop after this many optimiser steps")
+    seed: int = option(0, "seed of the data order and the new rows")
+
+    # the training sequences and their loss
     max_length: int = option(
         1024, "longest training sequence in tokens (a longer one loses its query's start, then its targets' end)"
     )
-    max_steps: int | None = option(None, "stop after this many optimiser steps")
-    seed: int = option(0, "seed of the data order and the new rows")
+    tool_segments: ToolSegments = option(
+        "arguments", "after a tool's memory token: its arguments only (the reference code) or the whole call"
+    )
+    key_order: KeyOrder = option(
+        "calls",
+        "the order a tool row's arguments are trained and decoded in: the training calls' (calls), its catalog "
+        "schema's (schema), or each call's own, decoded in any order the calls wrote (given)",
+    )
+    result_tokens: int = option(RESULT_TOKENS, "a step's tool result in the sequence is cut to this many tokens")
+    negatives: float = option(
+        0.0,
+        "off-topic queries added per training example (tokmem.data.off_topic; none that shares a word with a "
+        "procedure's name or description), each trained to leave the query to the plain backbone: the open set",
+    )
+    choice_weight: float = option(
+        1.0,
+        "loss weight of the few argument tokens where a call decides which keys it carries (a value's end that goes "
+        "on to another key or closes the object, and the next key's first token); the others weigh 1",
+    )
+    route_weight: float = option(
+        1.0,
+        "loss weight of the memory-token labels (which procedure or tool comes next: the routing), the others weigh "
+        "1: a call has one such label among the dozens of its arguments",
+    )
+    segment_backprop: bool = option(
+        False,
+        "tool loops: back-propagate each labelled segment (a memory token and its arguments) on its own, attending "
+        "to the record's states before it computed without gradients: the tool results are read, never "
+        "back-propagated (an approximation; exact with one segment a record)",
+    )
+
+    # the new rows: how they start, and their norm after training
+    init: Init = option(
+        "mean",
+        "new rows: the mean embedding (the paper's text), orthogonal (the reference code), or name (the mean embedding "
+        "of the procedure's own name and description tokens, at an ordinary token's norm)",
+    )
     renormalize: bool = option(
         True, "renormalise the new rows to the old rows' mean norm after the round", flag="--renorm"
     )
@@ -75,64 +122,22 @@ class TrainConfig:
         "(what generation reads; the index rows then grow freely); a coupled bank's one matrix is both",
     )
     eps: float = 1e-8
-    init: Init = option(
-        "mean",
-        "new rows: the mean embedding (the paper's text), orthogonal (the reference code), or name (the mean embedding "
-        "of the procedure's own name and description tokens, at an ordinary token's norm)",
-    )
-    schedule: Schedule = option(
-        "constant",
-        "learning rate: constant, or linear (warm-up over --warmup of the steps, then decay to 0; the reference code)",
-        flag="--lr-schedule",
-    )
-    warmup: float = option(0.1, "warm-up fraction of the linear schedule")
-    tool_segments: ToolSegments = option(
-        "arguments", "after a tool's memory token: its arguments only (the reference code) or the whole call"
-    )
-    key_order: KeyOrder = option(
-        "calls",
-        "the order a tool row's arguments are trained and decoded in: the training calls' (calls), its catalog "
-        "schema's (schema), or each call's own, decoded in any order the calls wrote (given)",
-    )
-    choice_weight: float = option(
-        1.0,
-        "loss weight of the few argument tokens where a call decides which keys it carries (a value's end that goes "
-        "on to another key or closes the object, and the next key's first token); the others weigh 1",
-    )
-    route_weight: float = option(
-        1.0,
-        "loss weight of the memory-token labels (which procedure or tool comes next: the routing), the others weigh "
-        "1: a call has one such label among the dozens of its arguments",
-    )
+
+    # after training: fits on the states the trained rows' examples reach (tokmem.training.refit)
     refit_index: bool = option(
         False,
         "after training, refit the new rows' routing side on the states their training examples reach, and keep "
         "the bank decoupled (its trained rows steer): one pass of the backbone, no gradients through it "
-        "(tokmem.refit)",
+        "(tokmem.training.refit)",
     )
     key_sets: bool = option(
         False,
         "after training, give each new tool whose training calls write several key sets a row per key set, fitted on "
         "the states that route it, and decode its arguments bound to the key set its routing state chooses "
-        "(tokmem.key_sets)",
+        "(tokmem.training.refit)",
     )
-    threshold: float | None = option(
-        None,
-        "the open-set threshold the bank decodes with unless a caller gives one, kept in the bank (none: the bank's, "
-        "else 0.5)",
-    )
-    negatives: float = option(
-        0.0,
-        "off-topic queries added per training example (tokmem.data.off_topic; none that shares a word with a "
-        "procedure's name or description), each trained to leave the query to the plain backbone: the open set",
-    )
-    result_tokens: int = option(RESULT_TOKENS, "a step's tool result in the sequence is cut to this many tokens")
-    segment_backprop: bool = option(
-        False,
-        "tool loops: back-propagate each labelled segment (a memory token and its arguments) on its own, attending "
-        "to the record's states before it computed without gradients: the tool results are read, never "
-        "back-propagated (an approximation; exact with one segment a record)",
-    )
+
+    # the system: batching, precision, memory, processes
     length_grouped: bool = option(
         False, "batch sequences of similar length together (less padding; each epoch still shuffled)"
     )
@@ -147,6 +152,8 @@ class TrainConfig:
         "under torchrun / accelerate: shard the frozen backbone's decoder layers across the processes (FSDP2), "
         "for a backbone that does not fit one device",
     )
+
+    # the run: progress, checkpoints, resuming
     progress: bool = True
     checkpoint: str | None = None  # save the bank here every ``checkpoint_every`` optimiser steps
     checkpoint_every: int = option(
@@ -211,10 +218,6 @@ class TrainReport:
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
 
-    @property
-    def padding_share(self) -> float:
-        return 1 - self.tokens / self.positions if self.positions else 0.0
-
     def summary(self) -> dict:
         return {
             "steps": self.steps,
@@ -236,17 +239,9 @@ class TrainReport:
         }
 
 
-# ``tokmem train``'s recipe when no flag sets it: the studies' best for few rows (the tool-loop study's lr 2e-2 on a
-# linear schedule, mean-initialised rows: research/docs/studies.md, "Why TokMem's routing collapses"), and a budget read off
-# the data: enough epochs that there are at least UPDATES_PER_ROW optimiser steps per new row (50: the travel
-# example's 3 tools then get 160 updates, which routed 92.5% of its held-out queries at seeds 0 and 1 where 120
-# routed 87.5-92.5%: docs/results.md); the rows' routing side refit on the training states after training (on the
-# 0.5B tool loop it gained 7 and 6 exact steps of 80 at seeds 0 and 1 and lost none: docs/tools.md, "Routing refit");
-# and key-set rows for tools whose training calls write several key sets (on the 0.5B tool loop 4, 5 and 3 exact
-# steps more at seeds 0-2, none lost: docs/tools.md, "Key-set rows"; a tool with one key set gets none).
-# Off-topic negatives and the open-set threshold of tokmem train's recipe, chosen on a development split (docs/tools.md,
-# "The open set").
-NEGATIVES, THRESHOLD = 1.0, 0.8
+# ``tokmem train``'s recipe when no flag sets it: what routed and called best for a user's few tools (docs/results.md;
+# docs/tools.md, "Routing refit after training", "Key-set rows", "The open set").
+NEGATIVES, THRESHOLD = 1.0, 0.8  # off-topic queries per example and the bank's open-set threshold: the open set
 PICKED_RECIPE = {
     "lr": 2e-2,
     "schedule": "linear",
@@ -255,7 +250,7 @@ PICKED_RECIPE = {
     "negatives": NEGATIVES,
     "threshold": THRESHOLD,
 }
-UPDATES_PER_ROW = 50
+UPDATES_PER_ROW = 50  # the least optimiser steps per new row: few tools need several epochs (the travel example)
 
 
 def picked_config(examples: list[Example], new_rows: int, **given) -> TrainConfig:
@@ -351,8 +346,9 @@ def train(
     model: TokMemModel, examples: list[Example], config: TrainConfig | None = None, param_groups=(), on_step=None
 ) -> TrainReport:
     """Fit the bank's trainable rows on ``examples`` (laid out by ``encode_examples``); with ``refit_index``, then
-    refit their index side on the states those examples reach (``tokmem.refit``), and with ``key_sets`` fit their
-    key-set rows on the same states (``tokmem.key_sets``).  ``param_groups`` and ``on_step``: as in ``fit``."""
+    refit their index side on the states those examples reach (``tokmem.training.refit``), and with ``key_sets`` fit
+    their key-set rows on the same states (``tokmem.training.refit``).  ``param_groups`` and ``on_step``: as in
+    ``fit``."""
     config = config or TrainConfig()
     _require_trainable_rows(model)  # before laying out: an empty bank cannot encode the procedures
     report = TrainReport()
@@ -401,8 +397,8 @@ def fit(
     """The training loop over sequences already laid out: ``train`` lays them out the TokMem way,
     baselines and studies that place the rows elsewhere bring their own.
 
-    ``on_step(step, total)`` runs after every optimiser step (of ``total``) while the trained rows are live (the model's
-    ``loss`` and ``memory_matrices`` see them), e.g. to record an evaluation curve.
+    ``on_step(step, total)`` runs after every optimiser step (of ``total``) while the trained rows are live
+    (``batch_loss`` and the model's ``memory_matrices`` see them), e.g. to record an evaluation curve.
     ``param_groups``: more optimiser parameter groups that train alongside the rows (LoRA weights, with their own lr);
     the rows' group takes the config's lr and weight decay.  A model without trainable rows trains the groups alone.
     ``steps``: the indices into ``encoded`` of each optimiser step, for a caller that composes its batches itself
@@ -534,7 +530,7 @@ def _step(model, optimizer, chunk, config, report, filler: Encoded, prefixes: Pr
     local_targets = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
     targets = distributed.global_sum(local_targets, model.device)
     weights = [1.0] * len(batches)
-    if model.layers_sharded:
+    if distributed.layers_sharded(model.lm):
         missing = distributed.global_max(len(batches), model.device) - len(batches)
         batches, weights = batches + [collate([filler], pad)] * missing, weights + [0.0] * missing
     optimizer.zero_grad(set_to_none=True)
@@ -542,8 +538,8 @@ def _step(model, optimizer, chunk, config, report, filler: Encoded, prefixes: Pr
     for batch, weight in zip(batches, weights):
         batch = to_device(batch, model.device)
         with step_context(model.device, config.bf16):
-            loss, count = model.loss(
-                batch, prefixes, config.segment_backprop, config.choice_weight, config.route_weight
+            loss, count = batch_loss(
+                model, batch, prefixes, config.segment_backprop, config.choice_weight, config.route_weight
             )
         (loss * (weight * count / targets)).backward()
         total += weight * loss.item() * count / targets
@@ -623,10 +619,8 @@ def _seed(seed: int) -> None:
 
 def step_context(device: torch.device, bf16: bool | None = None) -> ExitStack:
     """What a training step runs under: bf16 autocast where asked (``None``: on CUDA) and, on CUDA,
-    attention without cuDNN's fused kernel.  cuDNN builds an execution plan for every new shape, and
-    training batches come in many shapes: on an H200 that cost 3.7 ms of host time per attention call,
-    more than the whole step's GPU time (benchmarks/train_throughput.py).  Flash and memory-efficient
-    attention have no such cost."""
+    attention without cuDNN's fused kernel: cuDNN builds an execution plan for every new shape, and training batches
+    come in many shapes (docs/scale.md, "The GPU path").  Flash and memory-efficient attention have no such cost."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     stack = ExitStack()

@@ -6,15 +6,16 @@ After the query the model predicts over vocab ∪ bank.  If the memory tokens' t
 token (chaining, up to ``max_steps`` segments) or EOS.  Below the threshold the query does not match
 any procedure and the model answers as the plain backbone (open set).
 
-Queries are decoded in batches (left-padded) with one KV cache (``tokmem.batch.DecodeBatch``): ``prefill`` encodes
-the rows and picks their first tokens, ``step`` feeds one new token a row and picks the next.  They are the one
+Queries are decoded in batches (left-padded) with one KV cache (``tokmem.decoding.batch.DecodeBatch``): ``prefill``
+encodes the rows and picks their first tokens, ``step`` feeds one new token a row and picks the next.  They are the one
 decoding loop's two halves: ``generate`` and ``tokmem.chat`` (through ``decode_rows``) and the server's engine run
-them, each with its own stopping rules (``tokmem.stops`` here; a served request's in ``serve.engine.Handle``).
+them, each with its own stopping rules (``tokmem.decoding.stopping`` here; a served request's in
+``serve.engine.Handle``).
 
 After a tool row's memory token, where the bank keeps the tool's JSON schema, the arguments decode under it
-(``tokmem.grammar``; ``DecodeConfig(schema=False)`` switches that off): each row its own grammar, the masks
+(``tokmem.decoding.grammar``; ``DecodeConfig(schema=False)`` switches that off): each row its own grammar, the masks
 applied as one tensor op; once a row's JSON closes only EOS or another memory token may follow.  A bank with tails
-or shared rows has them fed after each memory token, one a step, before the arguments (``tokmem.context_ids``).
+or shared rows has them fed after each memory token, one a step, before the arguments (``tokmem.bank.memory_ids``).
 
 ``complete`` continues contexts laid out elsewhere (rows before the query, a memory token before the
 assistant header) with vocabulary tokens only: the studies that place the rows differently decode with it.
@@ -30,13 +31,13 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from tokmem.batch import DecodeBatch, left_pad
+from tokmem.decoding.batch import DecodeBatch, left_pad
 from tokmem.config import option
-from tokmem.context_ids import ContextLayout
+from tokmem.bank.memory_ids import ContextLayout
 from tokmem.data.procedures import assemble_call
-from tokmem.sequences import chat_prefix, positions
-from tokmem.model import TokMemModel
-from tokmem.stops import BlankLineStop, EndOfSequence, stopped
+from tokmem.training.sequences import chat_prefix
+from tokmem.model import TokMemModel, positions
+from tokmem.decoding.stopping import BlankLineStop, EndOfSequence, stopped
 
 
 OPEN_SET_THRESHOLD = 0.5  # the open-set rule's threshold where neither the caller nor the bank gives one
@@ -295,10 +296,10 @@ def decode_rows(
     model, ids, mask, cache, config, forced, generator, allowed=None, schemas=None, stops=(), begun=None, check=None
 ):
     """Encode ``ids`` (the new tokens of each row, after what ``cache`` holds; ``mask`` covers both) and decode each row
-    until a stopping rule ends it (EOS, and ``stops``: objects of ``tokmem.stops``) or ``config.max_new_tokens``: the
-    rows' token lists (EOS included; a row done before the others is filled with EOS), their memory mass, which rows
-    answer as the plain backbone, the cache (it holds every token fed, i.e. all but each row's last) and its attention
-    mask (0 where a column is padding or fed after a row was done).
+    until a stopping rule ends it (EOS, and ``stops``: objects of ``tokmem.decoding.stopping``) or
+    ``config.max_new_tokens``: the rows' token lists (EOS included; a row done before the others is filled with EOS),
+    their memory mass, which rows answer as the plain backbone, the cache (it holds every token fed, i.e. all but each
+    row's last) and its attention mask (0 where a column is padding or fed after a row was done).
 
     ``forced``: per row a memory id to start with, or -1 (route).  ``allowed``: (rows, bank rows) bool, the memory
     tokens each row may use at all (default: every one); a row with none answers as the plain backbone.  ``schemas``:
@@ -455,13 +456,13 @@ def _divergence(own: torch.Tensor, twin: torch.Tensor) -> torch.Tensor:
 def argument_grammar(model: TokMemModel, rows: int, config: DecodeConfig, schemas: list | None = None):
     """The ``ArgumentGrammar`` of a batch of ``rows``, or None when no tool row has a schema (or ``config.schema``
     is off): then nothing is constrained and the grammar backend is not even imported.  ``schemas``: per bank row,
-    the schema to use instead of the bank's (a client's, ``tokmem.chat.tool_schemas``); either is narrowed to the
-    key set the bank's key-set rows choose (``tokmem.key_sets``) where it admits it.  The schemas are compiled (or
-    found compiled) here, before decoding starts; one that cannot be is a ``SchemaError`` naming it."""
+    the schema to use instead of the bank's (a client's, ``tokmem.decoding.tool_rules.tool_schemas``); either is
+    narrowed to the key set the bank's key-set rows choose (``tokmem.bank.key_sets``) where it admits it.  The schemas
+    are compiled (or found compiled) here, before decoding starts; one that cannot be is a ``SchemaError`` naming it."""
     schemas = model.bank.schemas if schemas is None else schemas
     if not config.schema or not any(schema is not None for schema in schemas):
         return None
-    from tokmem.grammar import ArgumentGrammar, grammars_for
+    from tokmem.decoding.grammar import ArgumentGrammar, grammars_for
 
     grammars = grammars_for(model.backbone.tokenizer, model.vocab_size)
     grammars = grammars.rows(schemas, config.references, key_sets=model.bank.key_sets)

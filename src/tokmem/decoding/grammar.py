@@ -20,7 +20,7 @@ are values) do not.
 can use it: ``advance(tokens)`` after each step, ``constrain(logits)`` before each pick.  While a row's JSON is
 open its memory tokens and EOS are masked; once it closes, only EOS or a memory token (the next call) may follow.
 
-A tool with key-set rows (``tokmem.key_sets``) has a grammar per key set (``KeySetGrammars``): whoever picks a
+A tool with key-set rows (``tokmem.bank.key_sets``) has a grammar per key set (``KeySetGrammars``): whoever picks a
 token tells the grammar the state that picked it (``routed``), and a memory token so picked starts the grammar of
 the key set that state chooses (the tool's whole schema where none of its key sets is admitted, or the row's
 routing state is unknown).
@@ -45,10 +45,8 @@ from dataclasses import dataclass
 import torch
 import xgrammar
 
-from tokmem.key_sets import KeySets, narrowed
+from tokmem.bank.key_sets import KeySets, narrowed
 from tokmem.schemas import Budget, SchemaError, check_schema, decoding_schema, shared_leaves
-
-_BITS = torch.arange(32, dtype=torch.int32)
 
 
 class Grammars:
@@ -208,11 +206,6 @@ class KeySetGrammars:
         return self.narrowed[int(self.choice.scores(state).masked_fill(~admitted, float("-inf")).argmax())]
 
 
-def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """A bool (rows, vocab_size) tensor from the backends' packed int32 bitmask (32 tokens a word)."""
-    return ((bitmask.unsqueeze(-1) >> _BITS) & 1).bool().flatten(1)[:, :vocab_size]
-
-
 class ArgumentGrammar:
     """Per decoded row, the matcher of the JSON it is writing (None: unconstrained).
 
@@ -256,7 +249,7 @@ class ArgumentGrammar:
 
     def advance(self, tokens: torch.Tensor) -> None:
         """Feed each row's new token: a memory token starts its tool's grammar (or none); EOS ends the row's; a
-        context id after a memory token (``tokmem.context_ids``: past the row's bank rows) changes nothing."""
+        context id after a memory token (``tokmem.bank.memory_ids``: past the row's bank rows) changes nothing."""
         tokens = tokens.tolist()
         for i, token in enumerate(tokens):
             self.started[i] = True
@@ -291,7 +284,7 @@ class ArgumentGrammar:
         """``logits`` over vocab ∪ bank with each constrained row's disallowed tokens at -inf (in place).
 
         The packed bitmask (32 tokens a word) goes to the logits' device and xgrammar's kernel applies it there:
-        unpacking a 151,936-token vocabulary into booleans on the host took 100 ms a step for 64 rows (Qwen's)."""
+        unpacking a large vocabulary into booleans on the host costs more than the step."""
         active = [i for i, m in enumerate(self.matchers) if m is not None]
         if not active:
             return logits

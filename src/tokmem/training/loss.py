@@ -1,5 +1,7 @@
-"""The training passes that back-propagate only what the loss needs (``TokMemModel.loss`` takes them where nothing
-before the first label trains: a frozen backbone, no memory token in the query).
+"""The training loss: the next-token loss over the labelled tokens of a batch, back-propagating only what it needs.
+
+``batch_loss`` takes the vocabulary's logits only where a label is.  Where nothing before the first label trains (a
+frozen backbone, no memory token in the query) it takes one of two passes:
 
 * ``suffix_hidden``: the query prefixes run without gradients (the ids every row starts with once for the batch;
   kept across epochs in a ``PrefixStore``), the labelled suffixes with gradients on top of them, packed in one row
@@ -7,20 +9,112 @@ before the first label trains: a frozen backbone, no memory token in the query).
 * ``segment_hidden`` (``TrainConfig.segment_backprop``): the whole record once without gradients, then each labelled
   segment alone with gradients, attending to the detached states before it.
 
-``model`` is the ``TokMemModel`` whose loss is taken (its ``hidden`` pass, memory ids and prefix cache).  Each
+``model`` is the ``TokMemModel`` whose loss is taken (its ``hidden`` pass, memory ids and prefix cache).  Each pass
 returns the hidden states that predict the labelled tokens and those labels (right-padded), the same states as
 one whole pass would give (``segment_hidden``: exact with one segment a record).
 """
 
 from __future__ import annotations
 
+import functools
+import re
+
 import torch
 from torch import nn
 from transformers import DynamicCache
 
-from tokmem import distributed
-from tokmem.prefix_store import PrefixStore
-from tokmem.sequences import IGNORE, positions
+from tokmem.model import positions
+from tokmem.training import distributed
+from tokmem.training.prefix_store import PrefixStore
+from tokmem.training.sequences import ANSWER, IGNORE
+
+NEXT_KEY, CLOSE = 1, 2  # ``key_choice_kinds``: a token that goes on to another key, one that closes the object
+_NEXT_KEY, _CLOSE = re.compile(r'\s*"?,"\s*'), re.compile(r'\s*"?}\s*')
+
+
+def batch_loss(
+    model,
+    batch: dict,
+    prefixes: PrefixStore | None = None,
+    segments: bool = False,
+    choice_weight: float = 1.0,
+    route_weight: float = 1.0,
+) -> tuple[torch.Tensor, int]:
+    """Mean next-token loss over labelled positions only (memory, response and EOS tokens), each label's times
+    its weight (``label_weights``: ``choice_weight`` where a call decides its key set, ``route_weight`` at a
+    memory token, 1 elsewhere), and the number of labels.
+
+    With a frozen backbone the query prefix does not depend on the bank (the first memory token comes after it), so
+    it runs without gradients (once a run with ``prefixes``) and only the labelled suffix is back-propagated
+    (``suffix_hidden``); with ``segments``, only each labelled segment on its own (an approximation,
+    ``segment_hidden``).
+    """
+    index, steer = model.memory_matrices()
+    labels = batch["labels"]
+    starts = (labels != IGNORE).int().argmax(-1)
+    if prefix_is_fixed(model, batch["input_ids"], starts):
+        labelled = segment_hidden if segments else suffix_hidden
+        hidden, labels = labelled(model, batch, starts, steer, prefixes)
+    else:
+        hidden, _ = model.hidden(batch["input_ids"], batch["attention_mask"], steer=steer)
+        hidden, labels = hidden[:, :-1], labels[:, 1:]
+    where = labels != IGNORE
+    weighted = (choice_weight, route_weight) != (1, 1)
+    weights = label_weights(model, labels, choice_weight, route_weight)[where] if weighted else None
+    logits = model.logits(hidden[where], index)
+    return next_token_loss(logits.float(), labels[where], model.vocab_size, weights), int(where.sum())
+
+
+def next_token_loss(
+    logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mean cross-entropy of ``labels`` under ``logits`` (over vocab ∪ bank), each label's times its weight where
+    ``weights`` are given; at an ``ANSWER`` label the target is every vocabulary token together, -log P(vocabulary):
+    the answer in words, not which words."""
+    answer = labels == ANSWER
+    if not answer.any() and weights is None:
+        return nn.functional.cross_entropy(logits, labels)
+    target = logits.gather(1, labels.clamp(min=0).unsqueeze(1)).squeeze(1)
+    target = target.masked_scatter(answer, logits[answer, :vocab_size].logsumexp(-1))
+    losses = logits.logsumexp(-1) - target
+    return (losses if weights is None else losses * weights).mean()
+
+
+def label_weights(model, labels: torch.Tensor, choice_weight: float, route_weight: float) -> torch.Tensor:
+    """Each label's (batch, positions) weight in the loss: ``route_weight`` at a memory token (the routing: one
+    label a call), ``choice_weight`` where a call decides its key set (``key_choice_weights``), 1 elsewhere."""
+    routes = 1 + (route_weight - 1) * (labels >= model.vocab_size).float()
+    return routes * key_choice_weights(model, labels, choice_weight)
+
+
+def key_choice_weights(model, labels: torch.Tensor, weight: float) -> torch.Tensor:
+    """``weight`` at the labels (batch, positions) where a call decides which keys it carries, 1 elsewhere: a
+    value's end that goes on to another key or closes the object (``key_choice_kinds``), and the label after one that
+    goes on (the next key's first token: which key).  The few tokens of a call that decide its key set, among the
+    dozens that copy its values."""
+    vocab = model.vocab_size
+    kinds = _key_choice_kinds_on(model.backbone.tokenizer, vocab, labels.device)
+    words = (labels >= 0) & (labels < vocab)
+    kinds = torch.where(words, kinds[labels.clamp(0, vocab - 1)], 0)
+    after_next_key = nn.functional.pad(kinds[:, :-1] == NEXT_KEY, (1, 0)) & (labels != IGNORE)
+    choice = (kinds == NEXT_KEY) | (kinds == CLOSE) | after_next_key
+    return 1 + (weight - 1) * choice.float()
+
+
+def key_choice_kinds(tokenizer, size: int) -> torch.Tensor:
+    """For each of ``size`` ids, where a call's compact JSON arguments decide their key set: ``NEXT_KEY`` for a token
+    that ends a value and goes on to another key (``","``, ``,"``), ``CLOSE`` for one that ends the object (``"}``,
+    ``}``), 0 for any other (a comma inside a string is a token of its own, 0).  Read off the tokens' text, so it
+    holds for any tokenizer that writes JSON's punctuation so."""
+    texts = tokenizer.batch_decode([[i] for i in range(min(size, len(tokenizer)))])
+    kinds = [NEXT_KEY if _NEXT_KEY.fullmatch(t) else CLOSE if _CLOSE.fullmatch(t) else 0 for t in texts]
+    return torch.tensor(kinds + [0] * (size - len(kinds)), dtype=torch.long)
+
+
+@functools.lru_cache(maxsize=4)
+def _key_choice_kinds_on(tokenizer, size: int, device: torch.device) -> torch.Tensor:
+    """``key_choice_kinds`` on ``device``, worked out once a run."""
+    return key_choice_kinds(tokenizer, size).to(device)
 
 
 def prefix_is_fixed(model, ids: torch.Tensor, starts: torch.Tensor) -> bool:
@@ -31,7 +125,7 @@ def prefix_is_fixed(model, ids: torch.Tensor, starts: torch.Tensor) -> bool:
     in_prefix = torch.arange(ids.shape[1], device=ids.device) < starts.unsqueeze(-1)
     memory_in_prefix = (model.is_memory(ids) & in_prefix).any()
     fixed = ~memory_in_prefix & (starts.min() > 0)
-    return distributed.all_ranks(fixed) if model.layers_sharded else bool(fixed)  # one host sync
+    return distributed.all_ranks(fixed) if distributed.layers_sharded(model.lm) else bool(fixed)  # one host sync
 
 
 def suffix_hidden(model, batch: dict, starts: torch.Tensor, steer: torch.Tensor, prefixes: PrefixStore | None):
@@ -121,7 +215,7 @@ def segment_hidden(model, batch: dict, starts: torch.Tensor, steer: torch.Tensor
     exact there, and cheaper."""
     runs, inside = _segment_starts(batch["labels"]), _inside_segments(batch["labels"])
     most, width = torch.stack([runs.sum(-1).max(), inside.sum(-1).max()]).tolist()  # one host sync
-    if model.layers_sharded:  # every rank runs the same passes
+    if distributed.layers_sharded(model.lm):  # every rank runs the same passes
         most, width = (distributed.global_max(count, model.device) for count in (most, width))
     if most <= 1:
         return suffix_hidden(model, batch, starts, steer, prefixes)
@@ -151,7 +245,7 @@ def _encode_prefixes(model, batch: dict, starts: torch.Tensor, steer: torch.Tens
     row starts with (the chat template's system prompt, typically) once for the whole batch, then each row's
     rest of the prefix."""
     shared = _shared_width(batch["input_ids"], starts)
-    if model.layers_sharded:  # every rank runs the shared pass, or none does
+    if distributed.layers_sharded(model.lm):  # every rank runs the shared pass, or none does
         shared = shared * distributed.all_ranks(shared > 0)
     shared, prefix, prefix_mask = _split_prefix(batch, starts, shared)
     rows, width = len(prefix), shared.shape[1]

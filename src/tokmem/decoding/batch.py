@@ -1,9 +1,9 @@
 """The running batch of a decoding loop: rows left-padded into one KV cache, and each row's decoding state.
 
-``tokmem.decode`` (``generate``, ``tokmem.chat``) and the server's engine decode on it with the same prefill and step
-(``decode.prefill``, ``decode.step``); the engine also joins newly prefilled rows to it and lets finished ones leave
-(``join``, ``select``), and ``chat`` joins the KV caches its conversations kept (``join_caches``).  Padding is always
-on the left, masked in the attention mask, and each row keeps its own position ids, so it never shifts a row.
+``tokmem.decoding.decode`` (``generate``, ``tokmem.chat``) and the server's engine decode on it with the same prefill
+and step (``decode.prefill``, ``decode.step``); the engine also joins newly prefilled rows to it and lets finished ones
+leave (``join``, ``select``), and ``chat`` joins the KV caches its conversations kept (``join_caches``).  Padding is
+always on the left, masked in the attention mask, and each row keeps its own position ids, so it never shifts a row.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch.nn.functional import pad
 from transformers import DynamicCache
 
 if TYPE_CHECKING:
-    from tokmem.grammar import ArgumentGrammar
+    from tokmem.decoding.grammar import ArgumentGrammar
 
 
 def left_pad(prefixes: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:

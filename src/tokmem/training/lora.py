@@ -1,6 +1,6 @@
 """The one LoRA (PEFT): inject adapters into a backbone's model, merge them into it, or take them out again.
 
-Three users: the adaptation phase (`tokmem.adapt`: inject, train with temporary rows, merge), the
+Three users: the adaptation phase (`tokmem.training.adapt`: inject, train with temporary rows, merge), the
 fine-tuning baseline and TokMem with an unfrozen backbone (`research.methods`: an `Adapter` whose
 weights live outside the model and are injected only while the method learns or answers, so that the
 backbone object shared by every method of a study is never changed).  The backbone's own weights

@@ -1,5 +1,5 @@
 """The context ids that follow a memory token: where a bank's tails and shared rows sit above its rows, and the rule
-every decoder applies to lay them out (``tokmem.decode``'s loop, the server's engine, the vLLM plugin).
+every decoder applies to lay them out (``tokmem.decoding.decode``'s loop, the server's engine, the vLLM plugin).
 
 A bank of n rows, k memory tokens a tool and s shared rows has ids ``vocab + j`` for j in (relative to the vocabulary):
 
@@ -9,8 +9,8 @@ A bank of n rows, k memory tokens a tool and s shared rows has ids ``vocab + j``
 
 The input side is laid out in that order (``input_rows``).  Tails and shared rows are read, never written: after a
 memory token, a decoder feeds its tail then the shared rows, forced one a step (``ContextLayout.after``), before the
-arguments; so a call is laid out as training laid it out (``tokmem.sequences``) and a chain may go on to the next call
-in the same answer.
+arguments; so a call is laid out as training laid it out (``tokmem.training.sequences``) and a chain may go on to the
+next call in the same answer.
 """
 
 from __future__ import annotations

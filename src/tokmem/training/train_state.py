@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from tokmem import distributed
-from tokmem.bank_format import metadata_path
+from tokmem.training import distributed
+from tokmem.bank.file_format import metadata_path
 from tokmem.errors import TokMemError
 from tokmem.io import atomic_write
 

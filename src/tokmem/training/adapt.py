@@ -26,21 +26,21 @@ from pathlib import Path
 
 import torch
 
-from tokmem import distributed
+from tokmem.training import distributed
 from tokmem.backbones import ADAPTATION_KEY, Backbone, cache_dir, freeze, load_backbone
-from tokmem.bank import MEMORY_TOKENS, MemoryBank
+from tokmem.bank.memory_bank import MEMORY_TOKENS, MemoryBank
 from tokmem.config import option
 from tokmem.data.procedures import Example
 from tokmem.errors import BackboneError
-from tokmem.lora import LoRASettings, inject, lora_parameters
+from tokmem.training.lora import LoRASettings, inject, lora_parameters
 from tokmem.model import TokMemModel
-from tokmem.train import LOSS_WEIGHTS, TrainConfig, initial_rows, row_kinds, row_texts, train
-from tokmem.train_state import RUN_ONLY, remove_checkpoint
+from tokmem.training.train import LOSS_WEIGHTS, TrainConfig, initial_rows, row_kinds, row_texts, train
+from tokmem.training.train_state import RUN_ONLY, remove_checkpoint
 
 log = logging.getLogger(__name__)
 
-# A cached adaptation's checkpoints: an interruption loses at most this many steps (13 s each for the 0.5B on 2 CPU
-# cores), and a fast device spends little on writing the state (the LoRA weights and their moments, ~7 MB for the 0.5B).
+# A cached adaptation's checkpoints: an interruption loses little, and writing the state (the LoRA weights and their
+# moments) costs little beside the steps between.
 CACHE_CHECKPOINT_EVERY = 10
 
 
@@ -76,7 +76,7 @@ def adapt(
     save the adapted model and tokenizer in, which then names the returned backbone.
     ``train_config``'s ``checkpoint``, ``checkpoint_every`` and ``resume`` checkpoint the phase (the temporary rows
     and the LoRA weights, with their optimiser) as they do a training, and the checkpoint is removed once the
-    adaptation is merged; ``on_step(done, total)`` is called after each optimiser step (``tokmem.train``'s).
+    adaptation is merged; ``on_step(done, total)`` is called after each optimiser step (``tokmem.training.train``'s).
     """
     config = config or AdaptConfig()
     train_config = train_config or TrainConfig()
@@ -106,7 +106,7 @@ def _train_with_temporary_rows(
 ) -> None:
     """Train a fresh bank of every procedure in ``examples`` together with the LoRA weights; the bank is dropped.
 
-    ``lora_model`` is the transformers model with the LoRA layers injected (``tokmem.lora.inject``).
+    ``lora_model`` is the transformers model with the LoRA layers injected (``tokmem.training.lora.inject``).
     """
     bank = MemoryBank(backbone.hidden_size, memory_tokens=memory_tokens)
     model = TokMemModel(Backbone(backbone.name, lora_model, backbone.tokenizer), bank)

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
@@ -264,20 +263,6 @@ def tool_call_ids(
     return CallContext(memory_id, context, written) if context else [memory_id, *written]
 
 
-NEXT_KEY, CLOSE = 1, 2  # ``key_choice_kinds``: a token that goes on to another key, one that closes the object
-_NEXT_KEY, _CLOSE = re.compile(r'\s*"?,"\s*'), re.compile(r'\s*"?}\s*')
-
-
-def key_choice_kinds(tokenizer, size: int) -> torch.Tensor:
-    """For each of ``size`` ids, where a call's compact JSON arguments decide their key set: ``NEXT_KEY`` for a token
-    that ends a value and goes on to another key (``","``, ``,"``), ``CLOSE`` for one that ends the object (``"}``,
-    ``}``), 0 for any other (a comma inside a string is a token of its own, 0).  Read off the tokens' text, so it
-    holds for any tokenizer that writes JSON's punctuation so."""
-    texts = tokenizer.batch_decode([[i] for i in range(min(size, len(tokenizer)))])
-    kinds = [NEXT_KEY if _NEXT_KEY.fullmatch(t) else CLOSE if _CLOSE.fullmatch(t) else 0 for t in texts]
-    return torch.tensor(kinds + [0] * (size - len(kinds)), dtype=torch.long)
-
-
 def shown_schema_ids(tokenizer, schema: dict) -> list[int]:
     """The tokens of a tool's schema as a bank that shows schemas lays it out after the memory token: the compact
     JSON of its parameters on a line of its own (without the key orders it was trained in, the grammar's, or the
@@ -400,11 +385,6 @@ def step_ids(
     memory = memory_id(step.procedure)
     tail = tail_ids(memory) if tail_ids else []
     return tool_call_ids(tokenizer, memory, json.loads(step.call_arguments), schema, show_schemas, tail)
-
-
-def positions(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids that skip left padding: 0 at each row's first real token."""
-    return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

@@ -1,7 +1,7 @@
 """The query prefixes' KV states, kept across a training run's epochs.
 
 With a frozen backbone, everything before an example's first memory token is the same in every epoch (it does not
-depend on the bank): ``TokMemModel.loss`` encodes it without gradients, and with a ``PrefixStore`` only once a run.
+depend on the bank): ``loss.batch_loss`` encodes it without gradients, and with a ``PrefixStore`` only once a run.
 Each example's prefix is kept whole, keyed by its ids (batches are shuffled anew each epoch), as its KV states
 (layers, key/value, heads, length, head dim) in the dtype the backbone computed them in, and the final hidden state of
 its last token (which predicts the first memory token).  A batch of stored prefixes is laid out left-padded, so each
@@ -31,7 +31,7 @@ class PrefixStore:
     def states(self, ids: torch.Tensor, starts: torch.Tensor, encode: Encoder, config):
         """(KV cache, attention mask, last hidden states (rows, 1, d)) of each row's prefix ``ids[row, :start]``,
         left-padded.  ``encode(rows)`` encodes the prefixes of those rows (a cache, its mask, its hidden states,
-        as ``suffix_passes._encode_prefixes``): only those not stored are encoded, and kept while the budget lasts."""
+        as ``loss._encode_prefixes``): only those not stored are encoded, and kept while the budget lasts."""
         keys = [row[:start].numpy().tobytes() for row, start in zip(ids.cpu(), starts.tolist())]
         missing = [i for i, key in enumerate(keys) if key not in self.entries]
         fresh = dict(zip([keys[i] for i in missing], _rows(*encode(missing)))) if missing else {}

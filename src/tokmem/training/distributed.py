@@ -50,13 +50,6 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def local_device() -> str | None:
-    """This process's GPU under a launcher (``cuda:LOCAL_RANK``); None where the default applies."""
-    if launched() and torch.cuda.is_available():
-        return f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
-    return None
-
-
 def shard(items: list, rank_: int | None = None, world: int | None = None) -> list:
     """This rank's contiguous share of one optimiser step's items (the first ranks take one more when uneven)."""
     rank_ = rank() if rank_ is None else rank_
