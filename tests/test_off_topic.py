@@ -127,7 +127,7 @@ def test_tokmem_eval_reports_the_data_files_off_topic_queries_apart_from_the_in_
 
 def test_a_banks_threshold_is_kept_in_its_file_and_decodes_unless_a_caller_gives_one(tmp_path, backbone, examples):
     from tokmem.bank import MemoryBank
-    from tokmem.decode import OPEN_SET_THRESHOLD, DecodeConfig, generate, open_set_threshold
+    from tokmem.decoding.decode import OPEN_SET_THRESHOLD, DecodeConfig, generate, open_set_threshold
 
     model = tokmem.create(backbone)
     tokmem.learn(model, examples, TrainConfig(epochs=1, threshold=1.0, progress=False))

@@ -84,7 +84,7 @@ TRAINING_FLAGS = {
     "--no-length-grouped", "--no-refit-index", "--no-renorm", "--no-renorm-every-step", "--no-resume",
     "--no-segment-backprop", "--off-topic", "--out", "--prefix-cache-gib", "--quiet", "--refit-index", "--renorm",
     "--renorm-every-step", "--renorm-side", "--renorm-target", "--result-tokens", "--resume", "--route-weight",
-    "--seed", "--segment-backprop", "--tool-segments", "--warmup", "--weight-decay", "-h",
+    "--seed", "--segment-backprop", "--threshold", "--tool-segments", "--warmup", "--weight-decay", "-h",
 }  # fmt: skip
 BANK_FORM_FLAGS = {
     "--backbone",
@@ -99,7 +99,8 @@ TRAIN_DEFAULTS = {
     "max_steps": None, "seed": 0, "renormalize": True, "renorm_every_step": False, "renorm_target": "old_rows",
     "renorm_side": "index", "eps": 1e-8, "init": "mean", "schedule": "constant", "warmup": 0.1,
     "tool_segments": "arguments", "key_order": "calls", "choice_weight": 1.0, "route_weight": 1.0,
-    "refit_index": False, "key_sets": False, "negatives": 0.0, "result_tokens": 256, "segment_backprop": False,
+    "refit_index": False, "key_sets": False, "threshold": None, "negatives": 0.0, "result_tokens": 256,
+    "segment_backprop": False,
     "length_grouped": False, "bf16": None, "prefix_cache_gib": None, "fsdp": False, "progress": True,
     "checkpoint": None, "checkpoint_every": 0, "resume": False,
 }  # fmt: skip

@@ -82,6 +82,7 @@ class MemoryBank:
         self.kinds: list[str] = []
         self.schemas: list[dict | None] = []  # per row: its tool's JSON schema, or None
         self.key_sets: list[KeySets | None] = []  # per row: its tool's key-set rows, or None (tokmem.bank.key_sets)
+        self.threshold: float | None = None  # the open-set threshold it decodes with unless told (None: the rule's)
         self.index = torch.empty(0, hidden_size)
         self.steer = torch.empty(0, hidden_size) if decoupled else None
         self.tail = torch.empty(0, memory_tokens - 1, hidden_size)  # per procedure, its input rows after the first

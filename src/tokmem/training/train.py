@@ -136,6 +136,11 @@ class TrainConfig:
         "the states that route it, and decode its arguments bound to the key set its routing state chooses "
         "(tokmem.training.refit)",
     )
+    threshold: float | None = option(
+        None,
+        "the open-set threshold the bank decodes with unless a caller gives one, kept in the bank (none: the bank's, "
+        "else 0.5)",
+    )
 
     # the system: batching, precision, memory, processes
     length_grouped: bool = option(
