@@ -16,9 +16,9 @@ the plain backbone, beside how many of its own queries it routes, per recipe.
 A query sharing a word with a tool's name or description (``off_topic.mentions``) is not scored as off-topic.
 Resumable: a run already in ``--json`` is not run again.
 
-    python -m research.scripts.open_set choose --variants defaults,no-negatives --seeds 0 --json results/open-set-travel.json
+    python -m research.scripts.open_set choose --variants defaults,no-negatives --json results/open-set-travel-dev.json
     python -m research.scripts.open_set table --seeds 0,1,2 --json results/open-set-travel.json
-    python -m research.scripts.open_set plot --json results/open-set-travel.json --out docs/open-set-travel.png
+    python -m research.scripts.open_set plot --json results/open-set-travel.json --dev results/open-set-travel-dev.json
 """
 
 from __future__ import annotations
@@ -139,11 +139,13 @@ def main() -> None:
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--json", default="results/open-set-travel.json")
     parser.add_argument("--out", default="docs/open-set-travel.png", help="plot: the figure")
+    parser.add_argument("--dev", help="plot: also the choose runs of this file (when --json holds the table)")
     args = parser.parse_args()
     path = Path(args.json)
     result = json.loads(path.read_text()) if path.is_file() else {}
     if args.stage == "plot":
-        return plot(result, args.out)
+        dev = json.loads(Path(args.dev).read_text()) if args.dev else {}
+        return plot(result | {"choose": dev.get("choose", result.get("choose", {}))}, args.out)
     result.setdefault("machine", machine() | {"cpu_dtype": cpu_dtype_note()})
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.stage == "choose":
