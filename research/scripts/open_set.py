@@ -45,6 +45,7 @@ from tokmem.training.train import PICKED_RECIPE
 VARIANTS = {  # tokmem train's defaults and one lever each (the options picked_config takes, and decoupled)
     "defaults": {},
     "no-negatives": {"negatives": 0.0},
+    "negatives-0.5": {"negatives": 0.5},
     "negatives-1": {"negatives": 1.0},
     "negatives-2": {"negatives": 2.0},
     "no-negatives-no-refit": {"negatives": 0.0, "refit_index": False},
