@@ -70,6 +70,7 @@ from research.studies.harness import (
 )
 from tokmem.training.sequences import RESULT_TOKENS
 from research.studies.tool_loop import loop_scores
+from research.methods.lora import LoRA
 from research.methods.tokmem import TokMem
 from research.studies.tool_setup import (
     TOKMEM_LABELS,
@@ -226,14 +227,28 @@ def run_main(config: CompositionalConfig, backbone=None, progress: bool = True, 
 
 
 def keep_bank(method: Method, json_path) -> dict:
-    """A trained TokMem's bank saved beside the run's results (``<json stem>-banks/<method>.safetensors``: a few
-    hundred kB), so that a later decoding change answers it again without training (``research/scripts/reanswer_loop.py``);
-    ``{"bank": path}`` for the result, {} for another method or a run that writes no file."""
-    if not isinstance(method, TokMem) or json_path is None:
+    """A trained method's weights saved beside the run's results (``<json stem>-banks/``), so that it can be answered
+    again without training, on other records too (``research/scripts/reanswer_loop.py``): TokMem's bank
+    (``<method>.safetensors``, a few hundred kB; ``{"bank": path}``) or LoRA's adapter (``<method>.lora/``: its weights
+    and ``adapter.json``, the settings and the backbone it was trained on; ``{"adapter": path}``); {} for another
+    method or a run that writes no file."""
+    if json_path is None or not isinstance(method, (TokMem, LoRA)):
         return {}
-    path = Path(json_path).with_name(f"{Path(json_path).stem}-banks") / f"{method.name}.safetensors"
+    folder = Path(json_path).with_name(f"{Path(json_path).stem}-banks")
+    if isinstance(method, LoRA):
+        return {"adapter": str(keep_adapter(method, folder / f"{method.name}.lora"))}
+    path = folder / f"{method.name}.safetensors"
     method.model.bank.save(path)
     return {"bank": str(path)}
+
+
+def keep_adapter(method: LoRA, directory: Path) -> Path:
+    """LoRA's trained adapter in ``directory``: its weights (``Adapter.save``) and ``adapter.json``, the settings that
+    rebuild it and the backbone it belongs to (name and embedding fingerprint)."""
+    method.adapter.save(directory)
+    backbone = {"name": method.backbone.name, "fingerprint": method.backbone.fingerprint()}
+    write_json_atomic(directory / "adapter.json", {"lora": asdict(method.lora), "backbone": backbone})
+    return directory
 
 
 def free_arguments(method: TokMem) -> TokMem:

@@ -665,3 +665,25 @@ def test_every_recipe_option_on_the_command_line_reaches_the_config():
 def test_the_recipe_preset_compares_its_tokmem_variants_at_one_budget():
     config = make_config("cpu", "recipe")
     assert (config.epochs, config.epoch_budgets, config.repeated()) == (4, None, False)
+
+
+def test_a_runs_lora_adapter_is_kept_beside_its_results_with_what_rebuilds_it(backbone, tmp_path):
+    from research.methods.lora import LoRA
+    from research.studies.compositional import keep_bank
+    from tokmem.training.lora import Adapter
+
+    method = LoRA(backbone, lora=LoRASettings(rank=2))
+    kept = keep_bank(method, tmp_path / "run.json")
+    directory = Path(kept["adapter"])
+    assert directory == tmp_path / "run-banks" / "lora.lora"
+    settings = json.loads((directory / "adapter.json").read_text())
+    assert settings["lora"]["rank"] == 2 and settings["backbone"]["fingerprint"] == backbone.fingerprint()
+    again = Adapter(
+        backbone.model,
+        LoRASettings(**{**settings["lora"], "target_modules": tuple(settings["lora"]["target_modules"])}),
+        seed=1,
+    )
+    assert again.load(directory)
+    assert again.weights.keys() == method.adapter.weights.keys()
+    assert all(torch.equal(again.weights[k], method.adapter.weights[k]) for k in again.weights)
+    assert keep_bank(method, None) == {}
