@@ -10,6 +10,7 @@ the plain backbone, beside how many of its own queries it routes, per recipe.
 * ``table`` (the test, read once for a recipe): ``tokmem train`` with no option but the seed learns the whole
   training data in float32 and bf16 (``$TOKMEM_CPU_BF16``), then routes the 40 held-out queries and the off-topic
   sets, BFCL's 240 irrelevance questions among them.
+* ``unfiltered``: kept banks on all 240 of BFCL's irrelevance questions, none set apart for naming a tool's word.
 * ``plot``: the threshold curve (in-domain routing against off-topic restraint as the open-set threshold moves)
   from the memory masses every run keeps.
 
@@ -95,6 +96,21 @@ def table_run(dtype: str, seed: int, folder: Path) -> dict:
     return run | scores(model, load_examples(TRAVEL / "heldout.jsonl"), TEST_SETS)
 
 
+def unfiltered(bank: str, name: str = "bfcl-irrelevance") -> dict:
+    """A kept bank on every question of an off-topic set, none set apart for naming the bank's words: how many it
+    answers in words, and the ones it routes."""
+    model = tokmem.load(bank, device="cpu")
+    threshold, queries = open_set_threshold(model.bank), off_topic_queries(name)
+    routes = [r for r in route(model, queries, k=1) if r.memory_mass >= threshold]
+    routed = [
+        {"query": r.query, "procedure": r.candidates[0][0], "memory_mass": round(r.memory_mass, 3)} for r in routes
+    ]
+    return {"bank": Path(bank).name, "set": name, "threshold": threshold, "questions": len(queries)} | {
+        "answered_in_words": len(queries) - len(routed),
+        "routed": routed,
+    }
+
+
 def curve(run: dict, name: str) -> list[dict]:
     """Per threshold: the in-domain routing and the restraint on the off-topic set ``name``."""
     found, masses = run["in_domain"], run["off_topic"][name]["masses"]
@@ -132,7 +148,8 @@ def plot(result: dict, out: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("stage", choices=("choose", "table", "plot"))
+    parser.add_argument("stage", choices=("choose", "table", "plot", "unfiltered"))
+    parser.add_argument("--banks", nargs="*", default=[], help="unfiltered: kept banks (the table's are in a temp dir)")
     parser.add_argument("--variants", default="defaults", help=f"choose: of {', '.join(VARIANTS)}")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="table: the backbone's dtypes")
     parser.add_argument("--seeds", default="0")
@@ -144,6 +161,8 @@ def main() -> None:
     args = parser.parse_args()
     path = Path(args.json)
     result = json.loads(path.read_text()) if path.is_file() else {}
+    if args.stage == "unfiltered":
+        return write_json_atomic(path, {"runs": [unfiltered(bank) for bank in args.banks], "machine": machine()})
     if args.stage == "plot":
         dev = json.loads(Path(args.dev).read_text()) if args.dev else {}
         return plot(result | {"choose": dev.get("choose", result.get("choose", {}))}, args.out)
