@@ -98,7 +98,8 @@ def table_run(dtype: str, seed: int, folder: Path) -> dict:
 
 def unfiltered(bank: str, name: str = "bfcl-irrelevance") -> dict:
     """A kept bank on every question of an off-topic set, none set apart for naming the bank's words: how many it
-    answers in words, and the ones it routes."""
+    answers in words, and the ones it routes; in the dtype its file name says (``table_run`` names them so)."""
+    os.environ[CPU_BF16] = "0" if "float32" in Path(bank).name else "1"
     model = tokmem.load(bank, device="cpu")
     threshold, queries = open_set_threshold(model.bank), off_topic_queries(name)
     routes = [r for r in route(model, queries, k=1) if r.memory_mass >= threshold]
