@@ -15,10 +15,9 @@ from tokmem.eval.open_set import off_topic_queries, restraint
 from tokmem.training.sequences import ANSWER, IGNORE, encode
 from tokmem.training.train import picked_config
 
-TRAVEL = off_topic.bank_words(
-    ["get_weather", "convert_currency", "search_flights"],
-    ["Current weather in a city.", "Convert an amount of money from one currency to another."],
-)
+NAMES = ["get_weather", "convert_currency", "search_flights"]
+DESCRIPTIONS = ["Current weather in a city.", "Convert an amount of money from one currency to another."]
+TRAVEL = off_topic.bank_words(NAMES, DESCRIPTIONS)
 
 
 def test_an_example_with_no_steps_is_an_off_topic_query_and_an_answer_needs_a_result():
@@ -41,23 +40,35 @@ def test_an_off_topic_query_is_labelled_once_to_answer_in_words_at_the_routing_p
 
 
 def test_negatives_never_name_a_word_of_the_banks_procedures_and_differ_from_the_evaluation_prompts():
-    negatives = off_topic.negatives(500, seed=0, words=TRAVEL)
+    negatives = off_topic.negatives(500, 0, NAMES, DESCRIPTIONS)
     queries = [n.query for n in negatives]
     assert len(queries) > 150 and len(set(queries)) == len(queries)
     assert all(n.steps == () for n in negatives)
     assert not any(off_topic.mentions(q, TRAVEL) for q in queries)
-    poems = off_topic.bank_words(["write_poem"])
-    kept = [n.query for n in off_topic.negatives(500, seed=0, words=poems)]
+    kept = [n.query for n in off_topic.negatives(500, 0, ["write_poem"])]
     assert any("poem" in q for q in queries) and not any("poem" in q or "Write" in q for q in kept)
     assert not set(off_topic.generated(0)) & set(off_topic.chat_prompts())
     assert off_topic.generated(0) == off_topic.generated(0) != off_topic.generated(1)
 
 
-def test_the_bank_words_meet_other_forms_of_a_word_but_not_common_ones():
+def test_the_bank_words_meet_other_forms_of_a_word_but_not_other_words_or_common_ones():
     assert off_topic.mentions("Book me two flights to Rome", TRAVEL)
-    assert off_topic.mentions("What's the conversion of 5 miles?", TRAVEL)
+    assert off_topic.mentions("Which cities are converted to a currency union?", TRAVEL)
     assert not off_topic.mentions("Tell me a joke about cats.", TRAVEL)
-    assert "curre" in TRAVEL and "anoth" not in TRAVEL  # "another" is a common word
+    assert not off_topic.mentions("What is the current time in Tokyo?", TRAVEL)  # "current" is not "currency"
+    assert "currency" in TRAVEL and "another" not in TRAVEL  # "another" is a common word
+
+
+def test_near_misses_name_the_banks_words_and_make_up_to_half_the_negatives_when_asked():
+    near = off_topic.near_misses(NAMES, DESCRIPTIONS, seed=0)
+    assert "Tell me a joke about the word 'currency'." in near and len(set(near)) == len(near)
+    assert all(off_topic.mentions(q, TRAVEL) for q in near)
+    assert near == off_topic.near_misses(NAMES, DESCRIPTIONS, seed=0) != off_topic.near_misses(NAMES, DESCRIPTIONS, 1)
+    jokes = off_topic.near_misses(["tell_joke"], ["Tell a joke about a topic."])
+    assert jokes and not any("joke" in q.lower().split("'")[0] for q in jokes)  # a frame naming the bank is skipped
+    mixed = [n.query for n in off_topic.negatives(40, 0, NAMES, DESCRIPTIONS, near=True)]
+    assert len(mixed) == 40 and sum(q in near for q in mixed) == 20
+    assert not set(mixed) & set(near[20:]) and not any(q in near for q in off_topic.negatives(40, 0, NAMES))
 
 
 def test_a_users_off_topic_file_is_text_lines_or_jsonl_queries_and_bad_lines_are_named(tmp_path):
@@ -87,7 +98,7 @@ def test_the_picked_budget_counts_the_negatives_among_the_examples():
 
 
 def test_training_beside_negatives_lowers_the_memory_mass_of_off_topic_queries(backbone, examples):
-    queries = [n.query for n in off_topic.negatives(40, seed=7)]  # another seed: not the queries trained on
+    queries = [n.query for n in off_topic.negatives(40, 7)]  # another seed: not the queries trained on
     masses = {}
     for negatives in (0.0, 2.0):
         model = tokmem.create(backbone)

@@ -49,6 +49,8 @@ VARIANTS = {  # tokmem train's defaults and one lever each (the options picked_c
     "negatives-0.5": {"negatives": 0.5},
     "negatives-1": {"negatives": 1.0},
     "negatives-2": {"negatives": 2.0},
+    "near-misses": {"near_misses": True},
+    "near-misses-2": {"negatives": 2.0, "near_misses": True},
     "no-negatives-no-refit": {"negatives": 0.0, "refit_index": False},
     "no-negatives-tied": {"negatives": 0.0, "refit_index": False, "decoupled": False},
     "no-negatives-half-budget": {"negatives": 0.0, "updates_per_row": 25},

@@ -12,7 +12,12 @@ Two uses, from two sources kept apart:
 
 A query that shares a word with a procedure's name or description (``bank_words``, ``mentions``) is not off-topic
 for that bank ("Convert 5 miles to km" for ``convert_currency``): such negatives are dropped before training, and such
-evaluation queries are counted apart.
+evaluation queries are counted apart.  Words are compared whole, plural and ``-ing``/``-ed`` endings folded
+("flights"/"flight", "cities"/"city"), so "current time" does not meet "currency".
+
+**Near misses** (``near_misses``) are the exception, made on purpose: queries that name a bank's own words but ask
+for none of its procedures ("Tell me a joke about the word 'currency'."), from the ``near_frames`` of the same file;
+``TrainConfig.near_misses`` makes up to half the negatives of them.
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ BFCL_SETS = {"bfcl-irrelevance": "BFCL_v4_irrelevance.json", "bfcl-live-irreleva
 OFF_TOPIC_SETS = ("chat", *BFCL_SETS)  # the built-in evaluation sets, by name
 BFCL_INSTALL = "pip install --no-deps bfcl-eval==2026.3.23"
 DRAWS = 4  # queries drawn a frame, per filler of its longest slot (repeats dropped)
-STEM = 5  # letters compared: "flight"/"flights", "convert"/"conversion" meet
 COMMON = frozenset(
     "about above after again also another their there these those which where while would could should "
     "given other from into with your what when this that have will them then than some such each make made "
@@ -65,21 +69,41 @@ def generated(seed: int) -> list[str]:
     return pool
 
 
-def negatives(count: int, seed: int, words: frozenset[str] = frozenset()) -> list[Example]:
-    """``count`` training negatives (fewer if the pool runs out): generated queries that mention none of ``words``
-    (``bank_words``), each an example with no steps (the backbone answers)."""
-    queries = [q for q in generated(seed) if not mentions(q, words)][:count]
+def negatives(count: int, seed: int, names=(), descriptions=(), near: bool = False) -> list[Example]:
+    """``count`` training negatives (fewer if the pool runs out) for a bank of procedures ``names`` described by
+    ``descriptions``: generated queries that mention none of the bank's words (``bank_words``), and with ``near``,
+    up to half of them near misses (``near_misses``); each an example with no steps (the backbone answers)."""
+    words = bank_words(names, descriptions)
+    close = near_misses(names, descriptions, seed)[: count // 2] if near else []
+    queries = close + [q for q in generated(seed) if not mentions(q, words)][: count - len(close)]
     return [Example(query=q, steps=(), id=f"off-topic-{k}") for k, q in enumerate(queries)]
 
 
-def bank_words(names, descriptions=()) -> frozenset[str]:
-    """The stems of the words of procedures' names and descriptions that say what they do (four letters or more, not
-    a common word): a query with one of them is about the bank's domain."""
-    words = set()
+def near_misses(names, descriptions=(), seed: int = 0) -> list[str]:
+    """Queries that name the bank's own words but ask for none of its procedures, in a seeded order: each
+    ``near_frames`` frame with each of the words; a frame that itself mentions the bank ("Tell me a joke about…" for a
+    ``tell_joke`` tool) is skipped."""
+    words, stems = _words(names, descriptions), bank_words(names, descriptions)
+    frames = [f for f in _texts()["near_frames"] if not mentions(f, stems)]
+    queries = list(dict.fromkeys(f.format(word=w.lower()) for f in frames for w in words))
+    random.Random(f"near:{seed}").shuffle(queries)
+    return queries
+
+
+def _words(names, descriptions=()) -> list[str]:
+    """The words of procedures' names and descriptions that say what they do (four letters or more, not a common
+    word), in order, once each."""
+    words = []
     for text in [*names, *descriptions]:
         spaced = re.sub(r"([a-z])([A-Z])", r"\1 \2", text or "").replace("_", " ").replace(".", " ")
-        words |= {_stem(w) for w in re.findall(r"[A-Za-z]+", spaced) if len(w) >= 4 and w.lower() not in COMMON}
-    return frozenset(words)
+        words += [w for w in re.findall(r"[A-Za-z]+", spaced) if len(w) >= 4 and w.lower() not in COMMON]
+    return list(dict.fromkeys(w.lower() for w in words))
+
+
+def bank_words(names, descriptions=()) -> frozenset[str]:
+    """The stems of the words of procedures' names and descriptions that say what they do (``_words``): a query with
+    one of them is about the bank's domain."""
+    return frozenset(map(_stem, _words(names, descriptions)))
 
 
 def mentions(query: str, words: frozenset[str]) -> bool:
@@ -88,7 +112,20 @@ def mentions(query: str, words: frozenset[str]) -> bool:
 
 
 def _stem(word: str) -> str:
-    return word.lower()[:STEM]
+    """The word lower-cased, a plural's or an ``-ing``/``-ed`` ending folded: "flights" → "flight", "cities" →
+    "city", "booking" → "book"; whole otherwise ("current" and "currency" stay apart)."""
+    word = word.lower()
+    if word.endswith("ies") and len(word) > 4:
+        return word[:-3] + "y"
+    if word.endswith("ing") and len(word) > 5:
+        return word[:-3]
+    if word.endswith("ed") and len(word) > 4:
+        return word[:-2]
+    if word.endswith("es") and word[:-2].endswith(("ch", "sh", "ss", "x")):
+        return word[:-2]
+    if word.endswith("s") and not word.endswith("ss"):
+        return word[:-1]
+    return word
 
 
 def bfcl_questions(name: str) -> list[str]:

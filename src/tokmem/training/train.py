@@ -81,6 +81,11 @@ class TrainConfig:
         "off-topic queries added per training example (tokmem.data.off_topic; none that shares a word with a "
         "procedure's name or description), each trained to leave the query to the plain backbone: the open set",
     )
+    near_misses: bool = option(
+        False,
+        "make up to half the negatives near misses: queries that name the procedures' own words but ask for none of "
+        "them (\"Tell me a joke about the word 'currency'.\"; tokmem.data.off_topic.near_misses)",
+    )
     choice_weight: float = option(
         1.0,
         "loss weight of the few argument tokens where a call decides which keys it carries (a value's end that goes "
@@ -324,11 +329,8 @@ def learn(
         if on_step is not None:
             on_step(step, total)
 
-    added = off_topic.negatives(
-        round(config.negatives * len(examples)),
-        config.seed,
-        off_topic.bank_words(bank.names, bank.descriptions),
-    )
+    count = round(config.negatives * len(examples))
+    added = off_topic.negatives(count, config.seed, bank.names, bank.descriptions, config.near_misses)
     report = train(model, [*examples, *added], config, param_groups, after_step)
     report.new_procedures, report.negatives = new, len(added)
     if config.threshold is not None:
