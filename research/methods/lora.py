@@ -94,9 +94,9 @@ class LoRA(Method):
             texts = plain_answers(self.model, queries, self.decode_config)
         return [Answer(text) for text in texts]
 
-    def continue_contexts(self, contexts: list[list[int]]) -> list[str]:
+    def continue_contexts(self, contexts: list[list[int]], call_due: bool = False) -> list[str]:
         with self.attached():
-            return super().continue_contexts(contexts)
+            return super().continue_contexts(contexts, call_due)
 
     def save(self, directory: Path) -> bool:
         self.adapter.save(directory)

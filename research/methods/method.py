@@ -55,6 +55,7 @@ class Method:
     learn_report: dict | None = None  # its last round's training beyond the updates (TokMem: refit, sequences cut)
     on_step: Callable[[float], None] | None = None  # set by a study to follow a round: gets the fraction done
     decode_config = DecodeConfig()  # how it answers (its new tokens, its batch): each method sets its study's
+    call_grammar = None  # xgrammar.CompiledGrammar: its calls schema-bound (``research.methods.call_grammar``)
 
     def counting_steps(self) -> Callable[[int, int], None]:
         """The ``on_step(done, total)`` of one training round: ``updates`` becomes the updates before the round plus
@@ -92,10 +93,25 @@ class Method:
         """The call texts of an answer the method wrote without memory tokens (``metrics.split_calls``)."""
         return metrics.split_calls(text)
 
-    def continue_contexts(self, contexts: list[list[int]]) -> list[str]:
+    def continue_contexts(self, contexts: list[list[int]], call_due: bool = False) -> list[str]:
         """The text the method's plain backbone writes after each context (token ids, up to EOS): a method without
-        memory tokens answering a conversation laid out as ``research.studies.tool_loop.plain_context`` does."""
-        return complete(self.model, contexts, self.decode_config)
+        memory tokens answering a conversation laid out as ``research.studies.tool_loop.plain_context`` does.
+
+        With a ``call_grammar`` (``research.methods.call_grammar``: schema-bound calls) a call is written under it:
+        every answer where ``call_due`` (a call is forced, as TokMem's study answers are), else the answers whose
+        free text starts a call (``{``), decoded again under it; the others stay words (the model stopped)."""
+        texts = (
+            [""] * len(contexts)
+            if call_due and self.call_grammar
+            else complete(self.model, contexts, self.decode_config)
+        )
+        if self.call_grammar is None:
+            return texts
+        calls = [i for i, text in enumerate(texts) if call_due or text.startswith("{")]
+        bound = complete(self.model, [contexts[i] for i in calls], self.decode_config, self.call_grammar)
+        for i, text in zip(calls, bound):
+            texts[i] = text
+        return texts
 
     def save(self, directory: Path) -> bool:
         """Write the learned state under ``directory``; False when the method keeps none (rebuilt by learning again)."""

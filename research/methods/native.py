@@ -80,7 +80,9 @@ class NativeTools(Method):
     def prompt_ids(self, queries: list[str]) -> list[list[int]]:
         return self.contexts([[{"role": "user", "content": q}] for q in queries])
 
-    def continue_contexts(self, contexts: list[list[int]]) -> list[str]:
+    def continue_contexts(self, contexts: list[list[int]], call_due: bool = False) -> list[str]:
+        """Free, a call due or not: its calls are tags around JSON in its chat template's own format (no call grammar
+        yet)."""
         return plain_answers(self.model, contexts, self.decode_config, held=self.held)
 
     def read_calls(self, text: str) -> list[str]:

@@ -37,7 +37,7 @@ def answerer(method: Method, result_tokens: int) -> tool_loop.Answerer:
 
     def answer(examples, histories, caches, choice):
         contexts = method_contexts(method, examples, histories, result_tokens)
-        texts = method.continue_contexts(contexts)
+        texts = method.continue_contexts(contexts, call_due=choice == "required")
         return [(next(iter(method.read_calls(text)), None), None) for text in texts], sum(map(len, contexts))
 
     return answer

@@ -8,6 +8,7 @@ import pytest
 from tokmem.data.nestful import import_nestful, resolve_references
 from tokmem.data.procedures import Example, Step, call_json
 from tokmem.decoding.decode import DecodeConfig
+from research.methods.call_grammar import call_schema, compile_calls
 from research.methods.lora import LoRA
 from research.methods.tokmem import TokMem
 from tokmem.training.sequences import encode
@@ -171,3 +172,30 @@ def test_scores_per_step_only_count_each_answer_against_its_own_steps_gold_call_
     assert repeated["step"]["exact_steps"]["all"] == 1
     assert repeated["samples"][0]["step"] == [chain.steps[0].response] * 2
     assert repeated["outcomes"]["steps"]["exact"] == 1 and sum(repeated["outcomes"]["steps"].values()) == 2
+
+
+SCHEMAS = {
+    "Find": {"type": "object", "properties": {"query": {"type": "string"}, "near": {"type": "string"}}},
+    "Rent": {"type": "object", "properties": {"lat": {"type": "number"}, "days": {"type": "integer"}}},
+}
+
+
+def test_the_call_schema_admits_each_tool_with_the_key_sets_its_training_calls_wrote():
+    examples = [chain(), Example("Rent for two days.", (Step("Rent", call_json("Rent", {"lat": 1.5, "days": 2})),))]
+    schema = call_schema(SCHEMAS, examples)
+    alternatives = [(a["properties"]["name"]["const"], a["properties"]["arguments"]) for a in schema["anyOf"]]
+    assert [name for name, _ in alternatives] == ["Find", "Rent", "Rent"]  # Rent's calls wrote two key sets
+    assert [sorted(arguments["properties"]) for _, arguments in alternatives] == [["query"], ["lat"], ["days", "lat"]]
+    assert all(arguments["additionalProperties"] is False for _, arguments in alternatives)
+
+
+def test_schema_bound_fine_tuning_writes_a_call_of_a_known_tool_where_one_is_due(backbone):
+    examples = [chain(), Example("One call.", chain().steps[:1])]
+    lora = LoRA(backbone, decode=DecodeConfig(max_new_tokens=64))
+    lora.learn(examples)  # one round on a tiny random model: its free answers are rarely calls
+    lora.call_grammar = compile_calls(backbone, SCHEMAS, examples)
+    contexts = [plain_context(backbone.tokenizer, e.query, [], 256) for e in examples]
+    for text in lora.continue_contexts(contexts, call_due=True):
+        call = json.loads(text)  # a whole call within 64 tokens: the grammar bounds strings learned from training
+        assert call["name"] in SCHEMAS and set(call) == {"name", "arguments"}
+        assert set(call["arguments"]) == {"Find": {"query"}, "Rent": {"lat"}}[call["name"]]

@@ -29,6 +29,8 @@ import os
 from dataclasses import dataclass, field
 
 import torch
+import xgrammar
+import xgrammar.contrib.hf
 from transformers import DynamicCache
 
 from tokmem.decoding.batch import DecodeBatch, left_pad
@@ -490,12 +492,19 @@ def to_generation(model, query, row, mass, routed) -> Generation:
 
 
 @torch.no_grad()
-def complete(model: TokMemModel, contexts: list[list[int]], config: DecodeConfig | None = None) -> list[str]:
+def complete(
+    model: TokMemModel,
+    contexts: list[list[int]],
+    config: DecodeConfig | None = None,
+    grammar: xgrammar.CompiledGrammar | None = None,
+) -> list[str]:
     """Continue each context (token ids over vocab ∪ bank) with vocabulary tokens up to EOS; the answers' text.
 
     The backbone's own ``generate`` runs on the embedded contexts, left-padded, with the bank's live
     rows.  The rows are inputs only: no memory token is generated.  Greedy unless
-    ``config.temperature`` > 0; ``config.max_steps`` and ``threshold`` (routing) do not apply.
+    ``config.temperature`` > 0; ``config.max_steps`` and ``threshold`` (routing) do not apply.  ``grammar`` (compiled
+    over the backbone's vocabulary): every answer is text it accepts, from its first token (xgrammar's processor for
+    ``generate``).
     """
     config = config or DecodeConfig()
     tokenizer = model.backbone.tokenizer
@@ -514,6 +523,7 @@ def complete(model: TokMemModel, contexts: list[list[int]], config: DecodeConfig
             top_k=None,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
+            logits_processor=[xgrammar.contrib.hf.LogitsProcessor(grammar)] if grammar is not None else None,
         )
         answers += [text.strip() for text in tokenizer.batch_decode(out, skip_special_tokens=True)]
     return answers
