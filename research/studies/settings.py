@@ -131,6 +131,9 @@ class MethodSettings:
     key_sets: bool = option_of(
         T, "key_sets", "TokMem's new tools get a row per training key set, chosen where the tool is routed"
     )
+    negatives: float = option_of(
+        T, "negatives", "off-topic queries TokMem trains per example, each to leave the query to the backbone"
+    )
     batch_size: int = option_of(T, "batch_size", "training examples per step")
     max_length: int = option_of(T, "max_length")
     max_new_tokens: int = option_of(D, "max_new_tokens")
