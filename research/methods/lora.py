@@ -48,8 +48,12 @@ class LoRA(Method):
         train: TrainConfig | None = None,
         lora: LoRASettings | None = None,
         decode: DecodeConfig | None = None,
+        name: str | None = None,
+        label: str | None = None,
     ):
-        """``train``: the epochs, batches and schedule (its lr is the memory rows': LoRA's is ``lora.lr``)."""
+        """``train``: the epochs, batches and schedule (its lr is the memory rows': LoRA's is ``lora.lr``); ``name``
+        and ``label``: a study's row of another kind (on TokMem's adapted backbone)."""
+        self.name, self.label = name or self.name, label or self.label
         self.backbone = backbone
         self.model = tokmem.create(backbone)  # an empty bank: TokMem's loss and decoder over the plain backbone
         self.train_config = replace(train or TrainConfig(), progress=False)

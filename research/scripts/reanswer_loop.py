@@ -60,7 +60,8 @@ def kept_lora(directory: Path, config) -> LoRA:
     backbone = load_backbone(kept["backbone"]["name"], device="cpu")
     if backbone.fingerprint() != kept["backbone"]["fingerprint"]:
         raise SystemExit(f"{directory}: the adapter was trained on another '{kept['backbone']['name']}'")
-    method = LoRA(backbone, config.train(), LoRASettings(**kept["lora"]), config.decode())
+    settings = LoRASettings(**kept["lora"] | {"target_modules": tuple(kept["lora"]["target_modules"])})
+    method = LoRA(backbone, config.train(), settings, config.decode())
     if not method.adapter.load(directory):
         raise SystemExit(f"{directory}: no adapter weights")
     return method

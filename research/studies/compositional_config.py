@@ -23,8 +23,9 @@ from tokmem.data.tool_datasets import StudySizes
 MAIN_METHODS = ("icl", "rag", "lora", "tokmem-noadapt", "tokmem", "tokmem-better")
 LOOP_ABLATION = "tokmem-noschema"  # TokMem (w/ adapt) decoding free arguments: the tool loop's ablation row
 NATIVE_METHODS = ("native", "native-retrieved")  # the backbone's own tool calling (a template with tool support)
+LORA_ADAPTED = "lora-adapted"  # fine-tuning on the backbone TokMem (w/ adapt) trains on: the adaptation for both
 STUDIES = {  # study → (default methods, methods it accepts)
-    "main": (MAIN_METHODS, (*MAIN_METHODS, *NATIVE_METHODS, LOOP_ABLATION)),
+    "main": (MAIN_METHODS, (*MAIN_METHODS, *NATIVE_METHODS, LOOP_ABLATION, LORA_ADAPTED)),
     "generalization": (("lora", "tokmem"), MAIN_METHODS),
     "recipe": (("tokmem",), ("tokmem", "tokmem-noadapt")),
     "forgetting": (
@@ -58,7 +59,7 @@ class CompositionalConfig(MethodSettings):
     methods: tuple[str, ...] | None = option(
         None,
         "comma-separated methods (main: icl,rag,lora,tokmem-noadapt,tokmem, also native,native-retrieved: the "
-        "backbone's own tool calling; generalization: lora,tokmem; "
+        "backbone's own tool calling, and lora-adapted: fine-tuning on TokMem's adapted backbone; generalization: lora,tokmem; "
         "forgetting: replay,tokmem,tokmem-roundnorm,tokmem-norenorm,tokmem-unfrozen, also lora,tokmem-noadapt,"
         "tokmem-better)",
     )

@@ -21,7 +21,7 @@ from research.methods.method import Method
 from research.methods.native import NativeTools
 from research.methods.tokmem import TokMem, UnfrozenTokMem
 from research.methods.tools import ICL, ToolRAG
-from research.studies.compositional_config import CompositionalConfig
+from research.studies.compositional_config import LORA_ADAPTED, CompositionalConfig
 from tokmem.training.train import LOSS_WEIGHTS, RENORM_SETTINGS, TrainConfig
 
 TOKMEM_LABELS = {
@@ -33,7 +33,15 @@ TOKMEM_LABELS = {
     "tokmem-norenorm": "TokMem (w/o renorm)",
     "tokmem-unfrozen": "TokMem (unfrozen backbone)",
 }
-ADAPTED = {"tokmem", "tokmem-better", "tokmem-noschema", "tokmem-roundnorm", "tokmem-norenorm", "tokmem-unfrozen"}
+ADAPTED = {
+    "tokmem",
+    "tokmem-better",
+    "tokmem-noschema",
+    "tokmem-roundnorm",
+    "tokmem-norenorm",
+    "tokmem-unfrozen",
+    LORA_ADAPTED,
+}
 # the recipe study's better defaults (--init mean --lr-schedule constant)
 BETTER_RECIPE = dict(init="mean", schedule="constant")
 
@@ -163,6 +171,7 @@ def build_method(name: str, config: CompositionalConfig, backbones: dict, tools:
         "native": lambda: NativeTools(base, tools, decode=decode),
         "native-retrieved": lambda: NativeTools(base, tools, config.rag_k, decode=decode),
         "lora": lambda: LoRA(base, train, lora, decode),
+        LORA_ADAPTED: lambda: LoRA(adapted, train, lora, decode, LORA_ADAPTED, "Fine-tuning (w/ adapt)"),
         "replay": lambda: Replay(base, replay, train=train, lora=lora, decode=decode),
         "tokmem-noadapt": lambda: TokMem(base, train, **memory),
         "tokmem": lambda: TokMem(adapted, train, **memory),

@@ -687,3 +687,17 @@ def test_a_runs_lora_adapter_is_kept_beside_its_results_with_what_rebuilds_it(ba
     assert again.weights.keys() == method.adapter.weights.keys()
     assert all(torch.equal(again.weights[k], method.adapter.weights[k]) for k in again.weights)
     assert keep_bank(method, None) == {}
+
+
+def test_lora_adapted_fine_tunes_the_backbone_tokmem_with_adaptation_trains_on(backbone, lively_backbone):
+    from research.studies.tool_setup import build_method
+
+    config = make_config("cpu", "main", dataset="complexfuncbench", methods=("lora-adapted", "lora"))
+    backbones = {"base": backbone, "adapted": lively_backbone}
+    adapted, plain = (build_method(name, config, backbones, {}) for name in config.methods)
+    assert (adapted.name, adapted.backbone, adapted.label) == (
+        "lora-adapted",
+        lively_backbone,
+        "Fine-tuning (w/ adapt)",
+    )
+    assert (plain.name, plain.backbone) == ("lora", backbone)
