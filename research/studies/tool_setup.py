@@ -144,6 +144,7 @@ def prepare_backbones(
         "examples": len(examples),
         "value_sources": gold_value_sources(examples),  # what the adaptation teaches to copy
         "steps": -(-len(examples) * config.adapt_epochs // config.batch_size),
+        "trainable_params": config.adaptation().parameter_count(base.model),  # the adapter merged into the backbone
         "directory": str(directory),
         "cached": cached,
         "seconds": round(time.perf_counter() - start, 1),

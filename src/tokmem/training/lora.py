@@ -40,6 +40,15 @@ class LoRASettings:
     lr: float = option(5e-5, "learning rate of the LoRA weights")
     weight_decay: float = option(1e-2, "AdamW weight decay of the LoRA weights")
 
+    def parameter_count(self, model: torch.nn.Module) -> int:
+        """The adapter weights these settings add to ``model``: rank × (inputs + outputs) of each targeted linear
+        layer (what ``Adapter.parameter_count`` counts once injected; counted without injecting)."""
+        return sum(
+            self.rank * (module.in_features + module.out_features)
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in self.target_modules
+        )
+
     def peft_config(self) -> LoraConfig:
         from peft import LoraConfig  # imported on use: `import tokmem` needs no PEFT (the vLLM environment has none)
 

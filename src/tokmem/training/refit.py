@@ -99,7 +99,8 @@ def refit_index(model: TokMemModel, found: RoutingStates) -> dict:
     index = fit_index(found, bank.index, rows, device=model.device)
     bank.decouple()
     bank.index[rows] = index[rows]
-    return {"states": len(found.rows), "routed_before": before, "routed_after": found.routed(bank.index)}
+    routed = {"routed_before": before, "routed_after": found.routed(bank.index)}
+    return {"states": len(found.rows), "steps": REFIT_STEPS} | routed
 
 
 def call_key_sets(encoded: list[Encoded], vocab_size: int, eos: int, tokenizer) -> list[frozenset | None]:
@@ -153,7 +154,8 @@ def fit_key_sets(bank, found: RoutingStates, key_sets: list[frozenset | None], r
         chosen = (found.states[picked] @ weight.T + bias).argmax(1)
         tools, fitted, calls = tools + 1, fitted + len(keys), calls + len(picked)
         right += int((chosen == labels).sum())
-    return {"tools": tools, "key_sets": fitted, "calls": calls, "chosen_right": right}
+    fits = {"tools": tools, "key_sets": fitted, "calls": calls, "chosen_right": right}
+    return fits | {"iterations_at_most": tools * FIT_ITERATIONS}  # L-BFGS, one fit a tool
 
 
 def fit_model_key_sets(model, found: RoutingStates, encoded: list[Encoded], rows=None) -> dict:
