@@ -19,6 +19,8 @@ Resumable: a run already in ``--json`` is not run again.
 
     python -m research.scripts.open_set choose --variants defaults,no-negatives --json results/open-set-travel-dev.json
     python -m research.scripts.open_set table --seeds 0,1,2 --json results/open-set-travel.json
+    python -m research.scripts.open_set table --seeds 0,1,2 --tools research/data/assistant \
+        --json results/open-set-assistant.json   # the tool set kept apart, read once
     python -m research.scripts.open_set plot --json results/open-set-travel.json --dev results/open-set-travel-dev.json
 """
 
@@ -83,19 +85,20 @@ def choose_run(backbone, variant: str, seed: int, fold: int, folds: int) -> dict
     return run | {"options": VARIANTS[variant], "train_examples": len(train)} | scores(model, validation, DEV_SETS)
 
 
-def table_run(dtype: str, seed: int, folder: Path) -> dict:
-    """``tokmem train`` with no option but the seed, in ``dtype`` (as a user's CPU picks it), then the bank on the
-    held-out queries and the off-topic sets."""
+def table_run(dtype: str, seed: int, folder: Path, tools: Path = TRAVEL) -> dict:
+    """``tokmem train`` with no option but the seed, in ``dtype`` (as a user's CPU picks it), on the tool set in
+    ``tools`` (its ``train.jsonl`` and ``catalog.json``), then the bank on its ``heldout.jsonl`` queries and the
+    off-topic sets."""
     os.environ[CPU_BF16] = "1" if dtype == "bfloat16" else "0"
     bank, report = folder / f"{dtype}-seed{seed}.safetensors", folder / f"{dtype}-seed{seed}.json"
-    flags = ["--data", str(TRAVEL / "train.jsonl"), "--catalog", str(TRAVEL / "catalog.json"), "--out", str(bank)]
+    flags = ["--data", str(tools / "train.jsonl"), "--catalog", str(tools / "catalog.json"), "--out", str(bank)]
     if main_cli(["train", *flags, "--seed", str(seed), "--json", str(report), "--off-topic", "none", "--quiet"]):
         raise RuntimeError(f"tokmem train failed: {flags}")
     train = json.loads(report.read_text())["train"]
     model = tokmem.load(bank, device="cpu")
     run = {"dtype": str(model.backbone.model.dtype).removeprefix("torch."), "updates": train["steps"]}
     run |= {"train_seconds": train["seconds"], "negatives": train["negatives"]}
-    return run | scores(model, load_examples(TRAVEL / "heldout.jsonl"), TEST_SETS)
+    return run | scores(model, load_examples(tools / "heldout.jsonl"), TEST_SETS)
 
 
 def unfiltered(bank: str, name: str = "bfcl-irrelevance") -> dict:
@@ -156,6 +159,9 @@ def main() -> None:
     parser.add_argument("--variants", default="defaults", help=f"choose: of {', '.join(VARIANTS)}")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="table: the backbone's dtypes")
     parser.add_argument("--seeds", default="0")
+    parser.add_argument(
+        "--tools", type=Path, default=TRAVEL, help="table: the tool set's folder (default the travel example)"
+    )
     parser.add_argument("--fold", type=int, default=0)
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--json", default="results/open-set-travel.json")
@@ -183,13 +189,13 @@ def main() -> None:
                     write_json_atomic(path, result)
                 print(key, summary(runs[key]), flush=True)
         return
-    runs = result.setdefault("table", {"recipe": PICKED_RECIPE})
+    runs = result.setdefault("table", {"recipe": PICKED_RECIPE, "tools": str(args.tools)})
     folder = Path(tempfile.mkdtemp(prefix="open-set-"))
     for dtype in args.dtypes.split(","):
         for seed in seeds:
             key = f"{dtype}, seed {seed}"
             if key not in runs:
-                runs[key] = table_run(dtype, seed, folder)
+                runs[key] = table_run(dtype, seed, folder, args.tools)
                 write_json_atomic(path, result)
             print(key, summary(runs[key]), flush=True)
 
