@@ -98,7 +98,13 @@ def test_training_with_key_sets_fits_a_row_per_key_set_that_chooses_the_training
         model, training_examples(), TrainConfig(epochs=1, batch_size=4, key_sets=True, progress=False)
     )
     assert model.bank.key_sets[0].keys == [PLAIN, STARRED]
-    assert report.key_sets == {"tools": 1, "key_sets": 2, "calls": 8, "chosen_right": 8, "iterations_at_most": FIT_ITERATIONS}
+    assert report.key_sets == {
+        "tools": 1,
+        "key_sets": 2,
+        "calls": 8,
+        "chosen_right": 8,
+        "iterations_at_most": FIT_ITERATIONS,
+    }
     assert model.bank.parameter_count() == lively_backbone.hidden_size + 2 * (lively_backbone.hidden_size + 1)
     model.bank.freeze()
     assert model.bank.parameter_count(trainable_only=True) == 0  # a frozen tool's key-set rows are not this round's

@@ -133,7 +133,7 @@ def scores_of(method: Method, data: ToolData, config: CompositionalConfig, bar) 
     if not config.tool_loop():
         return evaluate(method, data.test, config.eval_batch_size, bar)
     start = time.perf_counter()
-    scores = loop_scores(method, data.test, config.max_calls, RESULT_TOKENS, bar)
+    scores = loop_scores(method, data.test, config.max_calls, RESULT_TOKENS, bar, config.end_to_end)
     norms = new_row_norms(method, method.model.bank.names) if isinstance(method, TokMem) else None
     return {**asdict(MethodResult.of(method, start)), **scores, **({"row_norms": norms} if norms else {})}
 

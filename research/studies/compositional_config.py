@@ -130,6 +130,11 @@ class CompositionalConfig(MethodSettings):
     max_calls: int = option(
         StudySizes.max_calls, "most calls in a query (complexfuncbench: longer records are left out and counted)"
     )
+    end_to_end: bool = option(
+        True,
+        "the tool loop: answer end to end too (each method's own earlier calls), not per step only (a dev sweep "
+        "decides on the per-step scores: --no-end-to-end halves its answering)",
+    )
     adapt_per_tool: int = option(StudySizes.per_tool, "single-tool samples per adaptation tool")
     adapt_multi: int = option(
         3750,

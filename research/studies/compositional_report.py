@@ -187,6 +187,8 @@ def loop_markdown(methods: list[dict]) -> str:
     column), what answering cost (per step: where it was measured), and what the per-step answers got wrong."""
     out = ""
     for part, title in LOOP_PARTS.items():
+        if not all(part in s for s in methods):  # a run answered per step only (--no-end-to-end)
+            continue
         cost = part == "step"
         header = ["Method", "#Params", "Updates", "Routing F1", *(COST_HEADER if cost else [])]
         header += ["Exact steps", *METRICS.values(), "Call F1 (pooled, avg.)"]

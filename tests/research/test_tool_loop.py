@@ -199,3 +199,14 @@ def test_schema_bound_fine_tuning_writes_a_call_of_a_known_tool_where_one_is_due
         call = json.loads(text)  # a whole call within 64 tokens: the grammar bounds strings learned from training
         assert call["name"] in SCHEMAS and set(call) == {"name", "arguments"}
         assert set(call["arguments"]) == {"Find": {"query"}, "Rent": {"lat"}}[call["name"]]
+
+
+def test_a_run_answered_per_step_only_reports_the_per_step_table_alone(backbone):
+    from research.studies.compositional_report import loop_markdown
+
+    examples = [chain(), Example("One call.", chain().steps[:1])]
+    lora = LoRA(backbone, decode=DecodeConfig(max_new_tokens=6))
+    scores = loop_scores(lora, examples, 2, 256, progress_bar(False), end_to_end=False)
+    assert "step" in scores and "end_to_end" not in scores
+    table = loop_markdown([{"label": "Fine-tuning", "trainable_params": 10, "updates": 0, **scores}])
+    assert "## Per step" in table and "## End to end" not in table and "| Fine-tuning |" in table
