@@ -40,6 +40,8 @@ SEED = 0  # of the resampling: the same intervals on every run
 def answers(spec: str) -> list[dict]:
     """The samples (``{"query", "gold", "step"}``, one a record) of ``FILE:NAME`` (see the module docstring)."""
     path, _, name = spec.partition(":") if not Path(spec).is_file() else (spec, "", "")
+    if not Path(path).is_file() and Path(f"{path}.xz").is_file():  # a result compressed since it was named
+        path = f"{path}.xz"
     if not Path(path).is_file():
         raise SystemExit(f"{path}: no such result file")
     result = read_result(path)
