@@ -12,6 +12,7 @@ chooses).  ``complete`` decodes under it (``tokmem.decoding.decode.complete``'s 
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import xgrammar
 
@@ -25,11 +26,8 @@ WHOLE_CALLS = Budget(max_chars=4_000_000, max_depth=64)  # every tool's schema i
 
 def key_sets(tool: str, examples: list[Example]) -> list[tuple[str, ...]]:
     """The key sets the training calls of ``tool`` wrote, most written first."""
-    counts: dict[tuple[str, ...], int] = {}
-    for step in (s for e in examples for s in e.steps if s.procedure == tool and s.call_arguments):
-        keys = tuple(json.loads(step.call_arguments))
-        counts[tuple(sorted(keys))] = counts.get(tuple(sorted(keys)), 0) + 1
-    return sorted(counts, key=lambda keys: -counts[keys])
+    calls = (s.call_arguments for e in examples for s in e.steps if s.procedure == tool and s.call_arguments)
+    return [keys for keys, _ in Counter(tuple(sorted(json.loads(call))) for call in calls).most_common()]
 
 
 def tool_arguments(schema: dict, tool: str, examples: list[Example]) -> list[dict]:
