@@ -88,6 +88,10 @@ def main() -> None:
     parser.add_argument("--step-only", action="store_true", help="answer per step only, no end-to-end run")
     args = parser.parse_args()
     adapter = Path(args.bank).is_dir()
+    if adapter and not (Path(args.bank) / "adapter.json").is_file():
+        parser.error(
+            f"{args.bank}: not a kept LoRA adapter (no adapter.json; a study run keeps <stem>-banks/lora.lora)"
+        )
     if adapter and (args.context_contrast or not set(args.rule or ADAPTER_RULES) <= set(ADAPTER_RULES)):
         parser.error(f"an adapter answers under {', '.join(ADAPTER_RULES)} only")
     if not adapter and set(args.rule or ()) & set(ADAPTER_RULES):
